@@ -1,0 +1,36 @@
+"""``bk --version [--json]``, kept free of argparse for start-up speed."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def version_data() -> dict:
+    import importlib.util
+
+    from bk.buildinfo import build_info
+
+    info = build_info()
+    try:
+        nvml = importlib.util.find_spec("pynvml") is not None
+    except (ImportError, ValueError):
+        nvml = False
+    return {
+        "version": info["version"],
+        "build": {"content_sha256": info.get("content_sha256"), "built_at": info.get("built_at"),
+                  "source": info.get("source", "archive")},
+        "python": ".".join(map(str, sys.version_info[:3])),
+        "nvml_importable": nvml,
+    }
+
+
+def print_version(as_json: bool) -> int:
+    data = version_data()
+    if as_json:
+        from bk.core.envelope import success
+
+        sys.stdout.write(json.dumps(success("version", data)) + "\n")
+    else:
+        sys.stdout.write(f"bk {data['version']}\n")
+    return 0

@@ -1,0 +1,1 @@
+"""Pure core: no I/O, no clock, no environment.  Everything is passed in."""

@@ -1,0 +1,303 @@
+"""The data every layer shares: reservations, policy, ledger, GPU snapshots.
+
+Times are whole seconds since the Unix epoch, UTC (``int``).  The pure core
+compares integers; only the edges (JSON, humans) turn them into ISO-8601 or
+local time, through ``bk.core.timegrid``.
+
+Records keep the fields they do not know in ``extra`` so that a newer bk's
+ledger survives a round trip through an older one (forward compatibility).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+SHARED = "shared"
+EXCLUSIVE = "exclusive"
+MODES = (SHARED, EXCLUSIVE)
+
+UPCOMING = "upcoming"
+ACTIVE = "active"
+ENDED = "ended"
+CANCELLED = "cancelled"
+STATUSES = (UPCOMING, ACTIVE, ENDED, CANCELLED)
+
+
+def iso(t: int | None) -> str | None:
+    """Epoch seconds -> ``2026-07-13T18:00:00Z`` (None stays None)."""
+    if t is None:
+        return None
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_iso(text: str) -> int:
+    """ISO-8601 with ``Z`` or an offset -> epoch seconds.  Raises ValueError."""
+    if not isinstance(text, str):
+        raise ValueError(f"expected an ISO-8601 string, got {type(text).__name__}")
+    s = text.strip()
+    if s.endswith(("Z", "z")):
+        s = s[:-1] + "+00:00"
+    dt = datetime.fromisoformat(s)
+    if dt.tzinfo is None:
+        raise ValueError(f"{text!r} has no time zone (add Z or an offset)")
+    return int(dt.timestamp())
+
+
+@dataclass
+class Edit:
+    """One change to a reservation: who, when, and the fields before/after."""
+
+    at: int
+    actor_uid: int
+    actor: str
+    before: dict
+    after: dict
+
+    def to_dict(self) -> dict:
+        return {"at": iso(self.at), "actor_uid": self.actor_uid, "actor": self.actor,
+                "before": self.before, "after": self.after}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Edit:
+        return cls(parse_iso(d["at"]), int(d["actor_uid"]), str(d["actor"]),
+                   dict(d.get("before") or {}), dict(d.get("after") or {}))
+
+
+@dataclass
+class Reservation:
+    id: str
+    uid: int
+    user: str
+    mode: str
+    gpus: tuple[int, ...]
+    share: int
+    start: int
+    end: int
+    created: int
+    mem_mib: int | None = None
+    op_id: str | None = None
+    note: str | None = None
+    cancelled_at: int | None = None
+    cancelled_by: int | None = None
+    cancel_reason: str | None = None
+    edits: list[Edit] = field(default_factory=list)
+    job: dict | None = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def short_id(self) -> str:
+        return self.id[:8]
+
+    def status(self, now: int) -> str:
+        if self.cancelled_at is not None:
+            return CANCELLED
+        if now >= self.end:
+            return ENDED
+        if now >= self.start:
+            return ACTIVE
+        return UPCOMING
+
+    def is_live(self, now: int) -> bool:
+        """Holds capacity now or later (not cancelled, not ended)."""
+        return self.cancelled_at is None and self.end > now
+
+    def holds_capacity(self) -> bool:
+        return self.cancelled_at is None
+
+    def replace(self, **changes) -> Reservation:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        d = dict(self.extra)
+        d.update({
+            "id": self.id, "uid": self.uid, "user": self.user, "mode": self.mode,
+            "gpus": list(self.gpus), "share": self.share, "mem_mib": self.mem_mib,
+            "start": iso(self.start), "end": iso(self.end), "created": iso(self.created),
+            "op_id": self.op_id, "note": self.note,
+            "cancelled_at": iso(self.cancelled_at), "cancelled_by": self.cancelled_by,
+            "cancel_reason": self.cancel_reason,
+            "edits": [e.to_dict() for e in self.edits], "job": self.job,
+        })
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Reservation:
+        known = {f.name for f in dataclasses.fields(cls)} | {"cancelled_at"}
+        extra = {k: v for k, v in d.items() if k not in known}
+        ca = d.get("cancelled_at")
+        return cls(
+            id=d["id"], uid=d["uid"], user=d["user"], mode=d["mode"],
+            gpus=tuple(d["gpus"]), share=d["share"],
+            start=parse_iso(d["start"]), end=parse_iso(d["end"]),
+            created=parse_iso(d["created"]), mem_mib=d.get("mem_mib"),
+            op_id=d.get("op_id"), note=d.get("note"),
+            cancelled_at=parse_iso(ca) if ca else None,
+            cancelled_by=d.get("cancelled_by"), cancel_reason=d.get("cancel_reason"),
+            edits=[Edit.from_dict(e) for e in d.get("edits") or []],
+            job=d.get("job"), extra=extra,
+        )
+
+
+@dataclass
+class Blackout:
+    """An administrator window in which no booking may run (all GPUs)."""
+
+    id: str
+    start: int
+    end: int
+    reason: str
+    created_by: int = 0
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        d = dict(self.extra)
+        d.update({"id": self.id, "start": iso(self.start), "end": iso(self.end),
+                  "reason": self.reason, "created_by": self.created_by})
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Blackout:
+        extra = {k: v for k, v in d.items() if k not in ("id", "start", "end", "reason", "created_by")}
+        return cls(d["id"], parse_iso(d["start"]), parse_iso(d["end"]), d.get("reason", ""),
+                   int(d.get("created_by", 0)), extra)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The scheduling rules.  ``BOUND_KEYS`` are recorded in the ledger at its
+    first write; a writer whose configuration disagrees must refuse (SPEC 5)."""
+
+    gpu_count: int
+    slot_minutes: int = 5
+    max_shared_users: int = 2
+    shared_memory_reserve_mb: int = 512
+    require_shared_memory: bool = False
+    booking_horizon_days: int = 30
+    max_booking_hours: int = 720
+    queue_search_hours: int = 168
+    disabled_gpus: frozenset[int] = frozenset()
+    gpu_priority: tuple[tuple[int, int], ...] = ()   # (gpu index, priority value)
+
+    BOUND_KEYS = ("gpu_count", "slot_minutes", "max_shared_users",
+                  "shared_memory_reserve_mb", "require_shared_memory")
+
+    @property
+    def slot_seconds(self) -> int:
+        return self.slot_minutes * 60
+
+    def priority(self, gpu: int) -> int:
+        for g, p in self.gpu_priority:
+            if g == gpu:
+                return p
+        return 0
+
+    def bound(self) -> dict:
+        return {k: getattr(self, k) for k in self.BOUND_KEYS}
+
+
+@dataclass
+class GpuProcess:
+    pid: int
+    mem_mib: int | None = None
+    sm: int | None = None          # SM utilisation percent, None when unknown
+    uid: int | None = None
+    user: str | None = None
+    label: str | None = None
+
+
+@dataclass
+class GpuInfo:
+    """One GPU as the backend sees it now.  ``None`` means unknown, never 0."""
+
+    index: int
+    uuid: str
+    name: str
+    mem_total_mib: int | None = None
+    mem_used_mib: int | None = None
+    util: int | None = None
+    temperature: int | None = None
+    processes: list[GpuProcess] | None = None   # None: the backend cannot list them
+
+    def live_state(self) -> str:
+        """``idle``, ``busy`` or ``unknown``, used to break placement ties."""
+        if self.processes is None and self.util is None:
+            return "unknown"
+        if self.processes or (self.util or 0) >= 5:
+            return "busy"
+        return "idle"
+
+
+@dataclass
+class Notice:
+    """A message for users: an announcement (``uid`` None, everyone) or a
+    notice to one user (an administrator cancelled their booking)."""
+
+    id: str
+    at: int
+    text: str
+    level: str = "info"            # info | warning | critical
+    uid: int | None = None         # None: an announcement for everyone
+    until: int | None = None
+    reservation: str | None = None
+    created_by: int = 0
+    archived: bool = False
+    extra: dict = field(default_factory=dict)
+
+    LEVELS = ("info", "warning", "critical")
+
+    def to_dict(self) -> dict:
+        d = dict(self.extra)
+        d.update({"id": self.id, "at": iso(self.at), "text": self.text, "level": self.level,
+                  "uid": self.uid, "until": iso(self.until), "reservation": self.reservation,
+                  "created_by": self.created_by, "archived": self.archived})
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Notice:
+        names = ("id", "at", "text", "level", "uid", "until", "reservation", "created_by", "archived")
+        extra = {k: v for k, v in d.items() if k not in names}
+        return cls(d["id"], parse_iso(d["at"]), d["text"], d.get("level", "info"), d.get("uid"),
+                   parse_iso(d["until"]) if d.get("until") else None, d.get("reservation"),
+                   int(d.get("created_by", 0)), bool(d.get("archived", False)), extra)
+
+
+@dataclass
+class OpRecord:
+    """What an ``--op-id`` key did, so a retry returns the original result."""
+
+    op_id: str
+    uid: int
+    action: str          # create | edit | cancel
+    digest: str          # hash of the canonical request
+    reservation: str     # the reservation id it produced or changed
+    at: int
+
+    def to_dict(self) -> dict:
+        return {"op_id": self.op_id, "uid": self.uid, "action": self.action,
+                "digest": self.digest, "reservation": self.reservation, "at": iso(self.at)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> OpRecord:
+        return cls(d["op_id"], int(d["uid"]), d["action"], d["digest"], d["reservation"],
+                   parse_iso(d["at"]))
+
+
+@dataclass
+class LedgerState:
+    """The whole hot ledger in memory.  ``seq`` grows by one per commit."""
+
+    seq: int = 0
+    policy: dict | None = None          # the bound policy (Policy.bound()), None before the first write
+    reservations: list[Reservation] = field(default_factory=list)
+    blackouts: list[Blackout] = field(default_factory=list)
+    notices: list[Notice] = field(default_factory=list)
+    ops: list[OpRecord] = field(default_factory=list)
+    extra: dict = field(default_factory=dict)
+
+    def find(self, rid: str) -> Reservation | None:
+        for r in self.reservations:
+            if r.id == rid:
+                return r
+        return None

@@ -1,0 +1,47 @@
+"""The one GPU gateway.  Nothing outside bk/gpu looks at GPUs.
+
+A backend answers ``devices()`` with a list of ``bk.core.models.GpuInfo``.
+Unknown values are ``None``, never 0 and never an exception: a GPU whose
+telemetry failed is still a GPU that can be booked.
+
+Choice of backend (``open_backend``):
+  1. ``BK_GPU_SIM_FILE=path.json``: simulated GPUs with live data (docs/SIMULATION.md);
+  2. ``BK_GPU_COUNT=N``: N simulated GPUs with unknown live data;
+  3. NVML (``pynvml``), when importable and a driver answers (a later issue);
+  4. a simulation of ``fallback_count`` GPUs, reported as such.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from bk.core.errors import ConfigError
+from bk.core.models import GpuInfo
+
+
+class Backend(Protocol):
+    name: str            # "sim-file", "sim-count", "nvml", ...
+    simulated: bool
+
+    def devices(self) -> list[GpuInfo]: ...
+
+    def count(self) -> int: ...
+
+
+def open_backend(env: dict, fallback_count: int | None = None) -> Backend:
+    from bk.gpu import sim
+
+    path = env.get("BK_GPU_SIM_FILE")
+    if path:
+        return sim.FileBackend(path)
+    count = env.get("BK_GPU_COUNT")
+    if count is not None:
+        try:
+            n = int(count)
+        except ValueError:
+            n = -1
+        if not 1 <= n <= 64:
+            raise ConfigError(f"BK_GPU_COUNT must be a whole number from 1 to 64, got {count!r}",
+                              hint="export BK_GPU_COUNT=4")
+        return sim.CountBackend(n)
+    return sim.CountBackend(fallback_count or 4, reason="no GPU backend available; simulating")

@@ -1,0 +1,273 @@
+"""Configuration: one table of keys, a strict loader, and the trust check.
+
+Every key bk understands is in ``KEYS`` with its type, default, allowed range
+and whether it is security-relevant.  The man page gpubk-config(5) is tested
+against this table, so a key cannot exist undocumented.
+
+Security keys (where the data lives, which socket, which accounts) decide
+whom bk trusts.  They are read only from the trusted system file: a file that
+root owns, that nobody else can write, in directories that only root can
+change.  Otherwise any user who could write the file, or swap a directory
+above it, could point everybody's bk at a ledger of their choosing.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import stat
+from dataclasses import dataclass
+from typing import Any
+
+from bk.core.errors import ConfigError
+from bk.core.models import Policy
+from bk.store.paths import DEFAULT_SOCKET, Locations
+
+
+@dataclass(frozen=True)
+class Key:
+    name: str
+    kind: str                 # "int" | "float" | "bool" | "str" | "path" | "int_list" | "priority_map" | "choice"
+    default: Any
+    doc: str
+    lo: float | None = None
+    hi: float | None = None
+    security: bool = False
+    choices: tuple[str, ...] = ()
+    nullable: bool = False
+
+
+KEYS: dict[str, Key] = {k.name: k for k in (
+    Key("gpu_count", "int", None, "Number of GPUs to schedule. Default: detected (NVML) or simulated.",
+        1, 64, nullable=True),
+    Key("slot_minutes", "int", 5, "Slice length in minutes; bookings start and last whole slices. "
+        "A divisor of 60.", 1, 60),
+    Key("max_shared_users", "int", 2, "Share slots per GPU (how many shared bookings fit at once).", 1, 64),
+    Key("shared_memory_reserve_mb", "int", 512, "VRAM per GPU kept out of the shared budget, in MiB.",
+        0, 1 << 20),
+    Key("require_shared_memory", "bool", False, "Shared bookings must state their per-GPU memory (-m)."),
+    Key("booking_horizon_days", "int", 30, "Bookings must end within this many days.", 1, 366),
+    Key("max_booking_hours", "int", 720, "Longest allowed booking, in hours.", 1, 8784),
+    Key("queue_search_hours", "int", 168, "How far ahead placement searches for a free start.", 1, 8784),
+    Key("disabled_gpus", "int_list", [], "GPU indices never placed (still monitored)."),
+    Key("gpu_priority", "priority_map", {}, 'Placement preference per GPU index, lower first: {"3": 1}.'),
+    Key("ledger_retention_days", "int", 90, "Ended and cancelled bookings stay in history this long.",
+        1, 3650),
+    Key("archive_after_hours", "int", 24, "Ended and cancelled bookings leave the hot ledger after "
+        "this many hours (into the archive).", 1, 8784),
+    Key("backup_keep", "int", 10, "Rotated ledger backups to keep.", 0, 1000),
+    Key("lock_timeout_seconds", "float", 10.0, "Longest wait for the ledger lock before 'busy'.", 0.1, 600),
+    Key("admin_contact", "str", None, "Who to ask about this server (shown by bk info).", nullable=True),
+    Key("data_dir", "path", None, "Data directory (shared mode). Default /var/lib/gpubk.",
+        security=True, nullable=True),
+    Key("socket", "path", DEFAULT_SOCKET, "Broker socket path.", security=True),
+    Key("service_uid", "int", None, "UID of the service account that runs the broker and owns the data.",
+        0, 2**32 - 1, security=True, nullable=True),
+    Key("service_gid", "int", None, "GID of the service account.", 0, 2**32 - 1, security=True,
+        nullable=True),
+    Key("monitor_uid", "int", None, "UID the monitor daemon runs as (default: service_uid).",
+        0, 2**32 - 1, security=True, nullable=True),
+    Key("access", "choice", "all", "Who may use the broker: all users (socket 0666) or one group (0660).",
+        security=True, choices=("all", "group")),
+    Key("group", "str", None, "The group allowed when access is 'group'.", security=True, nullable=True),
+)}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The effective configuration: locations plus every key's value."""
+
+    locations: Locations
+    values: dict
+    source: str | None           # the file read, or None for defaults only
+
+    def __getitem__(self, name: str) -> Any:
+        return self.values[name]
+
+    @property
+    def mode(self) -> str:
+        return self.locations.mode
+
+    @property
+    def data_dir(self) -> str:
+        return self.locations.data_dir
+
+    def policy(self, gpu_count: int) -> Policy:
+        v = self.values
+        return Policy(
+            gpu_count=v["gpu_count"] or gpu_count,
+            slot_minutes=v["slot_minutes"],
+            max_shared_users=v["max_shared_users"],
+            shared_memory_reserve_mb=v["shared_memory_reserve_mb"],
+            require_shared_memory=v["require_shared_memory"],
+            booking_horizon_days=v["booking_horizon_days"],
+            max_booking_hours=v["max_booking_hours"],
+            queue_search_hours=v["queue_search_hours"],
+            disabled_gpus=frozenset(v["disabled_gpus"]),
+            gpu_priority=tuple(sorted((int(g), p) for g, p in v["gpu_priority"].items())),
+        )
+
+
+def _bad(name: str, expected: str, got: Any, source: str) -> ConfigError:
+    return ConfigError(f"{source}: {name} must be {expected}, got {json.dumps(got)}",
+                       hint=f"fix {name} in {source} (see man 5 gpubk-config)")
+
+
+def check_value(key: Key, value: Any, source: str) -> Any:
+    """Return the value normalised, or raise ConfigError saying what was expected."""
+    if value is None and key.nullable:
+        return None
+    kind = key.kind
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise _bad(key.name, "true or false", value, source)
+        return value
+    if kind in ("int", "float"):
+        ok = isinstance(value, int) and not isinstance(value, bool)
+        if kind == "float":
+            ok = ok or isinstance(value, float)
+        if not ok:
+            raise _bad(key.name, "a whole number" if kind == "int" else "a number", value, source)
+        if (key.lo is not None and value < key.lo) or (key.hi is not None and value > key.hi):
+            raise _bad(key.name, f"between {key.lo:g} and {key.hi:g}", value, source)
+        if key.name == "slot_minutes" and 60 % value:
+            raise _bad(key.name, "a divisor of 60 (1, 2, 3, 4, 5, 6, 10, 12, 15, 20, 30, 60)", value, source)
+        return float(value) if kind == "float" else value
+    if kind in ("str", "choice"):
+        if not isinstance(value, str) or not value:
+            raise _bad(key.name, "a non-empty string", value, source)
+        if kind == "choice" and value not in key.choices:
+            raise _bad(key.name, "one of " + ", ".join(key.choices), value, source)
+        return value
+    if kind == "path":
+        if not isinstance(value, str) or not os.path.isabs(value):
+            raise _bad(key.name, "an absolute path", value, source)
+        return os.path.normpath(value)
+    if kind == "int_list":
+        if not isinstance(value, list) or not all(isinstance(x, int) and not isinstance(x, bool)
+                                                  and 0 <= x < 64 for x in value):
+            raise _bad(key.name, "a list of GPU indices (0-63)", value, source)
+        return sorted(set(value))
+    if kind == "priority_map":
+        if not isinstance(value, dict):
+            raise _bad(key.name, 'an object of GPU index -> priority, e.g. {"3": 1}', value, source)
+        out = {}
+        for k, p in value.items():
+            if not (isinstance(k, str) and k.isdigit() and int(k) < 64):
+                raise _bad(key.name, "GPU indices (0-63) as keys", k, source)
+            if not isinstance(p, int) or isinstance(p, bool) or not -100 <= p <= 100:
+                raise _bad(key.name, "priorities between -100 and 100", p, source)
+            out[k] = p
+        return out
+    raise AssertionError(kind)
+
+
+def parse_document(doc: Any, source: str, *, allow_security: bool) -> dict:
+    """Validate one configuration document; unknown keys are errors with a suggestion."""
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{source}: expected a JSON object of settings",
+                          hint='example: {"slot_minutes": 5, "max_shared_users": 2}')
+    out = {}
+    for name, value in doc.items():
+        key = KEYS.get(name)
+        if key is None:
+            close = difflib.get_close_matches(name, KEYS, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else "see man 5 gpubk-config for the keys"
+            raise ConfigError(f"{source}: unknown setting {name!r}", hint=hint)
+        if key.security and not allow_security:
+            raise ConfigError(f"{source}: {name!r} is accepted only from the trusted system file",
+                              hint="set it in /etc/gpubk/config.json (root-owned)")
+        out[name] = check_value(key, value, source)
+    if out.get("access") == "group" and not out.get("group"):
+        raise ConfigError(f"{source}: access is 'group' but no group is named",
+                          hint='add "group": "gpu-users"')
+    return out
+
+
+def check_trusted(path: str) -> None:
+    """Raise ConfigError unless ``path`` and every directory above it are
+    root-owned and not writable by group or others.
+
+    A sticky world-writable directory (like /tmp) is accepted above a
+    root-owned 0755 directory: the sticky bit stops others from renaming or
+    removing entries they do not own, so they cannot swap our subtree.
+    """
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        raise ConfigError(f"configuration file {path} does not exist",
+                          hint="run: sudo bk admin init, or unset BK_CONFIG_FILE") from None
+    except OSError as e:
+        raise ConfigError(f"cannot read configuration file {path}: {e.strerror}") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise ConfigError(f"untrusted config {path}: it is a symbolic link",
+                          hint="replace the link with the file itself")
+    if not stat.S_ISREG(st.st_mode):
+        raise ConfigError(f"untrusted config {path}: not a regular file")
+    _check_owner_mode(path, st, what="config")
+    directory = os.path.dirname(os.path.abspath(path))
+    # The file's own directory must not be writable by others at all.
+    child_safe = False
+    while True:
+        dst = os.lstat(directory)
+        if stat.S_ISLNK(dst.st_mode):
+            raise ConfigError(f"untrusted config {path}: {directory} is a symbolic link")
+        if dst.st_uid != 0:
+            raise ConfigError(f"untrusted config {path}: directory {directory} is owned by uid "
+                              f"{dst.st_uid}, not root", hint=f"sudo chown root {directory}")
+        writable = dst.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+        if writable and not (dst.st_mode & stat.S_ISVTX and child_safe):
+            raise ConfigError(f"untrusted config {path}: directory {directory} is writable by "
+                              "group or others", hint=f"sudo chmod go-w {directory}")
+        # Only the directory directly above a root-owned, non-writable one may be sticky.
+        child_safe = not writable
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            return
+        directory = parent
+
+
+def _check_owner_mode(path: str, st: os.stat_result, what: str) -> None:
+    if st.st_uid != 0:
+        raise ConfigError(f"untrusted {what} {path}: owned by uid {st.st_uid}, not root",
+                          hint=f"sudo chown root:root {path}")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise ConfigError(f"untrusted {what} {path}: writable by group or others "
+                          f"(mode {stat.S_IMODE(st.st_mode):04o})", hint=f"sudo chmod 644 {path}")
+
+
+def _read_json(path: str) -> Any:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise ConfigError(f"cannot open configuration file {path}: {e.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        raw = f.read(1 << 20)
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path} is not valid JSON: {e}", hint="check it with: python3 -m json.tool "
+                          + path) from None
+
+
+def load(locations: Locations) -> Settings:
+    """Read the configuration named by ``locations`` and merge it over the defaults."""
+    values = {name: key.default for name, key in KEYS.items()}
+    path = locations.config_file
+    source = None
+    if path:
+        if locations.config_is_system:
+            check_trusted(path)
+        doc = _read_json(path)
+        if doc is not None:
+            values.update(parse_document(doc, path, allow_security=locations.config_is_system))
+            source = path
+        elif locations.config_is_system:
+            raise ConfigError(f"configuration file {path} does not exist")
+    if locations.mode == "shared":
+        data_dir = values["data_dir"] or locations.data_dir
+        locations = Locations(locations.mode, data_dir, path, True, locations.state_dir)
+    return Settings(locations, values, source)

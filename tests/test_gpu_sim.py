@@ -1,0 +1,72 @@
+"""The GPU seam and its simulated backends."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bk.core.errors import ConfigError
+from bk.gpu import open_backend
+
+
+def test_count_backend():
+    b = open_backend({"BK_GPU_COUNT": "3"})
+    devs = b.devices()
+    assert b.simulated and b.count() == 3
+    assert [d.index for d in devs] == [0, 1, 2]
+    assert len({d.uuid for d in devs}) == 3
+    assert all(d.mem_total_mib is None and d.processes is None for d in devs)
+    assert devs[0].live_state() == "unknown"
+
+
+@pytest.mark.parametrize("value", ["0", "65", "x", "-1", ""])
+def test_bad_gpu_count(value):
+    with pytest.raises(ConfigError, match="BK_GPU_COUNT"):
+        open_backend({"BK_GPU_COUNT": value})
+
+
+def test_fallback_is_a_reported_simulation():
+    b = open_backend({}, fallback_count=2)
+    assert b.count() == 2 and b.simulated and b.reason
+
+
+def test_sim_file(tmp_path):
+    path = tmp_path / "sim.json"
+    path.write_text(json.dumps({"gpus": [
+        {"name": "H100", "mem_total_mib": 81559, "mem_used_mib": 1000, "util": 50,
+         "processes": [{"pid": 42, "mem_mib": 900, "sm": 40, "uid": 1000, "label": "python"}]},
+        {"name": "H100", "mem_total_mib": 81559, "util": 0, "processes": []},
+    ]}))
+    b = open_backend({"BK_GPU_SIM_FILE": str(path), "BK_GPU_COUNT": "8"})
+    devs = b.devices()
+    assert b.count() == 2
+    assert devs[0].processes[0].pid == 42 and devs[0].live_state() == "busy"
+    assert devs[1].live_state() == "idle"
+    # The file is read on every call so demos can change the "live" state.
+    path.write_text(json.dumps({"gpus": [{"util": 99}]}))
+    assert b.devices()[0].util == 99
+
+
+@pytest.mark.parametrize("doc, message", [
+    ({}, "non-empty list"),
+    ({"gpus": []}, "non-empty list"),
+    ({"gpus": [1]}, "expected an object"),
+    ({"gpus": [{"util": -1}]}, "util must be a whole number"),
+    ({"gpus": [{"mem_total_mib": 0}]}, "mem_total_mib"),
+    ({"gpus": [{"processes": [{"mem_mib": 1}]}]}, "integer pid"),
+    ({"gpus": [{"processes": {}}]}, "must be a list"),
+])
+def test_bad_sim_files(tmp_path, doc, message):
+    path = tmp_path / "sim.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ConfigError, match=message):
+        open_backend({"BK_GPU_SIM_FILE": str(path)}).devices()
+
+
+def test_missing_or_garbage_sim_file(tmp_path):
+    with pytest.raises(ConfigError, match="No such file"):
+        open_backend({"BK_GPU_SIM_FILE": str(tmp_path / "nope.json")}).devices()
+    (tmp_path / "g.json").write_text("{")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        open_backend({"BK_GPU_SIM_FILE": str(tmp_path / "g.json")}).devices()

@@ -1,0 +1,486 @@
+"""The time and unit grammar (SPEC section 3) and how times are shown to people.
+
+The facts that shape this module:
+
+* Bookings live on a grid of slices of ``slot_minutes`` (a divisor of 60).
+  The grid is aligned to the Unix epoch, so it is the same on every host and
+  needs no time zone to compute.  A local wall clock is the epoch plus the UTC
+  offset, so the grid also falls on local minute boundaries whenever the
+  offset is a multiple of the slice: every whole-hour zone, India (+05:30),
+  Nepal (+05:45) and Lord Howe (+10:30, with a 30-minute DST shift) all line
+  up with 5-minute slices because 30 and 45 are multiples of 5.  Where they do
+  not (Nepal with 30- or 60-minute slices, historical offsets with seconds),
+  the slices start at odd-looking local times (19:45, 20:15 in Nepal with
+  30-minute slices); nothing breaks, and the error for an unaligned time names
+  the nearest valid local times, so users learn the grid from the tool.
+* Local time is not a function of the wall clock: on a spring-forward day some
+  readings never happen (a gap), on a fall-back day some happen twice (a
+  fold).  PEP 495's ``fold`` picks between the two readings of a fold
+  (``fold=0`` is the earlier instant) and, inside a gap, which offset to apply.
+  We ask the tzinfo for both readings and compare: equal means an ordinary
+  time, different and round-tripping means a fold, not round-tripping means a
+  gap.  This works for any PEP 495 tzinfo, not only ``zoneinfo``.
+* The caller owns the clock and the zone: ``now`` (epoch seconds, UTC) and
+  ``tz`` are arguments, so this module stays pure and every test is exact.
+
+The decisions:
+
+* ``now`` and relative starts (``+30m``) count from the start of the current
+  slice: at 12:41 ``now`` is 12:40 and ``+30m`` is 13:10, so a relative start
+  is always on the grid.
+* A bare clock time (``20:00``) is its next occurrence: today unless today's
+  is before the current slice, then tomorrow (``rolled_to_tomorrow``).  A
+  clock time in the current slice (``20:00`` at 20:03) is today's.
+* A gap time is an error naming the gap.  A fold time takes its first
+  occurrence, or the second when the first has already gone by.
+* Every explicit start must be on the grid and not before the current slice;
+  errors name the nearest valid times in local time.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import date, datetime, timedelta, tzinfo
+
+from bk.core.errors import InvalidInput
+from bk.core.models import iso
+
+_SECOND = timedelta(seconds=1)
+_DAY_S = 86400
+_EPOCH_ORDINAL = date(1970, 1, 1).toordinal()
+
+# A sanity bound, not a policy (the administrator's max_booking_hours is
+# smaller): it keeps a typo like ``+99999999d`` from reaching date arithmetic.
+MAX_DURATION_DAYS = 3650
+
+DURATION_EXAMPLES = "30m, 2h, 1h30m, 1d12h"
+MEMORY_EXAMPLES = "12g, 512m, 1.5g"
+START_EXAMPLES = "now, +30m, 20:00, 9pm, tomorrow 09:00, 07-13 20:00, 2026-07-13 20:00, 2026-07-13T18:00Z"
+END_EXAMPLES = "+30m, -15m, 20:00, total 2h"
+
+# Units in d-h-m order, each optional; spaces between parts are tolerated.
+_DURATION = re.compile(r"(?:(\d{1,9})\s*d)?\s*(?:(\d{1,9})\s*h)?\s*(?:(\d{1,9})\s*m)?")
+_WORDS = re.compile(r"[a-z]+")
+_MEMORY = re.compile(r"(\d{0,15})(?:\.(\d{1,9}))?\s*([gm])(?:i?b)?")
+_CLOCK = r"(?P<h>\d{1,2})(?::(?P<mi>\d{2}))?(?::(?P<s>\d{2}))?\s*(?P<ampm>am|pm)?"
+_START = re.compile(
+    r"(?:(?P<word>today|tomorrow|tom|tmr)\s+"
+    r"|(?P<mo>\d{1,2})-(?P<md>\d{1,2})\s+"
+    r"|(?P<y>\d{4})-(?P<ym>\d{1,2})-(?P<yd>\d{1,2})(?:\s+|t))?"
+    + _CLOCK
+    + r"\s*(?P<off>z|[+-]\d{2}(?::?\d{2})?)?"
+)
+_DATE_ONLY = re.compile(r"(?:\d{4}-)?\d{1,2}-\d{1,2}|today|tomorrow|tom|tmr")
+_ISO = re.compile(r"(\d{4})-(\d{2})-(\d{2})[t ](\d{2}):(\d{2})(?::(\d{2}))?(z|[+-]\d{2}:?\d{2})")
+
+
+# ---------------------------------------------------------------- the grid
+
+def slot_seconds(slot_minutes: int) -> int:
+    """Seconds in one slice; ``slot_minutes`` must divide 60 (ValueError otherwise)."""
+    if isinstance(slot_minutes, bool) or not isinstance(slot_minutes, int) \
+            or slot_minutes <= 0 or 60 % slot_minutes:
+        raise ValueError(f"slot_minutes must be a divisor of 60, got {slot_minutes!r}")
+    return slot_minutes * 60
+
+
+def floor_slice(t: int, slot_minutes: int) -> int:
+    """Start of the slice containing ``t`` (grid aligned to the UTC epoch)."""
+    return t - t % slot_seconds(slot_minutes)
+
+
+def ceil_slice(t: int, slot_minutes: int) -> int:
+    """The first slice boundary at or after ``t``."""
+    return -floor_slice(-t, slot_minutes)
+
+
+def is_aligned(t: int, slot_minutes: int) -> bool:
+    return t % slot_seconds(slot_minutes) == 0
+
+
+# ----------------------------------------------------------- durations
+
+def parse_duration(text: str, slot_minutes: int) -> int:
+    """``30m``, ``2h``, ``1h30m``, ``1d12h`` -> seconds, a positive whole number of slices."""
+    step = slot_seconds(slot_minutes)
+    s = _norm(text, "a duration", DURATION_EXAMPLES)
+    m = _DURATION.fullmatch(s)
+    if not m or m.lastindex is None:
+        raise _duration_error(s)
+    d, h, mi = (int(g) if g else 0 for g in m.groups())
+    seconds = ((d * 24 + h) * 60 + mi) * 60
+    if seconds == 0:
+        raise InvalidInput(f"duration {s!r} is zero; it must be at least one {slot_minutes}-minute slice",
+                           f"e.g. {format_duration(step)} or 1h")
+    if seconds > MAX_DURATION_DAYS * _DAY_S:
+        raise InvalidInput(f"duration {s!r} is longer than {MAX_DURATION_DAYS} days",
+                           f"examples: {DURATION_EXAMPLES}")
+    if seconds % step:
+        lo = seconds - seconds % step
+        near = " or ".join(format_duration(x) for x in (lo, lo + step) if x > 0)
+        raise InvalidInput(f"{s!r} is not a whole number of {slot_minutes}-minute slices; try {near}",
+                           f"durations here are multiples of {slot_minutes}m, e.g. {DURATION_EXAMPLES}")
+    return seconds
+
+
+def _duration_error(s: str) -> InvalidInput:
+    """Say precisely why ``s`` is not a duration; this is the most-typed word in bk."""
+    hint = f"examples: {DURATION_EXAMPLES} (units d, h, m)"
+    if not s:
+        return InvalidInput("expected a duration, got nothing", hint)
+    if s.isdigit():
+        return InvalidInput(f"duration {s!r} has no unit", f"add one: {s}m for minutes, {s}h for hours")
+    if s.startswith("-"):
+        return InvalidInput(f"duration {s!r} is negative; a duration must be positive", hint)
+    if "." in s or "," in s:
+        return InvalidInput(f"duration {s!r} has a fraction; durations take whole numbers",
+                            "write 1h30m instead of 1.5h")
+    units = _WORDS.findall(s)
+    unknown = [u for u in units if u not in ("d", "h", "m")]
+    if unknown:
+        return InvalidInput(f"duration {s!r}: unknown unit {unknown[0]!r}; use d (days), h (hours) or m (minutes)",
+                            hint)
+    if units and len(set(units)) < len(units) or units != sorted(units, key="dhm".index):
+        return InvalidInput(f"duration {s!r}: each unit may appear once, in the order d, h, m", hint)
+    return InvalidInput(f"cannot read {s!r} as a duration", hint)
+
+
+def format_duration(seconds: int) -> str:
+    """Seconds -> ``1d12h``, ``1h30m``, ``45m`` (whole minutes, rounded down; 0 -> ``0m``)."""
+    if seconds < 0:
+        raise ValueError(f"a duration cannot be negative: {seconds}")
+    d, rest = divmod(seconds // 60, 1440)
+    h, m = divmod(rest, 60)
+    out = (f"{d}d" if d else "") + (f"{h}h" if h else "") + (f"{m}m" if m else "")
+    return out or "0m"
+
+
+# ------------------------------------------------------------- memory
+
+def parse_memory(text: str) -> int:
+    """``12g``, ``12gb``, ``12gib``, ``512m``, ``1.5g`` -> MiB (GiB = 1024 MiB), a positive whole number."""
+    s = _norm(text, "a memory size", MEMORY_EXAMPLES)
+    hint = f"examples: {MEMORY_EXAMPLES} (g = GiB, m = MiB, per GPU)"
+    m = _MEMORY.fullmatch(s)
+    if not m or not (m[1] or m[2]):
+        if s.replace(".", "", 1).isdigit():
+            raise InvalidInput(f"memory {s!r} has no unit", f"add one: {s}g for GiB, {s}m for MiB")
+        raise InvalidInput(f"cannot read {s!r} as a memory size", hint)
+    frac = m[2] or ""
+    scale = 10 ** len(frac)
+    # Exact integer arithmetic: 1.5g is 1536 MiB, not 1535.9999.
+    num = (int(m[1] or 0) * scale + int(frac or 0)) * (1024 if m[3] == "g" else 1)
+    if num == 0:
+        raise InvalidInput(f"memory {s!r} is zero; it must be positive", hint)
+    if num % scale:
+        lo = num // scale
+        near = " or ".join(format_memory(x) for x in (lo, lo + 1) if x > 0)
+        raise InvalidInput(f"{s!r} is not a whole number of MiB; try {near}", hint)
+    return num // scale
+
+
+def format_memory(mib: int) -> str:
+    """MiB -> ``12g``, ``1.5g`` or ``512m``; ``parse_memory`` reads it back exactly."""
+    if mib <= 0:
+        raise ValueError(f"memory must be positive: {mib}")
+    if mib % 1024 == 0:
+        return f"{mib // 1024}g"
+    if mib > 1024 and mib % 512 == 0:
+        return f"{mib // 1024}.5g"
+    return f"{mib}m"
+
+
+# -------------------------------------------------------- start times
+
+@dataclass(frozen=True)
+class StartSpec:
+    """A resolved start: ``t`` epoch seconds on the grid.
+
+    ``source`` names the form the user wrote: ``now``, ``relative``, ``time``
+    (bare clock time), ``today``, ``tomorrow``, ``month-day``, ``date`` (local
+    full date) or ``iso`` (with an offset).  ``ambiguous`` is set when the local
+    time occurs twice (DST fall-back) so a front end can say which it took.
+    """
+
+    t: int
+    is_now: bool
+    rolled_to_tomorrow: bool
+    source: str
+    ambiguous: bool = False
+
+
+def parse_start(text: str, now: int, tz: tzinfo, slot_minutes: int) -> StartSpec:
+    """Any start form of SPEC section 3 (see docs/TIME.md) -> a StartSpec."""
+    step = slot_seconds(slot_minutes)
+    s = _norm(text, "a start time", START_EXAMPLES)
+    shown = " ".join(text.split())   # quoted in messages as typed (2026-07-13T18:00Z)
+    cur = now - now % step
+    if s == "now":
+        return StartSpec(cur, True, False, "now")
+    if s.startswith("+"):
+        return StartSpec(cur + parse_duration(s[1:], slot_minutes), False, False, "relative")
+    if s.startswith("-"):
+        raise InvalidInput(f"start {shown!r} is in the past; a start is now or later",
+                           f"e.g. now or +{format_duration(step)}")
+    m = _match_when(s, shown)
+    today = _local_date(now, tz)
+    day, hms, off, source = _when_fields(m, shown, today)
+    render = _short_renderer(tz, now)
+    rolled = ambiguous = False
+    if off is not None:
+        t = _wall_seconds(day, hms) - off
+        render = iso
+    else:
+        if day is None:
+            t, ambiguous = _pick_local(shown, today, hms, tz, cur, rolling=True)
+            if t < cur:
+                rolled = True
+                t, ambiguous = _pick_local(shown, today + timedelta(days=1), hms, tz, cur)
+        else:
+            t, ambiguous = _pick_local(shown, day, hms, tz, cur)
+    if t < cur:
+        hint = f"the earliest start is now ({render(cur)}), then {render(cur + step)}"
+        if source == "month-day":
+            hint += f"; for next year write {day.year + 1}-{day.month:02d}-{day.day:02d} {_hm(hms)}"
+        raise InvalidInput(f"start {shown!r} is in the past: it is now {render(now)}", hint)
+    _check_aligned(shown, t, step, slot_minutes, cur, render)
+    return StartSpec(t, False, rolled, source, ambiguous)
+
+
+def parse_iso_start(text: str, now: int, slot_minutes: int) -> int:
+    """The exact machine form ``--start 2026-07-13T18:00:00Z`` (or with an offset) -> epoch seconds."""
+    step = slot_seconds(slot_minutes)
+    s = _norm(text, "an ISO-8601 start", "2026-07-13T18:00:00Z")
+    shown = text.strip()
+    m = _ISO.fullmatch(s)
+    if not m:
+        raise InvalidInput(f"--start wants ISO-8601 with a Z or an offset, got {shown!r}",
+                           "e.g. 2026-07-13T18:00:00Z or 2026-07-13T20:00+02:00")
+    y, mo, d, h, mi, sec = (int(g) if g else 0 for g in m.groups()[:6])
+    day = _date(y, mo, d, shown)
+    _check_clock(h, mi, sec, shown)
+    t = _wall_seconds(day, (h, mi, sec)) - _offset_seconds(m[7], shown)
+    cur = now - now % step
+    if t < cur:
+        raise InvalidInput(f"start {iso(t)} is in the past; it is now {iso(now)}",
+                           f"the earliest start is the current slice, {iso(cur)}")
+    _check_aligned(shown, t, step, slot_minutes, cur, iso)
+    return t
+
+
+def parse_end_change(text: str, start: int, end: int, now: int, tz: tzinfo, slot_minutes: int) -> int:
+    """A new end for a booking: ``+30m``, ``-15m``, ``20:00``, ``total 2h``, or any dated start form.
+
+    A bare clock time is its first occurrence after ``start`` on or after the
+    local date of ``max(start, current slice)``; if that is already past, it
+    is an error rather than a silent jump to tomorrow (a shrink the user asked
+    for must never become a one-day extension).
+    """
+    step = slot_seconds(slot_minutes)
+    s = _norm(text, "a new end", END_EXAMPLES)
+    shown = " ".join(text.split())
+    cur = now - now % step
+    lower = max(start, cur)
+    render = _short_renderer(tz, now)
+    if s.startswith(("+", "-")):
+        delta = parse_duration(s[1:], slot_minutes)
+        new = end + delta if s[0] == "+" else end - delta
+    elif s.startswith("total"):
+        new = start + parse_duration(s[5:].lstrip(" ="), slot_minutes)
+    elif (dm := _DURATION.fullmatch(s)) and dm.lastindex:
+        raise InvalidInput(f"{s!r} is ambiguous as a new end",
+                           f"write +{s} to extend, -{s} to shorten, or 'total {s}' for the whole length")
+    else:
+        m = _match_when(s, shown, END_EXAMPLES)
+        day, hms, off, _ = _when_fields(m, shown, _local_date(now, tz))
+        if off is not None:
+            new = _wall_seconds(day, hms) - off
+        elif day is not None:
+            new, _ = _pick_local(shown, day, hms, tz, cur)
+        else:
+            base = _local_date(lower, tz)
+            new, _ = _pick_local(shown, base, hms, tz, cur)
+            if new <= start:
+                new, _ = _pick_local(shown, base + timedelta(days=1), hms, tz, cur)
+    if new <= lower:
+        why = "before the booking starts" if new <= start else "in the past"
+        raise InvalidInput(f"the new end {render(new)} would be {why}; the earliest end is {render(lower + step)}",
+                           f"end at {render(lower + step)} to stop soon, or cancel the booking")
+    _check_aligned(shown, new, step, slot_minutes, lower + step, render)
+    return new
+
+
+# --------------------------------------------------------- rendering
+
+def format_local(t: int, tz: tzinfo, *, now: int | None = None, compact: bool = False) -> str:
+    """``2026-07-13 20:00``, or compact ``07-13 20:00`` (with the year when ``now`` is another year)."""
+    dt = datetime.fromtimestamp(t, tz)
+    if compact and (now is None or datetime.fromtimestamp(now, tz).year == dt.year):
+        return f"{dt.month:02d}-{dt.day:02d} {dt.hour:02d}:{dt.minute:02d}"
+    return f"{dt.year:04d}-{dt.month:02d}-{dt.day:02d} {dt.hour:02d}:{dt.minute:02d}"
+
+
+def format_local_short(t: int, tz: tzinfo, now: int) -> str:
+    """``20:00`` on the local day of ``now``, else as ``format_local(compact=True)``."""
+    dt = datetime.fromtimestamp(t, tz)
+    if dt.date() == _local_date(now, tz):
+        return f"{dt.hour:02d}:{dt.minute:02d}"
+    return format_local(t, tz, now=now, compact=True)
+
+
+def format_span(start: int, end: int, tz: tzinfo, now: int) -> str:
+    """``07-13 20:00–21:30`` on one local day, ``07-13 22:00–07-14 02:00`` across days."""
+    a = datetime.fromtimestamp(start, tz)
+    b = datetime.fromtimestamp(end, tz)
+    tail = f"{b.hour:02d}:{b.minute:02d}" if a.date() == b.date() \
+        else format_local(end, tz, now=now, compact=True)
+    return f"{format_local(start, tz, now=now, compact=True)}–{tail}"
+
+
+# ----------------------------------------------------------- helpers
+
+def _norm(text: str, what: str, examples: str) -> str:
+    if not isinstance(text, str):
+        raise InvalidInput(f"expected {what} as text, got {type(text).__name__}", f"examples: {examples}")
+    return " ".join(text.split()).lower()
+
+
+def _match_when(s: str, shown: str, examples: str = START_EXAMPLES) -> re.Match:
+    # Before _START: "07-14" would otherwise read as 07:00 at UTC offset -14.
+    if _DATE_ONLY.fullmatch(s):
+        raise InvalidInput(f"{shown!r} has a day but no time", f"add a clock time, e.g. {shown} 09:00")
+    m = _START.fullmatch(s)
+    if m:
+        return m
+    raise InvalidInput(f"cannot read {shown!r} as a time", f"examples: {examples}")
+
+
+def _when_fields(m: re.Match, s: str, today: date):
+    """-> (date or None for a bare clock time, (h, m, s), offset seconds or None, form name)."""
+    h, mi, sec = int(m["h"]), int(m["mi"] or 0), int(m["s"] or 0)
+    if m["ampm"]:
+        if not 1 <= h <= 12:
+            raise InvalidInput(f"{s!r}: with am/pm the hour is 1 to 12", "e.g. 9am, 9:30pm, 12pm (noon)")
+        h = h % 12 + (12 if m["ampm"] == "pm" else 0)
+    _check_clock(h, mi, sec, s)
+    if m["word"]:
+        source = "today" if m["word"] == "today" else "tomorrow"
+        day = today + timedelta(days=0 if source == "today" else 1)
+    elif m["mo"]:
+        day, source = _date(today.year, int(m["mo"]), int(m["md"]), s), "month-day"
+    elif m["y"]:
+        day, source = _date(int(m["y"]), int(m["ym"]), int(m["yd"]), s), "date"
+    else:
+        day, source = None, "time"
+    off = None
+    if m["off"]:
+        if not m["y"]:
+            raise InvalidInput(f"{s!r}: a UTC offset needs a full date", "e.g. 2026-07-13T20:00+02:00")
+        off, source = _offset_seconds(m["off"], s), "iso"
+    return day, (h, mi, sec), off, source
+
+
+def _check_clock(h: int, mi: int, sec: int, s: str) -> None:
+    if h > 23 or mi > 59 or sec > 59:
+        raise InvalidInput(f"{s!r} is not a clock time (hours 0-23, minutes 0-59)",
+                           "e.g. 20:00, 09:30, 9pm; midnight is 00:00 of the next day")
+
+
+def _date(y: int, mo: int, d: int, s: str) -> date:
+    try:
+        return date(y, mo, d)
+    except ValueError:
+        raise InvalidInput(f"{s!r}: there is no such date", "dates are YYYY-MM-DD or MM-DD, e.g. 07-13") from None
+
+
+def _offset_seconds(text: str, s: str) -> int:
+    if text == "z":
+        return 0
+    sign = -1 if text[0] == "-" else 1
+    digits = text[1:].replace(":", "")
+    h, mi = int(digits[:2]), int(digits[2:] or 0)
+    if h > 23 or mi > 59:
+        raise InvalidInput(f"{s!r}: bad UTC offset {text!r}", "e.g. Z, +02:00, -05:00")
+    return sign * (h * 3600 + mi * 60)
+
+
+def _wall_seconds(day: date, hms: tuple[int, int, int]) -> int:
+    """The wall-clock reading as if it were UTC, in epoch seconds."""
+    h, mi, sec = hms
+    return (day.toordinal() - _EPOCH_ORDINAL) * _DAY_S + h * 3600 + mi * 60 + sec
+
+
+def _local_date(t: int, tz: tzinfo) -> date:
+    return datetime.fromtimestamp(t, tz).date()
+
+
+def _hm(hms: tuple[int, int, int]) -> str:
+    return f"{hms[0]:02d}:{hms[1]:02d}"
+
+
+def _short_renderer(tz: tzinfo, now: int):
+    return lambda t: format_local_short(t, tz, now)
+
+
+def _pick_local(s: str, day: date, hms: tuple[int, int, int], tz: tzinfo, cur: int,
+                rolling: bool = False) -> tuple[int, bool]:
+    """The instant of local ``day`` + ``hms`` in ``tz`` -> (t, ambiguous).
+
+    A fold gives its first occurrence unless that is before ``cur`` and the
+    second is not.  A gap raises, except when ``rolling`` and the gap is
+    already behind ``cur``: then it returns the instant after the gap (before
+    ``cur``) and the caller moves on to tomorrow; a gap earlier today is no
+    reason to refuse tomorrow's time.
+    """
+    wall = datetime(day.year, day.month, day.day, *hms)
+    secs = _wall_seconds(day, hms)
+    try:
+        t0 = secs - wall.replace(tzinfo=tz).utcoffset() // _SECOND
+        t1 = secs - wall.replace(tzinfo=tz, fold=1).utcoffset() // _SECOND
+        exists = datetime.fromtimestamp(t0, tz).replace(tzinfo=None) == wall
+    except (OverflowError, OSError, ValueError):
+        raise InvalidInput(f"{s!r} is out of range", f"examples: {START_EXAMPLES}") from None
+    if not exists:
+        if rolling and t0 < cur:
+            return t0, False
+        raise _gap_error(s, day, t1, t0, tz)
+    if t0 != t1:
+        return (t1 if t0 < cur <= t1 else t0), True
+    return t0, False
+
+
+def _gap_error(s: str, day: date, before: int, after: int, tz: tzinfo) -> InvalidInput:
+    """Name the spring-forward gap that swallowed ``s``.
+
+    ``before`` and ``after`` bracket the transition instant (the gap time read
+    with the offset after and before it); bisect for the exact second so the
+    message shows the real jump, e.g. 02:00 to 03:00 or Lord Howe's 02:00 to 02:30.
+    """
+    def offset(u: int) -> int:
+        return datetime.fromtimestamp(u, tz).utcoffset() // _SECOND
+
+    first = offset(before)
+    lo, hi = before, after
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if offset(mid) == first:
+            lo = mid
+        else:
+            hi = mid
+    jump_from = datetime.fromtimestamp(hi, tz) - timedelta(seconds=offset(hi) - first)
+    jump_to = datetime.fromtimestamp(hi, tz)
+    zone = getattr(tz, "key", None) or "local time"
+    return InvalidInput(
+        f"{s!r} does not exist in {zone}: on {day.isoformat()} the clocks jump from "
+        f"{jump_from:%H:%M} to {jump_to:%H:%M}",
+        f"pick a time outside the gap, e.g. {jump_to:%H:%M}")
+
+
+def _check_aligned(s: str, t: int, step: int, slot_minutes: int, earliest: int, render) -> None:
+    if t % step == 0:
+        return
+    lo = t - t % step
+    near = [render(x) for x in (lo, lo + step) if x >= earliest] or [render(lo + step)]
+    raise InvalidInput(f"{s!r} is not on a {slot_minutes}-minute boundary; try {' or '.join(near)}",
+                       f"bookings start and end on the {slot_minutes}-minute grid, e.g. {near[-1]}")

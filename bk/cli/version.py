@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 
 
@@ -26,11 +25,14 @@ def version_data() -> dict:
 
 
 def print_version(as_json: bool) -> int:
-    data = version_data()
     if as_json:
+        import json
+
         from bk.core.envelope import success
 
-        sys.stdout.write(json.dumps(success("version", data)) + "\n")
+        sys.stdout.write(json.dumps(success("version", version_data())) + "\n")
     else:
-        sys.stdout.write(f"bk {data['version']}\n")
+        from bk import __version__
+
+        sys.stdout.write(f"bk {__version__}\n")
     return 0

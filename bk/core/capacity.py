@@ -1,0 +1,239 @@
+"""What one GPU holds over time, and where a new booking would not fit.
+
+The facts.  A GPU has ``max_shared_users`` share slots.  A shared booking
+holds ``share`` slots on each of its GPUs; an exclusive booking holds all of
+them, so it overlaps nothing and nothing overlaps it.  When the GPU reports
+its total memory, shared bookings also hold VRAM: their explicit per-GPU
+value, or by default ``usable * share / capacity``, where usable is the total
+minus the administrator's reserve.  Bookings may overlap in any pattern, so
+the load is a step function of time that changes only where a booking
+starts or ends.
+
+The consequence.  Whether a request fits at start ``s`` does not need a scan
+of every slice of ``[s, s + duration)``: it is enough to know the *bad runs*,
+the maximal intervals where the load already leaves too little room for the
+request (too few slots, or too little memory).  The request fits at ``s``
+exactly when ``[s, s + duration)`` meets no bad run.  Bad runs come from one
+sort of the booking edges (n log n), and the search in ``scheduler`` never
+looks at a slice.
+
+Holds are kept as plain tuples ``(start, end, slots, mem, reservation)``
+sorted by start: the index is rebuilt for every request from the whole
+ledger, and tuples keep that pass cheap.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterable, Mapping
+from operator import itemgetter
+
+from .models import EXCLUSIVE, MODES, SHARED, Blackout, Policy, Reservation, iso
+
+# Positions in a hold tuple.
+START, END, SLOTS, MEM, RES = range(5)
+
+
+def usable_mib(total_mib: int | None, reserve_mib: int) -> int | None:
+    """VRAM that shared bookings may divide among themselves (None: unknown)."""
+    if total_mib is None:
+        return None
+    return total_mib - reserve_mib
+
+
+def default_mem(usable: int | None, share: int, capacity: int) -> int | None:
+    """A shared booking's VRAM when it did not say: its fraction of usable."""
+    if usable is None:
+        return None
+    # Rounding down keeps ``capacity`` single-slot bookings within usable.
+    return max(0, usable) * share // capacity
+
+
+class GpuLedger:
+    """The live holds on one GPU, sorted by start, with the queries the
+    scheduler needs.  Build it with ``index_holds``."""
+
+    __slots__ = ("index", "capacity", "usable", "holds", "starts", "max_len")
+
+    def __init__(self, index: int, capacity: int, usable: int | None, holds: list[tuple]):
+        holds.sort(key=itemgetter(START))
+        self.index = index
+        self.capacity = capacity
+        self.usable = usable
+        self.holds = holds
+        self.starts = [h[START] for h in holds]
+        self.max_len = max((h[END] - h[START] for h in holds), default=0)
+
+    def overlapping(self, lo: int, hi: int) -> list[tuple]:
+        """Holds that cover some instant of ``[lo, hi)``, in start order."""
+        # No hold is longer than max_len, so one that still runs at lo
+        # started after lo - max_len: the bisect bounds the scan.
+        i = bisect_right(self.starts, lo - self.max_len)
+        j = bisect_left(self.starts, hi)
+        return [h for h in self.holds[i:j] if h[END] > lo]
+
+    def bad_runs(self, need: int, mem: int | None, lo: int, hi: int) -> list[tuple[int, int]]:
+        """Maximal intervals, sorted and disjoint, where a request for
+        ``need`` slots and ``mem`` MiB would not fit.  Exact inside
+        ``[lo, hi)``; outside it only holds reaching into the range count.
+
+        ``mem`` None (or a GPU without memory telemetry) means slots alone
+        decide."""
+        holds = self.overlapping(lo, hi)
+        if not holds:
+            return []
+        if need >= self.capacity:
+            return _union(holds)
+        slot_room = self.capacity - need
+        check_mem = mem is not None and self.usable is not None
+        mem_room = (self.usable - mem) if check_mem else 0
+        edges = []
+        for h in holds:
+            m = (h[MEM] or 0) if check_mem else 0
+            edges.append((h[START], h[SLOTS], m))
+            edges.append((h[END], -h[SLOTS], -m))
+        edges.sort(key=itemgetter(0))
+        runs = []
+        slots = used = 0
+        run_start = None
+        i, n = 0, len(edges)
+        while i < n:
+            t = edges[i][0]
+            # Apply every edge at t before judging: a booking that ends at t
+            # frees its room for one that starts at t.
+            while i < n and edges[i][0] == t:
+                slots += edges[i][1]
+                used += edges[i][2]
+                i += 1
+            bad = slots > slot_room or (check_mem and used > mem_room)
+            if bad and run_start is None:
+                run_start = t
+            elif not bad and run_start is not None:
+                runs.append((run_start, t))
+                run_start = None
+        return runs
+
+    def run_end(self, t: int, need: int, mem: int | None) -> int:
+        """When the bad run that contains ``t`` ends (``t`` itself if none)."""
+        width = max(self.max_len, 1)
+        while True:
+            hi = t + width
+            for a, b in self.bad_runs(need, mem, t, hi):
+                if a <= t < b:
+                    if b < hi:
+                        return b
+                    break
+            else:
+                return t
+            # The run reaches the edge of what we looked at: look further.
+            width *= 2
+
+    def load_at(self, t: int) -> tuple[int, int, list[tuple]]:
+        """Slots, counted VRAM and the holds at instant ``t``."""
+        # Sorted fully so that messages do not depend on the ledger's order.
+        here = sorted(self.overlapping(t, t + 1), key=lambda h: (h[START], h[END], h[RES].id))
+        return (sum(h[SLOTS] for h in here), sum(h[MEM] or 0 for h in here), here)
+
+    def pressure(self, lo: int, hi: int) -> int:
+        """Booked slot-seconds in ``[lo, hi)``: how crowded the window is."""
+        return sum(h[SLOTS] * (min(h[END], hi) - max(h[START], lo))
+                   for h in self.overlapping(lo, hi))
+
+
+def _union(holds: list[tuple]) -> list[tuple[int, int]]:
+    """Merge holds (sorted by start) into disjoint runs; touching ones join."""
+    runs = []
+    cur_a, cur_b = holds[0][START], holds[0][END]
+    for h in holds:
+        a = h[START]
+        if a > cur_b:
+            runs.append((cur_a, cur_b))
+            cur_a, cur_b = a, h[END]
+        elif h[END] > cur_b:
+            cur_b = h[END]
+    runs.append((cur_a, cur_b))
+    return runs
+
+
+def index_holds(reservations: Iterable[Reservation], *, now: int, capacity: int,
+                usable: Mapping[int, int | None], ignore_id: str | None = None) -> dict[int, GpuLedger]:
+    """One pass over the ledger: the holds that still matter, per GPU.
+
+    Only GPUs that are keys of ``usable`` get a ledger; cancelled, ended and
+    ignored (being edited) reservations hold nothing."""
+    per: dict[int, list] = {g: [] for g in usable}
+    for r in reservations:
+        if r.cancelled_at is not None or r.end <= now:
+            continue
+        if ignore_id is not None and r.id == ignore_id:
+            continue
+        if r.mode == EXCLUSIVE:
+            for g in r.gpus:
+                lst = per.get(g)
+                if lst is not None:
+                    lst.append((r.start, r.end, capacity, None, r))
+            continue
+        share = r.share
+        for g in r.gpus:
+            lst = per.get(g)
+            if lst is None:
+                continue
+            mem = r.mem_mib
+            if mem is None:
+                mem = default_mem(usable[g], share, capacity)
+            lst.append((r.start, r.end, share, mem, r))
+    return {g: GpuLedger(g, capacity, usable[g], holds) for g, holds in per.items()}
+
+
+def check_invariants(reservations: Iterable[Reservation], blackouts: Iterable[Blackout], policy: Policy,
+                     gpu_mem: Mapping[int, int | None]) -> list[str]:
+    """Every way the ledger breaks SPEC section 4, as sorted messages.
+
+    Counts every reservation that is not cancelled, ended ones too: an edit
+    or a bug that overfilled the past is still a bug.  ``gpu_mem`` maps a
+    GPU to its total MiB (None or missing: no memory check).  Used by tests
+    after every write, by ledger validation and by ``bk doctor``."""
+    q, cap, n = policy.slot_seconds, policy.max_shared_users, policy.gpu_count
+    problems: list[str] = []
+    live: list[Reservation] = []
+    seen: set[str] = set()
+    for r in reservations:
+        if r.id in seen:
+            problems.append(f"{r.id}: duplicate id")
+        seen.add(r.id)
+        if r.cancelled_at is not None:
+            continue
+        live.append(r)
+        tag = f"{r.id} ({r.user})"
+        if r.mode not in MODES:
+            problems.append(f"{tag}: unknown mode {r.mode!r}")
+        if r.mode == SHARED and not 1 <= r.share <= cap:
+            problems.append(f"{tag}: share {r.share} outside 1..{cap}")
+        if not r.gpus or len(set(r.gpus)) != len(r.gpus) or any(not 0 <= g < n for g in r.gpus):
+            problems.append(f"{tag}: bad GPU list {list(r.gpus)}")
+        if r.end <= r.start:
+            problems.append(f"{tag}: ends at or before its start")
+        if r.start % q or r.end % q:
+            problems.append(f"{tag}: not aligned to {policy.slot_minutes}-minute slices")
+        if r.mem_mib is not None and r.mem_mib <= 0:
+            problems.append(f"{tag}: memory {r.mem_mib} MiB is not positive")
+    for b in blackouts:
+        for r in live:
+            if r.start < b.end and b.start < r.end:
+                problems.append(f"{r.id} ({r.user}): overlaps blackout {b.id} "
+                                f"{iso(b.start)} to {iso(b.end)}")
+    if not live:
+        return sorted(problems)
+    usable = {g: usable_mib(gpu_mem.get(g), policy.shared_memory_reserve_mb) for g in range(n)}
+    lo = min(r.start for r in live)
+    hi = max(r.end for r in live)
+    ledgers = index_holds([r for r in live if r.end > r.start], now=lo - 1, capacity=cap, usable=usable)
+    for g, ledger in ledgers.items():
+        # A request of zero slots and zero memory "does not fit" exactly
+        # where the holds alone already exceed the GPU.
+        for a, b in ledger.bad_runs(0, 0, lo, hi):
+            slots, mem, here = ledger.load_at(a)
+            who = ", ".join(sorted(f"{h[RES].id} ({h[RES].user}, {h[RES].mode})" for h in here))
+            what = f"{slots}/{cap} slots" if slots > cap else f"{mem}/{usable[g]} MiB"
+            problems.append(f"GPU {g} over capacity {iso(a)} to {iso(b)}: {what} held by {who}")
+    return sorted(problems)

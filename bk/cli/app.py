@@ -8,6 +8,11 @@ and sets ``handler`` (a function ``(args, ctx) -> Output``) and ``command``
 Everything that can fail is turned into exactly one rendering here: an
 ``Output``, a ``BkError`` (exit status from its class), a closed pipe
 (silent), Ctrl-C (130) or an unexpected exception (one line, exit 70).
+
+``parse_argv`` is how every front end that takes typed words (the prompt,
+the guided flows) reads them, so ``bk 1 30m``, ``-d -15m`` and free words
+after flags mean the same everywhere.  ``bk`` alone opens the interactive
+prompt at a terminal, and prints the status otherwise.
 """
 
 from __future__ import annotations
@@ -24,6 +29,22 @@ PROG = "bk"
 
 # One module per command group; each defines register(subparsers).
 COMMAND_MODULES: tuple[str, ...] = (
+    "bk.cli.cmd_book",
+    "bk.cli.cmd_list",
+    "bk.cli.cmd_edit",
+    "bk.cli.cmd_cancel",
+    "bk.cli.cmd_status",
+    "bk.cli.cmd_timeline",
+    "bk.cli.cmd_slots",
+    "bk.cli.cmd_notices",
+    "bk.cli.cmd_log",
+    "bk.cli.cmd_info",
+    "bk.cli.cmd_doctor",
+    "bk.cli.cmd_tutorial",
+    "bk.cli.guided",
+    "bk.cli.cmd_preset",
+    "bk.cli.cmd_admin",
+    "bk.cli.cmd_broker",
     "bk.cli.cmd_help",
 )
 
@@ -31,14 +52,57 @@ COMMAND_MODULES: tuple[str, ...] = (
 BOOK_SHORTHAND = "book"
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions are folded to the terminal like any prose; a paragraph
+    whose lines are indented (``Examples:`` blocks) keeps its layout, so
+    commands line up and stay copyable."""
+
+    def _fill_text(self, text, width, indent):
+        import textwrap
+
+        out = []
+        for para in text.strip("\n").split("\n\n"):
+            lines = para.splitlines()
+            if any(line[:1].isspace() for line in lines) or para.rstrip().endswith(":"):
+                out.append("\n".join(indent + line for line in lines))
+            else:
+                out.append(textwrap.fill(" ".join(para.split()), width, initial_indent=indent,
+                                         subsequent_indent=indent))
+        return "\n\n".join(out)
+
+
 class Parser(argparse.ArgumentParser):
     """An ArgumentParser that raises UsageError instead of exiting, so that a
     usage error becomes the same JSON envelope as any other failure."""
 
+    def __init__(self, *args, **kwargs):
+        # Every command's help uses the one formatter (fits the terminal,
+        # keeps examples), whichever argparse formatter its module named.
+        if kwargs.get("formatter_class") in (None, argparse.HelpFormatter,
+                                             argparse.RawDescriptionHelpFormatter):
+            kwargs["formatter_class"] = HelpFormatter
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str):  # noqa: D401 - argparse API
         cmd = self.prog.split(" ", 1)[1] if " " in self.prog else None
         hint = f"see: bk help {cmd}" if cmd else "see: bk help"
+        if cmd is None and message.startswith("argument COMMAND: invalid choice"):
+            raise self._unknown_command(message)
         raise UsageError(message, hint=hint)
+
+    def _unknown_command(self, message: str) -> UsageError:
+        # argparse lists every alias in its message; say what was typed and
+        # suggest the nearest command instead.
+        import difflib
+        import re
+
+        m = re.search(r"invalid choice: '([^']*)'", message)
+        word = m.group(1) if m else "?"
+        sub = next((a for a in self._actions if isinstance(a, argparse._SubParsersAction)), None)
+        names = sorted(sub.choices) if sub else []
+        close = difflib.get_close_matches(word, names, n=1)
+        hint = (f"did you mean: bk {close[0]}?  " if close else "") + "all commands: bk help"
+        return UsageError(f"unknown command {word!r}", hint=hint)
 
 
 @dataclass
@@ -51,6 +115,24 @@ class Context:
     argv: list[str]
     term: Term = field(default_factory=Term)
     _app: object = None
+    stdin_tty: bool = False
+
+    @property
+    def interactive(self) -> bool:
+        """May this command ask a question?  Only with a person at a terminal:
+        never with --json, and never when stdin is a pipe or a file (a
+        script must not hang on a prompt it cannot see)."""
+        return self.stdin_tty and not self.json
+
+    def confirm(self, question: str) -> bool:
+        """Ask a yes/no question on the terminal; anything but yes is no."""
+        sys.stderr.write(f"{question} [y/N] ")
+        sys.stderr.flush()
+        try:
+            answer = input()
+        except EOFError:
+            return False
+        return answer.strip().lower() in ("y", "yes")
 
     def app(self):
         """The service-layer application for this process (opened lazily)."""
@@ -91,33 +173,64 @@ def _rewrite_shorthand(argv: list[str]) -> list[str]:
     return argv
 
 
-def guess_command(argv: list[str]) -> str:
-    for a in argv:
-        if not a.startswith("-"):
-            return a
-    return "bk"
+# Flags whose value may start with "-" (``bk e 1 -d -15m``, ``bk tl --from -2h``).  argparse would
+# take "-15m" for an unknown option, so such a value is glued to its flag.
+_SIGNED_VALUE_FLAGS = ("-d", "--duration", "--from")
+
+
+def _glue_signed_values(argv: list[str]) -> list[str]:
+    cut = argv.index("--") if "--" in argv else len(argv)
+    out, i = [], 0
+    while i < cut:
+        a = argv[i]
+        if a in _SIGNED_VALUE_FLAGS and i + 1 < cut and argv[i + 1][:2] in [f"-{d}" for d in "0123456789"]:
+            out.append(f"{a}={argv[i + 1]}" if a.startswith("--") else f"{a}{argv[i + 1]}")
+            i += 2
+            continue
+        out.append(a)
+        i += 1
+    return out + argv[cut:]
+
+
+def guess_command(argv: list[str], parser: argparse.ArgumentParser | None = None) -> str:
+    """The command name for an envelope, even when parsing fails: the
+    canonical name of the first word (``d`` -> ``cancel``) when known."""
+    word = next((a for a in argv if not a.startswith("-")), None)
+    if word is None:
+        return "bk"
+    if parser is not None:
+        sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+        if sub is not None and word in sub.choices:
+            return sub.choices[word].get_default("command") or word
+    return word
 
 
 def run(argv: list[str], env: dict | None = None) -> int:
     env = dict(os.environ) if env is None else env
     argv, as_json = _strip_json(argv)
-    argv = _rewrite_shorthand(argv)
+    argv = normalise(argv)
     command = guess_command(argv)
+    ctx = None
     try:
         parser = build_parser()
+        command = guess_command(argv, parser)
         try:
-            args = parser.parse_args(argv)
+            args = parse_argv(argv, parser)
         except SystemExit as e:        # -h/--help and --version print and "exit"
             return int(e.code or 0)
+        ctx = Context(env=env, json=as_json, argv=argv, term=Term.detect(env=env),
+                      stdin_tty=_stdin_is_tty())
         handler = getattr(args, "handler", None)
         if handler is None:
-            raise UsageError("no command given", hint="try: bk help, or bk 1 30m to book one GPU")
+            if argv:
+                raise UsageError("no command given", hint="try: bk help, or bk 1 30m to book one GPU")
+            return _bare(ctx)
         command = args.command
-        ctx = Context(env=env, json=as_json, argv=argv, term=Term.detect(env=env))
         out: Output = handler(args, ctx)
+        out.warnings = _merge(_warnings_of(ctx), out.warnings)
         return emit(out, as_json, ctx.term)
     except BkError as err:
-        return emit_error(command, err, as_json)
+        return emit_error(command, err, as_json, _warnings_of(ctx))
     except BrokenPipeError:
         return _closed_pipe()
     except KeyboardInterrupt:
@@ -128,8 +241,82 @@ def run(argv: list[str], env: dict | None = None) -> int:
             raise
         err = Internal(f"unexpected error: {type(exc).__name__}: {exc}",
                        hint="run with BK_DEBUG=1 for details")
-        emit_error(command, err, as_json)
+        emit_error(command, err, as_json, _warnings_of(ctx))
         return EXIT_INTERNAL
+
+
+def normalise(argv: list[str]) -> list[str]:
+    """The rewrites every command line gets: ``bk 1 30m`` -> ``bk book 1 30m``
+    and ``-d -15m`` -> ``-d-15m``.  Idempotent."""
+    return _glue_signed_values(_rewrite_shorthand(argv))
+
+
+def parse_argv(argv: list[str], parser: argparse.ArgumentParser | None = None) -> argparse.Namespace:
+    """One command's words (``--json`` already taken out) -> its namespace,
+    exactly as ``bk`` itself reads them.  The prompt and the guided flows
+    use this so a command typed there means what it means in a shell.
+    Raises UsageError; ``-h`` raises SystemExit after printing help."""
+    parser = parser or build_parser()
+    args, extra = parser.parse_known_args(normalise(argv))
+    _take_extra_words(args, extra)
+    return args
+
+
+def _merge(first: list[str], second: list[str]) -> list[str]:
+    return list(dict.fromkeys([*first, *second]))
+
+
+def _take_extra_words(args, extra: list[str]) -> None:
+    """argparse gives a positional list only the words before the first
+    option, so ``bk 2 -d 1h 12g`` leaves ``12g`` over.  Commands that take
+    free words (``words`` in their namespace) get the leftovers in order;
+    anything else left over is a usage error, as with parse_args."""
+    if not extra:
+        return
+    if isinstance(getattr(args, "words", None), list) and not any(
+            a.startswith("-") and a != "-" for a in extra):
+        args.words.extend(extra)
+        return
+    cmd = getattr(args, "command", None)
+    raise UsageError(f"unrecognized arguments: {' '.join(extra)}",
+                     hint=f"see: bk help {cmd}" if cmd else "see: bk help")
+
+
+def _warnings_of(ctx) -> list[str]:
+    """Warnings the service gathered before a failure (a ledger read from a
+    backup, say) still reach the user with the error."""
+    app = getattr(ctx, "_app", None)
+    return list(getattr(app, "warnings", None) or [])
+
+
+def _stdin_is_tty() -> bool:
+    try:
+        return sys.stdin is not None and sys.stdin.isatty()
+    except (ValueError, OSError):
+        return False
+
+
+def _bare(ctx: Context) -> int:
+    """``bk`` alone: the interactive prompt at a terminal; otherwise (a
+    pipe, --json, or no prompt module) the status view and a hint."""
+    import importlib.util
+
+    if ctx.interactive and importlib.util.find_spec("bk.cli.prompt") is not None:
+        from bk.cli.prompt import run_prompt
+
+        return run_prompt(ctx)
+    from bk.cli.cmd_status import status_output
+
+    out = status_output(ctx, verbose=False)
+    out.warnings = _merge(_warnings_of(ctx), out.warnings)
+    if not ctx.json:
+        human = out.human
+
+        def with_hint(term: Term) -> str:
+            text = human(term) if callable(human) else (human or "")
+            return text.rstrip("\n") + "\n\nbook with: bk N DUR (e.g. bk 1 30m) · help: bk help · bk tutorial"
+        out.human = with_hint
+    return emit(out, ctx.json, ctx.term)
 
 
 def _closed_pipe() -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
+import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -36,14 +36,27 @@ class Term:
         env = os.environ if env is None else env
         tty = hasattr(stream, "isatty") and stream.isatty()
         color = tty and "NO_COLOR" not in env and env.get("TERM", "") != "dumb"
-        width = shutil.get_terminal_size((80, 24)).columns if tty else int(env.get("COLUMNS") or 80)
-        return cls(width=max(40, width), color=color)
+        return cls(width=max(40, _width(stream, env, tty)), color=color)
 
     def style(self, text: str, *names: str) -> str:
         if not self.color or not names:
             return text
         codes = ";".join(_CODES[n] for n in names)
         return f"\033[{codes}m{text}\033[0m"
+
+
+def _width(stream, env, tty: bool) -> int:
+    # COLUMNS wins, as in shutil.get_terminal_size, but read from the
+    # environment we were given (tests and the prompt pass their own).
+    cols = env.get("COLUMNS", "")
+    if cols.isdigit() and int(cols) > 0:
+        return int(cols)
+    if tty:
+        try:
+            return os.get_terminal_size(stream.fileno()).columns or 80
+        except (OSError, ValueError, AttributeError):
+            pass
+    return 80
 
 
 @dataclass
@@ -57,24 +70,54 @@ class Output:
     exit_code: int = 0
 
 
+_ANSI = re.compile(r"\033\[[0-9;]*m")
+
+
+def visible_len(text: str) -> int:
+    """Length on screen: colour escapes take no columns."""
+    return len(_ANSI.sub("", text)) if "\033" in text else len(text)
+
+
 def table(rows: Sequence[Sequence[str]], headers: Sequence[str], term: Term,
-          shrink: int | None = None) -> str:
-    """Aligned columns; when too wide, column ``shrink`` is cut with an ellipsis."""
+          shrink: int | Sequence[int] | None = None) -> str:
+    """Aligned columns.  When wider than the terminal, the ``shrink`` columns
+    (one index, or several in order) are cut with an ellipsis, each down to
+    its header's width at most.  Cells may carry colour (``term.style``)."""
     cells = [list(map(str, headers))] + [list(map(str, r)) for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    total = sum(widths) + 2 * (len(widths) - 1)
-    if shrink is not None and total > term.width:
-        widths[shrink] = max(len(headers[shrink]), widths[shrink] - (total - term.width))
+    widths = [max(visible_len(r[i]) for r in cells) for i in range(len(headers))]
+    order = [shrink] if isinstance(shrink, int) else list(shrink or ())
+    for i in order:
+        excess = sum(widths) + 2 * (len(widths) - 1) - term.width
+        if excess <= 0:
+            break
+        widths[i] = max(len(headers[i]), 2, widths[i] - excess)
     lines = []
     for n, row in enumerate(cells):
         parts = []
         for i, c in enumerate(row):
-            if len(c) > widths[i]:
-                c = c[: max(1, widths[i] - 1)] + "…"
-            parts.append(c.ljust(widths[i]) if i < len(row) - 1 else c)
+            if visible_len(c) > widths[i]:
+                c = _ANSI.sub("", c)[: max(1, widths[i] - 1)] + "…"
+            pad = widths[i] - visible_len(c)
+            parts.append(c + " " * pad if i < len(row) - 1 else c)
         line = "  ".join(parts).rstrip()
         lines.append(term.style(line, "bold") if n == 0 else line)
     return "\n".join(lines)
+
+
+def wrap(text: str, width: int, indent: str = "", hanging: str | None = None) -> str:
+    """Free text (notices, notes, reasons) folded to the terminal width;
+    continuation lines take ``hanging`` (default: ``indent``)."""
+    import textwrap
+
+    return "\n".join(textwrap.wrap(
+        text, width=max(20, width), initial_indent=indent,
+        subsequent_indent=indent if hanging is None else hanging,
+        break_long_words=True)) or indent.rstrip()
+
+
+def fit(line: str, width: int) -> str:
+    """One line cut to ``width`` characters (with an ellipsis)."""
+    return line if len(line) <= width else line[: max(1, width - 1)] + "…"
 
 
 def emit(out: Output, as_json: bool, term: Term | None = None) -> int:

@@ -81,6 +81,7 @@ class Settings:
     locations: Locations
     values: dict
     source: str | None           # the file read, or None for defaults only
+    explicit: frozenset = frozenset()   # the keys the file itself set
 
     def __getitem__(self, name: str) -> Any:
         return self.values[name]
@@ -258,16 +259,18 @@ def load(locations: Locations) -> Settings:
     values = {name: key.default for name, key in KEYS.items()}
     path = locations.config_file
     source = None
+    explicit: frozenset = frozenset()
     if path:
         if locations.config_is_system:
             check_trusted(path)
         doc = _read_json(path)
         if doc is not None:
-            values.update(parse_document(doc, path, allow_security=locations.config_is_system))
-            source = path
+            given = parse_document(doc, path, allow_security=locations.config_is_system)
+            values.update(given)
+            source, explicit = path, frozenset(given)
         elif locations.config_is_system:
             raise ConfigError(f"configuration file {path} does not exist")
     if locations.mode == "shared":
         data_dir = values["data_dir"] or locations.data_dir
         locations = Locations(locations.mode, data_dir, path, True, locations.state_dir)
-    return Settings(locations, values, source)
+    return Settings(locations, values, source, explicit)

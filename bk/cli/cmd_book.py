@@ -1,0 +1,97 @@
+"""``bk N DUR [MEM]`` (``book``, ``s``) and ``bk x N DUR [MEM]`` (``exclusive``)."""
+
+from __future__ import annotations
+
+import argparse
+
+from bk.cli import common
+from bk.cli.render import Output, wrap
+from bk.core.errors import UsageError
+from bk.core.models import EXCLUSIVE, SHARED
+
+EXAMPLES = {
+    SHARED: """Examples:
+  bk 1 30m                   one GPU, shared, now (queued if full)
+  bk 2 1h30m 12g             two GPUs, 90 minutes, 12 GiB per GPU
+  bk 1 2h -t 20:00           at 20:00 exactly (tomorrow if today's has passed)
+  bk 1 2h -t 20:00 --queue   at 20:00 or the earliest start after it
+  bk 2 1h -g 0,1 --dry-run   show where it would go, book nothing
+""",
+    EXCLUSIVE: """Examples:
+  bk x 1 2h                  one whole GPU for two hours, now
+  bk x 2 1d -t 'tomorrow 09:00'
+""",
+}
+
+
+def register(sub) -> None:
+    for name, aliases, mode, what in (
+            ("book", ["s"], SHARED, "book N GPUs, shared (bk N DUR [MEM])"),
+            ("exclusive", ["x"], EXCLUSIVE, "book N whole GPUs (bk x N DUR [MEM])")):
+        p = sub.add_parser(
+            name, aliases=aliases, help=what,
+            description=what[0].upper() + what[1:] + ". A bare booking starts now (the current "
+            "slice); if that is full it is queued to the earliest start that fits. An explicit "
+            "-t/--start is exact: a conflict is an error unless --queue.",
+            epilog=EXAMPLES[mode], formatter_class=argparse.RawDescriptionHelpFormatter)
+        p.add_argument("count", metavar="N", help="number of GPUs")
+        p.add_argument("words", nargs="*", metavar="DUR [MEM]",
+                       help="duration (30m, 2h, 1h30m, 1d) and optional VRAM per GPU (12g)")
+        p.add_argument("-d", "--duration", metavar="DUR", help="the duration, instead of the DUR word")
+        common.add_placement_flags(p)
+        common.add_start_flags(p)
+        p.add_argument("--queue", action="store_true",
+                       help="with -t/--start: take the earliest start at or after it")
+        p.add_argument("--note", metavar="TEXT", help="a note others see in the lists")
+        p.add_argument("-y", "--yes", action="store_true", help="never ask (booking does not ask; "
+                       "accepted so scripts can pass it to every write)")
+        p.add_argument("-q", "--quiet", action="store_true", help="print only the booking ID")
+        p.add_argument("-v", "--verbose", action="store_true", help="show why each GPU was or was not chosen")
+        common.add_write_flags(p)
+        p.set_defaults(handler=run, command=name, mode=mode)
+
+
+def run(args, ctx) -> Output:
+    if "--" in ctx.argv:
+        raise UsageError("attaching a command to a booking (bk N DUR -- CMD) is not available yet",
+                         hint="book, then run your command with CUDA_VISIBLE_DEVICES from: bk g")
+    app = ctx.app()
+    req, spec = common.book_request(app, args, mode=args.mode, count=common.parse_count(args.count),
+                                    words=args.words)
+    result = app.book(req)
+    now = app.now()
+    r = result.reservation
+    data = {"status": result.status, "reservation": common.res_json(app, r, now=now),
+            "placement": result.placement, "dry_run": result.dry_run}
+    tz = common.local_tz()
+    capacity = app.policy.max_shared_users
+
+    def human(term) -> str:
+        if args.quiet:
+            return r.short_id
+        verb = {"exists": "already booked (same --op-id)"}.get(result.status, "booked")
+        if result.dry_run:
+            verb = "would book"
+        # A dry run's ID names nothing that exists, so it is not shown.
+        head = f"{verb} " + common.summary_line(r, capacity=capacity, tz=tz, now=now,
+                                                show_id=not result.dry_run)
+        if spec is not None and spec.rolled_to_tomorrow:
+            head += " (tomorrow)"
+        lines = [wrap(head, term.width, "", "  ")]
+        if result.status == "queued":
+            asked = "now" if req.start is None else _local(req.start, tz, now)
+            lines.append(wrap(f"queued: starts at {_local(r.start, tz, now)}, the earliest start "
+                              f"that fits (asked for {asked})", term.width, "", "  "))
+        if args.verbose and result.placement:
+            for g, why in result.placement.get("gpus", {}).items():
+                lines.append(wrap(f"GPU {g}: {why}", term.width, "  ", "      "))
+        return "\n".join(lines)
+
+    return Output(args.command, data, human, warnings=list(result.warnings))
+
+
+def _local(t: int, tz, now: int) -> str:
+    from bk.core.timegrid import format_local_short
+
+    return format_local_short(t, tz, now)
+

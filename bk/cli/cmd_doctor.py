@@ -1,0 +1,36 @@
+"""``bk doctor``: read-only health checks (``--strict``: any failure exits 1)."""
+
+from __future__ import annotations
+
+import argparse
+
+from bk.cli.render import Output, table
+from bk.core.errors import EXIT_PARTIAL
+from bk.service.doctor import doctor
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "doctor", help="check the installation (read-only)",
+        description="Check the configuration's trust, the data directory's owner and modes, "
+        "the ledger, the policy bound in the ledger and the GPU backend. Changes nothing.",
+        epilog="Examples:\n  bk doctor\n  bk doctor --strict     exit 1 when any check fails\n\n"
+               "Exit status: 0, or 1 with --strict when a check failed.",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--strict", action="store_true", help="exit 1 when any check fails")
+    p.set_defaults(handler=run, command="doctor")
+
+
+def run(args, ctx) -> Output:
+    report = doctor(ctx.app())
+    report["strict"] = args.strict
+
+    def human(term) -> str:
+        rows = [[c["name"], "ok" if c["ok"] else term.style("FAIL", "red", "bold"), c["detail"]]
+                for c in report["checks"]]
+        verdict = "all checks passed" if report["ok"] else \
+            f"{sum(not c['ok'] for c in report['checks'])} check(s) failed"
+        return table(rows, ["CHECK", "RESULT", "DETAIL"], term, shrink=2) + "\n" + verdict
+
+    code = EXIT_PARTIAL if args.strict and not report["ok"] else 0
+    return Output("doctor", report, human, exit_code=code)

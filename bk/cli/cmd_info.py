@@ -1,0 +1,106 @@
+"""``bk info`` (who runs this server, and its rules), ``bk login`` (the
+summary a login hook prints) and ``bk config`` (the effective settings)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from bk.cli import common
+from bk.cli.cmd_status import notice_lines
+from bk.cli.render import Output, table, wrap
+from bk.service.doctor import config_view, info_view
+from bk.service.status import login_view
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "info", help="administrator contact and this server's rules",
+        description="Show whom to ask about this server, the mode, where the data lives, the "
+        "GPUs and the booking rules in force.",
+        epilog="Examples:\n  bk info\n  bk info --json",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.set_defaults(handler=run_info, command="info")
+
+    lg = sub.add_parser(
+        "login", help="login summary (silent when there is nothing to say)",
+        description="What a login hook shows: notices, and your bookings running now or "
+        "starting within the hour. Prints nothing when there is nothing to say.",
+        epilog="Examples:\n  bk login          (from a shell profile or the login hook)",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    lg.set_defaults(handler=run_login, command="login")
+
+    c = sub.add_parser(
+        "config", help="the effective configuration and where each value comes from",
+        description="Show every setting, its effective value and its source: default, file "
+        "(the configuration file), detected or environment.",
+        epilog="Examples:\n  bk config\n  bk config --json",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    c.set_defaults(handler=run_config, command="config")
+
+
+def run_info(args, ctx) -> Output:
+    app = ctx.app()
+    data = info_view(app)
+
+    def human(term) -> str:
+        a, pol = data["admin"], data["policy"]
+        contact = a["contact"] or "unknown (set admin_contact in the configuration)"
+        rows = [
+            ["administrator", contact],
+            ["mode", f"{data['mode']} ({'one ledger for everyone' if data['mode'] == 'shared' else 'your own ledger'})"],
+            ["data", data["data_dir"]],
+            ["config", data["config_file"] or "defaults (no file)"],
+            ["GPUs", f"{data['gpu_count']} ({data['backend']['name']}"
+                     f"{', simulated' if data['backend']['simulated'] else ''})"],
+            ["slices", f"{pol['slot_minutes']} minutes"],
+            ["sharing", f"{pol['max_shared_users']} share slots per GPU"
+                        f"{', memory required (-m)' if pol['require_shared_memory'] else ''}"],
+            ["limits", f"bookings up to {pol['max_booking_hours']} h, ending within "
+                       f"{pol['booking_horizon_days']} days"],
+        ]
+        if pol["disabled_gpus"]:
+            rows.append(["disabled", "GPU " + common.gpus_text(pol["disabled_gpus"])])
+        return table(rows, ["", ""], term, shrink=1).split("\n", 1)[1]
+
+    return Output("info", data, human)
+
+
+def run_login(args, ctx) -> Output:
+    app = ctx.app()
+    data = login_view(app)
+    now, tz = app.now(), common.local_tz()
+
+    def human(term) -> str:
+        parts = []
+        if data["notices"]:
+            parts.append("bk notices:\n" + notice_lines(data["notices"], term, tz=tz, now=now))
+        if data["reservations"]:
+            parts.append("your GPU bookings now and within the hour:\n"
+                         + common.reservations_table(data["reservations"], term, tz=tz, now=now,
+                                                     show_user=False))
+        # Silence is the point: a login hook must not nag when all is quiet.
+        return "\n\n".join(parts)
+
+    return Output("login", data, human)
+
+
+def _value(v) -> str:
+    if isinstance(v, (dict, list)) or v is None or isinstance(v, bool):
+        return json.dumps(v)
+    return str(v)
+
+
+def run_config(args, ctx) -> Output:
+    app = ctx.app()
+    data = config_view(app)
+
+    def human(term) -> str:
+        head = [f"mode: {data['mode']}",
+                f"config file: {data['config_read'] or (data['config_file'] or '-') + ' (not present; defaults)'}",
+                f"data dir: {data['data_dir']}"]
+        rows = [[name, _value(k["value"]), k["source"]] for name, k in data["settings"].items()]
+        return "\n".join(wrap(h, term.width, "", "  ") for h in head) + "\n\n" + \
+            table(rows, ["KEY", "VALUE", "SOURCE"], term, shrink=1)
+
+    return Output("config", data, human)

@@ -1,0 +1,46 @@
+"""``bk l`` (``ls``, ``list``): bookings, numbered as every command accepts them."""
+
+from __future__ import annotations
+
+import argparse
+
+from bk.cli import common
+from bk.cli.render import Output
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "list", aliases=["l", "ls"], help="list your current and upcoming bookings",
+        description="List your current and upcoming bookings, numbered. The numbers are the "
+        "same in every command: bk d 1 cancels number 1, bk e 2 -d 2h edits number 2.",
+        epilog="Examples:\n  bk l\n  bk l --all             everyone's current and upcoming bookings\n"
+               "  bk l --history -n 5    your last five ended or cancelled bookings",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    scope = p.add_mutually_exclusive_group()
+    scope.add_argument("--all", action="store_true", help="everyone's bookings")
+    scope.add_argument("--history", action="store_true", help="your ended and cancelled bookings")
+    p.add_argument("-n", "--limit", type=common.positive_int, metavar="N", help="show at most N")
+    p.set_defaults(handler=run, command="list")
+
+
+def run(args, ctx) -> Output:
+    app = ctx.app()
+    scope = "all" if args.all else "history" if args.history else "mine"
+    items = app.list(scope, limit=args.limit)
+    now = app.now()
+    if scope == "mine":         # the list *is* the numbering (one ledger read, not two)
+        numbers = {r.id: i for i, r in enumerate(items, 1)}
+    else:
+        numbers = common.own_numbers(app, now=now) if scope == "all" else {}
+    mem = common.gpu_mem(app)
+    rows = [common.res_json(app, r, now=now, numbers=numbers, mem=mem) for r in items]
+    tz = common.local_tz()
+
+    def human(term) -> str:
+        if not items:
+            return {"mine": "no current or upcoming bookings (book one: bk 1 30m)",
+                    "all": "nobody has a current or upcoming booking",
+                    "history": "no ended or cancelled bookings in the history"}[scope]
+        return common.reservations_table(rows, term, tz=tz, now=now, show_user=scope == "all")
+
+    return Output("list", {"scope": scope, "reservations": rows}, human)

@@ -1,0 +1,153 @@
+"""``bk history ID`` (one booking's lifecycle) and ``bk lg`` (``log``, your audit trail)."""
+
+from __future__ import annotations
+
+import argparse
+
+from bk.cli import common
+from bk.cli.render import Output, wrap
+from bk.core import timegrid
+from bk.core.models import iso, parse_iso
+
+DEFAULT_LOG_LIMIT = 20
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "history", help="one booking's lifecycle",
+        description="Show how one booking came to be: created, each edit with before and "
+        "after, and its cancellation with the reason.",
+        epilog="Examples:\n  bk history 1\n  bk history a1b2c3d4",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("ref", metavar="ID|N", help="list number or ID prefix (4+ characters)")
+    p.set_defaults(handler=run_history, command="history")
+
+    lg = sub.add_parser(
+        "log", aliases=["lg"], help="your audit trail",
+        description="Show your most recent actions from the audit log, oldest first.",
+        epilog=f"Examples:\n  bk lg\n  bk lg -n 100\n\nDefault: the last {DEFAULT_LOG_LIMIT} entries.",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    lg.add_argument("-n", "--limit", type=common.positive_int, default=DEFAULT_LOG_LIMIT, metavar="N",
+                    help=f"how many entries (default {DEFAULT_LOG_LIMIT})")
+    lg.set_defaults(handler=run_log, command="log")
+
+
+# ------------------------------------------------------------ the words
+
+def _t(v) -> int | None:
+    """Audit summaries carry epoch seconds; records carry ISO text."""
+    if v is None:
+        return None
+    return v if isinstance(v, int) else parse_iso(v)
+
+
+def _field(k: str, v, tz, now: int) -> str:
+    if v is None:
+        return "-"
+    if k in ("start", "end"):
+        return timegrid.format_local(_t(v), tz, now=now, compact=True)
+    if k == "gpus":
+        return common.gpus_text(v)
+    if k == "mem_mib":
+        return timegrid.format_memory(v)
+    return str(v)
+
+
+def change_text(before: dict | None, after: dict | None, tz, now: int) -> str:
+    """``end 07-13 21:30 → 22:00, gpus 0 → 0,1``: only what changed."""
+    before, after = before or {}, after or {}
+    parts = []
+    for k in ("start", "end", "gpus", "mode", "share", "mem_mib", "note"):
+        if k in before or k in after:
+            b, a = before.get(k), after.get(k)
+            if b != a:
+                parts.append(f"{k} {_field(k, b, tz, now)} → {_field(k, a, tz, now)}")
+    return ", ".join(parts)
+
+
+def _span_of(summary: dict | None, tz, now: int) -> str:
+    if not summary or summary.get("start") is None:
+        return ""
+    return (f"GPU {common.gpus_text(summary.get('gpus') or [])} {summary.get('mode', '')} "
+            f"{timegrid.format_span(_t(summary['start']), _t(summary['end']), tz, now)}")
+
+
+def describe(e: dict, tz, now: int) -> str:
+    """One audit entry in words."""
+    action = e.get("action") or "?"
+    who = e.get("user") or e.get("uid")
+    if action == "create":
+        text = f"booked by {who}: {_span_of(e.get('after'), tz, now)}"
+        if e.get("result") == "queued":
+            text += " (queued)"
+    elif action == "edit":
+        text = f"edited by {who}: {change_text(e.get('before'), e.get('after'), tz, now) or 'no change'}"
+    elif action in ("cancel", "admin_cancel"):
+        text = f"cancelled by {who}" + (f": {e['reason']}" if e.get("reason") else "")
+    else:
+        text = f"{action} by {who}" + (f": {e['result']}" if e.get("result") else "")
+    if e.get("op_id"):
+        text += f" [op-id {e['op_id']}]"
+    return text
+
+
+def events_from_record(r) -> list[dict]:
+    """The lifecycle from the reservation itself, for when the audit log no
+    longer holds it (rotated, or another host's copy)."""
+    first = r.edits[0].before if r.edits else {}
+    created = {"gpus": first.get("gpus", list(r.gpus)), "mode": first.get("mode", r.mode),
+               "start": first.get("start", r.start), "end": first.get("end", r.end)}
+    out = [{"time": iso(r.created), "action": "create", "uid": r.uid, "user": r.user,
+            "before": None, "after": created, "result": "created", "op_id": r.op_id}]
+    for ed in r.edits:
+        out.append({"time": iso(ed.at), "action": "edit", "uid": ed.actor_uid, "user": ed.actor,
+                    "before": ed.before, "after": ed.after, "result": "updated"})
+    if r.cancelled_at is not None:
+        out.append({"time": iso(r.cancelled_at), "action": "cancel" if r.cancelled_by == r.uid
+                    else "admin_cancel", "uid": r.cancelled_by, "user": None, "before": None,
+                    "after": None, "result": "cancelled", "reason": r.cancel_reason})
+    return out
+
+
+# ------------------------------------------------------------ commands
+
+def run_history(args, ctx) -> Output:
+    app = ctx.app()
+    res, entries = app.history(args.ref)
+    now, tz = app.now(), common.local_tz()
+    source = "audit" if entries else "record"
+    events = entries or events_from_record(res)
+    data = {"reservation": common.res_json(app, res, now=now), "events": events, "source": source}
+
+    def human(term) -> str:
+        head = (f"{common.summary_line(res, capacity=app.policy.max_shared_users, tz=tz, now=now)}, "
+                f"{res.status(now)}, booked by {res.user}")
+        lines = [wrap(head, term.width, "", "  ")]
+        for e in events:
+            when = timegrid.format_local(_t(e["time"]), tz, now=now, compact=True) if e.get("time") else "?"
+            lines.append(wrap(f"{when}  {describe(e, tz, now)}", term.width, "", " " * 13))
+        if source == "record":
+            lines.append("(from the booking's own record; the audit log no longer has it)")
+        return "\n".join(lines)
+
+    return Output("history", data, human)
+
+
+def run_log(args, ctx) -> Output:
+    app = ctx.app()
+    tail = app.audit(limit=args.limit)
+    now, tz = app.now(), common.local_tz()
+    warnings = [f"audit log: {p}" for p in tail.problems]
+    data = {"entries": tail.entries, "complete": getattr(tail, "complete", True)}
+
+    def human(term) -> str:
+        if not tail.entries:
+            return "no actions of yours in the audit log"
+        lines = []
+        for e in tail.entries:
+            when = timegrid.format_local(_t(e["time"]), tz, now=now, compact=True) if e.get("time") else "?"
+            rid = (e.get("reservation") or "")[:8] or "-"
+            lines.append(wrap(f"{when}  {rid:<8}  {describe(e, tz, now)}", term.width, "", " " * 23))
+        return "\n".join(lines)
+
+    return Output("log", data, human, warnings=warnings)

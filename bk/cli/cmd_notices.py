@@ -1,0 +1,34 @@
+"""``bk n`` (``notices``): announcements, and notices addressed to you."""
+
+from __future__ import annotations
+
+import argparse
+
+from bk.cli import common
+from bk.cli.cmd_status import notice_lines
+from bk.cli.render import Output
+from bk.service.views import notice_json
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "notices", aliases=["n"], help="announcements and notices for you",
+        description="Show the administrator's announcements and the notices addressed to you "
+        "(for example, that the administrator cancelled one of your bookings, and why).",
+        epilog="Examples:\n  bk n\n  bk n --all      include archived ones",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--all", action="store_true", help="include archived and expired notices")
+    p.set_defaults(handler=run, command="notices")
+
+
+def run(args, ctx) -> Output:
+    app = ctx.app()
+    notices = [notice_json(n) for n in app.notices(include_archived=args.all)]
+    now, tz = app.now(), common.local_tz()
+
+    def human(term) -> str:
+        if not notices:
+            return "no notices"
+        return notice_lines(notices, term, tz=tz, now=now)
+
+    return Output("notices", {"notices": notices}, human)

@@ -1,0 +1,97 @@
+"""``bk st`` (``status``): the GPUs, your bookings, notices."""
+
+from __future__ import annotations
+
+import argparse
+
+from bk.cli import common
+from bk.cli.render import Output, table, wrap
+from bk.core.models import parse_iso
+from bk.core.timegrid import format_local_short
+from bk.service.status import status_view
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "status", aliases=["st"], help="GPUs, your bookings and notices",
+        description="Show every GPU (model, utilisation, VRAM, processes, live state, share "
+        "slots in use, when it is next fully free), your bookings and notices.",
+        epilog="Examples:\n  bk st\n  bk st -v     also processes and everyone's bookings",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-v", "--verbose", action="store_true", help="add processes and others' bookings")
+    p.set_defaults(handler=run, command="status")
+
+
+def run(args, ctx) -> Output:
+    return status_output(ctx, verbose=args.verbose)
+
+
+def status_output(ctx, *, verbose: bool) -> Output:
+    app = ctx.app()
+    view = status_view(app, verbose)
+    now, tz = app.now(), common.local_tz()
+    rows = view["reservations"]
+
+    def human(term) -> str:
+        parts = [gpu_table(view["gpus"], term, tz=tz, now=now)]
+        if verbose:
+            procs = process_lines(view["gpus"], term)
+            if procs:
+                parts.append("processes:\n" + procs)
+        title = "bookings (everyone's):" if verbose else "your bookings:"
+        if rows:
+            parts.append(title + "\n" + common.reservations_table(rows, term, tz=tz, now=now,
+                                                                  show_user=verbose))
+        else:
+            parts.append("no current or upcoming bookings" if verbose else
+                         "you have no current or upcoming bookings (book one: bk 1 30m)")
+        if view["notices"]:
+            parts.append("notices:\n" + notice_lines(view["notices"], term, tz=tz, now=now))
+        return "\n\n".join(parts)
+
+    return Output("status", view, human)
+
+
+def _mem(mib: int | None) -> str:
+    return "?" if mib is None else f"{mib / 1024:.1f}"
+
+
+def gpu_table(gpus: list[dict], term, *, tz, now: int) -> str:
+    body = []
+    for g in gpus:
+        util = "?" if g["util"] is None else f"{g['util']}%"
+        if g["mem_total_mib"] is None and g["mem_used_mib"] is None:
+            vram = "?"
+        else:
+            vram = f"{_mem(g['mem_used_mib'])}/{_mem(g['mem_total_mib'])}G"
+        procs = "?" if g["processes"] is None else str(len(g["processes"]))
+        nf = g["next_free"]
+        if nf is None:
+            free = "never"
+        else:
+            t = parse_iso(nf)
+            free = "now" if t <= now else format_local_short(t, tz, now)
+        body.append([str(g["index"]), g["name"] or "?", util, vram, procs, g["state"],
+                     f"{g['share_used']}/{g['capacity']}", free])
+    return table(body, ["GPU", "MODEL", "UTIL", "VRAM", "PROCS", "STATE", "SHARE", "NEXT FREE"],
+                 term, shrink=1)
+
+
+def process_lines(gpus: list[dict], term) -> str:
+    lines = []
+    for g in gpus:
+        for p in g["processes"] or ():
+            who = p["user"] or (f"uid {p['uid']}" if p["uid"] is not None else "unknown user")
+            mem = f", {_mem(p['mem_mib'])}G" if p["mem_mib"] is not None else ""
+            lines.append(wrap(f"GPU {g['index']}: pid {p['pid']} {who} {p['label'] or '?'}{mem} "
+                              f"[{p['state']}]", term.width, "  ", "    "))
+    return "\n".join(lines)
+
+
+def notice_lines(notices: list[dict], term, *, tz, now: int) -> str:
+    lines = []
+    for n in notices:
+        when = format_local_short(parse_iso(n["at"]), tz, now)
+        level = "" if n["level"] == "info" else f"{n['level'].upper()}: "
+        lines.append(wrap(f"{when}  {level}{n['text']}", term.width, "  ", "    "))
+    return "\n".join(lines)

@@ -1,0 +1,169 @@
+"""``bk tl [WINDOW]`` (``timeline``): GPUs by time, as text.
+
+One character per GPU and time step.  Your bookings are letters (``a``,
+``b``, ... in the legend; upper case where the GPU is full), others' show
+how many share slots they hold (``1``, ``2``; ``█`` when full or exclusive),
+``#`` is a blackout, ``x`` a disabled GPU, ``·`` free.  A ``▼`` line marks now.
+"""
+
+from __future__ import annotations
+
+import argparse
+from datetime import datetime
+from string import ascii_lowercase
+
+from bk.cli import common
+from bk.cli.render import Output, fit, wrap
+from bk.core import timegrid
+from bk.core.errors import InvalidInput, UsageError
+from bk.core.models import parse_iso
+from bk.service.timeline import MAX_COLUMNS, plan, timeline_view
+
+# Label spacing candidates, in minutes: the first that is a multiple of the
+# step and leaves room for a 5-character label is used.
+LABEL_EVERY_MIN = (15, 30, 60, 120, 180, 240, 360, 720, 1440, 2880, 10080)
+LABEL_W = 5
+
+EPILOG = """Examples:
+  bk tl                    fits the terminal, starting just before now
+  bk tl 24h                the next 24 hours
+  bk tl --from -2h --window 6h --step 10m
+  bk tl -g 0,1 --from 'tomorrow 08:00'
+"""
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "timeline", aliases=["tl"], help="text timeline of every GPU",
+        description="Draw bookings on every GPU over time. Your bookings are letters (upper "
+        "case where the GPU is full), others' show the share slots they hold (█ when full or "
+        "exclusive), # is a blackout, · free.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("window_word", nargs="?", metavar="WINDOW", help="how much time to show (12h, 2d)")
+    p.add_argument("--from", dest="frm", metavar="TIME",
+                   help="first time shown: now, -2h, +1h, 20:00, tomorrow 09:00, ISO (default: just before now)")
+    p.add_argument("--window", metavar="DUR", help="how much time to show (default: what fits the terminal)")
+    p.add_argument("--step", default="auto", metavar="DUR|auto",
+                   help="time per column (default auto: the finest that fits)")
+    p.add_argument("-g", "--gpu", metavar="LIST", help="only these GPUs, e.g. 0,1 or 0-3")
+    p.set_defaults(handler=run, command="timeline")
+
+
+def _from_time(text: str, now: int, tz, slot: int) -> int:
+    """``--from``: any start form, but the past is allowed (``-2h``, ISO,
+    and clock times read from the start of today: ``09:00`` is this
+    morning's, not tomorrow's)."""
+    word = " ".join(text.split()).lower()
+    if word == "now":
+        return now
+    if word[:1] in "+-":
+        d = timegrid.parse_duration(word[1:], slot)
+        return now + d if word[0] == "+" else now - d
+    if "t" in word and word[:4].isdigit():
+        try:
+            return parse_iso(text)
+        except ValueError:
+            pass
+    midnight = int(datetime.fromtimestamp(now, tz).replace(hour=0, minute=0, second=0).timestamp())
+    try:
+        return timegrid.parse_start(text, midnight, tz, slot).t
+    except InvalidInput as e:
+        if "past" not in e.message:
+            raise
+        raise InvalidInput(f"--from {text!r} is before today; earlier days take a relative or "
+                           "ISO form", hint="e.g. --from -1d or --from 2026-07-12T09:00Z") from None
+
+
+def run(args, ctx) -> Output:
+    app = ctx.app()
+    now, slot, tz = app.now(), app.policy.slot_minutes, common.local_tz()
+    if args.window_word and args.window:
+        raise UsageError("give the window once (WINDOW or --window)", hint="e.g. bk tl 12h")
+    wtext = args.window or args.window_word
+    window = timegrid.parse_duration(wtext, slot) if wtext else None
+    step = None if args.step == "auto" else timegrid.parse_duration(args.step, slot)
+    frm = _from_time(args.frm, now, tz, slot) if args.frm else None
+    gpus = common.parse_gpu_list(args.gpu, "-g")
+    if gpus is not None:
+        bad = [g for g in gpus if g >= app.policy.gpu_count]
+        if bad:
+            raise InvalidInput(f"no GPU {', '.join(map(str, bad))} here (GPUs 0 to {app.policy.gpu_count - 1})",
+                               hint="see the GPUs with: bk st")
+    shown = list(gpus) if gpus is not None else list(range(app.policy.gpu_count))
+    label_w = len(f"GPU {max(shown)}") if shown else 5
+    columns = max(10, ctx.term.width - label_w - 1)
+    frm, to, step = plan(columns, now, slot, frm=frm, window=window, step=step)
+    ncols = (to - frm) // step
+    if ncols > MAX_COLUMNS or (ncols > columns and not ctx.json):
+        raise InvalidInput(f"{ncols} columns do not fit a {ctx.term.width}-column terminal",
+                           hint="use a larger --step, a shorter --window, or --step auto")
+    data = timeline_view(app, frm=frm, to=to, step=step, gpus=shown)
+
+    def human(term) -> str:
+        return render(data, term, tz=tz, now=now, label_w=label_w)
+
+    return Output("timeline", data, human)
+
+
+def _labels(frm: int, n: int, step: int, tz) -> str:
+    every = next((m * 60 for m in LABEL_EVERY_MIN if (m * 60) % step == 0 and m * 60 // step > LABEL_W),
+                 None)
+    line = [" "] * n
+    last_end = -1
+    for i in range(n):
+        t = frm + i * step
+        dt = datetime.fromtimestamp(t, tz)
+        wall = t + int(dt.utcoffset().total_seconds())
+        due = (wall % every == 0) if every else (i % (LABEL_W + 1) == 0)
+        if not due or i <= last_end or i + LABEL_W > n:
+            continue
+        text = dt.strftime("%m-%d") if (dt.hour, dt.minute) == (0, 0) or (every or 0) >= 86400 \
+            else dt.strftime("%H:%M")
+        line[i:i + LABEL_W] = text
+        last_end = i + LABEL_W
+    return "".join(line).rstrip()
+
+
+def render(data: dict, term, *, tz, now: int, label_w: int) -> str:
+    frm, to, step = parse_iso(data["from"]), parse_iso(data["to"]), data["step"]
+    n = (to - frm) // step
+    cap = data["capacity"]
+    mine = [r for r in data["reservations"] if r["mine"]]
+    letter = {r["short_id"]: (ascii_lowercase[i] if i < 26 else "*") for i, r in enumerate(mine)}
+    pad = " " * (label_w + 1)
+    out = [fit(f"{timegrid.format_span(frm, to, tz, now)}, one column = {timegrid.format_duration(step)}",
+               term.width),
+           pad + _labels(frm, n, step, tz)]
+    if frm <= now < to:
+        col = (now - frm) // step
+        out.append(fit(pad + " " * col + "▼ now", term.width))
+    for g in data["gpus"]:
+        cells = []
+        for c in g["cells"]:
+            style: tuple[str, ...] = ()
+            if g["disabled"]:
+                ch = "x"
+            elif c["blackout"]:
+                ch, style = "#", ("yellow",)
+            elif c["mine"]:
+                ch = letter.get(c["mine"][0], "*")
+                ch, style = (ch.upper() if c["used"] >= cap else ch), ("green", "bold")
+            elif c["used"] == 0:
+                ch, style = "·", ("dim",)
+            elif c["used"] >= cap:
+                ch, style = "█", ("red",)
+            else:
+                ch, style = (str(c["used"]) if c["used"] < 10 else "+"), ("cyan",)
+            cells.append(term.style(ch, *style))
+        out.append(f"GPU {g['index']}".ljust(label_w) + " " + "".join(cells))
+    out.append("")
+    for r in mine:
+        span = timegrid.format_span(parse_iso(r["start"]), parse_iso(r["end"]), tz, now)
+        out.append(fit(f"{letter[r['short_id']]}  yours: {r['short_id']} {span} "
+                       f"GPU {common.gpus_text(r['gpus'])} {r['mode']}", term.width))
+    digits = "1" if cap <= 2 else f"1-{min(cap - 1, 9)}"
+    out.append(wrap(f"{digits}: share slots held by others (of {cap}) · █ full or exclusive · "
+                    "# blackout · x disabled · · free"
+                    + (" · upper case: your booking on a full GPU" if mine else ""),
+                    term.width))
+    return "\n".join(out)

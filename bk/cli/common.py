@@ -1,0 +1,240 @@
+"""Pieces several command modules share: the booking flags, the words a
+request is built from, and how a reservation looks to a human.
+
+Every word a user types about time or memory goes through
+``bk.core.timegrid`` here, with the service's clock and the local zone, so
+``bk 2 1h``, ``bk slots 2 1h`` and ``bk e 1 -d 2h`` read their words the same
+way.  Nothing here prints; commands return ``Output`` and ``bk.cli.render``
+prints it.
+"""
+
+from __future__ import annotations
+
+from bk.core import timegrid
+from bk.core.errors import InvalidInput, UsageError
+from bk.core.models import EXCLUSIVE, Reservation, parse_iso
+from bk.service.requests import BookRequest
+from bk.service.views import reservation_json
+
+DEFAULT_DURATION = "1h"
+
+
+def local_tz():
+    from bk.clock import local_tz as _tz
+
+    return _tz()
+
+
+# ------------------------------------------------------------------ flags
+
+def add_placement_flags(p, *, share: bool = True) -> None:
+    """-g, -e, -m, -s: where a booking may go and how much of a GPU it takes."""
+    p.add_argument("-g", "--gpu", metavar="LIST", help="pin these GPUs, e.g. 0,1 or 0-3 (all or nothing)")
+    p.add_argument("-e", "--exclude", metavar="LIST", help="never use these GPUs, e.g. 2,3")
+    p.add_argument("-m", "--mem", metavar="MEM", help="expected VRAM per GPU, e.g. 12g or 512m")
+    if share:
+        p.add_argument("-s", "--share", metavar="N", type=positive_int,
+                       help="share slots to take on each GPU (default 1)")
+
+
+def add_start_flags(p) -> None:
+    p.add_argument("-t", "--at", metavar="TIME",
+                   help="start time: now, +30m, 20:00, 9pm, tomorrow 09:00, 07-13 20:00 (default: now)")
+    p.add_argument("--start", metavar="ISO", help="exact start, ISO-8601: 2026-07-13T18:00:00Z")
+
+
+def add_write_flags(p) -> None:
+    """--op-id and --dry-run: every write has both."""
+    p.add_argument("--op-id", metavar="KEY",
+                   help="idempotency key: repeating the same request with it changes nothing")
+    p.add_argument("--dry-run", action="store_true", help="show what would happen; change nothing")
+
+
+def positive_int(text: str) -> int:
+    """argparse ``type`` for counts and limits (a BkError, so the message is ours)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise InvalidInput(f"expected a whole number, got {text!r}") from None
+    if n < 1:
+        raise InvalidInput(f"expected a number of at least 1, got {n}")
+    return n
+
+
+# ------------------------------------------------------------------ words
+
+def parse_gpu_list(text: str | None, flag: str) -> tuple[int, ...] | None:
+    """``0,1``, ``0-3``, ``2`` -> GPU indices (sorted, unique)."""
+    if text is None:
+        return None
+    out: set[int] = set()
+    for part in text.replace(" ", "").split(","):
+        if not part:
+            continue
+        lo, sep, hi = part.partition("-")
+        if not lo.isdigit() or (sep and not hi.isdigit()):
+            raise InvalidInput(f"{flag} wants GPU indices like 0,1 or 0-3, got {text!r}",
+                               hint="list the GPUs with: bk st")
+        a, b = int(lo), int(hi) if sep else int(lo)
+        if b < a:
+            raise InvalidInput(f"{flag}: the range {part} runs backwards", hint=f"write {b}-{a}")
+        out.update(range(a, b + 1))
+    if not out:
+        raise InvalidInput(f"{flag} names no GPU", hint="e.g. -g 0,1")
+    return tuple(sorted(out))
+
+
+def parse_count(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise InvalidInput(f"the GPU count must be a whole number of at least 1, got {text!r}",
+                           hint="e.g. bk 2 1h books two GPUs for an hour")
+    return int(text)
+
+
+def split_words(words: list[str], duration_flag: str | None, mem_flag: str | None) -> tuple[str, str | None]:
+    """``DUR [MEM]`` after the count; ``-d`` may replace DUR and ``-m`` MEM."""
+    words = list(words)
+    dur = duration_flag
+    if dur is None:
+        if not words:
+            raise UsageError("missing the duration", hint="e.g. bk 1 30m, or -d 30m")
+        dur = words.pop(0)
+    if len(words) > 1:
+        raise UsageError(f"unexpected words: {' '.join(words[1:])}",
+                         hint="the form is: N DUR [MEM], e.g. bk 2 1h30m 12g")
+    mem = words[0] if words else None
+    if mem is not None and mem_flag is not None and mem != mem_flag:
+        raise UsageError(f"memory given twice ({mem} and -m {mem_flag})", hint="give it once")
+    return dur, mem if mem is not None else mem_flag
+
+
+def resolve_start(args, now: int, slot_minutes: int):
+    """-t TIME or --start ISO -> (epoch seconds or None for now, StartSpec or None)."""
+    at, exact = getattr(args, "at", None), getattr(args, "start", None)
+    if at is not None and exact is not None:
+        raise UsageError("give either -t/--at or --start, not both",
+                         hint="-t takes human forms (20:00, +30m); --start the ISO form")
+    if exact is not None:
+        return timegrid.parse_iso_start(exact, now, slot_minutes), None
+    if at is not None:
+        spec = timegrid.parse_start(at, now, local_tz(), slot_minutes)
+        return (None if spec.is_now else spec.t), spec
+    return None, None
+
+
+def book_request(app, args, *, mode: str, count: int, words: list[str],
+                 default_duration: str | None = None, write: bool = True):
+    """The typed request for ``bk N DUR [MEM]`` and its read-only cousins
+    (``bk slots``, ``bk g``).  Returns (BookRequest, StartSpec or None)."""
+    slot = app.policy.slot_minutes
+    now = app.now()
+    dflag = getattr(args, "duration", None)
+    if not words and dflag is None and default_duration is not None:
+        dflag = default_duration
+    dur_text, mem_text = split_words(words, dflag, getattr(args, "mem", None))
+    duration = timegrid.parse_duration(dur_text, slot)
+    mem = timegrid.parse_memory(mem_text) if mem_text is not None else None
+    share = getattr(args, "share", None)
+    if mode == EXCLUSIVE and share is not None:
+        raise UsageError("--share applies to shared bookings; an exclusive booking takes the whole GPU",
+                         hint="drop -s, or book shared: bk N DUR -s 2")
+    start, spec = resolve_start(args, now, slot)
+    req = BookRequest(
+        count=count, duration=duration, mode=mode, share=share or 1, mem_mib=mem, start=start,
+        queue=bool(getattr(args, "queue", False)),
+        pinned=parse_gpu_list(getattr(args, "gpu", None), "-g"),
+        excluded=parse_gpu_list(getattr(args, "exclude", None), "-e") or (),
+        note=getattr(args, "note", None) if write else None,
+        op_id=getattr(args, "op_id", None) if write else None,
+        dry_run=bool(getattr(args, "dry_run", False)) if write else False)
+    return req, spec
+
+
+# ------------------------------------------------------------ reservations
+
+def gpu_mem(app) -> dict[int, int | None]:
+    return {g.index: g.mem_total_mib for g in app.gpus()}
+
+
+def own_numbers(app, state=None, now: int | None = None) -> dict[str, int]:
+    """List numbers of the user's current bookings: the same in every command."""
+    return {r.id: i for i, r in enumerate(app.own_current(state, now=now), 1)}
+
+
+def res_json(app, r: Reservation, *, now: int, numbers: dict[str, int] | None = None,
+             mem: dict | None = None) -> dict:
+    return reservation_json(r, now=now, actor_uid=app.actor.uid, policy=app.policy,
+                            gpu_mem=gpu_mem(app) if mem is None else mem,
+                            number=(numbers or {}).get(r.id))
+
+
+def gpus_text(gpus) -> str:
+    """``0,1,2,3,6`` -> ``0-3,6``: GPU lists stay short in narrow tables."""
+    out, run = [], []
+    for g in sorted(gpus):
+        if run and g == run[-1] + 1:
+            run.append(g)
+            continue
+        if run:
+            out.append(_run_text(run))
+        run = [g]
+    if run:
+        out.append(_run_text(run))
+    return ",".join(out)
+
+
+def _run_text(run: list[int]) -> str:
+    if len(run) >= 3:
+        return f"{run[0]}-{run[-1]}"
+    return ",".join(map(str, run))
+
+
+def mode_text(r: Reservation, capacity: int) -> str:
+    if r.mode == EXCLUSIVE:
+        return "exclusive"
+    return "shared" if r.share == 1 else f"shared {r.share}/{capacity}"
+
+
+def summary_line(r: Reservation, *, capacity: int, tz, now: int, show_id: bool = True) -> str:
+    """``2 GPUs (0,1) shared 12g 07-13 20:00–21:30 [a1b2c3d4]``"""
+    n = len(r.gpus)
+    mem = f" {timegrid.format_memory(r.mem_mib)}" if r.mem_mib else ""
+    return (f"{n} GPU{'s' if n != 1 else ''} ({gpus_text(r.gpus)}) {mode_text(r, capacity)}{mem} "
+            f"{timegrid.format_span(r.start, r.end, tz, now)}" + (f" [{r.short_id}]" if show_id else ""))
+
+
+def status_text(r: Reservation, *, now: int) -> str:
+    """``1h20m left`` (active), ``in 2h05m`` (upcoming within a day), ``upcoming``, ``ended``."""
+    return _status_words(r.status(now), r.start, r.end, now)
+
+
+def _status_words(status: str, start: int, end: int, now: int) -> str:
+    if status == "active":
+        return f"{timegrid.format_duration(end - now)} left"
+    if status == "upcoming" and start - now < 86400:
+        return f"in {timegrid.format_duration(start - now)}"
+    return status
+
+
+def reservations_table(rows: list[dict], term, *, tz, now: int, show_user: bool) -> str:
+    """The aligned list every command prints (``bk l``, ``bk st``, ``bk login``),
+    drawn from the JSON rows so humans and programs see the same facts."""
+    from bk.cli.render import table
+
+    headers = ["#", "ID", *(["USER"] if show_user else []), "GPUS", "MODE", "MEM", "WHEN", "STATUS", "NOTE"]
+    body = []
+    for j in rows:
+        start, end = parse_iso(j["start"]), parse_iso(j["end"])
+        mode = "exclusive" if j["mode"] == EXCLUSIVE else \
+            "shared" if j["share"] == 1 else f"shared {j['share']}/{j['capacity']}"
+        mem = timegrid.format_memory(j["mem_mib"]) if j["mem_mib"] else "-"
+        body.append([str(j.get("number") or ""), j["short_id"], *([j["user"]] if show_user else []),
+                     gpus_text(j["gpus"]), mode, mem, timegrid.format_span(start, end, tz, now),
+                     _status_words(j["status"], start, end, now), j.get("note") or ""])
+    if not any(j.get("note") for j in rows):
+        headers.pop()
+        body = [b[:-1] for b in body]
+    # When the terminal is narrow, cut the note first, then the status words,
+    # then user names; IDs and times are never cut.
+    order = [len(headers) - 1, headers.index("STATUS"), *([2] if show_user else [])]
+    return table(body, headers, term, shrink=list(dict.fromkeys(order)))

@@ -1,0 +1,228 @@
+"""The application API every front end calls.
+
+``Service`` does the work against a local ``Store``: in private mode for the
+user's own ledger, and inside the broker for the shared one (with the actor
+taken from SO_PEERCRED).  Reads never take the lock; each write is one store
+transaction whose rules live in ``bk.service.booking``.
+
+Nothing here prints.  Methods return result objects or raise ``BkError``.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable
+
+from bk import clock
+from bk.core import scheduler
+from bk.core.errors import Ambiguous, InvalidInput, NotFound, PermissionDenied
+from bk.core.models import ACTIVE, CANCELLED, ENDED, UPCOMING, LedgerState, Notice, Reservation
+from bk.service import booking
+from bk.service.requests import Actor, BookRequest, CancelRequest, EditRequest, check_request
+from bk.store.config import Settings
+from bk.store.ledger import Mutation, Store
+
+_HEX = set("0123456789abcdef-")
+
+
+def user_name(uid: int) -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def process_actor() -> Actor:
+    uid = os.getuid()
+    return Actor(uid, user_name(uid))
+
+
+class Service:
+    """Local service: reads and writes the ledger in ``settings.data_dir``."""
+
+    def __init__(self, settings: Settings, backend, *, now: Callable[[], int] = clock.now,
+                 actor: Actor | None = None, owner_uid: int | None = None):
+        self.settings = settings
+        self.backend = backend
+        self.now = now
+        self.actor = actor or process_actor()
+        self.policy = settings.policy(backend.count())
+        private = settings.mode == "private"
+        self.store = Store(
+            settings.data_dir, private=private,
+            lock_timeout=settings["lock_timeout_seconds"], backup_keep=settings["backup_keep"],
+            retention_days=settings["ledger_retention_days"],
+            archive_after_hours=settings["archive_after_hours"],
+            owner_uid=owner_uid if owner_uid is not None else settings["service_uid"],
+            clock=now, capacity=self.policy.max_shared_users)
+        self._gpus = None
+        self.warnings: list[str] = []
+
+    # -- snapshots ---------------------------------------------------------
+
+    def gpus(self):
+        """This command's one look at the GPUs (never one per row)."""
+        if self._gpus is None:
+            self._gpus = self.backend.devices()
+        return self._gpus
+
+    def ledger(self) -> LedgerState:
+        read = self.store.read()
+        for w in read.warnings:
+            if w not in self.warnings:
+                self.warnings.append(w)
+        return read.state
+
+    # -- reads -------------------------------------------------------------
+
+    def own_current(self, state: LedgerState | None = None, actor: Actor | None = None,
+                    now: int | None = None) -> list[Reservation]:
+        """The user's current and upcoming bookings in list order; list
+        numbers (``bk d 1``) index this list in every command."""
+        state = state or self.ledger()
+        actor = actor or self.actor
+        now = self.now() if now is None else now
+        mine = [r for r in state.reservations if r.uid == actor.uid and r.is_live(now)]
+        return sorted(mine, key=lambda r: (r.start, r.id))
+
+    def list(self, scope: str = "mine", *, limit: int | None = None) -> list[Reservation]:
+        state, now = self.ledger(), self.now()
+        if scope == "mine":
+            out = self.own_current(state, now=now)
+        elif scope == "all":
+            out = sorted((r for r in state.reservations if r.is_live(now)),
+                         key=lambda r: (r.start, r.id))
+        elif scope == "history":
+            hot = [r for r in state.reservations if r.uid == self.actor.uid and not r.is_live(now)]
+            seen = {r.id for r in hot}
+            cold = [r for r in self.store.archived(uid=self.actor.uid) if r.id not in seen]
+            out = sorted(hot + cold, key=lambda r: (r.end, r.id), reverse=True)
+        else:
+            raise InvalidInput(f"unknown list scope {scope!r}")
+        return out[:limit] if limit else out
+
+    def resolve(self, ref: str, *, state: LedgerState | None = None, any_owner: bool = False) -> Reservation:
+        """A full reservation from a list number (1-3 digits), a unique ID
+        prefix of at least 4 characters, or a full ID."""
+        state = state or self.ledger()
+        ref = ref.strip().lower()
+        if ref.isdigit() and len(ref) <= 3:
+            mine = self.own_current(state)
+            n = int(ref)
+            if not 1 <= n <= len(mine):
+                raise NotFound(f"you have no booking number {n}" + (f" (you have {len(mine)})"
+                               if mine else ""), hint="list yours with: bk l")
+            return mine[n - 1]
+        if len(ref) < 4 or not set(ref) <= _HEX:
+            raise InvalidInput(f"{ref!r} is neither a list number nor an ID prefix of 4+ hex characters",
+                               hint="use the number or ID shown by: bk l")
+        hits = [r for r in state.reservations if r.id.startswith(ref)]
+        if not any_owner:
+            own = [r for r in hits if r.uid == self.actor.uid]
+            hits = own or hits
+        if not hits:
+            raise NotFound(f"no reservation with ID {ref}", hint="list yours with: bk l")
+        if len(hits) > 1:
+            raise Ambiguous(f"ID prefix {ref} matches {len(hits)} reservations: "
+                            + ", ".join(f"{r.id[:12]} ({r.user})" for r in hits[:10]),
+                            hint="type more characters of the ID",
+                            details={"candidates": [r.id for r in hits]})
+        return hits[0]
+
+    def history(self, ref: str) -> tuple[Reservation, list[dict]]:
+        """One booking's lifecycle: the record and its audit entries."""
+        try:
+            res = self.resolve(ref, any_owner=True)
+        except NotFound:
+            res = next((r for r in self.store.archived() if r.id.startswith(ref.lower())), None)
+            if res is None:
+                raise
+        if res.uid != self.actor.uid and not self.actor.is_admin and self.settings.mode == "private":
+            raise PermissionDenied("that booking is not yours")
+        tail = self.store.audit_tail(limit=2000)
+        return res, [e for e in tail.entries if e.get("reservation") == res.id]
+
+    def audit(self, limit: int = 50, all_users: bool = False):
+        uid = None if (all_users and self.actor.is_admin) else self.actor.uid
+        return self.store.audit_tail(limit=limit, uid=uid)
+
+    def notices(self, include_archived: bool = False, state: LedgerState | None = None) -> list[Notice]:
+        state, now = state or self.ledger(), self.now()
+        out = []
+        for n in state.notices:
+            if n.archived and not include_archived:
+                continue
+            if n.uid is None and (n.until is None or n.until > now or include_archived):
+                out.append(n)
+            elif n.uid == self.actor.uid:
+                out.append(n)
+        return sorted(out, key=lambda n: n.at, reverse=True)
+
+    def recommend(self, req: BookRequest, alternatives: int = 3) -> list:
+        check_request(req)
+        state = self.ledger()
+        return scheduler.recommend(booking._sched_request(req), reservations=state.reservations,
+                                   blackouts=state.blackouts, policy=self.policy, gpus=self.gpus(),
+                                   now=self.now(), alternatives=alternatives)
+
+    # -- writes ------------------------------------------------------------
+
+    def _transact(self, apply: Callable[[LedgerState], Mutation], actor: Actor):
+        return self.store.transact(apply, policy=self.policy.bound(), actor_uid=actor.uid,
+                                   actor=actor.user)
+
+    def book(self, req: BookRequest, actor: Actor | None = None):
+        check_request(req)
+        actor = actor or self.actor
+        gpus = self.gpus()
+        new_id = str(uuid.uuid4())
+
+        def apply(state):
+            return booking.apply_book(state, req, actor, now=self.now(), policy=self.policy,
+                                      gpus=gpus, new_id=new_id)
+        return self._transact(apply, actor)
+
+    def edit(self, req: EditRequest, actor: Actor | None = None):
+        check_request(req)
+        actor = actor or self.actor
+        gpus = self.gpus()
+
+        def apply(state):
+            return booking.apply_edit(state, req, actor, now=self.now(), policy=self.policy, gpus=gpus)
+        return self._transact(apply, actor)
+
+    def cancel(self, req: CancelRequest, actor: Actor | None = None):
+        actor = actor or self.actor
+        notice_id = str(uuid.uuid4())
+
+        def apply(state):
+            return booking.apply_cancel(state, req, actor, now=self.now(), notice_id=notice_id)
+        return self._transact(apply, actor)
+
+    def publish_notice(self, text: str, level: str = "info", until: int | None = None,
+                       actor: Actor | None = None) -> Notice:
+        actor = actor or self.actor
+        if not actor.is_admin:
+            raise PermissionDenied("only the administrator (root) may publish announcements",
+                                   hint="sudo bk admin notice publish TEXT")
+        if not text.strip():
+            raise InvalidInput("the announcement text is empty")
+        if level not in Notice.LEVELS:
+            raise InvalidInput(f"level must be one of {', '.join(Notice.LEVELS)}")
+        notice = Notice(id=str(uuid.uuid4()), at=self.now(), text=text.strip(), level=level,
+                        until=until, created_by=actor.uid)
+
+        def apply(state):
+            state.notices.append(notice)
+            return Mutation(True, [{"action": "notice_publish", "reservation": None, "op_id": None,
+                                    "before": None, "after": {"id": notice.id, "text": notice.text,
+                                                              "level": level}, "result": "published"}],
+                            notice)
+        return self._transact(apply, actor)
+
+
+def status_word(r: Reservation, now: int) -> str:
+    return {UPCOMING: "upcoming", ACTIVE: "active", ENDED: "ended", CANCELLED: "cancelled"}[r.status(now)]

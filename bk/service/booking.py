@@ -1,0 +1,240 @@
+"""Booking rules applied to a ledger state inside one transaction.
+
+Each ``apply_*`` function receives the freshly re-read ledger (under the
+lock), decides, mutates the state and returns a ``Mutation`` for the store
+to commit.  They do no I/O themselves; the store commits or discards.
+Idempotency lives here: an ``op_id`` seen before returns the original
+result without a change, and the same key with another request is refused.
+"""
+
+from __future__ import annotations
+
+from bk.core import scheduler
+from bk.core.errors import InvalidInput, NotFound, PermissionDenied, PolicyRefused
+from bk.core.models import (
+    ACTIVE,
+    CANCELLED,
+    ENDED,
+    EXCLUSIVE,
+    Edit,
+    LedgerState,
+    Notice,
+    OpRecord,
+    Policy,
+    Reservation,
+)
+from bk.core.timegrid import floor_slice
+from bk.service.requests import (
+    Actor,
+    BookRequest,
+    BookResult,
+    CancelRequest,
+    CancelResult,
+    EditRequest,
+    canonical,
+)
+from bk.store.ledger import Mutation
+
+
+def summary(r: Reservation) -> dict:
+    """The compact before/after picture an audit record carries."""
+    return {"gpus": list(r.gpus), "mode": r.mode, "share": r.share, "mem_mib": r.mem_mib,
+            "start": r.start, "end": r.end}
+
+
+def _replay(state: LedgerState, actor: Actor, op_id: str | None, action: str, digest: str):
+    """The earlier result for this op-id, or None when it is new."""
+    if not op_id:
+        return None
+    for op in state.ops:
+        if op.op_id == op_id and op.uid == actor.uid:
+            if op.action != action or op.digest != digest:
+                raise InvalidInput(f"op-id {op_id!r} was already used for a different request",
+                                   hint="use a new --op-id for a new request")
+            res = state.find(op.reservation)
+            if res is None:
+                raise NotFound(f"op-id {op_id!r} refers to a reservation that has left the ledger")
+            return res
+    return None
+
+
+def _record_op(state: LedgerState, actor: Actor, op_id: str | None, action: str, digest: str,
+               rid: str, now: int) -> None:
+    if op_id:
+        state.ops.append(OpRecord(op_id, actor.uid, action, digest, rid, now))
+
+
+def _sched_request(req: BookRequest, ignore_id: str | None = None) -> scheduler.Request:
+    return scheduler.Request(
+        count=req.count, duration=req.duration, mode=req.mode, share=req.share,
+        mem_mib=req.mem_mib, start=req.start, queue=req.queue, pinned=req.pinned,
+        excluded=tuple(req.excluded), ignore_id=ignore_id)
+
+
+def _place(state: LedgerState, sreq: scheduler.Request, policy: Policy, gpus, now: int, load=None):
+    return scheduler.place(sreq, reservations=state.reservations, blackouts=state.blackouts,
+                           policy=policy, gpus=gpus, now=now, load=load)
+
+
+def placement_json(p) -> dict:
+    return {"gpus": {str(g): why for g, why in sorted(p.reasons.items())},
+            "queued": p.queued, "mem_mib_effective": p.mem_mib_effective}
+
+
+def apply_book(state: LedgerState, req: BookRequest, actor: Actor, *, now: int, policy: Policy,
+               gpus, new_id: str, load=None) -> Mutation:
+    digest = canonical("create", req)
+    earlier = _replay(state, actor, req.op_id, "create", digest)
+    if earlier is not None:
+        return Mutation(False, [], BookResult("exists", earlier))
+    p = _place(state, _sched_request(req), policy, gpus, now, load)
+    share = policy.max_shared_users if req.mode == EXCLUSIVE else req.share
+    res = Reservation(id=new_id, uid=actor.uid, user=actor.user, mode=req.mode, gpus=tuple(p.gpus),
+                      share=share, start=p.start, end=p.end, created=now, mem_mib=req.mem_mib,
+                      op_id=req.op_id, note=req.note)
+    status = "queued" if p.queued else "created"
+    result = BookResult(status, res, placement_json(p), dry_run=req.dry_run)
+    if req.dry_run:
+        return Mutation(False, [], result)
+    state.reservations.append(res)
+    _record_op(state, actor, req.op_id, "create", digest, res.id, now)
+    audit = [{"action": "create", "reservation": res.id, "op_id": req.op_id, "before": None,
+              "after": summary(res), "result": status}]
+    return Mutation(True, audit, result)
+
+
+def _owned(state: LedgerState, rid: str, actor: Actor, verb: str) -> Reservation:
+    res = state.find(rid)
+    if res is None:
+        raise NotFound(f"no reservation {rid[:8]}", hint="list yours with: bk l")
+    if res.uid != actor.uid:
+        raise PermissionDenied(f"reservation {res.short_id} belongs to {res.user}; you may {verb} "
+                               "only your own", hint="ask its owner, or the administrator")
+    return res
+
+
+def apply_edit(state: LedgerState, req: EditRequest, actor: Actor, *, now: int, policy: Policy,
+               gpus, load=None) -> Mutation:
+    digest = canonical("edit", req)
+    earlier = _replay(state, actor, req.op_id, "edit", digest)
+    if earlier is not None:
+        return Mutation(False, [], BookResult("exists", earlier))
+    old = _owned(state, req.ref, actor, "edit")
+    status = old.status(now)
+    if status in (ENDED, CANCELLED):
+        raise InvalidInput(f"reservation {old.short_id} has {status}; it can no longer be edited",
+                           hint="book again with: bk N DUR")
+    if status == ACTIVE:
+        new = _edit_active(state, old, req, now=now, policy=policy, gpus=gpus, load=load)
+    else:
+        new = _edit_upcoming(state, old, req, now=now, policy=policy, gpus=gpus, load=load)
+    before, after = summary(old), summary(new)
+    if before == after and (req.note is None or req.note == old.note):
+        return Mutation(False, [], BookResult("unchanged", old, dry_run=req.dry_run))
+    if req.note is not None:
+        new = new.replace(note=req.note)
+    new = new.replace(edits=[*old.edits, Edit(now, actor.uid, actor.user,
+                                              {k: v for k, v in before.items() if after[k] != v},
+                                              {k: v for k, v in after.items() if before[k] != v})])
+    result = BookResult("updated", new, dry_run=req.dry_run)
+    if req.dry_run:
+        return Mutation(False, [], result)
+    state.reservations[state.reservations.index(old)] = new
+    _record_op(state, actor, req.op_id, "edit", digest, new.id, now)
+    audit = [{"action": "edit", "reservation": new.id, "op_id": req.op_id, "before": before,
+              "after": after, "result": "updated"}]
+    return Mutation(True, audit, result)
+
+
+def _edit_active(state, old: Reservation, req: EditRequest, *, now, policy, gpus, load) -> Reservation:
+    """After start only the end may move: the elapsed part and the GPUs are history."""
+    frozen = [k for k in ("start", "mode", "share", "mem_mib", "clear_mem", "pinned", "excluded")
+              if getattr(req, k) not in (None, False)]
+    if frozen:
+        raise InvalidInput(f"reservation {old.short_id} has started; only its end may change "
+                           f"(not {', '.join(frozen)})",
+                           hint="extend or shorten with: bk e ID -d +30m, or -d 2h for a new total")
+    end = req.end if req.end is not None else (old.start + req.duration if req.duration else old.end)
+    if end <= now:
+        raise InvalidInput("the new end is in the past", hint="to stop now, cancel it: bk d ID")
+    if end % policy.slot_seconds:
+        raise InvalidInput(f"the new end is not on a {policy.slot_minutes}-minute boundary")
+    if end - old.start > policy.max_booking_hours * 3600:
+        raise PolicyRefused(f"a booking may last at most {policy.max_booking_hours} hours "
+                            "(max_booking_hours)", hint="shorten the extension")
+    if end > old.end:
+        # Check only what is added, on the same GPUs, with the booking itself ignored.
+        check_from = max(floor_slice(now, policy.slot_minutes), old.start)
+        sreq = scheduler.Request(count=len(old.gpus), duration=end - check_from, mode=old.mode,
+                                 share=old.share if old.mode != EXCLUSIVE else 1,
+                                 mem_mib=old.mem_mib, start=check_from, pinned=tuple(old.gpus),
+                                 ignore_id=old.id)
+        _place(state, sreq, policy, gpus, now, load)
+    return old.replace(end=end)
+
+
+def _edit_upcoming(state, old: Reservation, req: EditRequest, *, now, policy, gpus, load) -> Reservation:
+    """Before start anything may change; the result is placed as if the old booking were absent."""
+    mode = req.mode or old.mode
+    if req.share is not None:
+        share = req.share
+    elif mode == EXCLUSIVE or old.mode == EXCLUSIVE:
+        share = 1
+    else:
+        share = old.share
+    duration = req.duration if req.duration is not None else old.end - old.start
+    start = req.start if req.start is not None else old.start
+    if req.end is not None:
+        duration = req.end - start
+        if duration <= 0:
+            raise InvalidInput("the new end is not after the start")
+    mem = None if req.clear_mem else (req.mem_mib if req.mem_mib is not None else old.mem_mib)
+    pinned = req.pinned
+    if pinned is None and req.excluded is None:
+        pinned = tuple(old.gpus)   # keep the GPUs unless the user asks for others
+    count = len(pinned) if pinned else len(old.gpus)
+    sreq = scheduler.Request(count=count, duration=duration, mode=mode, share=share, mem_mib=mem,
+                             start=max(start, floor_slice(now, policy.slot_minutes)),
+                             queue=req.queue, pinned=pinned, excluded=tuple(req.excluded or ()),
+                             ignore_id=old.id)
+    p = _place(state, sreq, policy, gpus, now, load)
+    new_share = policy.max_shared_users if mode == EXCLUSIVE else share
+    return old.replace(mode=mode, share=new_share, mem_mib=mem, gpus=tuple(p.gpus),
+                       start=p.start, end=p.end)
+
+
+def apply_cancel(state: LedgerState, req: CancelRequest, actor: Actor, *, now: int,
+                 notice_id: str) -> Mutation:
+    digest = canonical("cancel", req)
+    earlier = _replay(state, actor, req.op_id, "cancel", digest)
+    if earlier is not None:
+        return Mutation(False, [], CancelResult("exists", earlier))
+    res = state.find(req.ref)
+    if res is None:
+        raise NotFound(f"no reservation {req.ref[:8]}", hint="list yours with: bk l")
+    by_admin = res.uid != actor.uid
+    if by_admin and not actor.is_admin:
+        raise PermissionDenied(f"reservation {res.short_id} belongs to {res.user}; you may cancel "
+                               "only your own", hint="ask its owner, or the administrator")
+    if by_admin and not (req.reason or "").strip():
+        raise InvalidInput("cancelling another user's booking needs a reason; the owner is told",
+                           hint="sudo bk admin cancel ID --reason 'maintenance'")
+    status = res.status(now)
+    if status in (ENDED, CANCELLED):
+        raise InvalidInput(f"reservation {res.short_id} has already {status}")
+    new = res.replace(cancelled_at=now, cancelled_by=actor.uid,
+                      cancel_reason=(req.reason or None))
+    result = CancelResult("cancelled", new, dry_run=req.dry_run)
+    if req.dry_run:
+        return Mutation(False, [], result)
+    state.reservations[state.reservations.index(res)] = new
+    if by_admin:
+        state.notices.append(Notice(id=notice_id, at=now, uid=res.uid, level="warning",
+                                    reservation=res.id, created_by=actor.uid,
+                                    text=f"Your booking {res.short_id} was cancelled by the "
+                                         f"administrator: {req.reason.strip()}"))
+    _record_op(state, actor, req.op_id, "cancel", digest, res.id, now)
+    audit = [{"action": "admin_cancel" if by_admin else "cancel", "reservation": res.id,
+              "op_id": req.op_id, "before": summary(res), "after": None,
+              "result": "cancelled", "reason": req.reason}]
+    return Mutation(True, audit, result)

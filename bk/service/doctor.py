@@ -1,0 +1,148 @@
+"""What this installation is and whether it is healthy: ``bk info``,
+``bk config`` and ``bk doctor``, as data for every front end.
+
+Everything here only reads.  ``doctor`` runs each check on its own and turns
+any ``BkError`` into a failed check, so one broken part (an unreadable
+ledger, an untrusted config) never hides the verdict on the others.  The
+probing checks that write (atomic replace, locking, the broker round trip)
+belong to ``bk doctor --probe``, which a later issue adds.
+"""
+
+from __future__ import annotations
+
+from bk.core.errors import BkError
+from bk.service.status import policy_summary
+
+
+def _check(name: str, ok: bool, detail: str) -> dict:
+    return {"name": name, "ok": bool(ok), "detail": detail}
+
+
+# ----------------------------------------------------------------- info
+
+def _gecos(uid: int) -> tuple[str | None, str | None]:
+    """(account name, the GECOS full-name field) of ``uid``, or Nones."""
+    import pwd
+
+    try:
+        pw = pwd.getpwuid(uid)
+    except KeyError:
+        return None, None
+    # GECOS is "Full Name,Room,Work phone,Home phone,Other"; the first field
+    # is the one administrators fill in ("GPU admins <gpu@lab.example>").
+    return pw.pw_name, (pw.pw_gecos or "").split(",")[0].strip() or None
+
+
+def admin_contact(settings) -> dict:
+    """Who to ask: the configured contact, else the service account's (or
+    root's) GECOS name."""
+    if settings["admin_contact"]:
+        return {"contact": settings["admin_contact"], "source": "config", "account": None}
+    uid = settings["service_uid"] if settings["service_uid"] is not None else 0
+    account, gecos = _gecos(uid)
+    return {"contact": gecos or account, "source": "gecos" if gecos else "account", "account": account}
+
+
+def info_view(app) -> dict:
+    s = app.settings
+    return {
+        "admin": admin_contact(s),
+        "mode": s.mode,
+        "data_dir": s.data_dir,
+        "config_file": s.source,
+        "gpu_count": app.policy.gpu_count,
+        "backend": {"name": app.backend.name, "simulated": bool(getattr(app.backend, "simulated", False))},
+        "policy": policy_summary(app.policy),
+    }
+
+
+# --------------------------------------------------------------- config
+
+def config_view(app) -> dict:
+    """Every key with its effective value and where it came from."""
+    from bk.store.config import KEYS
+
+    s = app.settings
+    from_file = s.explicit
+    keys = {}
+    for name, key in KEYS.items():
+        value = s[name]
+        source = "file" if name in from_file else "default"
+        if name == "gpu_count" and value is None:
+            value, source = app.policy.gpu_count, "detected"
+        if name == "data_dir" and value is None:
+            value = s.data_dir
+            source = "default" if s.mode == "shared" else "environment"
+        keys[name] = {"value": value, "source": source, "security": key.security, "doc": key.doc}
+    return {"mode": s.mode, "config_file": s.locations.config_file, "config_read": s.source,
+            "trusted": s.locations.config_is_system, "data_dir": s.data_dir,
+            "state_dir": s.locations.state_dir, "settings": keys}
+
+
+# --------------------------------------------------------------- doctor
+
+def _config_check(app) -> dict:
+    s = app.settings
+    if s.mode == "private":
+        where = s.source or "defaults (no config file)"
+        return _check("config", True, f"private mode; settings from {where}")
+    from bk.store.config import check_trusted
+
+    path = s.locations.config_file
+    check_trusted(path)
+    return _check("config", True, f"shared mode; {path} is root-owned and not writable by others")
+
+
+def _ledger_checks(app) -> list[dict]:
+    store = getattr(app, "store", None)
+    if store is None:
+        return [_check("ledger", True, "read through the broker; checked there")]
+    return [_check(name, ok, detail) for name, ok, detail in store.check()]
+
+
+def _policy_check(app) -> dict:
+    state = app.ledger()
+    mine = app.policy.bound()
+    if state.policy is None:
+        return _check("policy", True, "not bound yet; the first booking records it")
+    diff = [f"{k}: ledger {state.policy.get(k)!r}, configuration {v!r}"
+            for k, v in mine.items() if state.policy.get(k) != v]
+    if diff:
+        return _check("policy", False, "configuration disagrees with the ledger's policy: " + "; ".join(diff))
+    return _check("policy", True, "configuration agrees with the policy bound in the ledger")
+
+
+def _gpu_check(app) -> dict:
+    b = app.backend
+    gpus = app.gpus()
+    detail = f"{b.name}: {len(gpus)} GPU{'s' if len(gpus) != 1 else ''}"
+    reason = getattr(b, "reason", None)
+    if reason:
+        detail += f" ({reason})"
+    # On a shared server a simulation standing in for missing telemetry is a
+    # fault; in private mode (BK_GPU_COUNT, a demo) it is what was asked for.
+    ok = not (reason and app.settings.mode == "shared")
+    if app.policy.gpu_count != len(gpus):
+        ok = False
+        detail += f"; the policy schedules {app.policy.gpu_count}"
+    return _check("gpu_backend", ok, detail)
+
+
+CHECKS = (("config", _config_check), ("ledger", _ledger_checks),
+          ("policy", _policy_check), ("gpu_backend", _gpu_check))
+
+
+def doctor(app) -> dict:
+    """Run every read-only check -> ``{"ok": bool, "checks": [{name, ok, detail}]}``."""
+    checks: list[dict] = []
+    for name, fn in CHECKS:
+        try:
+            got = fn(app)
+        except BkError as e:
+            got = _check(name, False, e.message + (f" ({e.hint})" if e.hint else ""))
+        except OSError as e:
+            got = _check(name, False, f"{e.filename or name}: {e.strerror}")
+        checks.extend(got if isinstance(got, list) else [got])
+    for w in app.warnings:
+        checks.append(_check("ledger_read", False, w))
+    return {"ok": all(c["ok"] for c in checks), "checks": checks}

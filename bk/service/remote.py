@@ -1,0 +1,107 @@
+"""The service of a bk client on a shared server.
+
+Reads need no broker: the committed ledger is world-readable (0644, written
+by atomic replace, so a reader sees the old or the new file, never a half
+one), and every read method of ``Service`` works on it unchanged.  Writes go
+to the broker, which runs the same ``Service`` with the caller's identity
+from the kernel; the reply carries the result in its ledger form, and this
+module rebuilds the very result objects a local call returns, so every
+front end renders a remote booking exactly like a private one.
+
+The ``actor`` argument of the write methods is ignored here: who is asking
+is decided by the broker from SO_PEERCRED, whatever this process claims.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from bk.broker.client import BrokerClient
+from bk.core.errors import Internal
+from bk.core.models import Notice, Reservation
+from bk.service.app import Service
+from bk.service.requests import (
+    Actor,
+    BookRequest,
+    BookResult,
+    CancelRequest,
+    CancelResult,
+    EditRequest,
+)
+
+
+def to_wire(req) -> dict:
+    """A request's fields for a frame: only those that differ from the
+    default (the broker fills in the rest), tuples as lists."""
+    out = {}
+    for f in dataclasses.fields(req):
+        value = getattr(req, f.name)
+        if value == f.default:
+            continue
+        out[f.name] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+def _record(data: dict, key: str = "record") -> dict:
+    rec = data.get(key)
+    if not isinstance(rec, dict):
+        raise Internal("the broker's reply has no record", hint="client and broker may be different bk versions")
+    return rec
+
+
+def book_result(data: dict, warnings: list[str]) -> BookResult:
+    try:
+        res = Reservation.from_dict(_record(data))
+    except (KeyError, TypeError, ValueError) as e:
+        raise Internal(f"the broker's reply holds a malformed reservation: {e}") from None
+    return BookResult(status=data.get("status", "created"), reservation=res,
+                      placement=data.get("placement"), warnings=list(warnings),
+                      dry_run=bool(data.get("dry_run")))
+
+
+def cancel_result(data: dict) -> CancelResult:
+    try:
+        res = Reservation.from_dict(_record(data))
+    except (KeyError, TypeError, ValueError) as e:
+        raise Internal(f"the broker's reply holds a malformed reservation: {e}") from None
+    return CancelResult(status=data.get("status", "cancelled"), reservation=res,
+                        dry_run=bool(data.get("dry_run")))
+
+
+class RemoteService(Service):
+    """``Service`` whose writes travel through the broker."""
+
+    def __init__(self, settings, backend, *, client: BrokerClient | None = None, **kwargs):
+        super().__init__(settings, backend, **kwargs)
+        self.client = client or BrokerClient(settings["socket"], service_uid=settings["service_uid"])
+
+    def _call(self, op: str, fields: dict) -> tuple[dict, list[str]]:
+        data, warnings = self.client.call(op, fields)
+        return data, warnings
+
+    def book(self, req: BookRequest, actor: Actor | None = None) -> BookResult:
+        data, warnings = self._call("book", to_wire(req))
+        return book_result(data, warnings)
+
+    def edit(self, req: EditRequest, actor: Actor | None = None) -> BookResult:
+        data, warnings = self._call("edit", to_wire(req))
+        return book_result(data, warnings)
+
+    def cancel(self, req: CancelRequest, actor: Actor | None = None) -> CancelResult:
+        data, warnings = self._call("cancel", to_wire(req))
+        self.warnings.extend(w for w in warnings if w not in self.warnings)
+        return cancel_result(data)
+
+    def publish_notice(self, text: str, level: str = "info", until: int | None = None,
+                       actor: Actor | None = None) -> Notice:
+        data, warnings = self._call("notice_publish", {"text": text, "level": level, "until": until})
+        self.warnings.extend(w for w in warnings if w not in self.warnings)
+        try:
+            return Notice.from_dict(_record(data))
+        except (KeyError, TypeError, ValueError) as e:
+            raise Internal(f"the broker's reply holds a malformed notice: {e}") from None
+
+    def ping(self) -> dict:
+        """What the broker knows about itself and about us (doctor's probe)."""
+        data, _ = self._call("ping", {})
+        return data

@@ -1,0 +1,126 @@
+"""The text timeline (``bk tl``) as data: GPUs by time steps.
+
+A column covers ``[t, t + step)``.  Its ``used`` is the *largest* number of
+share slots held at any instant inside it, not an average: a column that
+shows a GPU as having room must really have room for its whole width, or a
+user reading the picture would book into a conflict.  Own bookings are
+listed apart from others' so a front end can draw them differently.
+
+``plan`` picks the window and the step for a given number of columns;
+``build`` is a pure function of the ledger's reservations and blackouts, so
+the TUI and tests can call it with any world; ``timeline_view`` joins them to
+a ``Service``.
+"""
+
+from __future__ import annotations
+
+from bk.core.models import EXCLUSIVE, Reservation, iso
+from bk.service.views import reservation_json
+
+# Steps a timeline may use, in minutes; each must be a multiple of the slice.
+STEP_LADDER_MIN = (5, 10, 15, 20, 30, 60, 120, 180, 360, 720, 1440)
+DEFAULT_WINDOW_S = 12 * 3600
+MAX_COLUMNS = 2000
+
+
+def choose_step(columns: int, window: int, slot_minutes: int) -> int:
+    """The finest ladder step (seconds) that shows ``window`` in ``columns``."""
+    steps = [m * 60 for m in STEP_LADDER_MIN if m % slot_minutes == 0] or [slot_minutes * 60]
+    for s in steps:
+        if s * columns >= window:
+            return s
+    return steps[-1]
+
+
+def plan(columns: int, now: int, slot_minutes: int, *, frm: int | None = None,
+         window: int | None = None, step: int | None = None) -> tuple[int, int, int]:
+    """-> (from, to, step) in epoch seconds.
+
+    The step, when not given, is the finest that fits ``window`` (default
+    12 h) in ``columns``; the window, when not given, fills the columns.  The
+    default start is one step before now, on the step's grid, so "now" sits
+    near the left edge with a little of the past for context."""
+    columns = max(1, columns)
+    if step is None:
+        step = choose_step(columns, window or DEFAULT_WINDOW_S, slot_minutes)
+    grid = min(step, 3600)
+    if frm is None:
+        frm = now - now % grid - step
+    else:
+        frm -= frm % grid
+    if window is None:
+        window = columns * step
+    n = max(1, -(-window // step))
+    return frm, frm + n * step, step
+
+
+def _max_used(holds: list[tuple[int, int, int]], lo: int, hi: int) -> int:
+    """The most slots held at any instant of ``[lo, hi)``."""
+    edges = []
+    for a, b, slots in holds:
+        a, b = max(a, lo), min(b, hi)
+        if a < b:
+            edges.append((a, slots))
+            edges.append((b, -slots))
+    # Ends sort before starts at the same instant (negative first): a booking
+    # that ends as another begins does not count twice.
+    edges.sort()
+    best = cur = 0
+    for _, d in edges:
+        cur += d
+        best = max(best, cur)
+    return best
+
+
+def build(reservations, blackouts, *, capacity: int, gpus: list[int], disabled=frozenset(),
+          frm: int, to: int, step: int, actor_uid: int) -> dict:
+    """Cells for each GPU in ``gpus`` over ``[frm, to)``.
+
+    A cell is ``{"used": slots, "mine": [short ids], "others": [short ids],
+    "blackout": bool}``; cell ``i`` starts at ``frm + i * step``."""
+    wanted = set(gpus)
+    per: dict[int, list[Reservation]] = {g: [] for g in gpus}
+    for r in reservations:
+        if r.cancelled_at is not None or r.end <= frm or r.start >= to:
+            continue
+        for g in r.gpus:
+            if g in wanted:
+                per[g].append(r)
+    dark = [(b.start, b.end) for b in blackouts if b.end > frm and b.start < to]
+    cols = range(frm, to, step)
+    rows = []
+    for g in gpus:
+        lst = sorted(per[g], key=lambda r: (r.start, r.id))
+        cells = []
+        for t in cols:
+            e = t + step
+            here = [r for r in lst if r.start < e and r.end > t]
+            holds = [(r.start, r.end, capacity if r.mode == EXCLUSIVE else r.share) for r in here]
+            cells.append({
+                "used": _max_used(holds, t, e),
+                "mine": [r.short_id for r in here if r.uid == actor_uid],
+                "others": [r.short_id for r in here if r.uid != actor_uid],
+                "blackout": any(a < e and b > t for a, b in dark),
+            })
+        rows.append({"index": g, "disabled": g in disabled, "cells": cells})
+    return {"from": iso(frm), "to": iso(to), "step": step, "capacity": capacity, "gpus": rows}
+
+
+def timeline_view(app, *, frm: int, to: int, step: int, gpus: list[int] | None = None) -> dict:
+    """The timeline of the live ledger, with the bookings it shows."""
+    state, now, policy = app.ledger(), app.now(), app.policy
+    if gpus is None:
+        gpus = list(range(policy.gpu_count))
+    out = build(state.reservations, state.blackouts, capacity=policy.max_shared_users, gpus=gpus,
+                disabled=policy.disabled_gpus, frm=frm, to=to, step=step, actor_uid=app.actor.uid)
+    wanted = set(gpus)
+    shown = sorted((r for r in state.reservations if r.cancelled_at is None and r.start < to
+                    and r.end > frm and wanted & set(r.gpus)), key=lambda r: (r.start, r.id))
+    numbers = {r.id: i for i, r in enumerate(app.own_current(state, now=now), 1)}
+    mem = {g.index: g.mem_total_mib for g in app.gpus()}
+    out["now"] = iso(now)
+    out["blackouts"] = [{"id": b.id, "start": iso(b.start), "end": iso(b.end), "reason": b.reason}
+                        for b in state.blackouts if b.end > frm and b.start < to]
+    out["reservations"] = [reservation_json(r, now=now, actor_uid=app.actor.uid, policy=policy,
+                                            gpu_mem=mem, number=numbers.get(r.id)) for r in shown]
+    return out

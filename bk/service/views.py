@@ -1,0 +1,35 @@
+"""JSON shapes of results (SPEC 6.3).  Field names are part of the contract:
+documented in bk(1) and docs/JSON.md and checked by contract tests."""
+
+from __future__ import annotations
+
+from bk.core import scheduler
+from bk.core.models import EXCLUSIVE, Notice, Policy, Reservation, iso
+
+
+def reservation_json(r: Reservation, *, now: int, actor_uid: int, policy: Policy,
+                     gpu_mem: dict | None = None, number: int | None = None) -> dict:
+    eff = None
+    if r.mode != EXCLUSIVE:
+        totals = [(gpu_mem or {}).get(g) for g in r.gpus]
+        known = [t for t in totals if t]
+        if r.mem_mib is not None:
+            eff = r.mem_mib
+        elif known:
+            eff = scheduler.effective_mem(r, policy, min(known))
+    return {
+        "id": r.id, "short_id": r.short_id, "number": number, "uid": r.uid, "user": r.user,
+        "mine": r.uid == actor_uid, "mode": r.mode, "gpus": list(r.gpus),
+        "share": policy.max_shared_users if r.mode == EXCLUSIVE else r.share,
+        "capacity": policy.max_shared_users, "mem_mib": r.mem_mib, "mem_mib_effective": eff,
+        "start": iso(r.start), "end": iso(r.end), "status": r.status(now), "created": iso(r.created),
+        "op_id": r.op_id, "job": r.job, "note": r.note,
+        "cancelled_at": iso(r.cancelled_at), "cancel_reason": r.cancel_reason,
+        "edits": len(r.edits),
+    }
+
+
+def notice_json(n: Notice) -> dict:
+    return {"id": n.id, "short_id": n.id[:8], "at": iso(n.at), "level": n.level, "text": n.text,
+            "scope": "everyone" if n.uid is None else "you", "until": iso(n.until),
+            "reservation": n.reservation, "archived": n.archived}

@@ -1,0 +1,236 @@
+"""The user's private state files: booking presets and the prompt history.
+
+Both live in the per-user state directory (``$XDG_STATE_HOME/bk``, see
+``bk.store.paths``), never in the shared data directory: a preset or a
+command history is nobody else's business, and in shared mode the user
+cannot write the data directory anyway.
+
+The facts that shape this module:
+
+* The directory is created 0700 and every file in it 0600, whatever the
+  umask (``bk.store.fsutil`` sets the mode after creating).  Every name is
+  opened relative to the directory's descriptor with ``O_NOFOLLOW``, and an
+  existing file or directory that is a link, not ours, or writable by others
+  is refused with the command that fixes it, never silently chmod-ed: it is
+  evidence that something is not what the user thinks (the same rules as
+  the ledger's, see ``bk.store.fsutil``).
+* A crash must leave the old file or the new one, never half of each.  We
+  write a temporary file in the same directory (``rename(2)`` is atomic only
+  within one file system), ``fsync`` it, rename it over the old name, then
+  ``fsync`` the directory so the rename itself reaches the disk.
+* Two ``bk p save`` of the same user may race; the read-modify-write holds an
+  ``flock`` on ``state.lock``, a file that is never replaced (a lock on a
+  file that a rename swaps out would lock nothing).  The wait is bounded.
+* A damaged presets file is reported (exit 74) with the path to fix, never
+  silently dropped: losing a user's presets quietly is worse than an error.
+  The prompt history is a convenience, so a damaged one is just ignored.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from bk.core.errors import BkError, Busy, IOFailure
+from bk.store.fsutil import (
+    O_CLOEXEC,
+    O_NOFOLLOW,
+    Safety,
+    fsync_dir,
+    io_error,
+    open_dir,
+    open_file,
+    read_all,
+    unlink_quietly,
+    write_all,
+)
+
+SCHEMA = "gpubk.presets.v1"
+PRESETS_FILE = "presets.json"
+LOCK_FILE = "state.lock"
+HISTORY_FILE = "prompt_history"
+DIR_MODE = 0o700
+FILE_MODE = 0o600
+MAX_BYTES = 1 << 20          # a presets file is a few KiB; anything bigger is not ours
+LOCK_WAIT_SECONDS = 5.0
+
+
+class StateDir:
+    """The open per-user state directory; ``with StateDir(path) as d:``."""
+
+    def __init__(self, path: str, *, create: bool):
+        self.path = path
+        self.safety = Safety(os.getuid())
+        self.create = create
+        self.fd: int | None = None
+
+    def __enter__(self) -> StateDir:
+        self.fd = open_dir(self.path, self.safety, create_mode=DIR_MODE if self.create else None)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def read(self, name: str) -> bytes | None:
+        """A file's content, or None when the file (or the directory) does not exist."""
+        if self.fd is None:
+            return None
+        path = os.path.join(self.path, name)
+        fd = open_file(self.fd, name, path, self.safety)
+        if fd is None:
+            return None
+        try:
+            if os.fstat(fd).st_size > MAX_BYTES:
+                raise IOFailure(f"{path} is larger than {MAX_BYTES // 1024} KiB; it is not a bk state file",
+                                hint=f"move it away: mv {path} {path}.old")
+            return read_all(fd)
+        except OSError as e:
+            raise io_error(e, "reading", path) from None
+        finally:
+            os.close(fd)
+
+    def replace(self, name: str, data: bytes) -> None:
+        """Atomically give ``name`` the content ``data`` (mode 0600)."""
+        path = os.path.join(self.path, name)
+        tmp = f".{name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                         FILE_MODE, dir_fd=self.fd)
+        except OSError as e:
+            raise io_error(e, "creating", path) from None
+        try:
+            try:
+                os.fchmod(fd, FILE_MODE)
+                write_all(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+        except OSError as e:
+            unlink_quietly(self.fd, tmp)
+            raise io_error(e, "writing", path) from None
+        except BaseException:
+            unlink_quietly(self.fd, tmp)
+            raise
+        fsync_dir(self.fd, self.path)
+
+    def lock(self, wait: float = LOCK_WAIT_SECONDS) -> _Lock:
+        return _Lock(self, wait)
+
+
+class _Lock:
+    """``flock`` on a lock file that is never replaced (a lock on a file that
+    a rename swaps out would lock nothing), bounded by a deadline."""
+
+    def __init__(self, d: StateDir, wait: float):
+        self.d, self.wait = d, wait
+        self.fd: int | None = None
+
+    def __enter__(self) -> _Lock:
+        path = os.path.join(self.d.path, LOCK_FILE)
+        fd = open_file(self.d.fd, LOCK_FILE, path, self.d.safety, os.O_RDWR, create_mode=FILE_MODE)
+        deadline = time.monotonic() + self.wait
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as e:
+                if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EINTR):
+                    os.close(fd)
+                    raise io_error(e, "locking", path) from None
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                raise Busy(f"another bk is changing your presets ({path} is locked)",
+                           hint="retry in a moment")
+            time.sleep(0.01)   # a preset write takes milliseconds; poll, bounded above
+        self.fd = fd
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.fd is not None:
+            os.close(self.fd)   # closing the last descriptor releases the flock
+            self.fd = None
+
+
+class PresetFile:
+    """The presets file of one user: ``{"schema": ..., "presets": {name: {...}}}``.
+
+    Records are plain dicts here; ``bk.service.presets`` gives them meaning
+    and validates their fields.
+    """
+
+    def __init__(self, state_dir: str):
+        self.state_dir = state_dir
+        self.path = os.path.join(state_dir, PRESETS_FILE)
+
+    def read(self) -> dict[str, dict]:
+        with StateDir(self.state_dir, create=False) as d:
+            raw = d.read(PRESETS_FILE)
+        return {} if raw is None else self._decode(raw)
+
+    def _decode(self, raw: bytes) -> dict[str, dict]:
+        hint = f"fix or move it away (mv {self.path} {self.path}.bad); you lose the presets in it"
+        try:
+            doc = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise IOFailure(f"{self.path} is damaged: {e}", hint=hint) from None
+        if not isinstance(doc, dict) or not isinstance(doc.get("presets"), dict):
+            raise IOFailure(f"{self.path} is damaged: no 'presets' object", hint=hint)
+        if doc.get("schema") != SCHEMA:
+            raise IOFailure(f"{self.path} has schema {doc.get('schema')!r}, this bk reads {SCHEMA!r}",
+                            hint="a newer bk wrote it; use that version, or " + hint)
+        presets = doc["presets"]
+        if not all(isinstance(k, str) and isinstance(v, dict) for k, v in presets.items()):
+            raise IOFailure(f"{self.path} is damaged: a preset is not an object", hint=hint)
+        return presets
+
+    def update(self, change: Callable[[dict[str, dict]], Any]) -> Any:
+        """Lock, re-read, let ``change`` mutate the presets, write them back.
+
+        ``change`` returns what ``update`` returns; it may raise to abandon
+        the change (nothing is written then)."""
+        with StateDir(self.state_dir, create=True) as d, d.lock():
+            raw = d.read(PRESETS_FILE)
+            presets = {} if raw is None else self._decode(raw)
+            before = json.dumps(presets, sort_keys=True)
+            result = change(presets)
+            if json.dumps(presets, sort_keys=True) != before:
+                doc = {"schema": SCHEMA, "presets": dict(sorted(presets.items()))}
+                d.replace(PRESETS_FILE, (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode())
+        return result
+
+
+class HistoryFile:
+    """The interactive prompt's line history: one command per line, newest last, bounded.
+
+    We keep our own plain format instead of ``readline.write_history_file``:
+    GNU readline and libedit (macOS) write different formats, and readline
+    would create the file with the umask's mode rather than 0600.  History is
+    a convenience: an unreadable file reads as empty."""
+
+    def __init__(self, state_dir: str, limit: int = 1000):
+        self.state_dir = state_dir
+        self.limit = limit
+
+    def read(self) -> list[str]:
+        try:
+            with StateDir(self.state_dir, create=False) as d:
+                raw = d.read(HISTORY_FILE)
+        except BkError:
+            return []
+        if raw is None:
+            return []
+        lines = raw.decode("utf-8", "replace").splitlines()
+        return [line for line in lines if line.strip()][-self.limit:]
+
+    def write(self, lines: list[str]) -> None:
+        keep = [line for line in lines if line.strip() and "\n" not in line][-self.limit:]
+        with StateDir(self.state_dir, create=True) as d, d.lock():
+            d.replace(HISTORY_FILE, "".join(line + "\n" for line in keep).encode("utf-8"))

@@ -27,26 +27,32 @@ from bk.core.errors import EXIT_INTERNAL, BkError, Internal, UsageError
 
 PROG = "bk"
 
-# One module per command group; each defines register(subparsers).
-COMMAND_MODULES: tuple[str, ...] = (
-    "bk.cli.cmd_book",
-    "bk.cli.cmd_list",
-    "bk.cli.cmd_edit",
-    "bk.cli.cmd_cancel",
-    "bk.cli.cmd_status",
-    "bk.cli.cmd_timeline",
-    "bk.cli.cmd_slots",
-    "bk.cli.cmd_notices",
-    "bk.cli.cmd_log",
-    "bk.cli.cmd_info",
-    "bk.cli.cmd_doctor",
-    "bk.cli.cmd_tutorial",
-    "bk.cli.guided",
-    "bk.cli.cmd_preset",
-    "bk.cli.cmd_admin",
-    "bk.cli.cmd_broker",
-    "bk.cli.cmd_help",
-)
+# One module per command group; each defines register(subparsers) and adds
+# exactly the words listed here.  Knowing the words up front lets a run build
+# only the parser of the command it runs: importing all groups and building
+# ~35 sub-parsers costs more than most commands' work (benchmarks/cli.py).
+# tests/test_cli_registry.py checks this table against what modules register.
+COMMAND_WORDS: dict[str, tuple[str, ...]] = {
+    "bk.cli.cmd_book": ("book", "s", "x", "exclusive"),
+    "bk.cli.cmd_list": ("l", "ls", "list"),
+    "bk.cli.cmd_edit": ("e", "edit"),
+    "bk.cli.cmd_cancel": ("d", "del", "rm", "cancel"),
+    "bk.cli.cmd_status": ("st", "status"),
+    "bk.cli.cmd_timeline": ("tl", "timeline"),
+    "bk.cli.cmd_slots": ("slots", "g", "gpu"),
+    "bk.cli.cmd_notices": ("n", "notices"),
+    "bk.cli.cmd_log": ("history", "lg", "log"),
+    "bk.cli.cmd_info": ("info", "login", "config"),
+    "bk.cli.cmd_doctor": ("doctor",),
+    "bk.cli.cmd_tutorial": ("tutorial",),
+    "bk.cli.guided": ("a", "add"),
+    "bk.cli.cmd_preset": ("p", "preset"),
+    "bk.cli.cmd_admin": ("admin",),
+    "bk.cli.cmd_broker": ("broker",),
+    "bk.cli.cmd_help": ("help",),
+}
+COMMAND_MODULES: tuple[str, ...] = tuple(COMMAND_WORDS)
+_MODULE_OF = {w: m for m, words in COMMAND_WORDS.items() for w in words}
 
 # Words that are not commands but may stand first: `bk 1 30m` is `bk book 1 30m`.
 BOOK_SHORTHAND = "book"
@@ -143,7 +149,10 @@ class Context:
         return self._app
 
 
-def build_parser() -> Parser:
+def build_parser(only: str | None = None) -> Parser:
+    """The argparse tree: every command, or with ``only`` (a command word)
+    just the group that owns it; unknown words get the whole tree so the
+    "did you mean" hint can see every name."""
     import importlib
 
     from bk import __version__
@@ -154,7 +163,8 @@ def build_parser() -> Parser:
     parser.add_argument("--version", "-V", action="version", version=f"bk {__version__}")
     parser.add_argument("--json", action="store_true", help="print one JSON envelope on stdout")
     sub = parser.add_subparsers(dest="command_word", metavar="COMMAND", parser_class=Parser)
-    for name in COMMAND_MODULES:
+    modules = [_MODULE_OF[only]] if only in _MODULE_OF else COMMAND_MODULES
+    for name in modules:
         importlib.import_module(name).register(sub)
     return parser
 
@@ -212,7 +222,7 @@ def run(argv: list[str], env: dict | None = None) -> int:
     command = guess_command(argv)
     ctx = None
     try:
-        parser = build_parser()
+        parser = build_parser(_first_word(argv))
         command = guess_command(argv, parser)
         try:
             args = parse_argv(argv, parser)
@@ -245,6 +255,10 @@ def run(argv: list[str], env: dict | None = None) -> int:
         return EXIT_INTERNAL
 
 
+def _first_word(argv: list[str]) -> str | None:
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
 def normalise(argv: list[str]) -> list[str]:
     """The rewrites every command line gets: ``bk 1 30m`` -> ``bk book 1 30m``
     and ``-d -15m`` -> ``-d-15m``.  Idempotent."""
@@ -256,8 +270,9 @@ def parse_argv(argv: list[str], parser: argparse.ArgumentParser | None = None) -
     exactly as ``bk`` itself reads them.  The prompt and the guided flows
     use this so a command typed there means what it means in a shell.
     Raises UsageError; ``-h`` raises SystemExit after printing help."""
-    parser = parser or build_parser()
-    args, extra = parser.parse_known_args(normalise(argv))
+    argv = normalise(argv)
+    parser = parser or build_parser(_first_word(argv))
+    args, extra = parser.parse_known_args(argv)
     _take_extra_words(args, extra)
     return args
 

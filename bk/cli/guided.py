@@ -183,9 +183,9 @@ def require_terminal(ctx, args, what: str, hint: str) -> None:
 def run_words(words: list[str], ctx) -> Output:
     """Run one ordinary command (``["x", "2", "1h"]``) with this context and
     return its Output: the guided flows end on the very road the flags take."""
-    from bk.cli.app import build_parser
+    from bk.cli.app import parse_argv
 
-    args = build_parser().parse_args(words)
+    args = parse_argv(words)
     return args.handler(args, ctx)
 
 

@@ -136,10 +136,6 @@ class _History:
 
 
 def _command_words() -> list[str]:
-    import argparse
+    from bk.cli.app import COMMAND_WORDS
 
-    from bk.cli.app import build_parser
-
-    parser = build_parser()
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    return sorted([*sub.choices, *EXIT_WORDS])
+    return sorted([w for words in COMMAND_WORDS.values() for w in words] + list(EXIT_WORDS))

@@ -13,19 +13,23 @@ Choice of backend (``open_backend``):
 
 from __future__ import annotations
 
-from typing import Protocol
-
 from bk.core.errors import ConfigError
 from bk.core.models import GpuInfo
 
 
-class Backend(Protocol):
-    name: str            # "sim-file", "sim-count", "nvml", ...
-    simulated: bool
+class Backend:
+    """What every backend provides (a plain base class rather than a
+    typing.Protocol: importing typing costs every command start-up time)."""
 
-    def devices(self) -> list[GpuInfo]: ...
+    name: str = "none"        # "sim-file", "sim-count", "nvml", ...
+    simulated: bool = True
+    reason: str | None = None  # why this backend was chosen, when it is a fallback
 
-    def count(self) -> int: ...
+    def devices(self) -> list[GpuInfo]:
+        raise NotImplementedError
+
+    def count(self) -> int:
+        raise NotImplementedError
 
 
 def open_backend(env: dict, fallback_count: int | None = None) -> Backend:

@@ -13,13 +13,14 @@ import json
 
 from bk.core.errors import ConfigError
 from bk.core.models import GpuInfo, GpuProcess
+from bk.gpu import Backend
 
 
 def sim_uuid(index: int) -> str:
     return f"GPU-5133d000-0000-4000-8000-{index:012d}"
 
 
-class CountBackend:
+class CountBackend(Backend):
     simulated = True
 
     def __init__(self, n: int, reason: str | None = None):
@@ -74,7 +75,7 @@ def parse_sim(doc: object, source: str) -> list[GpuInfo]:
     return out
 
 
-class FileBackend:
+class FileBackend(Backend):
     simulated = True
     reason = None
 

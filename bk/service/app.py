@@ -11,19 +11,22 @@ Nothing here prints.  Methods return result objects or raise ``BkError``.
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Callable
 
 from bk import clock
-from bk.core import scheduler
 from bk.core.errors import Ambiguous, InvalidInput, NotFound, PermissionDenied
 from bk.core.models import ACTIVE, CANCELLED, ENDED, UPCOMING, LedgerState, Notice, Reservation
-from bk.service import booking
 from bk.service.requests import Actor, BookRequest, CancelRequest, EditRequest, check_request
 from bk.store.config import Settings
 from bk.store.ledger import Mutation, Store
 
 _HEX = set("0123456789abcdef-")
+
+
+def _new_id() -> str:
+    import uuid  # lazily: it pulls in platform, a cost every read-only command would pay
+
+    return str(uuid.uuid4())
 
 
 def user_name(uid: int) -> str:
@@ -162,6 +165,9 @@ class Service:
         return sorted(out, key=lambda n: n.at, reverse=True)
 
     def recommend(self, req: BookRequest, alternatives: int = 3) -> list:
+        from bk.core import scheduler
+        from bk.service import booking
+
         check_request(req)
         state = self.ledger()
         return scheduler.recommend(booking._sched_request(req), reservations=state.reservations,
@@ -178,7 +184,9 @@ class Service:
         check_request(req)
         actor = actor or self.actor
         gpus = self.gpus()
-        new_id = str(uuid.uuid4())
+        new_id = _new_id()
+
+        from bk.service import booking
 
         def apply(state):
             return booking.apply_book(state, req, actor, now=self.now(), policy=self.policy,
@@ -190,13 +198,17 @@ class Service:
         actor = actor or self.actor
         gpus = self.gpus()
 
+        from bk.service import booking
+
         def apply(state):
             return booking.apply_edit(state, req, actor, now=self.now(), policy=self.policy, gpus=gpus)
         return self._transact(apply, actor)
 
     def cancel(self, req: CancelRequest, actor: Actor | None = None):
         actor = actor or self.actor
-        notice_id = str(uuid.uuid4())
+        notice_id = _new_id()
+
+        from bk.service import booking
 
         def apply(state):
             return booking.apply_cancel(state, req, actor, now=self.now(), notice_id=notice_id)
@@ -212,7 +224,7 @@ class Service:
             raise InvalidInput("the announcement text is empty")
         if level not in Notice.LEVELS:
             raise InvalidInput(f"level must be one of {', '.join(Notice.LEVELS)}")
-        notice = Notice(id=str(uuid.uuid4()), at=self.now(), text=text.strip(), level=level,
+        notice = Notice(id=_new_id(), at=self.now(), text=text.strip(), level=level,
                         until=until, created_by=actor.uid)
 
         def apply(state):

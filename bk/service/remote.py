@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 
-from bk.broker.client import BrokerClient
 from bk.core.errors import Internal
 from bk.core.models import Notice, Reservation
 from bk.service.app import Service
@@ -71,13 +70,21 @@ def cancel_result(data: dict) -> CancelResult:
 class RemoteService(Service):
     """``Service`` whose writes travel through the broker."""
 
-    def __init__(self, settings, backend, *, client: BrokerClient | None = None, **kwargs):
+    def __init__(self, settings, backend, *, client=None, **kwargs):
         super().__init__(settings, backend, **kwargs)
-        self.client = client or BrokerClient(settings["socket"], service_uid=settings["service_uid"])
+        self._client = client
+
+    @property
+    def client(self):
+        # Imported on the first write: reads (bk l, bk st) never load the socket code.
+        if self._client is None:
+            from bk.broker.client import BrokerClient
+
+            self._client = BrokerClient(self.settings["socket"], service_uid=self.settings["service_uid"])
+        return self._client
 
     def _call(self, op: str, fields: dict) -> tuple[dict, list[str]]:
-        data, warnings = self.client.call(op, fields)
-        return data, warnings
+        return self.client.call(op, fields)
 
     def book(self, req: BookRequest, actor: Actor | None = None) -> BookResult:
         data, warnings = self._call("book", to_wire(req))

@@ -10,10 +10,8 @@ from a canonical form (``canonical``).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Any
 
 from bk.core.errors import InvalidInput
 from bk.core.models import EXCLUSIVE, MODES, SHARED, Reservation
@@ -79,13 +77,15 @@ class CancelRequest:
     dry_run: bool = False
 
 
-def canonical(action: str, req: Any) -> str:
+def canonical(action: str, req: object) -> str:
     """A stable digest of what a request asks for (op-id and dry-run excluded),
     so that a retry with the same op-id can be told apart from a different
     request that reuses the key."""
     d = dataclasses.asdict(req)
     d.pop("op_id", None)
     d.pop("dry_run", None)
+    import hashlib
+
     blob = json.dumps([action, d], sort_keys=True, separators=(",", ":"), default=list)
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 

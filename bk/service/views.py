@@ -3,7 +3,6 @@ documented in bk(1) and docs/JSON.md and checked by contract tests."""
 
 from __future__ import annotations
 
-from bk.core import scheduler
 from bk.core.models import EXCLUSIVE, Notice, Policy, Reservation, iso
 
 
@@ -16,6 +15,8 @@ def reservation_json(r: Reservation, *, now: int, actor_uid: int, policy: Policy
         if r.mem_mib is not None:
             eff = r.mem_mib
         elif known:
+            from bk.core import scheduler
+
             eff = scheduler.effective_mem(r, policy, min(known))
     return {
         "id": r.id, "short_id": r.short_id, "number": number, "uid": r.uid, "user": r.user,

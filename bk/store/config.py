@@ -13,12 +13,10 @@ above it, could point everybody's bk at a ledger of their choosing.
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
 import stat
 from dataclasses import dataclass
-from typing import Any
 
 from bk.core.errors import ConfigError
 from bk.core.models import Policy
@@ -29,7 +27,7 @@ from bk.store.paths import DEFAULT_SOCKET, Locations
 class Key:
     name: str
     kind: str                 # "int" | "float" | "bool" | "str" | "path" | "int_list" | "priority_map" | "choice"
-    default: Any
+    default: object
     doc: str
     lo: float | None = None
     hi: float | None = None
@@ -83,7 +81,7 @@ class Settings:
     source: str | None           # the file read, or None for defaults only
     explicit: frozenset = frozenset()   # the keys the file itself set
 
-    def __getitem__(self, name: str) -> Any:
+    def __getitem__(self, name: str) -> object:
         return self.values[name]
 
     @property
@@ -110,12 +108,12 @@ class Settings:
         )
 
 
-def _bad(name: str, expected: str, got: Any, source: str) -> ConfigError:
+def _bad(name: str, expected: str, got: object, source: str) -> ConfigError:
     return ConfigError(f"{source}: {name} must be {expected}, got {json.dumps(got)}",
                        hint=f"fix {name} in {source} (see man 5 gpubk-config)")
 
 
-def check_value(key: Key, value: Any, source: str) -> Any:
+def check_value(key: Key, value: object, source: str) -> object:
     """Return the value normalised, or raise ConfigError saying what was expected."""
     if value is None and key.nullable:
         return None
@@ -164,7 +162,7 @@ def check_value(key: Key, value: Any, source: str) -> Any:
     raise AssertionError(kind)
 
 
-def parse_document(doc: Any, source: str, *, allow_security: bool) -> dict:
+def parse_document(doc: object, source: str, *, allow_security: bool) -> dict:
     """Validate one configuration document; unknown keys are errors with a suggestion."""
     if not isinstance(doc, dict):
         raise ConfigError(f"{source}: expected a JSON object of settings",
@@ -173,6 +171,8 @@ def parse_document(doc: Any, source: str, *, allow_security: bool) -> dict:
     for name, value in doc.items():
         key = KEYS.get(name)
         if key is None:
+            import difflib
+
             close = difflib.get_close_matches(name, KEYS, n=1)
             hint = f"did you mean {close[0]!r}?" if close else "see man 5 gpubk-config for the keys"
             raise ConfigError(f"{source}: unknown setting {name!r}", hint=hint)
@@ -238,7 +238,7 @@ def _check_owner_mode(path: str, st: os.stat_result, what: str) -> None:
                           f"(mode {stat.S_IMODE(st.st_mode):04o})", hint=f"sudo chmod 644 {path}")
 
 
-def _read_json(path: str) -> Any:
+def _read_json(path: str) -> object:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:

@@ -1,0 +1,220 @@
+"""``bk admin ...``: what the administrator runs with sudo.
+
+``admin init`` sets up a shared server (``bk.admin.init`` plans and applies;
+this module shows the plan and asks).  ``admin cancel`` and ``admin notice
+publish`` are ordinary service calls: on a shared server they travel
+through the broker, which grants them because the kernel says the caller is
+UID 0, not because of anything this command sends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from bk.cli import common
+from bk.cli.render import Output, wrap
+from bk.core.errors import EXIT_PARTIAL, PermissionDenied, UsageError
+from bk.service.requests import CancelRequest
+
+INIT_EPILOG = """Examples:
+  sudo bk admin init --service-user gpubk --dry-run
+  sudo bk admin init --service-user gpubk --gpu-count 8 --yes
+  sudo bk admin init --service-user gpubk --access group --group gpu-users --yes
+
+It creates no accounts or groups: create them first (useradd --system gpubk).
+It writes the config last, and never over one that says something else.
+Then start the broker as the service account (the installer adds a systemd
+unit): sudo -u gpubk bk broker"""
+
+
+def register(sub) -> None:
+    p = sub.add_parser("admin", help="administration (run with sudo): init, cancel, notice",
+                       description="Administration of a shared server. Run with sudo.",
+                       epilog="Examples:\n  sudo bk admin init --service-user gpubk\n"
+                              "  sudo bk admin cancel a1b2c3d4 --reason 'node maintenance'\n"
+                              "  sudo bk admin notice publish 'Reboot at 18:00' --level warning --until 18:30",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.set_defaults(handler=_missing_action, command="admin")
+    actions = p.add_subparsers(dest="admin_action", metavar="ACTION", parser_class=type(p))
+
+    init = actions.add_parser("init", help="set up this server for shared mode",
+                              description="Write the trusted configuration and create the data and "
+                              "socket directories owned by the service account.",
+                              epilog=INIT_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    init.add_argument("--service-user", metavar="USER",
+                      help="account that runs the broker and owns the data (default: the sudo invoker, "
+                           "$SUDO_USER)")
+    init.add_argument("--data-dir", metavar="DIR", default="/var/lib/gpubk",
+                      help="data directory (default /var/lib/gpubk)")
+    init.add_argument("--socket", metavar="PATH", default="/run/gpubk/broker.sock",
+                      help="broker socket (default /run/gpubk/broker.sock)")
+    init.add_argument("--access", choices=("all", "group"), default="all",
+                      help="who may use the broker: all users (socket 0666) or one group (0660); default all")
+    init.add_argument("--group", metavar="G", help="the group allowed with --access group")
+    init.add_argument("--gpu-count", metavar="N", type=common.positive_int,
+                      help="GPUs to schedule (default: detected)")
+    init.add_argument("--slot-minutes", metavar="M", type=common.positive_int,
+                      help="slice length, a divisor of 60 (default 5)")
+    init.add_argument("--max-shared-users", metavar="N", type=common.positive_int,
+                      help="share slots per GPU (default 2)")
+    init.add_argument("--config-file", metavar="PATH", default="/etc/gpubk/config.json",
+                      help="where to write the trusted config (default /etc/gpubk/config.json; "
+                           "clients find another one through BK_CONFIG_FILE)")
+    init.add_argument("--dry-run", action="store_true", help="show the plan; change nothing")
+    init.add_argument("-y", "--yes", action="store_true", help="apply without asking")
+    init.set_defaults(handler=run_init, command="admin init")
+
+    cancel = actions.add_parser("cancel", help="cancel anyone's booking, with a reason the owner sees",
+                                description="Cancel a booking of any user. The reason is shown to the "
+                                "owner in bk n and at login.",
+                                epilog="Examples:\n  sudo bk admin cancel a1b2c3d4 --reason 'GPU 3 is failing'\n"
+                                       "  sudo bk admin cancel a1b2 --reason maintenance --yes --json",
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    cancel.add_argument("ref", metavar="ID", help="reservation ID or unique prefix (4+ characters)")
+    cancel.add_argument("--reason", metavar="TEXT", required=True, help="why; the owner is told")
+    cancel.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
+    common.add_write_flags(cancel)
+    cancel.set_defaults(handler=run_cancel, command="admin cancel")
+
+    notice = actions.add_parser("notice", help="announcements for every user",
+                                description="Announcements every user sees in bk n and at login.")
+    notice.set_defaults(handler=_missing_action, command="admin notice")
+    nacts = notice.add_subparsers(dest="notice_action", metavar="ACTION", parser_class=type(p))
+    pub = nacts.add_parser("publish", help="publish an announcement",
+                           description="Publish an announcement for every user.",
+                           epilog="Examples:\n  sudo bk admin notice publish 'Driver update tonight'\n"
+                                  "  sudo bk admin notice publish 'Reboot at 18:00' --level warning --until 18:30",
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    pub.add_argument("text", metavar="TEXT", help="the announcement")
+    pub.add_argument("--level", choices=("info", "warning", "critical"), default="info",
+                     help="how loud it is (default info)")
+    pub.add_argument("--until", metavar="TIME",
+                     help="stop showing it then: +2h, 18:30, tomorrow 09:00, 2026-07-13T18:00Z "
+                          "(default: until archived)")
+    pub.set_defaults(handler=run_notice_publish, command="admin notice publish")
+
+
+def _missing_action(args, ctx) -> Output:
+    raise UsageError("which action?", hint="see: bk help admin")
+
+
+def _need_root(what: str) -> None:
+    if os.geteuid() != 0:
+        raise PermissionDenied(f"bk admin {what} is for the administrator (root)",
+                               hint=f"sudo bk admin {what} ...")
+
+
+# ------------------------------------------------------------- init
+
+def _plan_text(result, applied: bool) -> str:
+    p = result.plan
+    verbs = {"mkdir": "create", "adopt": "take over", "chmod": "set owner/mode", "write": "write",
+             "keep": "keep"}
+    import grp
+    import pwd
+
+    lines = []
+    for s in p.steps:
+        try:
+            owner = pwd.getpwuid(s.uid).pw_name
+        except KeyError:
+            owner = str(s.uid)
+        try:
+            group = grp.getgrgid(s.gid).gr_name
+        except KeyError:
+            group = str(s.gid)
+        lines.append(f"  {verbs[s.action]:<14} {s.path}  ({owner}:{group} {s.mode:04o}; {s.why})")
+    head = {"dry_run": "bk admin init would:", "created": "bk admin init did:",
+            "unchanged": "bk admin init: everything is already in place:"}.get(result.status,
+                                                                               "bk admin init plan:")
+    if not applied and result.status != "dry_run":
+        head = "bk admin init will:"
+    tail = [f"service account: {p.service_user} (uid {p.service_uid}); access: {p.options.access}"
+            + (f" (group {p.options.group})" if p.options.group else "")]
+    if result.status in ("created", "unchanged"):
+        tail.append(f"next: start the broker as {p.service_user}: sudo -u {p.service_user} "
+                    f"BK_CONFIG_FILE={p.options.config_file} bk broker (or its systemd unit)")
+        if p.options.socket.startswith("/run/"):
+            tail.append("note: /run is emptied at boot; the systemd unit recreates the socket "
+                        "directory (RuntimeDirectory=)")
+    return "\n".join([head, *lines, *tail])
+
+
+def run_init(args, ctx) -> Output:
+    from bk.admin import init
+
+    options = init.Options(service_user=args.service_user, data_dir=args.data_dir, socket=args.socket,
+                           access=args.access, group=args.group, gpu_count=args.gpu_count,
+                           slot_minutes=args.slot_minutes, max_shared_users=args.max_shared_users,
+                           config_file=args.config_file)
+    plan = init.plan(options, ctx.env)
+    if args.dry_run:
+        result = init.dry_run(plan)
+        return Output("admin init", result.to_json(), lambda term: _plan_text(result, False))
+    _need_root("init")
+    if plan.changes and not args.yes:
+        if not ctx.interactive:
+            raise UsageError("bk admin init changes the system; confirm with --yes",
+                             hint="review first with: sudo bk admin init --dry-run ...")
+        print(_plan_text(init.dry_run(plan), False).replace("would:", "will:"))
+        if not ctx.confirm("Apply this plan?"):
+            data = init.dry_run(plan).to_json() | {"status": "declined"}
+            return Output("admin init", data, "nothing changed", exit_code=EXIT_PARTIAL)
+    result = init.apply(plan)
+    return Output("admin init", result.to_json(), lambda term: _plan_text(result, True))
+
+
+# ------------------------------------------------------------- cancel
+
+def run_cancel(args, ctx) -> Output:
+    _need_root("cancel")
+    if not args.reason.strip():
+        raise UsageError("--reason must say something; the owner reads it", hint="--reason 'maintenance'")
+    app = ctx.app()
+    res = app.resolve(args.ref, any_owner=True)
+    now, tz = app.now(), common.local_tz()
+    line = f"{res.user}'s " + common.summary_line(res, capacity=app.policy.max_shared_users, tz=tz, now=now)
+    if not args.yes and not args.dry_run:
+        if not ctx.interactive:
+            raise UsageError(f"confirm cancelling {line} with --yes", hint="add --yes (or -y)")
+        if not ctx.confirm(f"Cancel {line}? {res.user} will be told: {args.reason.strip()}"):
+            data = {"status": "kept", "reservation": common.res_json(app, res, now=now), "dry_run": False}
+            return Output("admin cancel", data, f"kept {line}", exit_code=EXIT_PARTIAL)
+    result = app.cancel(CancelRequest(ref=res.id, reason=args.reason.strip(), op_id=args.op_id,
+                                      dry_run=args.dry_run))
+    data = {"status": result.status, "reservation": common.res_json(app, result.reservation, now=now),
+            "reason": args.reason.strip(), "dry_run": result.dry_run}
+
+    def human(term) -> str:
+        verb = "would cancel" if result.dry_run else \
+            "already cancelled (same --op-id)" if result.status == "exists" else "cancelled"
+        told = "" if result.dry_run or res.uid == 0 else f"; {res.user} will see the reason in bk n"
+        return wrap(f"{verb} {line}{told}", term.width, "", "  ")
+
+    return Output("admin cancel", data, human, warnings=list(app.warnings))
+
+
+# ------------------------------------------------------------- notice
+
+def run_notice_publish(args, ctx) -> Output:
+    from bk.core import timegrid
+    from bk.service.views import notice_json
+
+    _need_root("notice publish")
+    app = ctx.app()
+    now, tz = app.now(), common.local_tz()
+    until = None
+    if args.until is not None:
+        until = timegrid.parse_start(args.until, now, tz, 1).t
+        if until <= now:
+            raise UsageError(f"--until {args.until} is not in the future", hint="e.g. --until +2h")
+    notice = app.publish_notice(args.text, level=args.level, until=until)
+    data = {"status": "published", "notice": notice_json(notice)}
+    shown_until = f", until {timegrid.format_local(until, tz, now=now, compact=True)}" if until else ""
+
+    def human(term) -> str:
+        return wrap(f"published {notice.level} announcement {notice.id[:8]}{shown_until}: {notice.text}",
+                    term.width, "", "  ")
+
+    return Output("admin notice publish", data, human, warnings=list(app.warnings))

@@ -1,0 +1,575 @@
+"""The ledger as a JSON document: format, codec and validation (pure).
+
+The store writes the whole hot ledger as one JSON object and replaces the
+file atomically, so this module decides what a committed ledger looks like
+and whether a file read back from disk may be trusted.  It does no I/O: the
+store hands it bytes or dicts and gets back a ``LedgerState`` plus a list of
+problems.
+
+Document, format version 1 (every object's keys are written sorted; fields
+of a reservation at their default, null or no edits, are left out)::
+
+    {"format": "gpubk.ledger", "version": 1,
+     "seq": 17,                      # grows by one per commit
+     "commit": "9f2c...",            # random per commit: tells two writes apart
+     "written_at": "2026-07-13T18:00:00Z",
+     "policy": {...} | null,         # Policy.bound() recorded at the first write
+     "journal": {"seq": 17, "audit": [...]},   # this commit's audit records
+     "reservations": [{...}, ...], "blackouts": [...], "notices": [...],
+     "ops": [...], ...}              # unknown top-level keys round-trip
+
+Speed matters because every command reads the ledger: a 10,000-booking
+ledger has 30,000 timestamps.  ``datetime`` costs about 2 us per conversion,
+so the codec uses ``parse_utc``/``format_utc``, written for the one form bk
+writes (``YYYY-MM-DDTHH:MM:SSZ``) with plain integer arithmetic and a memo
+that decoding fills for encoding.  Reservations are converted field by field
+here rather than through ``Reservation.from_dict`` for the same reason; a
+test keeps the two in agreement.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from bk.core.models import (
+    EXCLUSIVE,
+    MODES,
+    SHARED,
+    Blackout,
+    Edit,
+    LedgerState,
+    Notice,
+    OpRecord,
+    Reservation,
+    parse_iso,
+)
+
+FORMAT = "gpubk.ledger"
+VERSION = 1
+OP_ACTIONS = ("create", "edit", "cancel")
+MAX_PROBLEMS = 20
+
+_TOP_KEYS = frozenset((
+    "format", "version", "seq", "commit", "written_at", "policy", "journal",
+    "reservations", "blackouts", "notices", "ops",
+))
+_RES_KEYS = frozenset((
+    "id", "uid", "user", "mode", "gpus", "share", "mem_mib", "start", "end", "created",
+    "op_id", "note", "cancelled_at", "cancelled_by", "cancel_reason", "edits", "job",
+))
+
+
+# --- time ------------------------------------------------------------------
+# Days since 1970-01-01 <-> proleptic Gregorian (year, month, day), after
+# Howard Hinnant's "chrono-compatible low-level date algorithms": years are
+# counted from March so that the leap day falls at the end of the year.
+
+def days_from_civil(y: int, m: int, d: int) -> int:
+    y -= m <= 2
+    era = y // 400
+    yoe = y - era * 400
+    doy = (153 * (m - 3 if m > 2 else m + 9) + 2) // 5 + d - 1
+    doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
+    return era * 146097 + doe - 719468
+
+
+def civil_from_days(z: int) -> tuple[int, int, int]:
+    z += 719468
+    era = z // 146097
+    doe = z - era * 146097
+    yoe = (doe - doe // 1460 + doe // 36524 - doe // 146096) // 365
+    doy = doe - (365 * yoe + yoe // 4 - yoe // 100)
+    mp = (5 * doy + 2) // 153
+    d = doy - (153 * mp + 2) // 5 + 1
+    m = mp + 3 if mp < 10 else mp - 9
+    return yoe + era * 400 + (m <= 2), m, d
+
+
+def _month_days(y: int, m: int) -> int:
+    if m == 2:
+        return 29 if (y % 4 == 0 and y % 100 != 0) or y % 400 == 0 else 28
+    return 30 if m in (4, 6, 9, 11) else 31
+
+
+# Both memos are bounded: cleared when full.  Slot-aligned starts and ends
+# repeat across bookings, and decoding records every string it parsed so
+# that re-encoding an unchanged ledger formats nothing.
+_MEMO_MAX = 1 << 17
+_parsed: dict[str, int] = {}
+_formatted: dict[int, str] = {}
+
+
+def format_utc(t: int) -> str:
+    """Epoch seconds -> ``2026-07-13T18:00:00Z`` (years 0000-9999)."""
+    s = _formatted.get(t) if type(t) is int else None
+    if s is not None:
+        return s
+    if type(t) is not int:
+        raise ValueError(f"expected integer epoch seconds, got {type(t).__name__}")
+    days, secs = divmod(t, 86400)
+    y, m, d = civil_from_days(days)
+    if not 0 <= y <= 9999:
+        raise ValueError(f"{t} is outside years 0000-9999")
+    hh, rem = divmod(secs, 3600)
+    mm, ss = divmod(rem, 60)
+    s = f"{y:04d}-{m:02d}-{d:02d}T{hh:02d}:{mm:02d}:{ss:02d}Z"
+    if len(_formatted) >= _MEMO_MAX:
+        _formatted.clear()
+    _formatted[t] = s
+    return s
+
+
+def parse_utc(s: str) -> int:
+    """``YYYY-MM-DDTHH:MM:SSZ`` -> epoch seconds; other ISO-8601 forms with a
+    zone go through ``models.parse_iso``.  Raises ValueError."""
+    if type(s) is not str:
+        raise ValueError(f"expected an ISO-8601 string, got {type(s).__name__}")
+    t = _parsed.get(s)
+    if t is not None:
+        return t
+    if not (len(s) == 20 and s[19] == "Z" and s[10] == "T" and s[4] == "-" and s[7] == "-"
+            and s[13] == ":" and s[16] == ":" and s.isascii()):
+        return parse_iso(s)
+    digits = s[0:4] + s[5:7] + s[8:10] + s[11:13] + s[14:16] + s[17:19]
+    if not digits.isdigit():
+        raise ValueError(f"{s!r} is not a valid UTC time")
+    y, mo, d = int(s[0:4]), int(s[5:7]), int(s[8:10])
+    hh, mi, ss = int(s[11:13]), int(s[14:16]), int(s[17:19])
+    if not (1 <= mo <= 12 and 1 <= d <= _month_days(y, mo) and hh < 24 and mi < 60 and ss < 60):
+        raise ValueError(f"{s!r} is not a valid UTC time")
+    t = days_from_civil(y, mo, d) * 86400 + hh * 3600 + mi * 60 + ss
+    if len(_parsed) >= _MEMO_MAX:
+        _parsed.clear()
+        _formatted.clear()
+    _parsed[s] = t
+    _formatted[t] = s
+    return t
+
+
+def _opt_time(v) -> int | None:
+    return None if v is None else parse_utc(v)
+
+
+def _opt_fmt(t: int | None) -> str | None:
+    return None if t is None else format_utc(t)
+
+
+# --- records ----------------------------------------------------------------
+
+def canonical(v):
+    """``v`` with every dict's keys in sorted order (lists keep theirs)."""
+    if type(v) is dict:
+        return {k: canonical(v[k]) for k in sorted(v)}
+    if type(v) is list:
+        return [canonical(x) for x in v]
+    return v
+
+
+def edit_to_dict(e: Edit) -> dict:
+    return {"actor": e.actor, "actor_uid": e.actor_uid, "after": canonical(e.after),
+            "at": format_utc(e.at), "before": canonical(e.before)}
+
+
+def edit_from_dict(d: dict) -> Edit:
+    return Edit(parse_utc(d["at"]), int(d["actor_uid"]), str(d["actor"]),
+                dict(d.get("before") or {}), dict(d.get("after") or {}))
+
+
+def reservation_to_dict(r: Reservation) -> dict:
+    """The document form: keys sorted, fields at their default (None, no
+    edits) left out, unknown fields kept.  ``Reservation.to_dict`` writes
+    the same content with every field present."""
+    d = {}
+    if r.cancel_reason is not None:
+        d["cancel_reason"] = r.cancel_reason
+    if r.cancelled_at is not None:
+        d["cancelled_at"] = format_utc(r.cancelled_at)
+    if r.cancelled_by is not None:
+        d["cancelled_by"] = r.cancelled_by
+    d["created"] = format_utc(r.created)
+    if r.edits:
+        d["edits"] = [edit_to_dict(e) for e in r.edits]
+    d["end"] = format_utc(r.end)
+    d["gpus"] = list(r.gpus)
+    d["id"] = r.id
+    if r.job is not None:
+        d["job"] = canonical(r.job)
+    if r.mem_mib is not None:
+        d["mem_mib"] = r.mem_mib
+    d["mode"] = r.mode
+    if r.note is not None:
+        d["note"] = r.note
+    if r.op_id is not None:
+        d["op_id"] = r.op_id
+    d["share"] = r.share
+    d["start"] = format_utc(r.start)
+    d["uid"] = r.uid
+    d["user"] = r.user
+    if r.extra:
+        merged = {k: v for k, v in r.extra.items() if k not in _RES_KEYS}
+        merged.update(d)
+        d = canonical(merged)
+    return d
+
+
+def reservation_from_dict(d: dict) -> Reservation:
+    """Like ``Reservation.from_dict``; raises KeyError/TypeError/ValueError."""
+    unknown = d.keys() - _RES_KEYS
+    edits = d.get("edits")
+    return Reservation(
+        d["id"], d["uid"], d["user"], d["mode"], tuple(d["gpus"]), d["share"],
+        parse_utc(d["start"]), parse_utc(d["end"]), parse_utc(d["created"]),
+        d.get("mem_mib"), d.get("op_id"), d.get("note"), _opt_time(d.get("cancelled_at")),
+        d.get("cancelled_by"), d.get("cancel_reason"),
+        [edit_from_dict(e) for e in edits] if edits else [], d.get("job"),
+        {k: d[k] for k in unknown} if unknown else {},
+    )
+
+
+def closed_at(r: Reservation) -> int:
+    """When a booking stopped mattering: its end, or its cancellation if earlier."""
+    if r.cancelled_at is not None and r.cancelled_at < r.end:
+        return r.cancelled_at
+    return r.end
+
+
+# --- document ---------------------------------------------------------------
+
+@dataclass
+class DocMeta:
+    """What a document says about the commit that wrote it (not ledger data)."""
+
+    version: int | None = None
+    seq: int = 0
+    commit: str | None = None
+    written_at: int | None = None
+    journal_seq: int | None = None
+    journal: list[dict] = field(default_factory=list)
+
+    @property
+    def newer(self) -> bool:
+        return isinstance(self.version, int) and self.version > VERSION
+
+
+def encode(state: LedgerState, *, commit: str, written_at: int, journal: list[dict]) -> dict:
+    """The document for ``state`` as committed with seq ``state.seq``; every
+    dict in it has its keys sorted, so ``dumps`` output is canonical."""
+    doc = {
+        "blackouts": [canonical(b.to_dict()) for b in state.blackouts],
+        "commit": commit, "format": FORMAT,
+        "journal": {"audit": canonical(journal), "seq": state.seq},
+        "notices": [canonical(n.to_dict()) for n in state.notices],
+        "ops": [canonical(o.to_dict()) for o in state.ops],
+        "policy": canonical(state.policy),
+        "reservations": [reservation_to_dict(r) for r in state.reservations],
+        "seq": state.seq, "version": VERSION, "written_at": format_utc(written_at),
+    }
+    if state.extra:
+        extra = {k: v for k, v in state.extra.items() if k not in _TOP_KEYS}
+        extra.update(doc)
+        doc = {k: extra[k] if k in _TOP_KEYS else canonical(extra[k]) for k in sorted(extra)}
+    return doc
+
+
+def dumps(doc: dict) -> bytes:
+    """Compact ASCII JSON and a newline.  ``encode`` sorts every dict's keys,
+    so the same state always gives the same bytes (files can be compared
+    and hashed) without paying for ``sort_keys`` on every commit."""
+    text = json.dumps(doc, separators=(",", ":"), allow_nan=False, check_circular=False)
+    return text.encode("ascii") + b"\n"
+
+
+def _no_constants(name: str):
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def loads(data: bytes) -> dict:
+    """Bytes -> dict.  Raises ValueError (never returns a non-dict)."""
+    try:
+        doc = json.loads(data, parse_constant=_no_constants)
+    except (UnicodeDecodeError, RecursionError) as e:
+        raise ValueError(str(e)) from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"the document is a JSON {type(doc).__name__}, not an object")
+    return doc
+
+
+class _Problems(list):
+    """A problem list that stops growing at MAX_PROBLEMS (and says so)."""
+
+    dropped = 0
+
+    def add(self, msg: str) -> None:
+        if len(self) < MAX_PROBLEMS:
+            self.append(msg)
+        else:
+            self.dropped += 1
+
+    def done(self) -> list[str]:
+        out = list(self)
+        if self.dropped:
+            out.append(f"... and {self.dropped} more problems")
+        return out
+
+
+def _why(e: Exception) -> str:
+    if isinstance(e, KeyError):
+        return f"missing field {e.args[0]!r}"
+    return str(e) or type(e).__name__
+
+
+def _records(doc: dict, key: str, conv, out: list, probs: _Problems) -> None:
+    items = doc.get(key, [])
+    if not isinstance(items, list):
+        probs.add(f"{key}: expected a list, got {type(items).__name__}")
+        return
+    for i, d in enumerate(items):
+        if not isinstance(d, dict):
+            probs.add(f"{key}[{i}]: expected an object, got {type(d).__name__}")
+            continue
+        try:
+            out.append(conv(d))
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            rid = d.get("id") if isinstance(d.get("id"), str) else None
+            probs.add(f"{key}[{i}]{f' (id {rid[:8]})' if rid else ''}: {_why(e)}")
+
+
+def decode(doc: dict) -> tuple[LedgerState | None, DocMeta, list[str]]:
+    """Document -> (state, meta, problems).  ``state`` is None when the
+    document cannot be read at all (wrong format or version)."""
+    meta = DocMeta()
+    probs = _Problems()
+    if not isinstance(doc, dict):
+        return None, meta, [f"the document is a JSON {type(doc).__name__}, not an object"]
+    if doc.get("format") != FORMAT:
+        return None, meta, [f"format is {doc.get('format')!r}, expected {FORMAT!r}"]
+    meta.version = doc.get("version")
+    if type(meta.version) is not int or meta.version < 1:
+        return None, meta, [f"version is {meta.version!r}, expected an integer >= 1"]
+    if meta.newer:
+        return None, meta, [f"format version {meta.version} is newer than this bk understands "
+                            f"({VERSION})"]
+    seq = doc.get("seq")
+    if type(seq) is not int or seq < 0:
+        probs.add(f"seq is {seq!r}, expected an integer >= 0")
+        seq = 0
+    meta.seq = seq
+    commit = doc.get("commit")
+    meta.commit = commit if isinstance(commit, str) else None
+    try:
+        meta.written_at = _opt_time(doc.get("written_at"))
+    except ValueError as e:
+        probs.add(f"written_at: {e}")
+    journal = doc.get("journal")
+    if journal is not None:
+        if (not isinstance(journal, dict) or type(journal.get("seq")) is not int
+                or not isinstance(journal.get("audit"), list)
+                or not all(isinstance(a, dict) for a in journal["audit"])):
+            probs.add("journal: expected {\"seq\": int, \"audit\": [objects]}")
+        else:
+            meta.journal_seq = journal["seq"]
+            meta.journal = journal["audit"]
+            if meta.journal_seq != seq:
+                probs.add(f"journal seq {meta.journal_seq} differs from seq {seq}")
+    policy = doc.get("policy")
+    if policy is not None and not isinstance(policy, dict):
+        probs.add(f"policy: expected an object or null, got {type(policy).__name__}")
+        policy = None
+    state = LedgerState(seq=seq, policy=policy,
+                        extra={k: v for k, v in doc.items() if k not in _TOP_KEYS})
+    _records(doc, "reservations", reservation_from_dict, state.reservations, probs)
+    _records(doc, "blackouts", Blackout.from_dict, state.blackouts, probs)
+    _records(doc, "notices", Notice.from_dict, state.notices, probs)
+    _records(doc, "ops", OpRecord.from_dict, state.ops, probs)
+    return state, meta, probs.done()
+
+
+# --- validation ---------------------------------------------------------------
+
+def _is_int(v) -> bool:
+    return type(v) is int
+
+
+def _opt(v, typ) -> bool:
+    return v is None or type(v) is typ
+
+
+def _reservation_ok(r: Reservation, gpu_count, cap) -> bool:
+    """The common case in one expression: every field well typed and in range.
+    ``_reservation_problems`` says what is wrong when this is False."""
+    g = r.gpus
+    return (
+        type(r.id) is str and r.id != "" and type(r.uid) is int and r.uid >= 0
+        and type(r.user) is str and r.mode in MODES
+        and type(g) is tuple and len(g) > 0
+        and (type(g[0]) is int and 0 <= g[0] < (gpu_count or 1 << 30) if len(g) == 1
+             else _gpus_ok(g, gpu_count))
+        and type(r.share) is int and r.share >= 1
+        and (cap is None or r.mode != SHARED or r.share <= cap)
+        and type(r.start) is int and type(r.end) is int and type(r.created) is int
+        and r.end > r.start
+        and (r.mem_mib is None or (type(r.mem_mib) is int and r.mem_mib >= 0))
+        and (r.op_id is None or type(r.op_id) is str)
+        and (r.note is None or type(r.note) is str)
+        and (r.cancel_reason is None or type(r.cancel_reason) is str)
+        and (r.cancelled_at is None or type(r.cancelled_at) is int)
+        and (r.cancelled_by is None or type(r.cancelled_by) is int)
+        and type(r.edits) is list and (not r.edits or all(type(e) is Edit for e in r.edits))
+        and (r.job is None or type(r.job) is dict) and type(r.extra) is dict
+    )
+
+
+def _gpus_ok(g: tuple, gpu_count) -> bool:
+    top = gpu_count or 1 << 30
+    return all(type(x) is int and 0 <= x < top for x in g) and len(set(g)) == len(g)
+
+
+def _reservation_problems(r: Reservation, gpu_count, cap) -> list[str]:
+    bad = []
+    if type(r.id) is not str or not r.id:
+        bad.append("id must be a non-empty string")
+    if type(r.uid) is not int or r.uid < 0:
+        bad.append(f"uid {r.uid!r} is not a non-negative integer")
+    if type(r.user) is not str:
+        bad.append("user must be a string")
+    if r.mode not in MODES:
+        bad.append(f"mode {r.mode!r} is not one of {', '.join(MODES)}")
+    g = r.gpus
+    if type(g) is not tuple or not g or not _gpus_ok(g, None):
+        bad.append(f"gpus {g!r} must be distinct non-negative integers")
+    elif not _gpus_ok(g, gpu_count):
+        bad.append(f"gpu {max(g)} does not exist (gpu_count {gpu_count})")
+    if type(r.share) is not int or r.share < 1:
+        bad.append(f"share {r.share!r} is not a positive integer")
+    elif cap is not None and r.mode == SHARED and r.share > cap:
+        bad.append(f"share {r.share} exceeds max_shared_users {cap}")
+    if not (type(r.start) is int and type(r.end) is int and type(r.created) is int):
+        bad.append("start, end and created must be integer times")
+    elif r.end <= r.start:
+        bad.append("end is not after start")
+    if r.mem_mib is not None and (type(r.mem_mib) is not int or r.mem_mib < 0):
+        bad.append(f"mem_mib {r.mem_mib!r} is not a non-negative integer")
+    if not all(v is None or type(v) is str for v in (r.op_id, r.note, r.cancel_reason)):
+        bad.append("op_id, note and cancel_reason must be strings or null")
+    if not all(v is None or type(v) is int for v in (r.cancelled_at, r.cancelled_by)):
+        bad.append("cancelled_at and cancelled_by must be integers or null")
+    if (type(r.edits) is not list or not all(type(e) is Edit for e in r.edits)
+            or not (r.job is None or type(r.job) is dict) or type(r.extra) is not dict):
+        bad.append("edits, job or extra has the wrong type")
+    return bad
+
+
+def _check_reservations(state: LedgerState, gpu_count, cap, probs: _Problems) -> None:
+    seen: set[str] = set()
+    for i, r in enumerate(state.reservations):
+        if _reservation_ok(r, gpu_count, cap):
+            bad = []
+        else:
+            bad = _reservation_problems(r, gpu_count, cap) or ["invalid"]
+        if type(r.id) is str:
+            if r.id in seen:
+                bad.append("duplicate id")
+            seen.add(r.id)
+        for b in bad:
+            probs.add(f"reservations[{i}] (id {str(r.id)[:8]}): {b}")
+
+
+def _check_capacity(state: LedgerState, cap, probs: _Problems) -> None:
+    """Sweep each GPU's timeline.  An exclusive booking weighs the whole
+    capacity, so one check covers both rules: shared loads never exceed the
+    capacity, and an exclusive booking overlaps nothing.  Intervals are
+    half-open ([start, end)): at equal times ends sort before starts."""
+    limit = cap if cap is not None else 1 << 40
+    events: dict[int, list[tuple[int, int]]] = {}
+    for r in state.reservations:
+        if r.cancelled_at is not None:
+            continue
+        w = limit if r.mode == EXCLUSIVE else r.share
+        s, e = r.start * 2 + 1, r.end * 2
+        for g in r.gpus:
+            ev = events.get(g)
+            if ev is None:
+                ev = events[g] = []
+            ev.append((s, w))
+            ev.append((e, -w))
+    for g in sorted(events):
+        ev = events[g]
+        ev.sort()
+        load = 0
+        for key, w in ev:
+            load += w
+            if load > limit:
+                what = (f"more than {cap} share slots in use" if cap is not None
+                        else "an exclusive booking overlaps another booking")
+                probs.add(f"capacity: gpu {g} at {format_utc(key // 2)}: {what}")
+                break
+
+
+def _check_others(state: LedgerState, probs: _Problems) -> None:
+    ids: set = set()
+    for i, b in enumerate(state.blackouts):
+        if type(b.id) is not str or b.id in ids:
+            probs.add(f"blackouts[{i}]: id must be a unique string")
+        ids.add(b.id)
+        if not (_is_int(b.start) and _is_int(b.end)) or b.end <= b.start:
+            probs.add(f"blackouts[{i}] (id {b.id}): end is not after start")
+    ids = set()
+    for i, n in enumerate(state.notices):
+        if type(n.id) is not str or n.id in ids:
+            probs.add(f"notices[{i}]: id must be a unique string")
+        ids.add(n.id)
+        if n.level not in Notice.LEVELS:
+            probs.add(f"notices[{i}] (id {n.id}): level {n.level!r} is not one of "
+                      f"{', '.join(Notice.LEVELS)}")
+        if not (_opt(n.uid, int) and type(n.text) is str):
+            probs.add(f"notices[{i}] (id {n.id}): uid must be an integer or null, text a string")
+    keys: set = set()
+    for i, o in enumerate(state.ops):
+        if type(o.op_id) is not str or (o.uid, o.op_id) in keys:
+            probs.add(f"ops[{i}]: op_id must be a string, unique per uid")
+        keys.add((o.uid, o.op_id))
+        if o.action not in OP_ACTIONS:
+            probs.add(f"ops[{i}] ({o.op_id}): action {o.action!r} is not one of "
+                      f"{', '.join(OP_ACTIONS)}")
+
+
+def check_state(state: LedgerState, capacity: int | None = None) -> list[str]:
+    """Every invariant a ledger must hold, as a list of problems (empty: valid).
+
+    ``capacity`` (share slots per GPU) comes from the bound policy when the
+    state has one; the argument is used only for a ledger not yet bound.
+    """
+    probs = _Problems()
+    if not _is_int(state.seq) or state.seq < 0:
+        probs.add(f"seq {state.seq!r} is not a non-negative integer")
+    pol = state.policy
+    gpu_count = cap = None
+    if pol is not None:
+        if not isinstance(pol, dict):
+            probs.add("policy must be an object or null")
+            pol = {}
+        gpu_count, cap = pol.get("gpu_count"), pol.get("max_shared_users")
+        if gpu_count is not None and (not _is_int(gpu_count) or gpu_count < 1):
+            probs.add(f"policy.gpu_count {gpu_count!r} is not a positive integer")
+            gpu_count = None
+        if cap is not None and (not _is_int(cap) or cap < 1):
+            probs.add(f"policy.max_shared_users {cap!r} is not a positive integer")
+            cap = None
+    if cap is None:
+        cap = capacity
+    _check_reservations(state, gpu_count, cap, probs)
+    if not probs:
+        _check_capacity(state, cap, probs)
+    _check_others(state, probs)
+    return probs.done()
+
+
+def validate(obj, capacity: int | None = None) -> list[str]:
+    """Problems with a document (dict) or a state; an empty list means valid."""
+    if isinstance(obj, LedgerState):
+        return check_state(obj, capacity)
+    state, _meta, problems = decode(obj)
+    if state is None or problems:
+        return problems
+    return check_state(state, capacity)

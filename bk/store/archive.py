@@ -1,0 +1,264 @@
+"""Archive of ended and cancelled bookings: monthly append-only JSON lines.
+
+A booking that ended (or was cancelled) more than ``archive_after_hours``
+ago leaves the hot ledger, so a commit costs what the live bookings cost,
+not what the history costs.  It goes to ``archive/YYYY-MM.jsonl``, the month
+of the moment it stopped mattering (``ledgerdoc.closed_at``), one line per
+booking::
+
+    {"seq": 42, "archived_at": "2026-07-14T18:00:00Z", "reservation": {...}}
+
+Ordering, and what a crash leaves: the archive lines are appended and
+fsync-ed *before* the ledger without those bookings replaces the old one.
+A crash in between leaves the bookings in both places, and the next commit
+archives them again; so a booking may appear twice, and readers keep the
+copy with the highest ``seq`` (the later line on a tie).  A crash inside
+the append leaves a last line without its newline; the next append cuts
+that fragment off first (its booking is still in the ledger) so that the
+fragment and the next record never run together into one bad line.
+
+Retention: a month file is deleted once its whole month is older than
+``ledger_retention_days``; readers also skip older records in the files
+that remain.  A commit touches only the files it appends to and lists the
+directory, so the size of the archive does not change its cost.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+from bk.core import ledgerdoc
+from bk.core.models import LedgerState, Reservation
+from bk.store.fsutil import (
+    O_CLOEXEC,
+    Safety,
+    fsync_dir,
+    io_error,
+    open_file,
+    read_all,
+    unlink_quietly,
+    write_all,
+)
+
+NAME = re.compile(r"^(\d{4})-(\d{2})\.jsonl$")
+
+
+def committed(state: LedgerState, *, now: int, archive_after: int) -> dict[str, str]:
+    """Before ``apply`` runs: the bookings that may be archived, as their
+    canonical JSON.  Only these can move, and only if ``apply`` left them
+    unchanged: the archive is written before the commit point, so a
+    booking created or changed by this very transaction must not reach it
+    (a crash would leave an unacknowledged write in the archive).  Such a
+    booking moves at the next commit."""
+    move_before = now - archive_after
+    return {r.id: _canonical(r) for r in state.reservations
+            if not (r.cancelled_at is None and r.end > move_before)
+            and ledgerdoc.closed_at(r) <= move_before}
+
+
+def _canonical(r: Reservation) -> str:
+    return json.dumps(ledgerdoc.reservation_to_dict(r), sort_keys=True)
+
+
+def split(state: LedgerState, *, now: int, archive_after: int, retention: int,
+          movable: dict[str, str]) -> list[Reservation]:
+    """Take bookings closed for longer than ``archive_after`` seconds out of
+    ``state`` and return those to archive (only ``movable`` ones, see
+    ``committed``); drop what is past ``retention`` (bookings, op-id keys,
+    notices, blackouts) without archiving it."""
+    move_before, drop_before = now - archive_after, now - retention
+    keep, moved = [], []
+    for r in state.reservations:
+        if r.cancelled_at is None and r.end > move_before:
+            keep.append(r)
+            continue
+        closed = ledgerdoc.closed_at(r)
+        if closed < drop_before:
+            continue
+        if closed <= move_before and movable.get(r.id) == _canonical(r):
+            moved.append(r)
+        else:
+            keep.append(r)
+    if len(keep) != len(state.reservations):
+        state.reservations = keep
+    live = {r.id for r in keep}
+    # An op-id key answers retries while its booking is hot, or for the
+    # archive window after it was used; older keys are forgotten.
+    state.ops = [o for o in state.ops if o.reservation in live or o.at > move_before]
+    state.notices = [n for n in state.notices
+                     if not ((n.until is not None and n.until < drop_before)
+                             or (n.archived and n.at < drop_before))]
+    state.blackouts = [b for b in state.blackouts if b.end >= drop_before]
+    return moved
+
+
+def month_name(t: int) -> str:
+    return ledgerdoc.format_utc(t)[:7] + ".jsonl"
+
+
+def month_end(name: str) -> int | None:
+    """First second after the month a file name stands for."""
+    m = NAME.match(name)
+    if not m:
+        return None
+    y, mo = int(m.group(1)), int(m.group(2))
+    y, mo = (y + 1, 1) if mo == 12 else (y, mo + 1)
+    return ledgerdoc.days_from_civil(y, mo, 1) * 86400
+
+
+def group(moved: list[Reservation], *, seq: int, now: int) -> dict[str, bytes]:
+    """The bytes to append to each month file."""
+    stamp = ledgerdoc.format_utc(now)
+    out: dict[str, list[bytes]] = {}
+    for r in moved:
+        line = json.dumps({"seq": seq, "archived_at": stamp,
+                           "reservation": ledgerdoc.reservation_to_dict(r)},
+                          separators=(",", ":"), allow_nan=False)
+        out.setdefault(month_name(ledgerdoc.closed_at(r)), []).append(line.encode("ascii") + b"\n")
+    return {name: b"".join(lines) for name, lines in out.items()}
+
+
+def last_line_end(fd: int, size: int) -> int:
+    """Offset just after the last newline (0 if there is none)."""
+    pos = size
+    while pos > 0:
+        n = min(65536, pos)
+        pos -= n
+        i = os.pread(fd, n, pos).rfind(b"\n")
+        if i >= 0:
+            return pos + i + 1
+    return 0
+
+
+def cut_torn_tail(fd: int) -> bool:
+    """Drop an unterminated last line (an interrupted append)."""
+    size = os.fstat(fd).st_size
+    if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
+        return False
+    os.ftruncate(fd, last_line_end(fd, size))
+    return True
+
+
+def append(dirfd: int, dirpath: str, safety: Safety, mode: int, groups: dict[str, bytes]) -> None:
+    """Append and fsync each month's lines; fsync the directory if a file is new."""
+    created = False
+    for name in sorted(groups):
+        path = os.path.join(dirpath, name)
+        exists = _exists(dirfd, name)
+        fd = open_file(dirfd, name, path, safety, os.O_RDWR | os.O_APPEND, create_mode=mode)
+        try:
+            cut_torn_tail(fd)
+            write_all(fd, groups[name])
+            os.fsync(fd)
+        except OSError as e:
+            raise io_error(e, "appending to", path) from None
+        finally:
+            os.close(fd)
+        created = created or not exists
+    if created:
+        fsync_dir(dirfd, dirpath)
+
+
+def _exists(dirfd: int, name: str) -> bool:
+    try:
+        os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+        return True
+    except FileNotFoundError:
+        return False
+
+
+def prune(dirfd: int, dirpath: str, cutoff: int) -> list[str]:
+    """Delete month files whose whole month ended before ``cutoff``."""
+    gone = []
+    for name in os.listdir(dirfd):
+        end = month_end(name)
+        if end is not None and end <= cutoff:
+            unlink_quietly(dirfd, name)
+            gone.append(name)
+    if gone:
+        fsync_dir(dirfd, dirpath)
+    return sorted(gone)
+
+
+def files(dirfd: int) -> list[str]:
+    return sorted(n for n in os.listdir(dirfd) if NAME.match(n))
+
+
+def read(dirfd: int, dirpath: str, safety: Safety, *, cutoff: int, uid: int | None = None,
+         since: int | None = None) -> tuple[list[Reservation], list[str]]:
+    """Archived bookings closed at or after ``max(cutoff, since)``, oldest
+    first, one per id, and the problems met (malformed lines are skipped)."""
+    low = cutoff if since is None else max(cutoff, since)
+    best: dict[str, tuple[int, dict]] = {}
+    problems: list[str] = []
+    for name in files(dirfd):
+        if month_end(name) <= low:
+            continue
+        path = os.path.join(dirpath, name)
+        fd = open_file(dirfd, name, path, safety, os.O_RDONLY | O_CLOEXEC)
+        if fd is None:
+            continue
+        try:
+            data = read_all(fd)
+        except OSError as e:
+            raise io_error(e, "reading", path) from None
+        finally:
+            os.close(fd)
+        for seq, rec in _records(data, path, problems, uid):
+            if uid is not None and rec.get("uid") != uid:
+                continue
+            rid = rec.get("id")
+            old = best.get(rid)
+            if old is None or seq >= old[0]:
+                best[rid] = (seq, rec)
+    out = []
+    for _seq, rec in best.values():
+        try:
+            r = ledgerdoc.reservation_from_dict(rec)
+        except (KeyError, TypeError, ValueError) as e:
+            problems.append(f"archived booking {str(rec.get('id'))[:8]}: {e}")
+            continue
+        if ledgerdoc.closed_at(r) >= low:
+            out.append(r)
+    out.sort(key=lambda r: (ledgerdoc.closed_at(r), r.id))
+    return out, problems
+
+
+def _records(data: bytes, path: str, problems: list[str], uid: int | None):
+    """(seq, reservation dict) per line.  Whole files parse in one
+    ``json.loads`` call; only a file with a bad line is parsed line by line.
+
+    For one user's history, lines that cannot be theirs are skipped before
+    parsing: bk writes compact JSON with sorted keys, so a booking of uid N
+    contains ``"uid":N,`` (its ``user`` key follows).  A quote inside a
+    string is escaped, so text cannot fake the key; a false match (a
+    ``uid`` inside a job) is removed after parsing."""
+    if data and not data.endswith(b"\n"):
+        data = data[:data.rfind(b"\n") + 1]
+        problems.append(f"{path}: the last line is incomplete, an interrupted append; ignored")
+    lines = [line for line in data.split(b"\n") if line.strip()]
+    if uid is not None:
+        needle = b'"uid":%d,' % uid
+        lines = [line for line in lines if needle in line]
+    try:
+        items = json.loads(b"[" + b",".join(lines) + b"]") if lines else []
+        bad = None
+    except ValueError:
+        items, bad = [], True
+    if bad:
+        items = []
+        for n, line in enumerate(lines, 1):
+            try:
+                items.append(json.loads(line))
+            except ValueError:
+                if len(problems) < 20:
+                    problems.append(f"{path}: line {n} is not valid JSON; skipped")
+    for item in items:
+        if (isinstance(item, dict) and type(item.get("seq")) is int
+                and isinstance(item.get("reservation"), dict)
+                and isinstance(item["reservation"].get("id"), str)):
+            yield item["seq"], item["reservation"]
+        elif len(problems) < 20:
+            problems.append(f"{path}: a line is not an archive record; skipped")

@@ -1,0 +1,247 @@
+"""The audit log: append-only JSON lines, read from the end, bounded.
+
+One line per record::
+
+    {"time": "2026-07-13T18:00:00Z", "seq": 17, "index": 0, "uid": 1000,
+     "user": "ada", "action": "create", "reservation": "3f6c...",
+     "op_id": null, "before": null, "after": {...}, "result": "created"}
+
+``seq`` is the ledger commit that made the change and ``index`` the
+record's place within that commit, so ``(seq, index)`` names a record.  The
+writer appends only while it holds the ledger lock, and only after the
+ledger that contains the same records (its journal) is durable; the next
+writer repairs a log that lost or tore them (see ``scan_commit`` and
+docs/ARCHITECTURE.md, "Storage").
+
+What the kernel guarantees about the appends, and what it does not:
+``O_APPEND`` moves every ``write`` to the end of the file atomically, so
+appends never overwrite each other; but a write can stop partway when the
+disk fills or the machine loses power (and a ``kill -9`` between pages of a
+large write), leaving a last line without its newline.  Readers therefore
+tolerate one torn final line, report other malformed lines, and never fail
+because of them.  The reader walks backwards in blocks and stops after
+``limit`` entries or ``max_bytes``, so its cost does not grow with the log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+FIELDS = ("time", "seq", "index", "uid", "user", "action", "reservation", "op_id",
+          "before", "after", "result")
+BLOCK = 65536
+MAX_SCAN = 16 << 20
+MAX_PROBLEMS = 20
+
+
+def make_records(items: list[dict], *, seq: int, time: str, uid: int, user: str) -> list[dict]:
+    """Complete the records a transaction supplied: the store sets time,
+    seq, index, uid and user; other keys (an ``owner`` uid, say) are kept."""
+    out = []
+    for i, item in enumerate(items):
+        rec = {"time": time, "seq": seq, "index": i, "uid": uid, "user": user}
+        for k in FIELDS[5:]:
+            rec[k] = item.get(k)
+        for k in sorted(item):
+            if k not in rec:
+                rec[k] = item[k]
+        out.append(rec)
+    return out
+
+
+def encode(records: list[dict]) -> bytes:
+    return b"".join(json.dumps(r, separators=(",", ":"), allow_nan=False).encode("ascii") + b"\n"
+                    for r in records)
+
+
+class Backwards:
+    """Lines of a file from the last to the first, as ``(offset, line,
+    terminated)``; ``terminated`` is False only for a final line that lacks
+    its newline.  Reads at most ``max_bytes``; ``complete`` tells whether it
+    reached the start of the file."""
+
+    def __init__(self, fd: int, size: int, max_bytes: int | None = None):
+        self.fd, self.size, self.max_bytes = fd, size, max_bytes
+        self.complete = True
+
+    def __iter__(self) -> Iterator[tuple[int, bytes, bool]]:
+        pos, pending, tail_terminated = self.size, b"", False
+        budget = self.max_bytes
+        while pos > 0:
+            n = min(BLOCK, pos) if budget is None else min(BLOCK, pos, budget)
+            if n <= 0:
+                self.complete = False
+                return
+            pos -= n
+            if budget is not None:
+                budget -= n
+            pending = os.pread(self.fd, n, pos) + pending
+            parts = pending.split(b"\n")
+            end = pos + len(pending)
+            last = len(parts) - 1
+            for i in range(last, 0, -1):
+                line = parts[i]
+                start = end - len(line)
+                terminated = tail_terminated or i != last
+                if line or terminated:
+                    yield start, line, terminated
+                end = start - 1
+            if last:
+                tail_terminated = True
+            pending = parts[0]
+        if pending or tail_terminated:
+            yield 0, pending, tail_terminated
+
+
+def parse(line: bytes) -> dict:
+    """One line -> record; ValueError says why it is not one."""
+    try:
+        rec = json.loads(line)
+    except (ValueError, RecursionError) as e:
+        raise ValueError(f"not JSON ({str(e)[:60]})") from None
+    if not isinstance(rec, dict):
+        raise ValueError("not a JSON object")
+    if type(rec.get("seq")) is not int or type(rec.get("index")) is not int:
+        raise ValueError("no integer seq and index")
+    return rec
+
+
+@dataclass
+class AuditTail:
+    """The newest ``limit`` matching records, oldest first.  ``problems``
+    lists malformed lines met on the way; ``complete`` is False when the
+    scan stopped at ``max_bytes`` before finding ``limit`` records."""
+
+    entries: list[dict] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    complete: bool = True
+
+
+def _matches(rec: dict, uid: int | None) -> bool:
+    return uid is None or rec.get("uid") == uid or rec.get("owner") == uid
+
+
+def read_tail(fd: int | None, *, limit: int, uid: int | None = None, max_bytes: int = MAX_SCAN,
+              pending: list[dict] = (), path: str = "audit log") -> AuditTail:
+    """The last ``limit`` records (for ``uid``: acted by or about that user).
+
+    ``pending`` are the records of the ledger's newest commit (its journal):
+    they are shown even if a crash kept them from reaching the log yet.
+    Records are de-duplicated by ``(seq, index)``.
+    """
+    out = AuditTail()
+    seen: set[tuple[int, int]] = set()
+    problems: list[tuple[int, str]] = []
+    newest = -1
+    found: list[dict] = []
+    size = os.fstat(fd).st_size if fd is not None else 0
+    lines = Backwards(fd, size, max_bytes) if fd is not None else ()
+    for off, line, terminated in lines:
+        if not line.strip():
+            continue
+        if not terminated:
+            problems.append((off, f"{path}: the last line (byte {off}) is incomplete, an "
+                                  "interrupted write; ignored"))
+            continue
+        try:
+            rec = parse(line)
+        except ValueError as e:
+            if len(problems) < MAX_PROBLEMS:
+                problems.append((off, f"{path}: line at byte {off}: {e}; skipped"))
+            continue
+        newest = max(newest, rec["seq"])
+        key = (rec["seq"], rec["index"])
+        if key in seen:
+            continue
+        seen.add(key)
+        if _matches(rec, uid):
+            found.append(rec)
+            if len(found) >= limit:
+                break
+    else:
+        out.complete = getattr(lines, "complete", True)
+    # The journal's records join those the log lacks (a crash may have torn
+    # or lost their append); a log that went past the journal's commit (a
+    # ledger restored from a backup) takes precedence.
+    found.extend(r for r in pending if isinstance(r, dict) and type(r.get("seq")) is int
+                 and type(r.get("index")) is int and r["seq"] >= newest
+                 and (r["seq"], r["index"]) not in seen and _matches(r, uid))
+    found.sort(key=lambda r: (r["seq"], r["index"]))
+    out.entries = found[-limit:] if limit > 0 else []
+    out.problems = [msg for _off, msg in sorted(problems)]
+    return out
+
+
+@dataclass
+class CommitScan:
+    """What the end of the log says about one commit."""
+
+    last_seq: int = 0              # newest well-formed record's seq (0: none)
+    present: set = field(default_factory=set)   # indexes of ``seq``'s records found
+    torn_at: int | None = None     # offset where an unterminated last line starts
+
+
+def scan_commit(fd: int, seq: int | None, max_bytes: int = MAX_SCAN) -> CommitScan:
+    """Look at the end of the log for the records of commit ``seq``.
+
+    Stops at the first record older than ``seq``, so the cost is that of
+    the last commit, not of the log.  Malformed lines are skipped here; the
+    reader reports them.
+    """
+    out = CommitScan()
+    size = os.fstat(fd).st_size
+    for off, line, terminated in Backwards(fd, size, max_bytes):
+        if not terminated:
+            out.torn_at = off
+            continue
+        try:
+            rec = parse(line)
+        except ValueError:
+            continue
+        out.last_seq = max(out.last_seq, rec["seq"])
+        if seq is None or rec["seq"] < seq:
+            break
+        if rec["seq"] == seq:
+            out.present.add(rec["index"])
+        elif out.last_seq > seq and not out.present:
+            # The log went past this ledger (it was restored from a backup):
+            # nothing of ``seq`` can be missing that bk could still add.
+            break
+    return out
+
+
+def repair(fd: int, seq: int | None, journal: list[dict]) -> tuple[int, bool]:
+    """Make the log (opened ``O_APPEND``, under the ledger lock) hold the
+    records of commit ``seq`` that the ledger carries in ``journal``.
+
+    A torn last line is cut off first: it can only belong to the newest
+    commit (every writer repairs before it appends), and that commit's
+    records are all in the journal.  Returns (newest seq in the log or the
+    journal, whether anything was cut or appended).
+    """
+    scan = scan_commit(fd, seq)
+    if scan.torn_at is not None:
+        os.ftruncate(fd, scan.torn_at)
+    missing = []
+    if seq is not None and scan.last_seq <= seq:
+        missing = [r for r in journal if r.get("index") not in scan.present]
+        if missing:
+            data = encode(missing)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+    return max(scan.last_seq, seq or 0), scan.torn_at is not None or bool(missing)
+
+
+def journal_of(ledger_bytes: bytes) -> list[dict]:
+    """The audit records a ledger file carries (no validation: for display)."""
+    try:
+        doc = json.loads(ledger_bytes)
+    except (ValueError, RecursionError):
+        return []
+    journal = doc.get("journal") if isinstance(doc, dict) else None
+    records = journal.get("audit") if isinstance(journal, dict) else None
+    return records if isinstance(records, list) else []

@@ -1,0 +1,327 @@
+"""Safe opening, checking and atomic writing of state files.
+
+Facts this module is built on (Linux):
+
+* ``open(O_NOFOLLOW)`` fails with ELOOP when the last path component is a
+  symbolic link; it does not look at the components before it.  So every
+  managed file is opened relative to a descriptor of its directory
+  (``dir_fd``), and that directory itself was opened with ``O_NOFOLLOW``:
+  nothing in the path bk manages can be a link, and a directory renamed
+  away after the check cannot redirect later opens.
+* Opening a FIFO for reading blocks until a writer appears, and opening a
+  device node can have side effects (a tape rewinds).  So the name is first
+  ``lstat``-ed and refused unless it is a regular file, then opened with
+  ``O_NONBLOCK`` and ``fstat``-ed again: the checks apply to what was really
+  opened, not to what was at the name a moment earlier.
+* A hard link makes one inode reachable from two names; a link to someone
+  else's file would have bk read (or append to) that file.  ``st_nlink``
+  must not exceed 1 (it is 0 for a file renamed over after it was opened).
+* ``os.replace`` (rename(2)) within one directory is atomic: an opener sees
+  the old inode or the new one, never a mix or nothing.  It is durable only
+  after the directory itself is fsync-ed, and the new file's data only after
+  the file is fsync-ed before the rename.  A reader that opened the old file
+  keeps reading the old inode until it closes it.
+* The kernel applies the umask to the mode given to ``open``/``mkdir``; bk
+  sets the mode of files and directories it has just created with
+  ``fchmod``/``chmod`` so that shared mode gets 0644 ledgers under any umask.
+  It never changes the mode or owner of a file that already existed: a
+  wrong one is refused with the command that fixes it.
+
+Every refusal is a ``ConfigError`` (exit 78) that names the path, what is
+wrong and the fix; failed I/O is an ``IOFailure`` (exit 74).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from dataclasses import dataclass
+
+from bk.core.errors import ConfigError, IOFailure
+
+O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+
+_KINDS = ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"), (stat.S_ISREG, "a regular file"))
+
+
+def kind(mode: int) -> str:
+    for test, name in _KINDS:
+        if test(mode):
+            return name
+    return "an unknown kind of file"
+
+
+@dataclass(frozen=True)
+class Safety:
+    """Who must own the managed paths.  Group- or other-writable paths are
+    always refused: anyone who can write them can forge bookings."""
+
+    uid: int
+
+    def refuse(self, path: str, problem: str, hint: str) -> ConfigError:
+        return ConfigError(f"refusing to use {path}: {problem}", hint,
+                           details={"path": path, "problem": problem})
+
+    def check(self, st: os.stat_result, path: str, want_dir: bool) -> None:
+        want = stat.S_ISDIR if want_dir else stat.S_ISREG
+        if not want(st.st_mode):
+            expected = "a directory" if want_dir else "a regular file"
+            raise self.refuse(path, f"it is {kind(st.st_mode)}, not {expected}",
+                              "something other than bk put it there; inspect and remove it, "
+                              "then retry")
+        # 0 is fine: a reader that opened the ledger just before a writer
+        # renamed over it holds the old, now nameless inode (a whole version).
+        if not want_dir and st.st_nlink > 1:
+            raise self.refuse(path, f"it has {st.st_nlink} hard links",
+                              f"bk only uses files with a single name; inspect it "
+                              f"(find / -samefile {path}) and replace it with a copy")
+        if st.st_uid != self.uid:
+            raise self.refuse(path, f"it is owned by uid {st.st_uid}, expected uid {self.uid}",
+                              f"if the file is genuine: chown {self.uid} {path}")
+        if st.st_mode & 0o022:
+            raise self.refuse(path, f"it is writable by group or others "
+                              f"(mode {stat.S_IMODE(st.st_mode):04o})", f"chmod go-w {path}")
+
+
+def io_error(e: OSError, doing: str, path: str) -> IOFailure:
+    """An OSError as the error users see, with a hint for the usual causes."""
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return IOFailure(f"no space left while {doing} {path}",
+                         f"free space on the file system that holds {os.path.dirname(path)} "
+                         f"(df -h {os.path.dirname(path)}); nothing was changed",
+                         details={"path": path, "errno": e.errno})
+    if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return IOFailure(f"permission denied while {doing} {path}: {e.strerror}",
+                         "check the owner and mode of the data directory (bk doctor)",
+                         details={"path": path, "errno": e.errno})
+    return IOFailure(f"I/O error while {doing} {path}: {e.strerror or e}",
+                     details={"path": path, "errno": e.errno})
+
+
+def open_dir(path: str, safety: Safety, *, create_mode: int | None = None) -> int | None:
+    """Open and check a directory; ``None`` if it does not exist and
+    ``create_mode`` is None.  The caller closes the descriptor."""
+    try:
+        fd = os.open(path, os.O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+    except FileNotFoundError:
+        if create_mode is None:
+            return None
+        parent = os.path.dirname(os.path.abspath(path))
+        try:
+            os.makedirs(parent, exist_ok=True)
+            os.mkdir(path, create_mode)
+            os.chmod(path, create_mode, follow_symlinks=False)
+            # The new directory's name lives in its parent: without this a
+            # power loss could take a first, acknowledged commit with it.
+            pfd = os.open(parent, os.O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+            try:
+                fsync_dir(pfd, parent)
+            finally:
+                os.close(pfd)
+        except FileExistsError:
+            pass
+        except OSError as e:
+            raise io_error(e, "creating", path) from None
+        return open_dir(path, safety)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            st = _lstat(path)
+            raise safety.refuse(path, f"it is {kind(st.st_mode) if st else 'not a directory'}, "
+                                "not a directory",
+                                "bk does not follow links for its data directory; point "
+                                "BK_DATA_DIR at the real directory") from None
+        raise io_error(e, "opening", path) from None
+    try:
+        safety.check(os.fstat(fd), path, want_dir=True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def open_subdir(dirfd: int, name: str, path: str, safety: Safety, *,
+                create_mode: int | None = None) -> int | None:
+    """``open_dir`` for a directory inside an open directory."""
+    try:
+        fd = os.open(name, os.O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC, dir_fd=dirfd)
+    except FileNotFoundError:
+        if create_mode is None:
+            return None
+        try:
+            os.mkdir(name, create_mode, dir_fd=dirfd)
+            os.chmod(name, create_mode, dir_fd=dirfd, follow_symlinks=False)
+        except FileExistsError:
+            pass
+        except OSError as e:
+            raise io_error(e, "creating", path) from None
+        fsync_dir(dirfd, path)
+        return open_subdir(dirfd, name, path, safety)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            st = _lstat(name, dirfd)
+            raise safety.refuse(path, f"it is {kind(st.st_mode) if st else 'not a directory'}, "
+                                "not a directory", "inspect it and remove it") from None
+        raise io_error(e, "opening", path) from None
+    try:
+        safety.check(os.fstat(fd), path, want_dir=True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _lstat(name: str, dirfd: int | None = None) -> os.stat_result | None:
+    try:
+        return os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+    except OSError:
+        return None
+
+
+def open_file(dirfd: int, name: str, path: str, safety: Safety, flags: int = os.O_RDONLY,
+              *, create_mode: int | None = None) -> int | None:
+    """Open a managed regular file inside ``dirfd``.
+
+    Returns None when it does not exist and ``create_mode`` is None.  With
+    ``create_mode`` a missing file is created (``O_EXCL``, so a name that
+    appears meanwhile is opened and checked like any existing file) and
+    given exactly that mode.
+    """
+    st = _lstat(name, dirfd)
+    if st is None and create_mode is not None:
+        try:
+            fd = os.open(name, flags | os.O_CREAT | os.O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                         create_mode, dir_fd=dirfd)
+        except FileExistsError:
+            return open_file(dirfd, name, path, safety, flags)
+        except OSError as e:
+            raise io_error(e, "creating", path) from None
+        try:
+            os.fchmod(fd, create_mode)
+        except OSError as e:
+            os.close(fd)
+            raise io_error(e, "setting the mode of", path) from None
+        return fd
+    if st is None:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        safety.check(st, path, want_dir=False)
+    try:
+        fd = os.open(name, flags | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, dir_fd=dirfd)
+    except FileNotFoundError:
+        return open_file(dirfd, name, path, safety, flags, create_mode=create_mode)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENXIO):
+            st = _lstat(name, dirfd) or st
+            safety.check(st, path, want_dir=False)
+        raise io_error(e, "opening", path) from None
+    try:
+        safety.check(os.fstat(fd), path, want_dir=False)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_all(fd: int) -> bytes:
+    """The whole file from offset 0 (``pread``: the offset is not shared)."""
+    size = os.fstat(fd).st_size
+    parts = []
+    off = 0
+    while True:
+        chunk = os.pread(fd, max(size - off, 0) + 65536, off)
+        if not chunk:
+            return b"".join(parts)
+        parts.append(chunk)
+        off += len(chunk)
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """``os.write`` may write less than asked (a signal, a full disk that
+    fills midway): loop until everything is written or it raises."""
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def fsync_dir(dirfd: int, path: str) -> None:
+    """Make renames, creations and unlinks in a directory durable."""
+    try:
+        os.fsync(dirfd)
+    except OSError as e:
+        if e.errno not in (errno.EINVAL, errno.EROFS):
+            raise io_error(e, "syncing the directory", path) from None
+
+
+def ensure_free(dirfd: int, path: str, need: int, min_free: int) -> None:
+    """Refuse before writing rather than fail halfway: ``f_bavail`` is what an
+    unprivileged writer may still use (root's reserve excluded)."""
+    try:
+        vfs = os.fstatvfs(dirfd)
+    except OSError:
+        return
+    free = vfs.f_bavail * vfs.f_frsize
+    if free < need + min_free:
+        raise IOFailure(
+            f"not enough free space in {path}: {free} bytes free, a commit needs "
+            f"{need} plus a reserve of {min_free}",
+            f"free space on that file system (df -h {path}); nothing was changed",
+            details={"path": path, "free": free, "need": need, "reserve": min_free})
+
+
+def unlink_quietly(dirfd: int, name: str) -> None:
+    try:
+        os.unlink(name, dir_fd=dirfd)
+    except OSError:
+        pass
+
+
+def write_new(dirfd: int, name: str, path: str, data: bytes, mode: int) -> None:
+    """Write a file that must not exist yet (a temp name).  On failure it is
+    removed again, so no partial file is left behind by a clean error."""
+    try:
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                     mode, dir_fd=dirfd)
+    except OSError as e:
+        raise io_error(e, "creating", path) from None
+    try:
+        os.fchmod(fd, mode)
+        write_all(fd, data)
+    except OSError as e:
+        os.close(fd)
+        unlink_quietly(dirfd, name)
+        raise io_error(e, "writing", path) from None
+    os.close(fd)
+
+
+def write_copy(dirfd: int, name: str, dirpath: str, data: bytes, mode: int) -> None:
+    """Put ``data`` at ``name`` via a temp file and a rename, *without*
+    fsync: for copies that are validated when read (backups), where a copy
+    torn by a power loss costs nothing but falling back one further."""
+    tmp = f".{name}.tmp-{os.getpid()}"
+    unlink_quietly(dirfd, tmp)
+    write_new(dirfd, tmp, os.path.join(dirpath, tmp), data, mode)
+    try:
+        os.replace(tmp, name, src_dir_fd=dirfd, dst_dir_fd=dirfd)
+    except OSError as e:
+        unlink_quietly(dirfd, tmp)
+        raise io_error(e, "renaming", os.path.join(dirpath, name)) from None
+
+
+def keep_newest(dirfd: int, pattern, keep: int) -> list[str]:
+    """Delete all but the ``keep`` greatest names matching ``pattern``
+    (names that sort by age), and the temp files of ``write_copy`` (the
+    caller holds the lock that every writer of this directory takes, so a
+    temp file here belongs to a writer that died); returns what it deleted."""
+    listed = os.listdir(dirfd)
+    names = sorted((n for n in listed if pattern.match(n)), reverse=True)
+    gone = names[keep:] + [n for n in listed if n.startswith(".") and ".tmp-" in n]
+    for name in gone:
+        unlink_quietly(dirfd, name)
+    return gone

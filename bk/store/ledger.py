@@ -1,0 +1,666 @@
+"""The Store: the only code that reads and writes the ledger.
+
+The facts (fsutil and lock say how the kernel behaves): a rename within a
+directory is atomic and durable once the directory is fsync-ed; a file's
+data is durable once the file is fsync-ed; an ``flock`` dies with its
+holder; appends can tear.  The consequences, as a protocol (the step names
+are those of the ``BK_TEST_CRASH_AT`` test hook):
+
+ 1. ``locked``   take the writers' lock (bounded wait, then ``Busy``).
+ 2. ``read``     read and validate the ledger; an invalid one falls back to
+                 the newest valid backup, none valid refuses (exit 74).
+ 3. ``repaired`` complete the audit log from the ledger's journal: the
+                 ledger carries its own commit's audit records, so records a
+                 crash kept from the log are appended now, a torn last line
+                 is cut off first.
+ 4. ``applied``  check the bound policy and let the caller change a copy.
+ 5. ``archived`` append long-ended bookings to the archive and fsync it.
+ 6. ``audit_synced``  fsync the audit log: the previous commit's records
+                 are durable before the journal that holds them is replaced.
+ 7. ``tmp_written``, ``tmp_synced``: the new document in a temp file of
+                 the same directory, then fsync.
+ 8. ``replaced`` ``os.replace`` over the ledger: the commit point.
+ 9. ``dir_synced``  fsync the directory: the commit is durable.
+10. ``audit_appended``  append this commit's records (not synced; step 6 of
+                 the next commit or step 3 after a power loss covers them).
+11. ``backup_written``  a copy in backups/ (not synced: a torn backup fails
+                 validation and the next older one is used); rotate.
+
+A crash before 8 leaves the old ledger (and maybe a stale temp file, removed
+by the next writer); at or after 8 the new one.  The audit log never holds
+a record of a commit that is not in the ledger, because records reach the
+log only after step 9.  Readers never lock: they open the ledger and see
+one complete version.  docs/ARCHITECTURE.md ("Storage") has the details.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import re
+import secrets
+import signal
+import threading
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from bk.core import ledgerdoc
+from bk.core.errors import BkError, ConfigError, Internal, IOFailure, WrongAccount
+from bk.core.models import LedgerState
+from bk.store import archive, audit
+from bk.store.fsutil import (
+    O_CLOEXEC,
+    O_NOFOLLOW,
+    Safety,
+    ensure_free,
+    fsync_dir,
+    io_error,
+    keep_newest,
+    open_dir,
+    open_file,
+    open_subdir,
+    read_all,
+    unlink_quietly,
+    write_all,
+    write_copy,
+    write_new,
+)
+from bk.store.lock import LedgerLock
+from bk.store.lock import probe as lock_probe
+
+LEDGER, LOCK, AUDIT, BACKUPS, ARCHIVE = "ledger.json", "ledger.lock", "audit.jsonl", "backups", "archive"
+TMP_PREFIX = ".ledger.json.tmp-"
+BACKUP_NAME = re.compile(r"^ledger-(\d{10})\.json$")
+CRASH_ENV = "BK_TEST_CRASH_AT"
+STEPS = ("locked", "read", "repaired", "applied", "archived", "audit_synced", "tmp_partial",
+         "tmp_written", "tmp_synced", "replaced", "dir_synced", "audit_partial",
+         "audit_appended", "backup_written")
+
+
+@dataclass(frozen=True)
+class Modes:
+    dir: int
+    ledger: int
+    lock: int
+    audit: int
+
+
+# Shared mode: clients read the ledger, its backups and the archive directly
+# (0644); the audit log is for the service account and its group (0640),
+# users see their trail through the broker; only writers open the lock.
+PRIVATE = Modes(dir=0o700, ledger=0o600, lock=0o600, audit=0o600)
+SHARED = Modes(dir=0o755, ledger=0o644, lock=0o600, audit=0o640)
+
+
+@dataclass(frozen=True)
+class StorePaths:
+    data_dir: str
+    ledger: str
+    lock: str
+    audit: str
+    backups_dir: str
+    archive_dir: str
+
+
+@dataclass
+class Mutation:
+    """What ``apply`` did: ``changed`` decides whether anything is written;
+    ``audit`` holds action/reservation/op_id/before/after/result per change."""
+
+    changed: bool
+    audit: list[dict] = field(default_factory=list)
+    result: object = None
+
+
+@dataclass
+class ReadResult:
+    state: LedgerState
+    warnings: list[str]
+    source: str                      # "ledger", "backup:NAME" or "empty"
+
+
+@dataclass
+class _Loaded:
+    state: LedgerState
+    meta: ledgerdoc.DocMeta
+    source: str
+    warnings: list[str]
+    damaged: bytes | None = None     # the invalid ledger a backup stands in for
+
+
+def _now() -> int:
+    return int(time.time())
+
+
+@contextmanager
+def _gc_paused():
+    """Decoding and encoding a ledger allocates about ten objects per
+    booking, none of which form reference cycles; CPython's cyclic
+    collector would still walk them all several times (a quarter of a
+    10,000-booking commit).  Collection is paused for the duration."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+class Store:
+    def __init__(self, data_dir: str, *, private: bool = True, lock_timeout: float = 10.0,
+                 backup_keep: int = 10, retention_days: int = 90, archive_after_hours: int = 24,
+                 owner_uid: int | None = None, clock: Callable[[], int] = _now,
+                 monotonic: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep, capacity: int | None = None,
+                 min_free_bytes: int = 1 << 20):
+        data_dir = os.path.abspath(data_dir)
+        j = os.path.join
+        self.paths = StorePaths(data_dir, j(data_dir, LEDGER), j(data_dir, LOCK),
+                                j(data_dir, AUDIT), j(data_dir, BACKUPS), j(data_dir, ARCHIVE))
+        self.private = private
+        self.modes = PRIVATE if private else SHARED
+        self.safety = Safety(os.geteuid() if owner_uid is None else owner_uid)
+        self.lock_timeout, self.backup_keep = lock_timeout, max(backup_keep, 0)
+        self.retention = retention_days * 86400
+        self.archive_after = archive_after_hours * 3600
+        self.clock, self.monotonic, self.sleep = clock, monotonic, sleep
+        self.capacity, self.min_free = capacity, min_free_bytes
+        self._tlock = threading.Lock()
+        self._active: int | None = None
+        self._valid: bytes | None = None       # the last ledger bytes known to validate
+        self._crash = _crash_point(os.environ.get(CRASH_ENV))
+        self._crash_hits = 0
+
+    # --- reading -----------------------------------------------------------
+
+    def read(self) -> ReadResult:
+        """The committed ledger, validated, without taking the lock."""
+        dirfd = open_dir(self.paths.data_dir, self.safety)
+        if dirfd is None:
+            return ReadResult(LedgerState(), [], "empty")
+        try:
+            with _gc_paused():
+                got = self._load(dirfd)
+        finally:
+            os.close(dirfd)
+        return ReadResult(got.state, got.warnings, got.source)
+
+    def _read(self, dirfd: int, name: str, path: str) -> bytes | None:
+        fd = open_file(dirfd, name, path, self.safety)
+        if fd is None:
+            return None
+        try:
+            return read_all(fd)
+        except OSError as e:
+            raise io_error(e, "reading", path) from None
+        finally:
+            os.close(fd)
+
+    def _parse(self, data: bytes):
+        """Bytes -> (state, meta, problems).  Validation depends only on the
+        bytes, so bytes this Store validated (or wrote) before skip it."""
+        try:
+            doc = ledgerdoc.loads(data)
+        except ValueError as e:
+            return None, ledgerdoc.DocMeta(), [f"not valid JSON: {e}"]
+        state, meta, problems = ledgerdoc.decode(doc)
+        if state is not None and not problems and data != self._valid:
+            problems = ledgerdoc.check_state(state, self.capacity)
+            if not problems:
+                self._valid = data
+        return state, meta, problems
+
+    def _load(self, dirfd: int) -> _Loaded:
+        """The ledger, or the newest valid backup, or an empty state.
+
+        A fallback is only reported if the ledger is still the same file
+        afterwards: an unlocked reader that found no ledger may meet the
+        backup of the first commit a moment later, and one that read a
+        damaged ledger may race the write that repairs it.  Either way a
+        writer was at work, and the load starts again."""
+        for _attempt in range(3):
+            try:
+                got = self._load_once(dirfd)
+            except IOFailure as e:
+                if not hasattr(e, "seen") or self._read(dirfd, LEDGER, self.paths.ledger) == e.seen:
+                    raise
+                continue
+            if got.source == "ledger" or self._read(dirfd, LEDGER, self.paths.ledger) == got.damaged:
+                return got
+        return got
+
+    def _load_once(self, dirfd: int) -> _Loaded:
+        p = self.paths
+        data = self._read(dirfd, LEDGER, p.ledger)
+        problems: list[str] = []
+        if data is not None:
+            state, meta, problems = self._parse(data)
+            if not problems:
+                return _Loaded(state, meta, "ledger", [])
+            if meta.newer:
+                raise ConfigError(
+                    f"{p.ledger} was written by a newer bk (format version {meta.version}; this bk "
+                    f"reads {ledgerdoc.VERSION})", "upgrade bk on this machine",
+                    details={"path": p.ledger, "version": meta.version})
+        bad: dict[str, str] = {}
+        for name in self._backup_names(dirfd):
+            bpath = os.path.join(p.backups_dir, name)
+            bdata = self._read_backup(dirfd, name, bpath)
+            bstate, bmeta, bprobs = self._parse(bdata) if bdata is not None else (None, None, ["gone"])
+            if not bprobs:
+                what = ("is missing" if data is None
+                        else f"is invalid ({'; '.join(problems[:3])})")
+                return _Loaded(bstate, bmeta, f"backup:{name}", [
+                    f"THE LEDGER {p.ledger} {what}. Using the newest valid backup {bpath} "
+                    f"(commit {bmeta.seq}, written {ledgerdoc.format_utc(bmeta.written_at or 0)}); "
+                    f"changes after it are lost unless recovered by hand. The next write "
+                    f"replaces the ledger and keeps the damaged file as {LEDGER}.damaged-*."],
+                    damaged=data)
+            bad[name] = bprobs[0]
+        if data is None and not bad:
+            return _Loaded(LedgerState(), ledgerdoc.DocMeta(), "empty", [])
+        err = self._no_valid_copy(problems if data is not None else None, bad)
+        err.seen = data          # what was judged, for _load's second look
+        raise err
+
+    def _no_valid_copy(self, problems: list[str] | None, bad: dict[str, str]) -> IOFailure:
+        p = self.paths
+        what = "is missing" if problems is None else f"is invalid: {'; '.join(problems[:5])}"
+        return IOFailure(
+            f"no valid ledger: {p.ledger} {what}, and none of the {len(bad)} backups in "
+            f"{p.backups_dir} is valid; bk will not write until a valid ledger is in place",
+            f"inspect the files, then either restore a copy you trust with "
+            f"`cp COPY {p.ledger}.new && mv {p.ledger}.new {p.ledger}`, or start an empty "
+            f"ledger (every booking is lost) with `mv {p.ledger} {p.ledger}.damaged; "
+            f"mv {p.backups_dir} {p.backups_dir}.damaged`",
+            details={"ledger": p.ledger, "problems": problems, "backups": bad})
+
+    def _backup_names(self, dirfd: int) -> list[str]:
+        """Backup file names, newest first."""
+        bfd = open_subdir(dirfd, BACKUPS, self.paths.backups_dir, self.safety)
+        if bfd is None:
+            return []
+        try:
+            return sorted((n for n in os.listdir(bfd) if BACKUP_NAME.match(n)), reverse=True)
+        finally:
+            os.close(bfd)
+
+    def _read_backup(self, dirfd: int, name: str, path: str) -> bytes | None:
+        bfd = open_subdir(dirfd, BACKUPS, self.paths.backups_dir, self.safety)
+        try:
+            return self._read(bfd, name, path) if bfd is not None else None
+        finally:
+            if bfd is not None:
+                os.close(bfd)
+
+    # --- writing -----------------------------------------------------------
+
+    def transact(self, apply: Callable[[LedgerState], Mutation], *, policy: dict | None,
+                 actor_uid: int, actor: str, warnings: list[str] | None = None) -> object:
+        """Run ``apply`` on a fresh copy of the ledger under the lock and
+        commit what it changed; returns ``Mutation.result``.  If ``apply``
+        raises, nothing is written.  Problems that do not undo the commit
+        (a backup that could not be written) are added to ``warnings``."""
+        if self._active == threading.get_ident():
+            raise Internal("nested ledger transaction (apply() called transact())")
+        with self._tlock:
+            self._active = threading.get_ident()
+            try:
+                return self._transact(apply, policy, actor_uid, actor,
+                                      warnings if warnings is not None else [])
+            finally:
+                self._active = None
+
+    def _transact(self, apply, policy, actor_uid, actor, warnings):
+        if os.geteuid() != self.safety.uid:
+            raise WrongAccount(
+                f"{self.paths.data_dir} belongs to uid {self.safety.uid}; this process runs as "
+                f"uid {os.geteuid()} and may not write it",
+                "in shared mode every write goes through the broker (bk broker)")
+        dirfd = open_dir(self.paths.data_dir, self.safety, create_mode=self.modes.dir)
+        try:
+            lock = LedgerLock(dirfd, LOCK, self.paths.lock, self.safety, mode=self.modes.lock,
+                              timeout=self.lock_timeout, monotonic=self.monotonic, sleep=self.sleep)
+            with lock, _gc_paused():
+                self._step("locked")
+                return self._commit(dirfd, apply, policy, actor_uid, actor, warnings)
+        finally:
+            os.close(dirfd)
+
+    def _commit(self, dirfd, apply, policy, actor_uid, actor, warnings):
+        p = self.paths
+        now = self.clock()
+        self._remove_temps(dirfd)
+        got = self._load(dirfd)
+        warnings.extend(got.warnings)
+        self._step("read")
+        afd = open_file(dirfd, AUDIT, p.audit, self.safety, os.O_RDWR | os.O_APPEND,
+                        create_mode=self.modes.audit)
+        try:
+            try:
+                last_seq, repaired = audit.repair(afd, got.meta.journal_seq, got.meta.journal)
+            except OSError as e:
+                raise io_error(e, "repairing", p.audit) from None
+            self._step("repaired")
+            state = got.state
+            self._bind(state, policy)
+            movable = archive.committed(state, now=now, archive_after=self.archive_after)
+            mutation = apply(state)
+            if not isinstance(mutation, Mutation):
+                raise Internal(f"apply() returned {type(mutation).__name__}, not a Mutation")
+            self._step("applied")
+            recovering = got.source != "ledger" and got.source != "empty"
+            if not mutation.changed and not recovering:
+                if repaired:
+                    self._sync_audit(afd)
+                return mutation.result
+            state.seq = max(got.meta.seq, last_seq) + 1
+            items = list(mutation.audit) or [{"action": "commit", "result": "ok"}]
+            if recovering:
+                items.insert(0, {"action": "recover", "result": "ok",
+                                 "before": {"ledger": "invalid" if got.damaged else "missing"},
+                                 "after": {"source": got.source, "seq": got.meta.seq}})
+            records = audit.make_records(items, seq=state.seq, time=ledgerdoc.format_utc(now),
+                                         uid=actor_uid, user=actor)
+            moved = archive.split(state, now=now, archive_after=self.archive_after,
+                                  retention=self.retention, movable=movable)
+            problems = ledgerdoc.check_state(state, self.capacity)
+            if problems:
+                raise Internal("refusing to write an invalid ledger: " + "; ".join(problems[:5]),
+                               details={"problems": problems})
+            try:
+                data = ledgerdoc.dumps(ledgerdoc.encode(
+                    state, commit=secrets.token_hex(8), written_at=now, journal=records))
+                lines = audit.encode(records)
+                groups = archive.group(moved, seq=state.seq, now=now)
+            except (TypeError, ValueError, RecursionError) as e:
+                raise Internal(f"the new ledger cannot be written as JSON: {e}") from None
+            need = 2 * len(data) + len(lines) + sum(len(b) for b in groups.values())
+            ensure_free(dirfd, p.data_dir, need, self.min_free)
+            # Every managed directory is opened and checked before the commit
+            # point, so that a refusal (a symlinked backups/) never follows it.
+            bfd = open_subdir(dirfd, BACKUPS, p.backups_dir, self.safety,
+                              create_mode=self.modes.dir) if self.backup_keep else None
+            try:
+                if got.damaged is not None:
+                    self._keep_damaged(dirfd, got.damaged, now, warnings)
+                self._archive(dirfd, groups, now)
+                self._step("archived")
+                self._sync_audit(afd)
+                self._step("audit_synced")
+                self._replace(dirfd, data)
+                self._valid = data
+                self._append_audit(afd, lines, state.seq, warnings)
+                self._step("audit_appended")
+                if bfd is not None:
+                    self._backup(bfd, state.seq, data, warnings)
+                self._step("backup_written")
+            finally:
+                if bfd is not None:
+                    os.close(bfd)
+            return mutation.result
+        finally:
+            os.close(afd)
+
+    def _bind(self, state: LedgerState, policy: dict | None) -> None:
+        """Policy binding (SPEC 5): the first write records the policy; a
+        writer configured differently refuses.  Keys the ledger does not know
+        yet (added by a newer bk) are recorded, not treated as a conflict."""
+        if policy is None:
+            return
+        if state.policy is None:
+            state.policy = dict(policy)
+            return
+        diff = {k: {"ledger": state.policy[k], "config": v} for k, v in policy.items()
+                if k in state.policy and (state.policy[k] != v
+                                          or type(state.policy[k]) is not type(v))}
+        if diff:
+            listing = "; ".join(f"{k}: ledger {d['ledger']!r}, configuration {d['config']!r}"
+                                for k, d in sorted(diff.items()))
+            raise ConfigError(
+                f"the configuration disagrees with the policy bound in {self.paths.ledger}: "
+                f"{listing}",
+                "the ledger keeps the policy of its first write; put those values back in the "
+                "configuration (bk config shows the effective one) or ask the administrator",
+                details={"differences": diff})
+        missing = {k: v for k, v in policy.items() if k not in state.policy}
+        if missing:
+            state.policy = {**state.policy, **missing}
+
+    def _archive(self, dirfd: int, groups: dict[str, bytes], now: int) -> None:
+        p = self.paths
+        create = self.modes.dir if groups else None
+        afd = open_subdir(dirfd, ARCHIVE, p.archive_dir, self.safety, create_mode=create)
+        if afd is None:
+            return
+        try:
+            if groups:
+                archive.append(afd, p.archive_dir, self.safety, self.modes.ledger, groups)
+            archive.prune(afd, p.archive_dir, now - self.retention)
+        finally:
+            os.close(afd)
+
+    def _sync_audit(self, afd: int) -> None:
+        try:
+            os.fsync(afd)
+        except OSError as e:
+            raise io_error(e, "syncing", self.paths.audit) from None
+
+    def _replace(self, dirfd: int, data: bytes) -> None:
+        p = self.paths
+        tmp = f"{TMP_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                         self.modes.ledger, dir_fd=dirfd)
+        except OSError as e:
+            raise io_error(e, "creating a temporary file in", p.data_dir) from None
+        try:
+            try:
+                os.fchmod(fd, self.modes.ledger)
+                if self._hit("tmp_partial"):
+                    write_all(fd, data[:len(data) // 2])
+                    _die()
+                write_all(fd, data)
+                self._step("tmp_written")
+                os.fsync(fd)
+                self._step("tmp_synced")
+            finally:
+                os.close(fd)
+            os.replace(tmp, LEDGER, src_dir_fd=dirfd, dst_dir_fd=dirfd)
+        except OSError as e:
+            unlink_quietly(dirfd, tmp)
+            raise io_error(e, "writing", p.ledger) from None
+        self._step("replaced")
+        # From here on the new ledger is what everyone reads.  If syncing
+        # the directory fails the commit may not survive a power loss: say
+        # so (the caller may retry with its op-id) rather than claim it.
+        fsync_dir(dirfd, p.data_dir)
+        self._step("dir_synced")
+
+    def _append_audit(self, afd: int, lines: bytes, seq: int, warnings: list[str]) -> None:
+        try:
+            if self._hit("audit_partial"):
+                write_all(afd, lines[:len(lines) // 2])
+                _die()
+            write_all(afd, lines)
+        except OSError as e:
+            warnings.append(f"commit {seq} is saved, but its audit records could not be appended "
+                            f"to {self.paths.audit} ({e.strerror}); the next write adds them")
+
+    def _backup(self, bfd: int, seq: int, data: bytes, warnings: list[str]) -> None:
+        try:
+            write_copy(bfd, f"ledger-{seq:010d}.json", self.paths.backups_dir, data, self.modes.ledger)
+            keep_newest(bfd, BACKUP_NAME, self.backup_keep)
+        except (BkError, OSError) as e:
+            warnings.append(f"commit {seq} is saved, but no backup was written: {e}")
+
+    def _keep_damaged(self, dirfd: int, data: bytes, now: int, warnings: list[str]) -> None:
+        stamp = ledgerdoc.format_utc(now).replace("-", "").replace(":", "")
+        name = f"{LEDGER}.damaged-{stamp}-{secrets.token_hex(2)}"
+        try:
+            write_new(dirfd, name, os.path.join(self.paths.data_dir, name), data,
+                      self.modes.ledger & 0o600)
+            warnings.append(f"the damaged ledger was kept as {os.path.join(self.paths.data_dir, name)}")
+        except BkError as e:
+            warnings.append(f"could not keep a copy of the damaged ledger: {e.message}")
+
+    def _remove_temps(self, dirfd: int) -> None:
+        """Temp files left by a writer that died (only lock holders make
+        them, and we hold the lock)."""
+        for name in os.listdir(dirfd):
+            if name.startswith(TMP_PREFIX):
+                unlink_quietly(dirfd, name)
+
+    # --- history and audit views ------------------------------------------------
+
+    def audit_tail(self, limit: int = 50, uid: int | None = None, *,
+                   max_bytes: int = audit.MAX_SCAN, include_pending: bool = True) -> audit.AuditTail:
+        """The newest ``limit`` audit records (of ``uid``: by or about that
+        user), oldest first, with the malformed lines met on the way."""
+        dirfd = open_dir(self.paths.data_dir, self.safety)
+        if dirfd is None:
+            return audit.AuditTail()
+        try:
+            pending = self._journal(dirfd) if include_pending else []
+            fd = open_file(dirfd, AUDIT, self.paths.audit, self.safety)
+            try:
+                return audit.read_tail(fd, limit=limit, uid=uid, max_bytes=max_bytes,
+                                       pending=pending, path=self.paths.audit)
+            except OSError as e:
+                raise io_error(e, "reading", self.paths.audit) from None
+            finally:
+                if fd is not None:
+                    os.close(fd)
+        finally:
+            os.close(dirfd)
+
+    def _journal(self, dirfd: int) -> list[dict]:
+        data = self._read(dirfd, LEDGER, self.paths.ledger)
+        return audit.journal_of(data) if data else []
+
+    def archived(self, uid: int | None = None, since: int | None = None) -> list:
+        """Archived bookings within retention (closed at or after ``since``).
+        Right after an archiving commit, and after a crash until the next
+        one, a booking can be both here and in the ledger: prefer the
+        ledger's copy."""
+        dirfd = open_dir(self.paths.data_dir, self.safety)
+        if dirfd is None:
+            return []
+        try:
+            afd = open_subdir(dirfd, ARCHIVE, self.paths.archive_dir, self.safety)
+            if afd is None:
+                return []
+            try:
+                with _gc_paused():
+                    found, _problems = archive.read(afd, self.paths.archive_dir, self.safety,
+                                                    cutoff=self.clock() - self.retention,
+                                                    uid=uid, since=since)
+                return found
+            finally:
+                os.close(afd)
+        finally:
+            os.close(dirfd)
+
+    def check(self) -> list[tuple[str, bool, str]]:
+        """Read-only health checks for ``bk doctor``: (name, ok, detail)."""
+        out = []
+        for name, probe in (("data directory", self._check_dir), ("ledger", self._check_ledger),
+                            ("backups", self._check_backups), ("audit log", self._check_audit),
+                            ("lock", self._check_lock)):
+            try:
+                out.append((name, *probe()))
+            except BkError as e:
+                out.append((name, False, e.message + (f" (hint: {e.hint})" if e.hint else "")))
+            except OSError as e:
+                out.append((name, False, str(e)))
+        return out
+
+    def _in_dir(self, fn, default=None):
+        dirfd = open_dir(self.paths.data_dir, self.safety)
+        if dirfd is None:
+            return default
+        try:
+            return fn(dirfd)
+        finally:
+            os.close(dirfd)
+
+    def _check_dir(self):
+        got = self._in_dir(lambda fd: (os.fstat(fd), os.fstatvfs(fd), os.listdir(fd)))
+        if got is None:
+            return True, f"{self.paths.data_dir} does not exist yet; the first write creates it"
+        st, vfs, names = got
+        mode, free = st.st_mode & 0o7777, vfs.f_bavail * vfs.f_frsize
+        detail = f"{self.paths.data_dir}: mode {mode:04o}, uid {st.st_uid}, {free >> 20} MiB free"
+        temps = sum(n.startswith(TMP_PREFIX) for n in names)
+        if temps:
+            detail += f"; {temps} temp files of an interrupted write (the next write removes them)"
+        if self.private and mode & 0o077:
+            return False, detail + f"; private mode expects 0700 (chmod 700 {self.paths.data_dir})"
+        return free >= self.min_free, detail
+
+    def _check_ledger(self):
+        got = self.read()
+        st = got.state
+        if got.source != "ledger":
+            return got.source == "empty", (got.warnings[0] if got.warnings else "no ledger yet")
+        bound = "policy not bound yet" if st.policy is None else "policy " + ", ".join(
+            f"{k}={v}" for k, v in sorted(st.policy.items()))
+        return True, f"valid: commit {st.seq}, {len(st.reservations)} bookings; {bound}"
+
+    def _check_backups(self):
+        def scan(dirfd):
+            names = self._backup_names(dirfd)
+            return names, [n for n in names if not self._parse(self._read_backup(
+                dirfd, n, os.path.join(self.paths.backups_dir, n)) or b"")[2]]
+        names, good = self._in_dir(scan, ([], []))
+        if not names:
+            return True, "none yet"
+        return bool(good), f"{len(good)} of {len(names)} valid, newest {names[0]}"
+
+    def _check_audit(self):
+        tail = self.audit_tail(limit=1, include_pending=False)
+        seq = self.read().state.seq
+        last = tail.entries[-1]["seq"] if tail.entries else 0
+        agree = (f"agrees with the ledger (commit {seq})" if last == seq else
+                 f"commit {seq}'s records are in the ledger's journal; the next write adds them"
+                 if last < seq else f"has commit {last}, newer than the ledger's {seq}")
+        torn_only = all("incomplete" in p for p in tail.problems)
+        return torn_only, "; ".join([agree] + tail.problems[:3])
+
+    def _check_lock(self):
+        state, pid = self._in_dir(lambda fd: lock_probe(fd, LOCK, self.paths.lock, self.safety),
+                                  ("missing", None))
+        if state == "held":
+            return True, f"held by {f'process {pid}' if pid else 'a writer'} right now"
+        return True, "free" if state == "free" else "no lock file yet"
+
+    # --- test hook -------------------------------------------------------------
+
+    def _hit(self, step: str) -> bool:
+        if self._crash is None or self._crash[0] != step:
+            return False
+        self._crash_hits += 1
+        return self._crash_hits >= self._crash[1]
+
+    def _step(self, step: str) -> None:
+        if self._hit(step):
+            _die()
+
+
+def _crash_point(spec: str | None) -> tuple[str, int] | None:
+    """``BK_TEST_CRASH_AT=STEP[:N]`` (tests only): die by SIGKILL right after
+    the N-th time (default 1) this Store passes STEP."""
+    if not spec:
+        return None
+    step, _, count = spec.partition(":")
+    if step not in STEPS:
+        raise ConfigError(f"{CRASH_ENV}={spec!r}: unknown step; steps: {', '.join(STEPS)}")
+    return step, int(count or 1)
+
+
+def _die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+    os._exit(137)

@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from bk.core import ledgerdoc
+from bk.core import ledgerdoc, utctime
 from bk.core.errors import EXIT_CONFIG, EXIT_IO, EXIT_TEMPFAIL, Busy, ConfigError, Internal, IOFailure
 from bk.core.models import Policy, Reservation
 from bk.store.ledger import Mutation, Store
@@ -70,7 +70,7 @@ def test_empty_then_commits(store, clock):
     tail = store.audit_tail()
     assert [(e["seq"], e["index"], e["uid"], e["action"]) for e in tail.entries] == [
         (1, 0, 1000, "create"), (2, 0, 1000, "create")]
-    assert tail.entries[0]["time"] == ledgerdoc.format_utc(T)
+    assert tail.entries[0]["time"] == utctime.format_utc(T)
 
 
 def test_unchanged_and_failed_transactions_write_nothing(store):
@@ -173,7 +173,7 @@ def test_archive_and_retention(store, clock):
     assert [r.id for r in store.archived(uid=7)] == [old.id]
     assert store.archived(since=T - 2 * 86400 + 1) == []
     assert store.archived()[1] == old
-    assert os.listdir(store.paths.archive_dir) == [ledgerdoc.format_utc(T)[:7] + ".jsonl"]
+    assert os.listdir(store.paths.archive_dir) == [utctime.format_utc(T)[:7] + ".jsonl"]
     clock.t = T + 87 * 86400                     # 89 days after they closed
     assert len(store.archived()) == 2
     clock.t = T + 89 * 86400
@@ -188,7 +188,7 @@ def test_archive_cuts_a_torn_tail_and_dedups(store, clock):
     a, b = booking(T - 3 * 86400, T - 2 * 86400), booking(T - 3 * 86400, T - 2 * 86400)
     commit(store, add(a))
     commit(store, add(b))        # archives a
-    month = os.path.join(store.paths.archive_dir, ledgerdoc.format_utc(T - 2 * 86400)[:7] + ".jsonl")
+    month = os.path.join(store.paths.archive_dir, utctime.format_utc(T - 2 * 86400)[:7] + ".jsonl")
     with open(month, "ab") as f:
         f.write(b'{"seq": 99, "reserv')          # an interrupted append
     # A crash after the archive append but before the commit duplicates a line:

@@ -42,8 +42,8 @@ from bk.core.models import (
     Notice,
     OpRecord,
     Reservation,
-    parse_iso,
 )
+from bk.core.utctime import format_utc, parse_utc
 
 FORMAT = "gpubk.ledger"
 VERSION = 1
@@ -58,93 +58,6 @@ _RES_KEYS = frozenset((
     "id", "uid", "user", "mode", "gpus", "share", "mem_mib", "start", "end", "created",
     "op_id", "note", "cancelled_at", "cancelled_by", "cancel_reason", "edits", "job",
 ))
-
-
-# --- time ------------------------------------------------------------------
-# Days since 1970-01-01 <-> proleptic Gregorian (year, month, day), after
-# Howard Hinnant's "chrono-compatible low-level date algorithms": years are
-# counted from March so that the leap day falls at the end of the year.
-
-def days_from_civil(y: int, m: int, d: int) -> int:
-    y -= m <= 2
-    era = y // 400
-    yoe = y - era * 400
-    doy = (153 * (m - 3 if m > 2 else m + 9) + 2) // 5 + d - 1
-    doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
-    return era * 146097 + doe - 719468
-
-
-def civil_from_days(z: int) -> tuple[int, int, int]:
-    z += 719468
-    era = z // 146097
-    doe = z - era * 146097
-    yoe = (doe - doe // 1460 + doe // 36524 - doe // 146096) // 365
-    doy = doe - (365 * yoe + yoe // 4 - yoe // 100)
-    mp = (5 * doy + 2) // 153
-    d = doy - (153 * mp + 2) // 5 + 1
-    m = mp + 3 if mp < 10 else mp - 9
-    return yoe + era * 400 + (m <= 2), m, d
-
-
-def _month_days(y: int, m: int) -> int:
-    if m == 2:
-        return 29 if (y % 4 == 0 and y % 100 != 0) or y % 400 == 0 else 28
-    return 30 if m in (4, 6, 9, 11) else 31
-
-
-# Both memos are bounded: cleared when full.  Slot-aligned starts and ends
-# repeat across bookings, and decoding records every string it parsed so
-# that re-encoding an unchanged ledger formats nothing.
-_MEMO_MAX = 1 << 17
-_parsed: dict[str, int] = {}
-_formatted: dict[int, str] = {}
-
-
-def format_utc(t: int) -> str:
-    """Epoch seconds -> ``2026-07-13T18:00:00Z`` (years 0000-9999)."""
-    s = _formatted.get(t) if type(t) is int else None
-    if s is not None:
-        return s
-    if type(t) is not int:
-        raise ValueError(f"expected integer epoch seconds, got {type(t).__name__}")
-    days, secs = divmod(t, 86400)
-    y, m, d = civil_from_days(days)
-    if not 0 <= y <= 9999:
-        raise ValueError(f"{t} is outside years 0000-9999")
-    hh, rem = divmod(secs, 3600)
-    mm, ss = divmod(rem, 60)
-    s = f"{y:04d}-{m:02d}-{d:02d}T{hh:02d}:{mm:02d}:{ss:02d}Z"
-    if len(_formatted) >= _MEMO_MAX:
-        _formatted.clear()
-    _formatted[t] = s
-    return s
-
-
-def parse_utc(s: str) -> int:
-    """``YYYY-MM-DDTHH:MM:SSZ`` -> epoch seconds; other ISO-8601 forms with a
-    zone go through ``models.parse_iso``.  Raises ValueError."""
-    if type(s) is not str:
-        raise ValueError(f"expected an ISO-8601 string, got {type(s).__name__}")
-    t = _parsed.get(s)
-    if t is not None:
-        return t
-    if not (len(s) == 20 and s[19] == "Z" and s[10] == "T" and s[4] == "-" and s[7] == "-"
-            and s[13] == ":" and s[16] == ":" and s.isascii()):
-        return parse_iso(s)
-    digits = s[0:4] + s[5:7] + s[8:10] + s[11:13] + s[14:16] + s[17:19]
-    if not digits.isdigit():
-        raise ValueError(f"{s!r} is not a valid UTC time")
-    y, mo, d = int(s[0:4]), int(s[5:7]), int(s[8:10])
-    hh, mi, ss = int(s[11:13]), int(s[14:16]), int(s[17:19])
-    if not (1 <= mo <= 12 and 1 <= d <= _month_days(y, mo) and hh < 24 and mi < 60 and ss < 60):
-        raise ValueError(f"{s!r} is not a valid UTC time")
-    t = days_from_civil(y, mo, d) * 86400 + hh * 3600 + mi * 60 + ss
-    if len(_parsed) >= _MEMO_MAX:
-        _parsed.clear()
-        _formatted.clear()
-    _parsed[s] = t
-    _formatted[t] = s
-    return t
 
 
 def _opt_time(v) -> int | None:
@@ -167,13 +80,18 @@ def canonical(v):
 
 
 def edit_to_dict(e: Edit) -> dict:
-    return {"actor": e.actor, "actor_uid": e.actor_uid, "after": canonical(e.after),
-            "at": format_utc(e.at), "before": canonical(e.before)}
+    d = {"actor": e.actor, "actor_uid": e.actor_uid, "after": canonical(e.after),
+         "at": format_utc(e.at), "before": canonical(e.before)}
+    if e.extra:
+        d = canonical({**{k: v for k, v in e.extra.items() if k not in Edit.NAMES}, **d})
+    return d
 
 
 def edit_from_dict(d: dict) -> Edit:
+    unknown = d.keys() - set(Edit.NAMES)
     return Edit(parse_utc(d["at"]), int(d["actor_uid"]), str(d["actor"]),
-                dict(d.get("before") or {}), dict(d.get("after") or {}))
+                dict(d.get("before") or {}), dict(d.get("after") or {}),
+                {k: d[k] for k in unknown} if unknown else {})
 
 
 def reservation_to_dict(r: Reservation) -> dict:

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+
+from bk.core.utctime import format_utc, parse_utc
 
 SHARED = "shared"
 EXCLUSIVE = "exclusive"
@@ -27,22 +28,12 @@ STATUSES = (UPCOMING, ACTIVE, ENDED, CANCELLED)
 
 def iso(t: int | None) -> str | None:
     """Epoch seconds -> ``2026-07-13T18:00:00Z`` (None stays None)."""
-    if t is None:
-        return None
-    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return None if t is None else format_utc(t)
 
 
 def parse_iso(text: str) -> int:
     """ISO-8601 with ``Z`` or an offset -> epoch seconds.  Raises ValueError."""
-    if not isinstance(text, str):
-        raise ValueError(f"expected an ISO-8601 string, got {type(text).__name__}")
-    s = text.strip()
-    if s.endswith(("Z", "z")):
-        s = s[:-1] + "+00:00"
-    dt = datetime.fromisoformat(s)
-    if dt.tzinfo is None:
-        raise ValueError(f"{text!r} has no time zone (add Z or an offset)")
-    return int(dt.timestamp())
+    return parse_utc(text)
 
 
 @dataclass
@@ -54,15 +45,21 @@ class Edit:
     actor: str
     before: dict
     after: dict
+    extra: dict = field(default_factory=dict)
+
+    NAMES = ("at", "actor_uid", "actor", "before", "after")
 
     def to_dict(self) -> dict:
-        return {"at": iso(self.at), "actor_uid": self.actor_uid, "actor": self.actor,
-                "before": self.before, "after": self.after}
+        d = dict(self.extra)
+        d.update({"at": iso(self.at), "actor_uid": self.actor_uid, "actor": self.actor,
+                  "before": self.before, "after": self.after})
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> Edit:
         return cls(parse_iso(d["at"]), int(d["actor_uid"]), str(d["actor"]),
-                   dict(d.get("before") or {}), dict(d.get("after") or {}))
+                   dict(d.get("before") or {}), dict(d.get("after") or {}),
+                   {k: v for k, v in d.items() if k not in cls.NAMES})
 
 
 @dataclass
@@ -124,7 +121,7 @@ class Reservation:
 
     @classmethod
     def from_dict(cls, d: dict) -> Reservation:
-        known = {f.name for f in dataclasses.fields(cls)} | {"cancelled_at"}
+        known = {f.name for f in dataclasses.fields(cls)} - {"extra"}
         extra = {k: v for k, v in d.items() if k not in known}
         ca = d.get("cancelled_at")
         return cls(
@@ -273,15 +270,20 @@ class OpRecord:
     digest: str          # hash of the canonical request
     reservation: str     # the reservation id it produced or changed
     at: int
+    extra: dict = field(default_factory=dict)
+
+    NAMES = ("op_id", "uid", "action", "digest", "reservation", "at")
 
     def to_dict(self) -> dict:
-        return {"op_id": self.op_id, "uid": self.uid, "action": self.action,
-                "digest": self.digest, "reservation": self.reservation, "at": iso(self.at)}
+        d = dict(self.extra)
+        d.update({"op_id": self.op_id, "uid": self.uid, "action": self.action,
+                  "digest": self.digest, "reservation": self.reservation, "at": iso(self.at)})
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> OpRecord:
         return cls(d["op_id"], int(d["uid"]), d["action"], d["digest"], d["reservation"],
-                   parse_iso(d["at"]))
+                   parse_iso(d["at"]), {k: v for k, v in d.items() if k not in cls.NAMES})
 
 
 @dataclass

@@ -29,7 +29,7 @@ import json
 import os
 import re
 
-from bk.core import ledgerdoc
+from bk.core import ledgerdoc, utctime
 from bk.core.models import LedgerState, Reservation
 from bk.store.fsutil import (
     O_CLOEXEC,
@@ -95,7 +95,7 @@ def split(state: LedgerState, *, now: int, archive_after: int, retention: int,
 
 
 def month_name(t: int) -> str:
-    return ledgerdoc.format_utc(t)[:7] + ".jsonl"
+    return utctime.format_utc(t)[:7] + ".jsonl"
 
 
 def month_end(name: str) -> int | None:
@@ -105,12 +105,12 @@ def month_end(name: str) -> int | None:
         return None
     y, mo = int(m.group(1)), int(m.group(2))
     y, mo = (y + 1, 1) if mo == 12 else (y, mo + 1)
-    return ledgerdoc.days_from_civil(y, mo, 1) * 86400
+    return utctime.days_from_civil(y, mo, 1) * 86400
 
 
 def group(moved: list[Reservation], *, seq: int, now: int) -> dict[str, bytes]:
     """The bytes to append to each month file."""
-    stamp = ledgerdoc.format_utc(now)
+    stamp = utctime.format_utc(now)
     out: dict[str, list[bytes]] = {}
     for r in moved:
         line = json.dumps({"seq": seq, "archived_at": stamp,

@@ -46,7 +46,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from bk.core import ledgerdoc
+from bk.core import ledgerdoc, utctime
 from bk.core.errors import BkError, ConfigError, Internal, IOFailure, WrongAccount
 from bk.core.models import LedgerState
 from bk.store import archive, audit
@@ -255,7 +255,7 @@ class Store:
                         else f"is invalid ({'; '.join(problems[:3])})")
                 return _Loaded(bstate, bmeta, f"backup:{name}", [
                     f"THE LEDGER {p.ledger} {what}. Using the newest valid backup {bpath} "
-                    f"(commit {bmeta.seq}, written {ledgerdoc.format_utc(bmeta.written_at or 0)}); "
+                    f"(commit {bmeta.seq}, written {utctime.format_utc(bmeta.written_at or 0)}); "
                     f"changes after it are lost unless recovered by hand. The next write "
                     f"replaces the ledger and keeps the damaged file as {LEDGER}.damaged-*."],
                     damaged=data)
@@ -363,7 +363,7 @@ class Store:
                 items.insert(0, {"action": "recover", "result": "ok",
                                  "before": {"ledger": "invalid" if got.damaged else "missing"},
                                  "after": {"source": got.source, "seq": got.meta.seq}})
-            records = audit.make_records(items, seq=state.seq, time=ledgerdoc.format_utc(now),
+            records = audit.make_records(items, seq=state.seq, time=utctime.format_utc(now),
                                          uid=actor_uid, user=actor)
             moved = archive.split(state, now=now, archive_after=self.archive_after,
                                   retention=self.retention, movable=movable)
@@ -498,7 +498,7 @@ class Store:
             warnings.append(f"commit {seq} is saved, but no backup was written: {e}")
 
     def _keep_damaged(self, dirfd: int, data: bytes, now: int, warnings: list[str]) -> None:
-        stamp = ledgerdoc.format_utc(now).replace("-", "").replace(":", "")
+        stamp = utctime.format_utc(now).replace("-", "").replace(":", "")
         name = f"{LEDGER}.damaged-{stamp}-{secrets.token_hex(2)}"
         try:
             write_new(dirfd, name, os.path.join(self.paths.data_dir, name), data,

@@ -65,6 +65,12 @@ def run(args, ctx) -> Output:
             "placement": result.placement, "dry_run": result.dry_run}
     tz = common.local_tz()
     capacity = app.policy.max_shared_users
+    suggestion = None
+    if not (ctx.json or args.quiet or result.dry_run) and result.status in ("created", "queued"):
+        # Learned defaults: the third booking of one shape suggests a preset.
+        from bk.service.presets import suggest_preset
+
+        suggestion = suggest_preset(app, r)
 
     def human(term) -> str:
         if args.quiet:
@@ -85,6 +91,8 @@ def run(args, ctx) -> Output:
         if args.verbose and result.placement:
             for g, why in result.placement.get("gpus", {}).items():
                 lines.append(wrap(f"GPU {g}: {why}", term.width, "  ", "      "))
+        if suggestion:
+            lines.append(wrap(f"hint: {suggestion['hint']}", term.width, "", "  "))
         return "\n".join(lines)
 
     return Output(args.command, data, human, warnings=list(result.warnings))

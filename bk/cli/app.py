@@ -63,6 +63,22 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     whose lines are indented (``Examples:`` blocks) keeps its layout, so
     commands line up and stay copyable."""
 
+    def __init__(self, prog, indent_increment=2, max_help_position=24, width=None):
+        # argparse builds a formatter for every add_argument() call, and the
+        # default width lookup imports shutil (and with it bz2 and lzma): a
+        # few milliseconds on every run for help that is rarely printed.
+        if width is None:
+            cols = os.environ.get("COLUMNS", "")
+            if cols.isdigit():
+                width = int(cols)
+            else:
+                try:
+                    width = os.get_terminal_size(sys.stdout.fileno()).columns
+                except (OSError, ValueError):
+                    width = 80
+            width -= 2
+        super().__init__(prog, indent_increment, max_help_position, width)
+
     def _fill_text(self, text, width, indent):
         import textwrap
 

@@ -38,8 +38,6 @@ from __future__ import annotations
 import gc
 import os
 import re
-import secrets
-import signal
 import threading
 import time
 from collections.abc import Callable
@@ -69,6 +67,12 @@ from bk.store.fsutil import (
 )
 from bk.store.lock import LedgerLock
 from bk.store.lock import probe as lock_probe
+
+
+def _token_hex(nbytes: int) -> str:
+    # os.urandom directly: the secrets module pulls in hmac and OpenSSL's
+    # hashlib, a start-up cost every command would pay for a temp-file name.
+    return os.urandom(nbytes).hex()
 
 LEDGER, LOCK, AUDIT, BACKUPS, ARCHIVE = "ledger.json", "ledger.lock", "audit.jsonl", "backups", "archive"
 TMP_PREFIX = ".ledger.json.tmp-"
@@ -373,7 +377,7 @@ class Store:
                                details={"problems": problems})
             try:
                 data = ledgerdoc.dumps(ledgerdoc.encode(
-                    state, commit=secrets.token_hex(8), written_at=now, journal=records))
+                    state, commit=_token_hex(8), written_at=now, journal=records))
                 lines = audit.encode(records)
                 groups = archive.group(moved, seq=state.seq, now=now)
             except (TypeError, ValueError, RecursionError) as e:
@@ -451,7 +455,7 @@ class Store:
 
     def _replace(self, dirfd: int, data: bytes) -> None:
         p = self.paths
-        tmp = f"{TMP_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
+        tmp = f"{TMP_PREFIX}{os.getpid()}-{_token_hex(4)}"
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_NOFOLLOW | O_CLOEXEC,
                          self.modes.ledger, dir_fd=dirfd)
@@ -499,7 +503,7 @@ class Store:
 
     def _keep_damaged(self, dirfd: int, data: bytes, now: int, warnings: list[str]) -> None:
         stamp = utctime.format_utc(now).replace("-", "").replace(":", "")
-        name = f"{LEDGER}.damaged-{stamp}-{secrets.token_hex(2)}"
+        name = f"{LEDGER}.damaged-{stamp}-{_token_hex(2)}"
         try:
             write_new(dirfd, name, os.path.join(self.paths.data_dir, name), data,
                       self.modes.ledger & 0o600)
@@ -662,5 +666,7 @@ def _crash_point(spec: str | None) -> tuple[str, int] | None:
 
 
 def _die() -> None:
+    import signal
+
     os.kill(os.getpid(), signal.SIGKILL)
     os._exit(137)

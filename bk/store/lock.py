@@ -31,7 +31,6 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
-import random
 import time
 from collections.abc import Callable
 
@@ -79,7 +78,7 @@ class LedgerLock:
             left = deadline - self.monotonic()
             if left <= 0:
                 raise self._busy(fd)
-            self.sleep(min(left, pause * random.uniform(0.5, 1.5)))
+            self.sleep(min(left, pause * (0.5 + int.from_bytes(os.urandom(2), 'big') / 65535)))
             pause = min(pause * 2, 0.05)
 
     def _busy(self, fd: int) -> Busy:

@@ -63,8 +63,11 @@ def run(args, ctx) -> Output:
         data = {"ok": True, "config_file": plan.config_file, "data_dir": plan.data_dir,
                 "socket": plan.socket_path, "service_uid": plan.service_uid, "access": plan.access,
                 "ledger": result.ledger}
-        human = (f"broker can start: config {plan.config_file} trusted; data {plan.data_dir} and socket "
-                 f"directory are safe; no other broker answers at {plan.socket_path}; ledger: {result.ledger}")
+        human = "\n".join(["the broker can start:",
+                           f"  config  {plan.config_file} (trusted)",
+                           f"  data    {plan.data_dir} (owner uid {plan.service_uid}, safe mode)",
+                           f"  socket  {plan.socket_path} (access {plan.access}; no other broker answers)",
+                           f"  ledger  {result.ledger}"])
         return Output("broker", data, human)
     stats = server.run(ctx.env, max_clients=args.max_clients, idle_timeout=args.idle_timeout,
                        frame_timeout=args.frame_timeout)

@@ -72,6 +72,10 @@ class Service:
             self._gpus = self.backend.devices()
         return self._gpus
 
+    def refresh(self) -> None:
+        """Forget the GPU snapshot; long-lived callers (the broker) take a new one."""
+        self._gpus = None
+
     def ledger(self) -> LedgerState:
         read = self.store.read()
         for w in read.warnings:

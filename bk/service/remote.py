@@ -86,6 +86,13 @@ class RemoteService(Service):
     def _call(self, op: str, fields: dict) -> tuple[dict, list[str]]:
         return self.client.call(op, fields)
 
+    def _transact(self, apply, actor):
+        # Every write of a shared server is the broker's.  A write method of
+        # Service that has no broker operation yet must fail loudly here, not
+        # try the ledger (which would refuse this account anyway).
+        raise Internal("this change has no broker operation yet, so it cannot be made on a shared server",
+                       hint="run it on a private ledger, or ask for it to be added to bk.broker.handlers")
+
     def book(self, req: BookRequest, actor: Actor | None = None) -> BookResult:
         data, warnings = self._call("book", to_wire(req))
         return book_result(data, warnings)

@@ -102,16 +102,18 @@ def from_wire(cls, fields: dict):
     with its exact type (bool is not an int here)."""
     if not isinstance(fields, dict):
         raise InvalidInput("request fields must be an object")
-    names = {f.name for f in dataclasses.fields(cls)}
+    defaults = {f.name: f.default for f in dataclasses.fields(cls)}
     kwargs = {}
     for k, v in fields.items():
-        if k not in names:
+        if k not in defaults:
             raise InvalidInput(f"unknown field {k!r}")
         want = _WIRE_TYPES[k]
         if v is None:
+            if defaults[k] is not None:
+                raise InvalidInput(f"field {k!r} may not be null")
             kwargs[k] = None
             continue
-        if want is int and (not isinstance(v, int) or isinstance(v, bool)):
+        if want is int and (not isinstance(v, int) or isinstance(v, bool) or not -2**53 < v < 2**53):
             raise InvalidInput(f"field {k!r} must be an integer")
         if want is not int and not isinstance(v, want):
             raise InvalidInput(f"field {k!r} must be {want.__name__}")

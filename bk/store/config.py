@@ -194,6 +194,12 @@ def check_trusted(path: str) -> None:
     root-owned 0755 directory: the sticky bit stops others from renaming or
     removing entries they do not own, so they cannot swap our subtree.
     """
+    real = os.path.realpath(path)
+    if real != os.path.abspath(path):
+        # The kernel resolves "link/.." through the link, so the text of the
+        # path says nothing about the directories really above the file.
+        raise ConfigError(f"untrusted config {path}: its path goes through a symbolic link",
+                          hint=f"name the file by its real path, {real}")
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -211,7 +217,10 @@ def check_trusted(path: str) -> None:
     # The file's own directory must not be writable by others at all.
     child_safe = False
     while True:
-        dst = os.lstat(directory)
+        try:
+            dst = os.lstat(directory)
+        except OSError as e:
+            raise ConfigError(f"untrusted config {path}: cannot inspect {directory}: {e.strerror}") from None
         if stat.S_ISLNK(dst.st_mode):
             raise ConfigError(f"untrusted config {path}: {directory} is a symbolic link")
         if dst.st_uid != 0:

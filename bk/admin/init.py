@@ -1,0 +1,355 @@
+"""``sudo bk admin init``: the smallest set-up of a shared server.
+
+What it does.  It writes the trusted configuration (default
+``/etc/gpubk/config.json``, root:root 0644) and creates the data directory
+and the socket directory owned by the service account.  That is all the
+broker needs; the installer (``bk admin install``, a later issue) adds the
+archive, the systemd units and the rest on top of it.
+
+What it never does.  It creates no accounts and no groups (the administrator
+owns those decisions), never replaces a configuration that says something
+different, and never takes over a non-empty directory that belongs to
+someone else.  Running it again with the same options changes nothing.
+
+Order matters.  The config file is written last: its mere existence switches
+every ``bk`` on the machine to shared mode, so it must not appear before the
+directories it names.  It is written to a temporary file in its directory,
+checked with the same trust rule every client applies (``check_trusted``:
+root-owned, nobody else can write it or any directory above it), and then
+linked into place with ``link(2)``, which fails rather than overwrite a
+config that appeared in the meantime.
+
+Modes.  ``access: all``: data and socket directories 0755, the socket 0666.
+``access: group``: the data directory 0750 and the socket directory 2750,
+both with that group, so only members can read the ledger or reach the
+socket.  The set-group-ID bit on the socket directory makes the socket the
+broker binds there inherit the group, which the unprivileged broker could
+not otherwise give it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from dataclasses import dataclass, field
+
+from bk.core.errors import ConfigError, InvalidInput, PermissionDenied
+from bk.store.paths import DEFAULT_SHARED_DATA_DIR, DEFAULT_SOCKET, SYSTEM_CONFIG
+
+SUN_PATH_MAX = 107
+
+
+@dataclass(frozen=True)
+class Options:
+    service_user: str | None = None
+    data_dir: str = DEFAULT_SHARED_DATA_DIR
+    socket: str = DEFAULT_SOCKET
+    access: str = "all"
+    group: str | None = None
+    gpu_count: int | None = None
+    slot_minutes: int | None = None
+    max_shared_users: int | None = None
+    config_file: str = SYSTEM_CONFIG
+
+
+@dataclass(frozen=True)
+class Step:
+    """One change to the system, or a note that something is already right."""
+
+    action: str          # mkdir | adopt | chmod | write | keep
+    path: str
+    uid: int
+    gid: int
+    mode: int
+    why: str = ""
+
+    def to_json(self) -> dict:
+        return {"action": self.action, "path": self.path, "uid": self.uid, "gid": self.gid,
+                "mode": f"{self.mode:04o}", "why": self.why}
+
+
+@dataclass
+class Plan:
+    options: Options
+    service_user: str
+    service_uid: int
+    service_gid: int
+    group_gid: int | None
+    config: dict                      # what init writes (or found identical)
+    steps: list[Step] = field(default_factory=list)
+
+    @property
+    def changes(self) -> list[Step]:
+        return [s for s in self.steps if s.action != "keep"]
+
+
+@dataclass
+class Result:
+    plan: Plan
+    status: str                       # created | unchanged | dry_run
+    applied: list[Step]
+
+    def to_json(self) -> dict:
+        p = self.plan
+        return {"status": self.status, "dry_run": self.status == "dry_run",
+                "config_file": p.options.config_file, "config": p.config,
+                "service_user": p.service_user, "service_uid": p.service_uid,
+                "data_dir": p.options.data_dir, "socket": p.options.socket,
+                "steps": [s.to_json() for s in p.steps],
+                "changed": [s.path for s in self.applied]}
+
+
+# ------------------------------------------------------------- planning
+
+def _service_account(options: Options, env: dict):
+    import pwd
+
+    name = options.service_user or env.get("SUDO_USER")
+    if not name or name == "root":
+        raise InvalidInput("name the service account that will run the broker and own the data",
+                           hint="sudo bk admin init --service-user gpubk (create it first: "
+                                "sudo useradd --system --no-create-home gpubk)")
+    try:
+        pw = pwd.getpwnam(name)
+    except KeyError:
+        raise InvalidInput(f"there is no account named {name!r}; bk admin init creates no accounts",
+                           hint=f"create it first: sudo useradd --system --no-create-home {name}") from None
+    if pw.pw_uid == 0:
+        raise InvalidInput(f"the service account {name!r} is root; the broker must run unprivileged",
+                           hint="use a dedicated account, e.g. --service-user gpubk")
+    return pw
+
+
+def _group(options: Options) -> int | None:
+    import grp
+
+    if options.access == "all":
+        if options.group:
+            raise InvalidInput("--group needs --access group", hint="add --access group")
+        return None
+    if options.access != "group":
+        raise InvalidInput(f"--access must be all or group, got {options.access!r}")
+    if not options.group:
+        raise InvalidInput("--access group needs --group NAME", hint="e.g. --access group --group gpu-users")
+    try:
+        return grp.getgrnam(options.group).gr_gid
+    except KeyError:
+        raise InvalidInput(f"there is no group named {options.group!r}; bk admin init creates no groups",
+                           hint=f"create it first: sudo groupadd {options.group}") from None
+
+
+def config_document(options: Options, uid: int, gid: int) -> dict:
+    from bk.store.config import parse_document
+
+    doc: dict = {"data_dir": options.data_dir, "socket": options.socket, "service_uid": uid,
+                 "service_gid": gid, "access": options.access}
+    if options.group:
+        doc["group"] = options.group
+    for key in ("gpu_count", "slot_minutes", "max_shared_users"):
+        value = getattr(options, key)
+        if value is not None:
+            doc[key] = value
+    try:
+        return parse_document(doc, "bk admin init", allow_security=True)
+    except ConfigError as e:
+        raise InvalidInput(e.message.replace("bk admin init: ", ""), hint="see man 5 gpubk-config") from None
+
+
+def _absolute(path: str, flag: str) -> str:
+    if not os.path.isabs(path):
+        raise InvalidInput(f"{flag} must be an absolute path, got {path!r}")
+    return os.path.normpath(path)
+
+
+def _check_ancestors(path: str, owners: tuple[int, ...]) -> list[str]:
+    """Existing directories above ``path`` must be safe (the rule of
+    ``check_trusted``); returns the missing ones, top first, to create."""
+    missing = []
+    d = os.path.dirname(path)
+    while not os.path.lexists(d):
+        missing.append(d)
+        d = os.path.dirname(d)
+    child_safe = True
+    while True:
+        st = os.lstat(d)
+        writable = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+        if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+            raise ConfigError(f"{d} (above {path}) is not a plain directory",
+                              hint="choose a path below real, root-owned directories")
+        if st.st_uid not in owners or (writable and not (st.st_mode & stat.S_ISVTX and child_safe)):
+            raise ConfigError(f"{path} would lie below {d}, which others can change "
+                              f"(owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o})",
+                              hint="choose a path below root-owned directories that only root can write")
+        child_safe = not writable
+        parent = os.path.dirname(d)
+        if parent == d:
+            return list(reversed(missing))
+        d = parent
+
+
+def _dir_steps(path: str, uid: int, gid: int, mode: int, why: str) -> list[Step]:
+    steps = [Step("mkdir", d, 0, 0, 0o755, "parent directory")
+             for d in _check_ancestors(path, (0, uid))]
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return steps + [Step("mkdir", path, uid, gid, mode, why)]
+    if not stat.S_ISDIR(st.st_mode):
+        raise ConfigError(f"{path} exists and is not a directory (it is a link or a file)",
+                          hint="move it away or choose another path")
+    if st.st_uid != uid:
+        if os.listdir(path):
+            raise ConfigError(f"{path} already holds files and belongs to uid {st.st_uid}, not to the "
+                              "service account; refusing to take it over",
+                              hint="choose another directory, or move those files away first")
+        return steps + [Step("adopt", path, uid, gid, mode, why + " (existing, empty)")]
+    if (st.st_gid, stat.S_IMODE(st.st_mode)) != (gid, mode):
+        return steps + [Step("chmod", path, uid, gid, mode, why + " (existing; owner and mode set)")]
+    return steps + [Step("keep", path, uid, gid, mode, why)]
+
+
+def _existing_config(path: str, doc: dict) -> Step | None:
+    """None when no config exists; a 'keep' step when it already says what
+    init would write; otherwise a refusal."""
+    from bk.store.config import check_trusted
+
+    if not os.path.lexists(path):
+        return None
+    check_trusted(path)
+    try:
+        with open(path, "rb") as f:
+            old = json.loads(f.read(1 << 20))
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{path} exists but cannot be read as JSON: {e}",
+                          hint="fix or move it away, then rerun") from None
+    if not isinstance(old, dict):
+        raise ConfigError(f"{path} exists but is not a JSON object", hint="fix or move it away, then rerun")
+    differ = [k for k in sorted(doc) if old.get(k) != doc[k]]
+    if differ:
+        shown = ", ".join(f"{k}: {json.dumps(old.get(k))} -> {json.dumps(doc[k])}" for k in differ)
+        raise ConfigError(f"{path} already exists with different settings ({shown}); not overwriting it",
+                          hint="edit it by hand (man 5 gpubk-config), or move it away and rerun")
+    st = os.lstat(path)
+    return Step("keep", path, st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode), "trusted configuration")
+
+
+def plan(options: Options, env: dict) -> Plan:
+    """Everything init would do, checked; changes nothing."""
+    try:
+        return _plan(options, env)
+    except PermissionError as e:
+        raise PermissionDenied(f"cannot inspect {e.filename}: {e.strerror}",
+                               hint="run it as root: sudo bk admin init ...") from None
+
+
+def _plan(options: Options, env: dict) -> Plan:
+    options = Options(**{**options.__dict__,
+                         "data_dir": _absolute(options.data_dir, "--data-dir"),
+                         "socket": _absolute(options.socket, "--socket"),
+                         "config_file": _absolute(options.config_file, "--config-file")})
+    if len(os.fsencode(options.socket)) > SUN_PATH_MAX:
+        raise InvalidInput(f"--socket {options.socket} is longer than {SUN_PATH_MAX} bytes, the kernel's limit")
+    pw = _service_account(options, env)
+    group_gid = _group(options)
+    doc = config_document(options, pw.pw_uid, pw.pw_gid)
+    uid = pw.pw_uid
+    if group_gid is None:
+        data = _dir_steps(options.data_dir, uid, pw.pw_gid, 0o755, "data directory")
+        sock = _dir_steps(os.path.dirname(options.socket), uid, pw.pw_gid, 0o755, "socket directory")
+    else:
+        data = _dir_steps(options.data_dir, uid, group_gid, 0o750, "data directory")
+        sock = _dir_steps(os.path.dirname(options.socket), uid, group_gid, 0o2750, "socket directory")
+    steps: list[Step] = []
+    for s in data + sock:
+        if s.path not in {t.path for t in steps}:
+            steps.append(s)
+    kept = _existing_config(options.config_file, doc)
+    if kept is None:
+        steps += [Step("mkdir", d, 0, 0, 0o755, "configuration directory")
+                  for d in _check_ancestors(options.config_file, (0,)) if d not in {t.path for t in steps}]
+        steps.append(Step("write", options.config_file, 0, 0, 0o644, "trusted configuration"))
+    else:
+        steps.append(kept)
+    return Plan(options, pw.pw_name, uid, pw.pw_gid, group_gid, doc, steps)
+
+
+# ------------------------------------------------------------- applying
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_config(step: Step, doc: dict) -> None:
+    from bk.store.config import check_trusted
+
+    directory, name = os.path.split(step.path)
+    tmp = os.path.join(directory, f".{name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+            f.flush()
+            os.fchown(f.fileno(), 0, 0)
+            os.fchmod(f.fileno(), 0o644)
+            os.fsync(f.fileno())
+        check_trusted(tmp)            # the rule every client will apply, on the real path
+        try:
+            os.link(tmp, step.path)   # never replaces: a config that appeared meanwhile wins
+        except FileExistsError:
+            raise ConfigError(f"{step.path} appeared while bk admin init ran; not overwriting it",
+                              hint="inspect it and rerun") from None
+    finally:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+    _fsync_dir(directory)
+
+
+def _apply_step(step: Step, doc: dict) -> None:
+    if step.action == "mkdir":
+        os.mkdir(step.path, 0o700)    # nobody else can get in before chown/chmod below
+    if step.action in ("mkdir", "adopt", "chmod"):
+        st = os.lstat(step.path)
+        if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+            raise ConfigError(f"{step.path} changed while bk admin init ran", hint="inspect it and rerun")
+        os.chown(step.path, step.uid, step.gid, follow_symlinks=False)
+        os.chmod(step.path, step.mode)   # exact, whatever the umask
+        _fsync_dir(os.path.dirname(step.path))
+    elif step.action == "write":
+        _write_config(step, doc)
+
+
+def apply(p: Plan, *, euid: int | None = None) -> Result:
+    """Carry out the plan (as root).  Stops at the first failure; what was
+    done is safe to keep and a rerun continues from there."""
+    if (os.geteuid() if euid is None else euid) != 0:
+        raise PermissionDenied("bk admin init changes system directories and must run as root",
+                               hint="sudo bk admin init ...")
+    done: list[Step] = []
+    for step in p.changes:
+        _apply_step(step, p.config)
+        done.append(step)
+    verify(p)
+    return Result(p, "created" if done else "unchanged", done)
+
+
+def dry_run(p: Plan) -> Result:
+    return Result(p, "dry_run", [])
+
+
+def verify(p: Plan) -> None:
+    """What the broker and every client will check, checked now."""
+    from bk.broker.server import check_owned_dir
+    from bk.store.config import load
+    from bk.store.paths import Locations
+
+    o = p.options
+    load(Locations("shared", o.data_dir, o.config_file, True, ""))
+    check_owned_dir(o.data_dir, p.service_uid, "data directory")
+    check_owned_dir(os.path.dirname(o.socket), p.service_uid, "socket directory")

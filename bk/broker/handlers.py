@@ -110,8 +110,8 @@ def decode_request(cls, fields: dict):
     return from_wire(cls, fields)
 
 
-def _notice_fields(fields: dict) -> tuple[str, str, int | None]:
-    allowed = ("text", "level", "until")
+def _notice_fields(fields: dict) -> tuple[str, str, int | None, bool]:
+    allowed = ("text", "level", "until", "dry_run")
     for k in fields:
         if k not in allowed:
             raise InvalidInput(f"unknown field {k!r}; notice_publish takes " + ", ".join(allowed))
@@ -125,7 +125,10 @@ def _notice_fields(fields: dict) -> tuple[str, str, int | None]:
         if type(until) is not int:
             raise InvalidInput("'until' must be epoch seconds (an integer) or null")
         _check_value("until", until)
-    return text, level, until
+    dry_run = fields.get("dry_run", False)
+    if type(dry_run) is not bool:
+        raise InvalidInput("'dry_run' must be true or false")
+    return text, level, until, dry_run
 
 
 def _no_fields(op: str, fields: dict) -> None:
@@ -205,11 +208,11 @@ def _cancel(calls, fields, actor, peer):
 
 
 def _notice_publish(calls, fields, actor, peer):
-    text, level, until = _notice_fields(fields)
+    text, level, until, dry_run = _notice_fields(fields)
     with calls.serial() as service:
         if until is not None and until <= service.now():
             raise InvalidInput("'until' is already past")
-        notice = service.publish_notice(text, level=level, until=until, actor=actor)
+        notice = service.publish_notice(text, level=level, until=until, actor=actor, dry_run=dry_run)
     return {"notice": notice_json(notice), "record": notice.to_dict()}
 
 

@@ -92,6 +92,7 @@ def register(sub) -> None:
     pub.add_argument("--until", metavar="TIME",
                      help="stop showing it then: +2h, 18:30, tomorrow 09:00, 2026-07-13T18:00Z "
                           "(default: until archived)")
+    pub.add_argument("--dry-run", action="store_true", help="show the announcement; publish nothing")
     pub.set_defaults(handler=run_notice_publish, command="admin notice publish")
 
 
@@ -209,12 +210,14 @@ def run_notice_publish(args, ctx) -> Output:
         until = timegrid.parse_start(args.until, now, tz, 1).t
         if until <= now:
             raise UsageError(f"--until {args.until} is not in the future", hint="e.g. --until +2h")
-    notice = app.publish_notice(args.text, level=args.level, until=until)
-    data = {"status": "published", "notice": notice_json(notice)}
+    notice = app.publish_notice(args.text, level=args.level, until=until, dry_run=args.dry_run)
+    data = {"status": "dry_run" if args.dry_run else "published", "notice": notice_json(notice),
+            "dry_run": args.dry_run}
     shown_until = f", until {timegrid.format_local(until, tz, now=now, compact=True)}" if until else ""
 
     def human(term) -> str:
-        return wrap(f"published {notice.level} announcement {notice.id[:8]}{shown_until}: {notice.text}",
+        verb = "would publish" if args.dry_run else "published"
+        return wrap(f"{verb} {notice.level} announcement {notice.id[:8]}{shown_until}: {notice.text}",
                     term.width, "", "  ")
 
     return Output("admin notice publish", data, human, warnings=list(app.warnings))

@@ -51,6 +51,7 @@ def register(sub) -> None:
     save.add_argument("-d", "--duration", metavar="DUR", help="the duration, instead of the DUR word")
     common.add_placement_flags(save)
     save.add_argument("--note", metavar="TEXT", help="a note the bookings will carry")
+    save.add_argument("--dry-run", action="store_true", help="say what would be saved; change nothing")
     save.set_defaults(handler=run_save)
 
     ls = actions.add_parser("list", aliases=["ls"], help="list your presets",
@@ -65,6 +66,7 @@ def register(sub) -> None:
     delete = actions.add_parser("delete", aliases=["del", "rm"], help="delete a preset",
                                 description="Delete a preset. A missing preset exits 4.")
     delete.add_argument("name", metavar="NAME", help="the preset")
+    delete.add_argument("--dry-run", action="store_true", help="say what would be deleted; change nothing")
     delete.set_defaults(handler=run_delete)
 
     use = actions.add_parser("use", help="book a preset (bk p NAME is short for this)",
@@ -153,18 +155,22 @@ def run_save(args, ctx) -> Output:
         mem_mib=timegrid.parse_memory(mem_text) if mem_text is not None else None,
         pinned=common.parse_gpu_list(args.gpu, "-g"),
         excluded=common.parse_gpu_list(args.exclude, "-e") or (), note=args.note)
-    status, saved = save_preset(app, preset)
+    status, saved = save_preset(app, preset, dry_run=args.dry_run)
     verb = {"created": "saved", "replaced": "replaced", "unchanged": "unchanged:"}[status]
+    if args.dry_run:
+        verb = f"would be {status}:"
     text = f"{verb} preset {saved.name} ({saved.book_command()})\nbook it with: bk p {saved.name}"
-    return Output("preset", {"status": status, "preset": preset_json(saved)}, text)
+    return Output("preset", {"status": status, "preset": preset_json(saved), "dry_run": args.dry_run},
+                  text)
 
 
 def run_delete(args, ctx) -> Output:
     from bk.service.presets import delete_preset, preset_json
 
-    gone = delete_preset(ctx.app(), args.name)
-    return Output("preset", {"status": "deleted", "preset": preset_json(gone)},
-                  f"deleted preset {gone.name} ({gone.book_command()})")
+    gone = delete_preset(ctx.app(), args.name, dry_run=args.dry_run)
+    verb = "would delete" if args.dry_run else "deleted"
+    return Output("preset", {"status": "deleted", "preset": preset_json(gone), "dry_run": args.dry_run},
+                  f"{verb} preset {gone.name} ({gone.book_command()})")
 
 
 def run_use(args, ctx) -> Output:

@@ -219,7 +219,7 @@ class Service:
         return self._transact(apply, actor)
 
     def publish_notice(self, text: str, level: str = "info", until: int | None = None,
-                       actor: Actor | None = None) -> Notice:
+                       actor: Actor | None = None, dry_run: bool = False) -> Notice:
         actor = actor or self.actor
         if not actor.is_admin:
             raise PermissionDenied("only the administrator (root) may publish announcements",
@@ -230,6 +230,8 @@ class Service:
             raise InvalidInput(f"level must be one of {', '.join(Notice.LEVELS)}")
         notice = Notice(id=_new_id(), at=self.now(), text=text.strip(), level=level,
                         until=until, created_by=actor.uid)
+        if dry_run:
+            return notice
 
         def apply(state):
             state.notices.append(notice)

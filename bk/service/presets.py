@@ -201,8 +201,9 @@ def validate(app, p: Preset) -> Preset:
     return p
 
 
-def save_preset(app, p: Preset) -> tuple[str, Preset]:
-    """Save or replace; returns (``created``|``replaced``|``unchanged``, preset)."""
+def save_preset(app, p: Preset, *, dry_run: bool = False) -> tuple[str, Preset]:
+    """Save or replace; returns (``created``|``replaced``|``unchanged``, preset).
+    With ``dry_run`` the same answer, and nothing written."""
     p = validate(app, replace(p, created=p.created or app.now()))
     f = _file(app)
 
@@ -214,16 +215,20 @@ def save_preset(app, p: Preset) -> tuple[str, Preset]:
                 return "unchanged"
         presets[p.name] = p.to_dict()
         return "replaced" if old is not None else "created"
+    if dry_run:
+        return change(f.read()), p
     return f.update(change), p
 
 
-def delete_preset(app, name: str) -> Preset:
+def delete_preset(app, name: str, *, dry_run: bool = False) -> Preset:
     f = _file(app)
 
     def change(presets: dict) -> Preset:
         if name not in presets:
             raise _not_found(name, presets)
         return Preset.from_dict(name, presets.pop(name), f.path)
+    if dry_run:
+        return change(f.read())
     return f.update(change)
 
 

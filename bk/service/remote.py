@@ -107,8 +107,9 @@ class RemoteService(Service):
         return cancel_result(data)
 
     def publish_notice(self, text: str, level: str = "info", until: int | None = None,
-                       actor: Actor | None = None) -> Notice:
-        data, warnings = self._call("notice_publish", {"text": text, "level": level, "until": until})
+                       actor: Actor | None = None, dry_run: bool = False) -> Notice:
+        data, warnings = self._call("notice_publish", {"text": text, "level": level, "until": until,
+                                                       "dry_run": dry_run})
         self.warnings.extend(w for w in warnings if w not in self.warnings)
         try:
             return Notice.from_dict(_record(data))

@@ -17,7 +17,7 @@ import pytest
 from bk.broker import protocol
 from bk.broker.handlers import MAX_WIRE_INT, Dispatcher, Peer, decode_request
 from bk.core.envelope import is_envelope
-from bk.core.errors import InvalidInput, PermissionDenied
+from bk.core.errors import BkError, InvalidInput, PermissionDenied
 from bk.core.models import Notice, Policy, Reservation
 from bk.service.requests import BookRequest, BookResult, CancelRequest, EditRequest
 
@@ -185,6 +185,16 @@ class FakeService:
     def gpus(self):
         return []
 
+    def write_batch(self, items):
+        # As Service.write_batch: a refusal is that item's answer, a bug is everyone's.
+        out = []
+        for kind, req, actor in items:
+            try:
+                out.append(getattr(self, kind)(req, actor))
+            except BkError as e:
+                out.append(e)
+        return out
+
     def _res(self, actor):
         return Reservation(id="a1b2c3d4-0000-4000-8000-000000000000", uid=actor.uid, user=actor.user,
                            mode="shared", gpus=(0,), share=1, start=1_800_000_000, end=1_800_001_800,
@@ -197,7 +207,7 @@ class FakeService:
             raise exc
         return BookResult("created", self._res(actor), {"gpus": {"0": "idle"}})
 
-    def publish_notice(self, text, level, until, actor):
+    def publish_notice(self, text, level, until, actor, dry_run=False):
         self.calls.append(("notice", text, level, until, actor))
         if not actor.is_admin:
             raise PermissionDenied("only root")

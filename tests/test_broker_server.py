@@ -316,10 +316,10 @@ class SlowService:
     def gpus(self):
         return self.real.gpus()
 
-    def book(self, req, actor):
+    def write_batch(self, items):
         self.entered.set()
         assert self.release.wait(30)
-        return self.real.book(req, actor=actor)
+        return self.real.write_batch(items)
 
 
 def test_stop_lets_a_request_in_progress_finish_and_answer(base):

@@ -99,7 +99,7 @@ def apply_book(state: LedgerState, req: BookRequest, actor: Actor, *, now: int, 
     state.reservations.append(res)
     _record_op(state, actor, req.op_id, "create", digest, res.id, now)
     audit = [{"action": "create", "reservation": res.id, "op_id": req.op_id, "before": None,
-              "after": summary(res), "result": status}]
+              "after": summary(res), "result": status, "owner": res.uid}]
     return Mutation(True, audit, result)
 
 
@@ -142,7 +142,7 @@ def apply_edit(state: LedgerState, req: EditRequest, actor: Actor, *, now: int, 
     state.reservations[state.reservations.index(old)] = new
     _record_op(state, actor, req.op_id, "edit", digest, new.id, now)
     audit = [{"action": "edit", "reservation": new.id, "op_id": req.op_id, "before": before,
-              "after": after, "result": "updated"}]
+              "after": after, "result": "updated", "owner": new.uid}]
     return Mutation(True, audit, result)
 
 
@@ -236,5 +236,5 @@ def apply_cancel(state: LedgerState, req: CancelRequest, actor: Actor, *, now: i
     _record_op(state, actor, req.op_id, "cancel", digest, res.id, now)
     audit = [{"action": "admin_cancel" if by_admin else "cancel", "reservation": res.id,
               "op_id": req.op_id, "before": summary(res), "after": None,
-              "result": "cancelled", "reason": req.reason}]
+              "result": "cancelled", "reason": req.reason, "owner": res.uid}]
     return Mutation(True, audit, result)

@@ -39,10 +39,13 @@ MAX_PROBLEMS = 20
 
 def make_records(items: list[dict], *, seq: int, time: str, uid: int, user: str) -> list[dict]:
     """Complete the records a transaction supplied: the store sets time,
-    seq, index, uid and user; other keys (an ``owner`` uid, say) are kept."""
+    seq and index, and uid and user unless the item names its own actor (a
+    group commit carries several callers' writes); other keys (an ``owner``
+    uid, say) are kept."""
     out = []
     for i, item in enumerate(items):
-        rec = {"time": time, "seq": seq, "index": i, "uid": uid, "user": user}
+        rec = {"time": time, "seq": seq, "index": i, "uid": item.get("uid", uid),
+               "user": item.get("user", user)}
         for k in FIELDS[5:]:
             rec[k] = item.get(k)
         for k in sorted(item):

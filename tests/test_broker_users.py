@@ -83,6 +83,28 @@ def test_owner_only_edit_and_cancel_then_admin_cancel_with_notice(srv):
     assert not [n for n in env["data"]["notices"] if n["reservation"] == res["id"]]
 
 
+def test_audit_trail_and_history_come_through_the_broker(srv):
+    """The audit log is 0640: users see their own trail (and what root did to
+    their bookings) through the broker, never another user's records."""
+    a, b, _ = srv.users
+    res = book(srv, a, "--note", "trail")
+    rc, env = srv.run_json(None, "admin", "cancel", res["id"], "--reason", "driver update", "-y")
+    assert rc == 0, env
+    mine = book(srv, b)
+    rc, env = srv.run_json(a, "lg", "-n", "50")
+    assert rc == 0, env
+    about = [e for e in env["data"]["entries"] if e["reservation"] == res["id"]]
+    assert [e["action"] for e in about] == ["create", "admin_cancel"]
+    assert not [e for e in env["data"]["entries"] if e["reservation"] == mine["id"]]
+    assert all(e["uid"] == a.uid or e.get("owner") == a.uid for e in env["data"]["entries"])
+    rc, env = srv.run_json(b, "history", res["id"][:8])
+    assert rc == 0, env
+    assert [e["action"] for e in env["data"]["events"]] == ["create", "admin_cancel"]
+    audit = srv.data / "audit.jsonl"
+    if audit.exists():
+        assert stat.S_IMODE(os.lstat(audit).st_mode) & 0o004 == 0   # not world-readable
+
+
 FORGER = textwrap.dedent('''
     import json, socket, struct, sys
     path, frames = sys.argv[1], json.loads(sys.stdin.read())

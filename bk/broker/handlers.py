@@ -133,6 +133,25 @@ def _notice_fields(fields: dict) -> tuple[str, str, int | None, bool]:
     return text, level, until, dry_run
 
 
+MAX_AUDIT_LIMIT = 1000
+_RESERVATION_ID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+
+
+def _audit_fields(fields: dict) -> tuple[int, bool, str | None]:
+    allowed = ("limit", "all", "reservation")
+    for k in fields:
+        if k not in allowed:
+            raise InvalidInput(f"unknown field {k!r}; audit takes " + ", ".join(allowed))
+    limit, every, rid = fields.get("limit", 50), fields.get("all", False), fields.get("reservation")
+    if type(limit) is not int or not 1 <= limit <= MAX_AUDIT_LIMIT:
+        raise InvalidInput(f"'limit' must be an integer from 1 to {MAX_AUDIT_LIMIT}")
+    if type(every) is not bool:
+        raise InvalidInput("'all' must be true or false")
+    if rid is not None and (type(rid) is not str or not _RESERVATION_ID.match(rid)):
+        raise InvalidInput("'reservation' must be a full reservation ID")
+    return limit, every, rid
+
+
 def _no_fields(op: str, fields: dict) -> None:
     if fields:
         raise InvalidInput(f"{op} takes no fields, got {sorted(fields)[0]!r}")
@@ -212,6 +231,13 @@ def _notice_publish(calls, fields, actor, peer):
     return {"notice": notice_json(notice), "record": notice.to_dict()}
 
 
+def _audit(calls, fields, actor, peer):
+    limit, every, rid = _audit_fields(fields)
+    with calls.serial() as service:
+        tail = service.audit(limit, every, reservation=rid, actor=actor)
+    return {"entries": tail.entries, "problems": tail.problems, "complete": tail.complete}
+
+
 Operation = Callable[..., dict]
 
 OPERATIONS: dict[str, Operation] = {
@@ -220,6 +246,7 @@ OPERATIONS: dict[str, Operation] = {
     "edit": _edit,
     "cancel": _cancel,
     "notice_publish": _notice_publish,
+    "audit": _audit,
 }
 
 

@@ -21,6 +21,8 @@ from bk.store.config import Settings
 from bk.store.ledger import Mutation, Store
 
 _HEX = set("0123456789abcdef-")
+# How many recent audit records one booking's history looks through.
+AUDIT_SCAN_FOR_ONE = 5000
 
 
 def _new_id() -> str:
@@ -147,13 +149,21 @@ class Service:
             res = next((r for r in self.store.archived() if r.id.startswith(ref.lower())), None)
             if res is None:
                 raise
-        if res.uid != self.actor.uid and not self.actor.is_admin and self.settings.mode == "private":
-            raise PermissionDenied("that booking is not yours")
-        tail = self.store.audit_tail(limit=2000)
-        return res, [e for e in tail.entries if e.get("reservation") == res.id]
+        return res, self.audit(reservation=res.id).entries
 
-    def audit(self, limit: int = 50, all_users: bool = False):
-        uid = None if (all_users and self.actor.is_admin) else self.actor.uid
+    def audit(self, limit: int = 50, all_users: bool = False, *, reservation: str | None = None,
+              actor: Actor | None = None):
+        """Audit entries, newest ``limit`` (oldest first): the actor's own
+        (records they made, or about their bookings), everyone's for the
+        administrator with ``all_users``, or one reservation's lifecycle.
+        Bookings are public on a shared server (the ledger is world-readable),
+        so a reservation's lifecycle is too."""
+        actor = actor or self.actor
+        if reservation is not None:
+            tail = self.store.audit_tail(limit=AUDIT_SCAN_FOR_ONE)
+            tail.entries = [e for e in tail.entries if e.get("reservation") == reservation][-limit:]
+            return tail
+        uid = None if (all_users and actor.is_admin) else actor.uid
         return self.store.audit_tail(limit=limit, uid=uid)
 
     def notices(self, include_archived: bool = False, state: LedgerState | None = None) -> list[Notice]:

@@ -116,6 +116,24 @@ class RemoteService(Service):
         except (KeyError, TypeError, ValueError) as e:
             raise Internal(f"the broker's reply holds a malformed notice: {e}") from None
 
+    def audit(self, limit: int = 50, all_users: bool = False, *, reservation: str | None = None,
+              actor: Actor | None = None):
+        # The audit log is readable only by the service account (it holds
+        # everyone's before/after details), so it is read by the broker,
+        # which filters it by the caller's kernel UID.
+        from bk.store.audit import AuditTail
+
+        fields = {"limit": limit, "all": all_users}
+        if reservation is not None:
+            fields["reservation"] = reservation
+        data, warnings = self._call("audit", fields)
+        self.warnings.extend(w for w in warnings if w not in self.warnings)
+        try:
+            return AuditTail(list(data["entries"]), list(data.get("problems", [])),
+                             bool(data.get("complete", True)))
+        except (KeyError, TypeError) as e:
+            raise Internal(f"the broker's reply holds malformed audit entries: {e}") from None
+
     def ping(self) -> dict:
         """What the broker knows about itself and about us (doctor's probe)."""
         data, _ = self._call("ping", {})

@@ -105,6 +105,23 @@ def test_audit_trail_and_history_come_through_the_broker(srv):
         assert stat.S_IMODE(os.lstat(audit).st_mode) & 0o004 == 0   # not world-readable
 
 
+READ_COMMANDS = [["l"], ["l", "--all"], ["l", "--history"], ["st"], ["st", "-v"], ["tl"],
+                 ["slots", "1", "30m"], ["g"], ["n"], ["lg"], ["info"], ["login"], ["config"],
+                 ["doctor"], ["tutorial"], ["p"], ["help"]]
+
+
+@pytest.mark.parametrize("args", READ_COMMANDS, ids=" ".join)
+def test_every_read_command_works_for_an_ordinary_user(srv, args):
+    a, _, _ = srv.users
+    book(srv, a)
+    rc, env = srv.run_json(a, *args)
+    assert env["ok"] is True and rc == 0, env
+    if args == ["doctor"]:
+        # Files only the service account may read are not faults for a user.
+        bad = [c for c in env["data"]["checks"] if not c["ok"] and c["name"] != "gpu_backend"]
+        assert not bad, bad
+
+
 FORGER = textwrap.dedent('''
     import json, socket, struct, sys
     path, frames = sys.argv[1], json.loads(sys.stdin.read())

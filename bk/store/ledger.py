@@ -75,6 +75,8 @@ def _token_hex(nbytes: int) -> str:
     return os.urandom(nbytes).hex()
 
 LEDGER, LOCK, AUDIT, BACKUPS, ARCHIVE = "ledger.json", "ledger.lock", "audit.jsonl", "backups", "archive"
+# Checks of files that only the owner may open in shared mode (see check()).
+PRIVATE_TO_OWNER = ("audit log", "lock")
 TMP_PREFIX = ".ledger.json.tmp-"
 BACKUP_NAME = re.compile(r"^ledger-(\d{10})\.json$")
 CRASH_ENV = "BK_TEST_CRASH_AT"
@@ -577,6 +579,13 @@ class Store:
             try:
                 out.append((name, *probe()))
             except BkError as e:
+                if name in PRIVATE_TO_OWNER and not self.private and os.geteuid() not in (0, self.safety.uid):
+                    # On a shared server the audit log and the lock belong to
+                    # the service account alone; an ordinary user's doctor
+                    # cannot read them, and must not call that a fault.
+                    out.append((name, True, "readable only by the service account; "
+                                            "sudo bk doctor checks it"))
+                    continue
                 out.append((name, False, e.message + (f" (hint: {e.hint})" if e.hint else "")))
             except OSError as e:
                 out.append((name, False, str(e)))

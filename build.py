@@ -359,6 +359,13 @@ def _write_atomically(output: Path, entries: dict[str, bytes], epoch: int) -> No
                     if name.endswith("/"):
                         info.compress_type = zipfile.ZIP_STORED
                         info.external_attr = DIR_ATTR
+                    elif name.endswith(".pyc"):
+                        # Bytecode is what every start-up reads: stored, it is
+                        # one read per module instead of a read plus an
+                        # inflate (~4 ms of a 50 ms command here).  Sources
+                        # and resources, read rarely, stay compressed.
+                        info.compress_type = zipfile.ZIP_STORED
+                        info.external_attr = FILE_ATTR
                     else:
                         info.compress_type = zipfile.ZIP_DEFLATED
                         info.external_attr = FILE_ATTR

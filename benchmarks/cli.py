@@ -18,8 +18,8 @@ yours (a real ``bk l`` lists a handful, not thousands).
 measured (the placement and the transaction's lock and re-read still run).
 
 Targets (issue #5): ``--version`` within 10 ms of the bare interpreter;
-everyday commands within 60 ms over it with 1,000 live bookings and within
-150 ms with 10,000.  This is a report, not a test: it prints a table.
+everyday commands within 60 ms whole-process (the ``bk`` column, interpreter
+start-up included) with 1,000 live bookings and within 150 ms with 10,000.  This is a report, not a test: it prints a table.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ COMMANDS = [
     ("--version",), ("l",), ("l", "--json"), ("st", "--json"), ("1", "30m", "--dry-run"),
     ("slots", "2", "1h"), ("g",),
 ]
-TARGETS = {0: 60.0, 1000: 60.0, 10000: 150.0}     # ms over the bare interpreter
+TARGETS = {0: 60.0, 1000: 60.0, 10000: 150.0}     # ms whole-process
 VERSION_TARGET = 10.0
 OWN = 10                                          # bookings of the benchmark's own user
 
@@ -138,7 +138,9 @@ def main(argv: list[str] | None = None) -> int:
                 bk_ms, bare_ms = measure(args.python, args.pyz, env, cmd, args.runs)
                 over = bk_ms - bare_ms
                 target = VERSION_TARGET if cmd == ("--version",) else TARGETS.get(n, TARGETS[10000])
-                ok = over <= target
+                # --version is judged against the bare interpreter; the
+                # everyday commands whole-process, start-up included.
+                ok = (over if cmd == ("--version",) else bk_ms) <= target
                 failed += not ok
                 name = " ".join(cmd)
                 print(f"{n:>8}  {name:<20} {bk_ms:7.1f} {bare_ms:7.1f} {over:7.1f}  "

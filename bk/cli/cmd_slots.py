@@ -122,7 +122,8 @@ def _request_json(req) -> dict:
 def run_gpu(args, ctx) -> Output:
     app = ctx.app()
     now, slot, tz = app.now(), app.policy.slot_minutes, common.local_tz()
-    mine = app.own_current(now=now)
+    state = app.ledger()      # one read serves both the current bookings and the recommendation
+    mine = app.own_current(state, now=now)
     numbers = {r.id: i for i, r in enumerate(mine, 1)}
     active = [r for r in mine if r.status(now) == "active"]
     mem = common.gpu_mem(app)
@@ -143,7 +144,7 @@ def run_gpu(args, ctx) -> Output:
 
     count = common.parse_count(args.count) if args.count is not None else 1
     req, _ = common.book_request(app, args, mode=args.mode, count=count, words=[], write=False)
-    found = app.recommend(req, alternatives=DEFAULT_ALTERNATIVES)
+    found = app.recommend(req, alternatives=DEFAULT_ALTERNATIVES, state=state)
     ready = [p for p in found if not p.queued]
     if not ready:
         if found:

@@ -83,7 +83,7 @@ def placement_json(p) -> dict:
 
 def apply_book(state: LedgerState, req: BookRequest, actor: Actor, *, now: int, policy: Policy,
                gpus, new_id: str, load=None) -> Mutation:
-    digest = canonical("create", req)
+    digest = canonical("create", req) if req.op_id else ""
     earlier = _replay(state, actor, req.op_id, "create", digest)
     if earlier is not None:
         return Mutation(False, [], BookResult("exists", earlier))
@@ -115,7 +115,7 @@ def _owned(state: LedgerState, rid: str, actor: Actor, verb: str) -> Reservation
 
 def apply_edit(state: LedgerState, req: EditRequest, actor: Actor, *, now: int, policy: Policy,
                gpus, load=None) -> Mutation:
-    digest = canonical("edit", req)
+    digest = canonical("edit", req) if req.op_id else ""
     earlier = _replay(state, actor, req.op_id, "edit", digest)
     if earlier is not None:
         return Mutation(False, [], BookResult("exists", earlier))
@@ -205,7 +205,7 @@ def _edit_upcoming(state, old: Reservation, req: EditRequest, *, now, policy, gp
 
 def apply_cancel(state: LedgerState, req: CancelRequest, actor: Actor, *, now: int,
                  notice_id: str) -> Mutation:
-    digest = canonical("cancel", req)
+    digest = canonical("cancel", req) if req.op_id else ""
     earlier = _replay(state, actor, req.op_id, "cancel", digest)
     if earlier is not None:
         return Mutation(False, [], CancelResult("exists", earlier))

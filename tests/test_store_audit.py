@@ -108,10 +108,14 @@ def test_repair_leaves_a_log_that_went_past_the_ledger(log):
     assert audit.repair(log(b""), None, []) == (0, False)
 
 
-def test_make_records_lets_the_store_decide_identity():
-    out = audit.make_records([{"action": "cancel", "seq": 99, "uid": 0, "owner": 1000, "zeta": 1}],
+def test_make_records_sets_time_seq_index_and_the_callers_identity():
+    out = audit.make_records([{"action": "cancel", "seq": 99, "owner": 1000, "zeta": 1}],
                              seq=4, time="T", uid=1000, user="ada")
     assert out == [{"time": "T", "seq": 4, "index": 0, "uid": 1000, "user": "ada",
                     "action": "cancel", "reservation": None, "op_id": None, "before": None,
                     "after": None, "result": None, "owner": 1000, "zeta": 1}]
+    # A group commit carries several callers' writes: each item names its own.
+    both = audit.make_records([{"action": "create"}, {"action": "create", "uid": 7, "user": "bob"}],
+                              seq=5, time="T", uid=1000, user="ada")
+    assert [(r["uid"], r["user"], r["index"]) for r in both] == [(1000, "ada", 0), (7, "bob", 1)]
     assert list(out[0])[:11] == list(audit.FIELDS)

@@ -100,6 +100,28 @@ class Pty:
     def send(self, text: str) -> None:
         os.write(self.master, text.encode())
 
+    def wait_blocked_on_input(self, timeout: float | None = None) -> None:
+        """Wait until the child sleeps in select()/poll() on the terminal.
+
+        Needed before Ctrl-C: CPython's readline notices SIGINT only when
+        select() returns EINTR, so a signal that lands while readline is
+        still busy redrawing (a wide window on a loaded machine) waits for
+        the next key press.  /proc/PID/wchan names the kernel function the
+        process sleeps in."""
+        deadline = time.monotonic() + (timeout or self.timeout)
+        while time.monotonic() < deadline:
+            try:
+                with open(f"/proc/{self.proc.pid}/wchan") as f:
+                    wchan = f.read()
+                with open(f"/proc/{self.proc.pid}/stat") as f:
+                    state = f.read().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                return                       # no /proc here: fall back to sending at once
+            if state == "S" and ("poll" in wchan or "select" in wchan):
+                return
+            time.sleep(0.01)
+        raise AssertionError("the prompt never went back to waiting for input")
+
     def line(self, text: str = "") -> None:
         self.send(text + "\r")
 
@@ -161,6 +183,7 @@ def test_ctrl_c_clears_the_line_and_ctrl_d_leaves(term):
     t.expect(r"bk> ")
     t.send("half a line")
     t.expect(r"half a line")
+    t.wait_blocked_on_input()
     t.send("\x03")                                 # Ctrl-C
     t.expect(r"bk> ")
     t.line("l")

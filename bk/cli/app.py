@@ -258,7 +258,9 @@ def run(argv: list[str], env: dict | None = None) -> int:
     except BkError as err:
         return emit_error(command, err, as_json, _warnings_of(ctx))
     except BrokenPipeError:
-        return _closed_pipe()
+        from bk.cli.main import closed_pipe
+
+        return closed_pipe()
     except KeyboardInterrupt:
         sys.stderr.write("\n")
         return 130
@@ -348,14 +350,3 @@ def _bare(ctx: Context) -> int:
             return text.rstrip("\n") + "\n\nbook with: bk N DUR (e.g. bk 1 30m) · help: bk help · bk tutorial"
         out.human = with_hint
     return emit(out, ctx.json, ctx.term)
-
-
-def _closed_pipe() -> int:
-    # The reader went away (`bk l | head`).  Point stdout at /dev/null so the
-    # interpreter's final flush does not raise again, and exit quietly.
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-    except OSError:
-        pass
-    return 0

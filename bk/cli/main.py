@@ -20,7 +20,24 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in ("--version", "-V") and all(a == "--json" for a in argv[1:]):
         from bk.cli.version import print_version
 
-        return print_version(_json_flag(argv))
+        try:
+            code = print_version(_json_flag(argv))
+            sys.stdout.flush()
+            return code
+        except BrokenPipeError:
+            return closed_pipe()
     from bk.cli.app import run
 
     return run(argv)
+
+
+def closed_pipe() -> int:
+    """The reader went away (``bk l | head``): point stdout at /dev/null so
+    the interpreter's final flush does not raise again, and exit quietly."""
+    import os
+
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except OSError:
+        pass
+    return 0

@@ -114,3 +114,17 @@ def test_zsh_accepts_the_zsh_completion():
     proc = subprocess.run(["zsh", "-n", str(ROOT / "install" / "completion" / "_bk")],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_examples_use_only_commands_that_exist():
+    """The EXAMPLES section must not advertise commands a later release adds."""
+    import re
+
+    from bk.cli.app import COMMAND_WORDS
+
+    text = (ROOT / "man" / "bk.1").read_text()
+    examples = text.split(".SH EXAMPLES", 1)[1].split(".SH ", 1)[0]
+    words = {w for ws in COMMAND_WORDS.values() for w in ws}
+    for m in re.finditer(r"(?:^|&& |\s)bk (\S+)", examples, re.M):
+        word = m.group(1)
+        assert word in words or word.isdigit() or word.startswith("#") or word.startswith("\\-"), word

@@ -339,15 +339,13 @@ bk a                # guided reservation
 bk l                # list your reservations
 bk g                # show your current GPU, or suggest one
 bk g 4              # inspect a simultaneous 4\-GPU recommendation
-bk run \-\- python train.py
-bk t                # visual terminal timeline
-bk u                # your usage summary
+bk tl               # text timeline of every GPU
+bk d 1              # cancel your first booking
 bk p save train 2 1h 12g && bk p train
-BK_DATA_DIR=$(mktemp \-d) BK_GPU_COUNT=4 bk t   # try it without GPUs
+BK_DATA_DIR=$(mktemp \-d) BK_GPU_COUNT=4 bk 1 30m   # try it without GPUs
 .RE
 .fi
 .SH SEE ALSO
-.BR bk\-admin (8),
 .BR gpubk\-config (5)
 .PP
 \fBbk help\fR \fICOMMAND\fR, \fBbk tutorial\fR, and the guides in \fIdocs/\fR.

@@ -122,6 +122,18 @@ def test_every_read_command_works_for_an_ordinary_user(srv, args):
         assert not bad, bad
 
 
+def test_doctor_probe_goes_through_the_broker_for_an_ordinary_user(srv):
+    a, _, _ = srv.users
+    rc, env = srv.run_json(a, "doctor", "--probe")
+    assert rc == 0, env
+    checks = {c["name"]: c for c in env["data"]["checks"]}
+    assert env["data"]["probe"] is True
+    for name in ("broker", "atomic replace", "locking"):
+        assert checks[name]["ok"], checks[name]
+    assert f"uid {a.uid}" in checks["broker"]["detail"]
+    assert not list(srv.data.glob(".ledger.json.tmp-probe-*"))      # the probe cleans up
+
+
 FORGER = textwrap.dedent('''
     import json, socket, struct, sys
     path, frames = sys.argv[1], json.loads(sys.stdin.read())

@@ -426,3 +426,11 @@ def test_tutorial_and_help_examples_are_real_commands(bk):
         examples = text.split("Examples:", 1)[1].split("\n\n")[0]
         for line in examples.strip().splitlines():
             _parses(line.strip())
+
+
+def test_doctor_probe_tries_the_writes_a_booking_needs(bk):
+    bk.ok("1", "30m")
+    report = bk.data("doctor", "--probe", "--strict")
+    names = {c["name"]: c["ok"] for c in report["checks"]}
+    assert report["probe"] is True and names["atomic replace"] and names["locking"]
+    assert "atomic replace" not in {c["name"] for c in bk.data("doctor")["checks"]}

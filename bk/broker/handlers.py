@@ -231,6 +231,15 @@ def _notice_publish(calls, fields, actor, peer):
     return {"notice": notice_json(notice), "record": notice.to_dict()}
 
 
+def _probe(calls, fields, actor, peer):
+    # Anyone may ask (bk doctor --probe is a user's deployment check); it
+    # writes one small temp file, and connections are bounded anyway.
+    _no_fields("probe", fields)
+    with calls.serial() as service:
+        checks = service.probe()
+    return {"checks": [{"name": n, "ok": ok, "detail": d} for n, ok, d in checks]}
+
+
 def _audit(calls, fields, actor, peer):
     limit, every, rid = _audit_fields(fields)
     with calls.serial() as service:
@@ -247,6 +256,7 @@ OPERATIONS: dict[str, Operation] = {
     "cancel": _cancel,
     "notice_publish": _notice_publish,
     "audit": _audit,
+    "probe": _probe,
 }
 
 

@@ -13,17 +13,24 @@ def register(sub) -> None:
     p = sub.add_parser(
         "doctor", help="check the installation (read-only)",
         description="Check the configuration's trust, the data directory's owner and modes, "
-        "the ledger, the policy bound in the ledger and the GPU backend. Changes nothing.",
-        epilog="Examples:\n  bk doctor\n  bk doctor --strict     exit 1 when any check fails\n\n"
+        "the ledger, the policy bound in the ledger and the GPU backend. Changes nothing, "
+        "except with --probe, which also tries for real what a booking needs: on a shared "
+        "server the broker's answer and identity, and (through the broker) an atomic "
+        "replace and the writers' lock in the data directory.",
+        epilog="Examples:\n  bk doctor\n  bk doctor --strict           exit 1 when any check fails\n"
+               "  bk doctor --probe --strict   the deployment check\n\n"
                "Exit status: 0, or 1 with --strict when a check failed.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--strict", action="store_true", help="exit 1 when any check fails")
+    p.add_argument("--probe", action="store_true",
+                   help="also try the broker round trip, an atomic replace and the lock")
     p.set_defaults(handler=run, command="doctor")
 
 
 def run(args, ctx) -> Output:
-    report = doctor(ctx.app())
+    report = doctor(ctx.app(), probe=args.probe)
     report["strict"] = args.strict
+    report["probe"] = args.probe
 
     def human(term) -> str:
         rows = [[c["name"], "ok" if c["ok"] else term.style("FAIL", "red", "bold"), c["detail"]]

@@ -269,6 +269,10 @@ class Service:
         except BkError as e:      # the transaction itself failed: busy, I/O, policy mismatch
             return [e] * len(items)
 
+    def probe(self) -> list[tuple[str, bool, str]]:
+        """``bk doctor --probe``: try the writes a commit needs, for real."""
+        return self.store.probe()
+
     def publish_notice(self, text: str, level: str = "info", until: int | None = None,
                        actor: Actor | None = None, dry_run: bool = False) -> Notice:
         actor = actor or self.actor

@@ -4,8 +4,8 @@
 Everything here only reads.  ``doctor`` runs each check on its own and turns
 any ``BkError`` into a failed check, so one broken part (an unreadable
 ledger, an untrusted config) never hides the verdict on the others.  The
-probing checks that write (atomic replace, locking, the broker round trip)
-belong to ``bk doctor --probe``, which a later issue adds.
+checks that write or talk to the broker (atomic replace, locking, the broker
+round trip) run only with ``bk doctor --probe``.
 """
 
 from __future__ import annotations
@@ -132,10 +132,41 @@ CHECKS = (("config", _config_check), ("ledger", _ledger_checks),
           ("policy", _policy_check), ("gpu_backend", _gpu_check))
 
 
-def doctor(app) -> dict:
-    """Run every read-only check -> ``{"ok": bool, "checks": [{name, ok, detail}]}``."""
+def _broker_check(app) -> dict:
+    """The broker answers, runs as the service account, and sees us as who we are."""
+    import os
+
+    from bk import __version__
+
+    got = app.ping()
+    broker, peer = got.get("broker", {}), got.get("peer", {})
+    problems = []
+    if broker.get("uid") != app.settings["service_uid"]:
+        problems.append(f"it runs as uid {broker.get('uid')}, not the service account "
+                        f"{app.settings['service_uid']}")
+    if peer.get("uid") != os.getuid():
+        problems.append(f"it sees you as uid {peer.get('uid')}, but you are uid {os.getuid()}")
+    if broker.get("version") != __version__:
+        problems.append(f"it runs bk {broker.get('version')}, this is bk {__version__} "
+                        "(restart it after an upgrade)")
+    detail = (f"{app.settings['socket']}: bk {broker.get('version')}, pid {broker.get('pid')}, "
+              f"uid {broker.get('uid')}; it knows you as {peer.get('user')} (uid {peer.get('uid')})")
+    return _check("broker", not problems, "; ".join([detail, *problems]))
+
+
+def _probe_checks(app) -> list[dict]:
+    checks = []
+    if app.settings.mode == "shared":
+        checks.append(_broker_check(app))
+    return checks + [_check(n, ok, d) for n, ok, d in app.probe()]
+
+
+def doctor(app, probe: bool = False) -> dict:
+    """Run every read-only check, and with ``probe`` the ones that write
+    (atomic replace and locking in the data directory, done by the broker on
+    a shared server) -> ``{"ok": bool, "checks": [{name, ok, detail}]}``."""
     checks: list[dict] = []
-    for name, fn in CHECKS:
+    for name, fn in CHECKS + ((("probe", _probe_checks),) if probe else ()):
         try:
             got = fn(app)
         except BkError as e:

@@ -134,6 +134,15 @@ class RemoteService(Service):
         except (KeyError, TypeError) as e:
             raise Internal(f"the broker's reply holds malformed audit entries: {e}") from None
 
+    def probe(self) -> list[tuple[str, bool, str]]:
+        # Only the service account may write the data directory: the broker
+        # runs the probe there and reports.
+        data, _ = self._call("probe", {})
+        try:
+            return [(str(c["name"]), bool(c["ok"]), str(c["detail"])) for c in data["checks"]]
+        except (KeyError, TypeError) as e:
+            raise Internal(f"the broker's reply holds malformed probe results: {e}") from None
+
     def ping(self) -> dict:
         """What the broker knows about itself and about us (doctor's probe)."""
         data, _ = self._call("ping", {})

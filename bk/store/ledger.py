@@ -650,6 +650,54 @@ class Store:
             return True, f"held by {f'process {pid}' if pid else 'a writer'} right now"
         return True, "free" if state == "free" else "no lock file yet"
 
+    # --- deployment probe (bk doctor --probe) -----------------------------------
+
+    def probe(self, lock_wait: float = 2.0) -> list[tuple[str, bool, str]]:
+        """The writes a commit relies on, tried for real in the data
+        directory: a temp file written, fsync'ed, renamed over another name
+        and the directory fsync'ed; then the writers' lock taken and
+        released.  The probe file carries the temp prefix, so one left by a
+        crash is removed by the next commit like any other."""
+        if os.geteuid() != self.safety.uid:
+            raise WrongAccount(f"only uid {self.safety.uid} may write {self.paths.data_dir}",
+                               "on a shared server the broker runs this probe")
+        out = []
+        dirfd = open_dir(self.paths.data_dir, self.safety, create_mode=self.modes.dir)
+        try:
+            name = f"{TMP_PREFIX}probe-{os.getpid()}"
+            t0 = self.monotonic()
+            try:
+                fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | O_NOFOLLOW | O_CLOEXEC,
+                             self.modes.ledger, dir_fd=dirfd)
+                try:
+                    write_all(fd, b"bk doctor --probe\n")
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                os.replace(name, name + ".done", src_dir_fd=dirfd, dst_dir_fd=dirfd)
+                fsync_dir(dirfd, self.paths.data_dir)
+                os.unlink(name + ".done", dir_fd=dirfd)
+                ms = (self.monotonic() - t0) * 1000
+                out.append(("atomic replace", True, f"write, fsync, rename and directory fsync in "
+                                                    f"{self.paths.data_dir} took {ms:.1f} ms"))
+            except OSError as e:
+                unlink_quietly(dirfd, name)
+                out.append(("atomic replace", False, f"{self.paths.data_dir}: {e.strerror}"))
+            t0 = self.monotonic()
+            try:
+                lock = LedgerLock(dirfd, LOCK, self.paths.lock, self.safety, mode=self.modes.lock,
+                                  timeout=min(self.lock_timeout, lock_wait), monotonic=self.monotonic,
+                                  sleep=self.sleep)
+                with lock:
+                    pass
+                out.append(("locking", True, f"flock on {self.paths.lock} taken and released in "
+                                             f"{(self.monotonic() - t0) * 1000:.1f} ms"))
+            except BkError as e:
+                out.append(("locking", False, e.message))
+        finally:
+            os.close(dirfd)
+        return out
+
     # --- test hook -------------------------------------------------------------
 
     def _hit(self, step: str) -> bool:

@@ -198,6 +198,21 @@ def test_users_cannot_publish_announcements_but_root_can(srv):
     assert ("Maintenance at 18:00", "warning", "everyone") in texts
 
 
+def test_root_archives_an_announcement_and_users_stop_seeing_it(srv):
+    a = srv.users[0]
+    rc, env = srv.run_json(None, "admin", "notice", "publish", "Disk full on /scratch")
+    assert rc == 0, env
+    nid = env["data"]["notice"]["id"]
+    rc, env = srv.run_json(a, "admin", "notice", "archive", nid[:8])
+    assert rc == 5
+    rc, env = srv.run_json(None, "admin", "notice", "archive", nid[:8])
+    assert rc == 0 and env["data"]["status"] == "archived", env
+    rc, env = srv.run_json(a, "n")
+    assert nid not in {n["id"] for n in env["data"]["notices"]}
+    rc, env = srv.run_json(a, "n", "--all")
+    assert [n["archived"] for n in env["data"]["notices"] if n["id"] == nid] == [True]
+
+
 # ------------------------------------------------------------- concurrency
 
 def test_three_users_thirty_concurrent_bookings_each(srv):

@@ -434,3 +434,17 @@ def test_doctor_probe_tries_the_writes_a_booking_needs(bk):
     names = {c["name"]: c["ok"] for c in report["checks"]}
     assert report["probe"] is True and names["atomic replace"] and names["locking"]
     assert "atomic replace" not in {c["name"] for c in bk.data("doctor")["checks"]}
+
+
+def test_a_cancellation_notice_is_shown_for_a_week_then_expires(bk):
+    from bk.service.requests import Actor
+
+    booked = bk.data("1", "30m")["reservation"]
+    bk.service(actor=Actor(0, "root")).cancel(CancelRequest(ref=booked["id"], reason="node reboot"))
+    mine = bk.data("n")["notices"]
+    assert [n["text"] for n in mine] == [f"Your booking {booked['short_id']} was cancelled by the "
+                                         "administrator: node reboot"]
+    assert parse_iso(mine[0]["until"]) == parse_iso(mine[0]["at"]) + 7 * 86400
+    bk.mp.setenv("BK_NOW", iso(NOW + 8 * 86400))      # a week and a day later
+    assert bk.data("n")["notices"] == []
+    assert len(bk.data("n", "--all")["notices"]) == 1

@@ -53,7 +53,8 @@ def test_one_meaning_per_flag_letter():
 
 
 WRITES = {("book",), ("exclusive",), ("edit",), ("cancel",), ("preset", "use"), ("preset", "save"),
-          ("preset", "delete"), ("admin", "init"), ("admin", "cancel"), ("admin", "notice", "publish")}
+          ("preset", "delete"), ("admin", "init"), ("admin", "cancel"), ("admin", "notice", "publish"),
+          ("admin", "notice", "archive")}
 BOOKING_WRITES = {("book",), ("exclusive",), ("edit",), ("cancel",), ("preset", "use"),
                   ("admin", "cancel")}
 

@@ -213,7 +213,7 @@ REFUSALS = [
      ["blackout 2026-07-13T14:00:00Z to 2026-07-13T15:00:00Z: kernel upgrade", "15:00"]),
     ("exact start: slots held", one(start=at("14:00"), pinned=(0,)),
      [res("alice", [0], "14:00", "15:00"), res("bob", [0], "13:00", "15:30")], [], None, {},
-     Conflict, "capacity", ["14:00-15:00", "GPU 0 busy: 2/2 slots held by bob, alice until 15:00", "--queue"]),
+     Conflict, "capacity", ["14:00–15:00", "GPU 0 busy: 2/2 slots held by bob, alice until 15:00", "--queue"]),
     ("exact start: exclusive holder", one(start=at("14:00"), pinned=(0,)),
      [res("bob", [0], "14:00", "15:00", mode=EXCLUSIVE)], [], None, {}, Conflict, "capacity",
      ["GPU 0 busy: exclusive booking by bob until 15:00"]),
@@ -284,7 +284,7 @@ def test_messages_use_the_given_zone_and_say_the_day():
     with pytest.raises(Conflict) as info:
         place(one(start=at("14:00")), reservations=ledger, blackouts=[], policy=pol, gpus=None, now=NOW,
               tz=timezone(timedelta(hours=2)))
-    assert "16:00-17:00" in info.value.message
+    assert "16:00–17:00" in info.value.message
     assert "until 07-14 11:00" in info.value.message
 
 

@@ -27,7 +27,7 @@ from bk.broker import protocol
 from bk.core import errors
 from bk.core.envelope import is_envelope
 
-HINT = "systemctl status gpubk-broker"
+HINT = "is the broker running? systemctl status gpubk-broker, or ask the administrator (bk info)"
 FULL = "max_clients"          # bk.broker.server.FULL (not imported: clients stay light)
 CONNECT_TIMEOUT = 5.0
 # The broker may wait up to lock_timeout_seconds (default 10) for the ledger

@@ -231,6 +231,20 @@ def _notice_publish(calls, fields, actor, peer):
     return {"notice": notice_json(notice), "record": notice.to_dict()}
 
 
+def _notice_archive(calls, fields, actor, peer):
+    for k in fields:
+        if k not in ("ref", "dry_run"):
+            raise InvalidInput(f"unknown field {k!r}; notice_archive takes ref, dry_run")
+    ref, dry_run = fields.get("ref"), fields.get("dry_run", False)
+    if type(ref) is not str or not 4 <= len(ref) <= 36 or not re.fullmatch(r"[0-9a-f-]+", ref):
+        raise InvalidInput("'ref' must be a notice ID or a prefix of at least 4 characters")
+    if type(dry_run) is not bool:
+        raise InvalidInput("'dry_run' must be true or false")
+    with calls.serial() as service:
+        notice = service.archive_notice(ref, actor=actor, dry_run=dry_run)
+    return {"notice": notice_json(notice), "record": notice.to_dict()}
+
+
 def _probe(calls, fields, actor, peer):
     # Anyone may ask (bk doctor --probe is a user's deployment check); it
     # writes one small temp file, and connections are bounded anyway.
@@ -257,6 +271,7 @@ OPERATIONS: dict[str, Operation] = {
     "notice_publish": _notice_publish,
     "audit": _audit,
     "probe": _probe,
+    "notice_archive": _notice_archive,
 }
 
 

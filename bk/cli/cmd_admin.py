@@ -24,8 +24,8 @@ INIT_EPILOG = """Examples:
 
 It creates no accounts or groups: create them first (useradd --system gpubk).
 It writes the config last, and never over one that says something else.
-Then start the broker as the service account (the installer adds a systemd
-unit): sudo -u gpubk bk broker"""
+Then start the broker as the service account: sudo -u gpubk bk broker, or
+from a systemd unit (docs/GUIDE.md has one to copy)."""
 
 
 def register(sub) -> None:
@@ -91,9 +91,19 @@ def register(sub) -> None:
                      help="how loud it is (default info)")
     pub.add_argument("--until", metavar="TIME",
                      help="stop showing it then: +2h, 18:30, tomorrow 09:00, 2026-07-13T18:00Z "
-                          "(default: until archived)")
+                          "(default: until archived with bk admin notice archive)")
     pub.add_argument("--dry-run", action="store_true", help="show the announcement; publish nothing")
     pub.set_defaults(handler=run_notice_publish, command="admin notice publish")
+    arc = nacts.add_parser("archive", help="withdraw an announcement or a notice",
+                           description="Withdraw an announcement (or a notice to one user): users "
+                                       "no longer see it; it stays in the ledger, archived, until "
+                                       "retention drops it.",
+                           epilog="Examples:\n  bk n --all                          find its ID\n"
+                                  "  sudo bk admin notice archive 3f2a9c1b",
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    arc.add_argument("ref", metavar="ID", help="the notice's ID or a prefix of 4+ characters")
+    arc.add_argument("--dry-run", action="store_true", help="show the notice; change nothing")
+    arc.set_defaults(handler=run_notice_archive, command="admin notice archive")
 
 
 def _missing_action(args, ctx) -> Output:
@@ -135,10 +145,10 @@ def _plan_text(result, applied: bool) -> str:
             + (f" (group {p.options.group})" if p.options.group else "")]
     if result.status in ("created", "unchanged"):
         tail.append(f"next: start the broker as {p.service_user}: sudo -u {p.service_user} "
-                    f"BK_CONFIG_FILE={p.options.config_file} bk broker (or its systemd unit)")
+                    f"BK_CONFIG_FILE={p.options.config_file} bk broker (or a systemd unit: docs/GUIDE.md)")
         if p.options.socket.startswith("/run/"):
-            tail.append("note: /run is emptied at boot; the systemd unit recreates the socket "
-                        "directory (RuntimeDirectory=)")
+            tail.append("note: /run is emptied at boot; a systemd unit recreates the socket "
+                        "directory with RuntimeDirectory=")
     return "\n".join([head, *lines, *tail])
 
 
@@ -221,3 +231,19 @@ def run_notice_publish(args, ctx) -> Output:
                     term.width, "", "  ")
 
     return Output("admin notice publish", data, human, warnings=list(app.warnings))
+
+
+def run_notice_archive(args, ctx) -> Output:
+    from bk.service.views import notice_json
+
+    _need_root("notice archive")
+    app = ctx.app()
+    notice = app.archive_notice(args.ref, dry_run=args.dry_run)
+    data = {"status": "dry_run" if args.dry_run else "archived", "notice": notice_json(notice),
+            "dry_run": args.dry_run}
+    verb = "would archive" if args.dry_run else "archived"
+
+    def human(term) -> str:
+        return wrap(f"{verb} {notice.level} notice {notice.id[:8]}: {notice.text}", term.width, "", "  ")
+
+    return Output("admin notice archive", data, human, warnings=list(app.warnings))

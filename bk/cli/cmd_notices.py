@@ -15,7 +15,7 @@ def register(sub) -> None:
         "notices", aliases=["n"], help="announcements and notices for you",
         description="Show the administrator's announcements and the notices addressed to you "
         "(for example, that the administrator cancelled one of your bookings, and why).",
-        epilog="Examples:\n  bk n\n  bk n --all      include archived ones",
+        epilog="Examples:\n  bk n\n  bk n --all      include archived and expired ones, with their IDs",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--all", action="store_true", help="include archived and expired notices")
     p.set_defaults(handler=run, command="notices")
@@ -29,6 +29,6 @@ def run(args, ctx) -> Output:
     def human(term) -> str:
         if not notices:
             return "no notices"
-        return notice_lines(notices, term, tz=tz, now=now)
+        return notice_lines(notices, term, tz=tz, now=now, ids=args.all)
 
     return Output("notices", {"notices": notices}, human)

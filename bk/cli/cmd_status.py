@@ -88,10 +88,15 @@ def process_lines(gpus: list[dict], term) -> str:
     return "\n".join(lines)
 
 
-def notice_lines(notices: list[dict], term, *, tz, now: int) -> str:
+def notice_lines(notices: list[dict], term, *, tz, now: int, ids: bool = False) -> str:
+    """One line per notice; with ``ids`` also its short ID and whether it
+    was archived (what an administrator needs to withdraw one)."""
     lines = []
     for n in notices:
         when = format_local_short(parse_iso(n["at"]), tz, now)
         level = "" if n["level"] == "info" else f"{n['level'].upper()}: "
-        lines.append(wrap(f"{when}  {level}{n['text']}", term.width, "  ", "    "))
+        tag = ""
+        if ids:
+            tag = f"[{n['short_id']}{', archived' if n['archived'] else ''}] "
+        lines.append(wrap(f"{when}  {tag}{level}{n['text']}", term.width, "  ", "    "))
     return "\n".join(lines)

@@ -117,8 +117,10 @@ def resolve_start(args, now: int, slot_minutes: int):
     if exact is not None:
         return timegrid.parse_iso_start(exact, now, slot_minutes), None
     if at is not None:
+        # Any explicit -t is exact, "-t now" included (SPEC 3): only a bare
+        # booking, with no -t at all, may be queued to a later start.
         spec = timegrid.parse_start(at, now, local_tz(), slot_minutes)
-        return (None if spec.is_now else spec.t), spec
+        return spec.t, spec
     return None, None
 
 

@@ -249,7 +249,7 @@ class _Plan:
         if len(eligible) >= req.count:
             return eligible, why
         if pinned is None and req.count > p.gpu_count:
-            raise Conflict(f"{req.count} GPUs asked; this server has {p.gpu_count}",
+            raise Conflict(f"{_gpus(req.count)} asked; this server has {p.gpu_count}",
                            details={"rule": "gpu_count", "gpu_count": p.gpu_count})
         blamed = sorted(rule)
         first = next(r for r in ("disabled_gpu", "memory", "excluded") if r in rule.values())
@@ -258,9 +258,11 @@ class _Plan:
         if pinned is not None:
             msg = f"pinned GPUs cannot be booked: {listing}"
         else:
-            msg = f"{req.count} GPUs asked but only {len(eligible)} can be booked: {listing}"
+            msg = f"{_gpus(req.count)} asked but only {len(eligible)} can be booked: {listing}"
         cls = PolicyRefused if first == "disabled_gpu" else Conflict
-        raise cls(msg, "pin or exclude other GPUs (see bk g)", details=details)
+        hint = ("ask for less memory per GPU (-m), or fewer GPUs" if first == "memory"
+                else "pin or exclude other GPUs (see bk g)")
+        raise cls(msg, hint, details=details)
 
     def _memory_misfit(self, g: int) -> str | None:
         req, total, usable = self.req, self.total[g], self.usable[g]
@@ -468,7 +470,7 @@ class _Plan:
         return dt.strftime("%Y-%m-%d %H:%M")
 
     def _span(self, s: int, e: int) -> str:
-        return f"{self._clock(s)}-{self._clock(e)}"
+        return f"{self._clock(s)}–{self._clock(e)}"
 
 
 def _validate(req: Request, policy: Policy, now: int, allow_past_start: bool) -> None:
@@ -528,6 +530,10 @@ def _names(holds: list[tuple]) -> str:
 def _holder(g: int, r: Reservation) -> dict:
     return {"gpu": g, "id": r.id, "user": r.user, "mode": r.mode, "share": r.share,
             "mem_mib": r.mem_mib, "start": iso(r.start), "end": iso(r.end)}
+
+
+def _gpus(n: int) -> str:
+    return f"{n} GPU" if n == 1 else f"{n} GPUs"
 
 
 def _dur(seconds: int) -> str:

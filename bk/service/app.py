@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import replace
 
 from bk import clock
 from bk.core.errors import Ambiguous, BkError, InvalidInput, NotFound, PermissionDenied
@@ -99,7 +100,8 @@ class Service:
         actor = actor or self.actor
         now = self.now() if now is None else now
         mine = [r for r in state.reservations if r.uid == actor.uid and r.is_live(now)]
-        return sorted(mine, key=lambda r: (r.start, r.id))
+        # Same start: the order they were booked in, so numbers match what the user typed.
+        return sorted(mine, key=lambda r: (r.start, r.created, r.id))
 
     def list(self, scope: str = "mine", *, limit: int | None = None) -> list[Reservation]:
         state, now = self.ledger(), self.now()
@@ -107,7 +109,7 @@ class Service:
             out = self.own_current(state, now=now)
         elif scope == "all":
             out = sorted((r for r in state.reservations if r.is_live(now)),
-                         key=lambda r: (r.start, r.id))
+                         key=lambda r: (r.start, r.created, r.id))
         elif scope == "history":
             hot = [r for r in state.reservations if r.uid == self.actor.uid and not r.is_live(now)]
             seen = {r.id for r in hot}
@@ -176,11 +178,42 @@ class Service:
         for n in state.notices:
             if n.archived and not include_archived:
                 continue
-            if n.uid is None and (n.until is None or n.until > now or include_archived):
-                out.append(n)
-            elif n.uid == self.actor.uid:
+            current = n.until is None or n.until > now or include_archived
+            if current and n.uid in (None, self.actor.uid):
                 out.append(n)
         return sorted(out, key=lambda n: n.at, reverse=True)
+
+    def archive_notice(self, ref: str, actor: Actor | None = None, dry_run: bool = False) -> Notice:
+        """Withdraw an announcement (or a notice to one user): it stays in the
+        ledger, marked archived, until retention drops it."""
+        actor = actor or self.actor
+        if not actor.is_admin:
+            raise PermissionDenied("only the administrator (root) may archive notices",
+                                   hint="sudo bk admin notice archive ID")
+
+        def find(state: LedgerState) -> Notice:
+            key = ref.strip().lower()
+            hits = [n for n in state.notices if n.id.startswith(key)] if len(key) >= 4 else []
+            if not hits:
+                raise NotFound(f"no notice with ID {ref}", hint="list them with: bk n --all")
+            if len(hits) > 1:
+                raise Ambiguous(f"ID prefix {ref} matches {len(hits)} notices",
+                                hint="type more characters of the ID")
+            return hits[0]
+
+        if dry_run:
+            return find(self.ledger())
+
+        def apply(state):
+            n = find(state)
+            if n.archived:
+                return Mutation(False, [], n)
+            done = replace(n, archived=True)
+            state.notices[state.notices.index(n)] = done
+            return Mutation(True, [{"action": "notice_archive", "reservation": None, "op_id": None,
+                                    "before": {"id": n.id, "text": n.text}, "after": None,
+                                    "result": "archived"}], done)
+        return self._transact(apply, actor)
 
     def recommend(self, req: BookRequest, alternatives: int = 3,
                   state: LedgerState | None = None) -> list:

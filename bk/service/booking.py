@@ -10,7 +10,7 @@ result without a change, and the same key with another request is refused.
 from __future__ import annotations
 
 from bk.core import scheduler
-from bk.core.errors import InvalidInput, NotFound, PermissionDenied, PolicyRefused
+from bk.core.errors import Conflict, InvalidInput, NotFound, PermissionDenied, PolicyRefused
 from bk.core.models import (
     ACTIVE,
     CANCELLED,
@@ -34,6 +34,10 @@ from bk.service.requests import (
     canonical,
 )
 from bk.store.ledger import Mutation
+
+# How long a notice to one user (an administrator cancelled their booking)
+# stays in `bk n` and at login.  Long enough to be seen after a week away.
+USER_NOTICE_DAYS = 7
 
 
 def summary(r: Reservation) -> dict:
@@ -169,7 +173,13 @@ def _edit_active(state, old: Reservation, req: EditRequest, *, now, policy, gpus
                                  share=old.share if old.mode != EXCLUSIVE else 1,
                                  mem_mib=old.mem_mib, start=check_from, pinned=tuple(old.gpus),
                                  ignore_id=old.id)
-        _place(state, sreq, policy, gpus, now, load)
+        try:
+            _place(state, sreq, policy, gpus, now, load)
+        except Conflict as e:
+            # A running booking keeps its GPUs: queueing cannot help here.
+            raise Conflict(f"cannot extend {old.short_id}: {e.message}",
+                           hint="extend it less, or book the extra time separately (see bk slots)",
+                           details=e.details) from None
     return old.replace(end=end)
 
 
@@ -231,6 +241,7 @@ def apply_cancel(state: LedgerState, req: CancelRequest, actor: Actor, *, now: i
     if by_admin:
         state.notices.append(Notice(id=notice_id, at=now, uid=res.uid, level="warning",
                                     reservation=res.id, created_by=actor.uid,
+                                    until=now + USER_NOTICE_DAYS * 86400,
                                     text=f"Your booking {res.short_id} was cancelled by the "
                                          f"administrator: {req.reason.strip()}"))
     _record_op(state, actor, req.op_id, "cancel", digest, res.id, now)

@@ -134,6 +134,14 @@ class RemoteService(Service):
         except (KeyError, TypeError) as e:
             raise Internal(f"the broker's reply holds malformed audit entries: {e}") from None
 
+    def archive_notice(self, ref: str, actor: Actor | None = None, dry_run: bool = False) -> Notice:
+        data, warnings = self._call("notice_archive", {"ref": ref, "dry_run": dry_run})
+        self.warnings.extend(w for w in warnings if w not in self.warnings)
+        try:
+            return Notice.from_dict(_record(data))
+        except (KeyError, TypeError, ValueError) as e:
+            raise Internal(f"the broker's reply holds a malformed notice: {e}") from None
+
     def probe(self) -> list[tuple[str, bool, str]]:
         # Only the service account may write the data directory: the broker
         # runs the probe there and reports.

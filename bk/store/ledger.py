@@ -620,8 +620,9 @@ class Store:
         if got.source != "ledger":
             return got.source == "empty", (got.warnings[0] if got.warnings else "no ledger yet")
         bound = "policy not bound yet" if st.policy is None else "policy " + ", ".join(
-            f"{k}={v}" for k, v in sorted(st.policy.items()))
-        return True, f"valid: commit {st.seq}, {len(st.reservations)} bookings; {bound}"
+            f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in sorted(st.policy.items()))
+        n = len(st.reservations)
+        return True, f"valid: commit {st.seq}, {n} booking{'' if n == 1 else 's'}; {bound}"
 
     def _check_backups(self):
         def scan(dirfd):

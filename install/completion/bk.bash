@@ -48,6 +48,7 @@ declare -gA _bk_next=(
     ['/admin|cancel']='/admin/cancel'
     ['/admin|notice']='/admin/notice'
     ['/admin/notice|publish']='/admin/notice/publish'
+    ['/admin/notice|archive']='/admin/notice/archive'
     ['/|broker']='/broker'
     ['/|help']='/help'
 )
@@ -57,7 +58,8 @@ declare -gA _bk_words=(
     ['/admin']='init cancel notice --json'
     ['/admin/cancel']='--reason -y --yes --op-id --dry-run --json'
     ['/admin/init']='--service-user --data-dir --socket --access --group --gpu-count --slot-minutes --max-shared-users --config-file --dry-run -y --yes --json'
-    ['/admin/notice']='publish --json'
+    ['/admin/notice']='publish archive --json'
+    ['/admin/notice/archive']='--dry-run --json'
     ['/admin/notice/publish']='--level --until --dry-run --json'
     ['/book']='-d --duration -g --gpu -e --exclude -m --mem -s --share -t --at --start --queue --note -y --yes -q --quiet -v --verbose --op-id --dry-run --json'
     ['/broker']='--check --max-clients --idle-timeout --frame-timeout --json'

@@ -44,6 +44,9 @@ def init(base: Path, capsys, *extra: str, env: dict | None = None, user: str | N
             "--socket", str(p["sock"]), *extra]
     if user:
         argv[3:3] = ["--service-user", user]
+    if "--gpu-count" not in extra and "--no-gpu-count" not in extra:
+        argv += ["--gpu-count", "4"]
+    argv = [a for a in argv if a != "--no-gpu-count"]
     rc = run(argv, env=env or {"PATH": "/usr/bin:/bin", "HOME": str(base)})
     out = capsys.readouterr().out
     return rc, json.loads(out)
@@ -166,4 +169,12 @@ def test_an_untrusted_config_location_is_refused_before_writing(base, capsys):
     os.chown(base / "etc", NOBODY, NOBODY)               # a user could swap etc/gpubk
     rc, env = init(base, capsys, "--yes")
     assert rc == 78 and env["error"]["code"] == "config", env
+    assert not paths(base)["cfg"].exists()
+
+
+def test_the_gpu_count_is_required_when_nothing_can_detect_it(base, capsys):
+    """It is bound into the ledger at the first booking: never a guess."""
+    rc, env = init(base, capsys, "--no-gpu-count", "--yes")
+    assert rc == 2 and env["error"]["code"] == "invalid_input", env
+    assert "--gpu-count is required" in env["error"]["message"]
     assert not paths(base)["cfg"].exists()

@@ -364,7 +364,7 @@ def test_config_names_every_source(bk):
     assert s["slot_minutes"] == {"value": 10, "source": "file", "security": False,
                                  "doc": s["slot_minutes"]["doc"]}
     assert s["max_shared_users"]["source"] == "default"
-    assert s["gpu_count"] == {**s["gpu_count"], "value": 4, "source": "detected"}
+    assert s["gpu_count"] == {**s["gpu_count"], "value": 4, "source": "environment"}   # BK_GPU_COUNT
     assert d["config_read"] == str(bk.config_file)
     assert "slot_minutes" in bk.ok("config").out
 

@@ -250,6 +250,16 @@ def _plan(options: Options, env: dict) -> Plan:
                          "config_file": _absolute(options.config_file, "--config-file")})
     if len(os.fsencode(options.socket)) > SUN_PATH_MAX:
         raise InvalidInput(f"--socket {options.socket} is longer than {SUN_PATH_MAX} bytes, the kernel's limit")
+    if options.gpu_count is None:
+        from bk.gpu import open_backend
+
+        if open_backend(env, None).reason:
+            # The count is bound into the ledger at the first booking and
+            # cannot change afterwards: never let a guess become that.
+            raise InvalidInput("--gpu-count is required: this bk cannot detect the GPUs here "
+                               "(no GPU backend answered)",
+                               hint="count them with nvidia-smi -L, then: sudo bk admin init "
+                                    "--gpu-count N ...")
     pw = _service_account(options, env)
     group_gid = _group(options)
     doc = config_document(options, pw.pw_uid, pw.pw_gid)

@@ -59,11 +59,18 @@ def error_from(envelope: dict) -> errors.BkError:
     return cls(message, hint, details=details)
 
 
+def group_hint(group: str | None) -> str:
+    named = f"group {group}" if group else "the group the administrator chose"
+    return f"bk on this server is for members of {named}; ask the administrator (bk info) to add you"
+
+
 class BrokerClient:
     def __init__(self, socket_path: str, *, service_uid: int | None = None,
-                 connect_timeout: float = CONNECT_TIMEOUT, reply_timeout: float = REPLY_TIMEOUT):
+                 group: str | None = None, connect_timeout: float = CONNECT_TIMEOUT,
+                 reply_timeout: float = REPLY_TIMEOUT):
         self.socket_path = socket_path
         self.service_uid = service_uid
+        self.group = group
         self.connect_timeout = connect_timeout
         self.reply_timeout = reply_timeout
 
@@ -86,7 +93,7 @@ class BrokerClient:
             s.close()
             raise errors.PermissionDenied(
                 f"you may not use the gpubk broker at {self.socket_path} (its socket is limited to a group)",
-                hint="ask the administrator to add you to the group named in /etc/gpubk/config.json") from None
+                hint=group_hint(self.group)) from None
         except OSError as e:               # includes TimeoutError
             s.close()
             raise self._unavailable(getattr(e, "strerror", None) or "connection timed out") from None

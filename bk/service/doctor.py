@@ -69,7 +69,14 @@ def config_view(app) -> dict:
         value = s[name]
         source = "file" if name in from_file else "default"
         if name == "gpu_count" and value is None:
-            value, source = app.policy.gpu_count, "detected"
+            value = app.policy.gpu_count
+            backend = app.backend
+            if getattr(backend, "reason", None):
+                source = "simulated default"
+            elif getattr(backend, "simulated", False):
+                source = "environment"          # BK_GPU_COUNT or BK_GPU_SIM_FILE
+            else:
+                source = "detected"
         if name == "data_dir" and value is None:
             value = s.data_dir
             source = "default" if s.mode == "shared" else "environment"
@@ -120,8 +127,17 @@ def _gpu_check(app) -> dict:
     if reason:
         detail += f" ({reason})"
     # On a shared server a simulation standing in for missing telemetry is a
-    # fault; in private mode (BK_GPU_COUNT, a demo) it is what was asked for.
-    ok = not (reason and app.settings.mode == "shared")
+    # fault unless the administrator fixed the count in the config (then only
+    # the live data is missing, and placement uses share slots alone); in
+    # private mode (BK_GPU_COUNT, a demo) it is what was asked for.
+    ok = True
+    if reason and app.settings.mode == "shared":
+        if "gpu_count" in app.settings.explicit:
+            detail += (f"; no GPU telemetry, so {app.policy.gpu_count} GPUs from the "
+                       "configuration are scheduled by share slots alone")
+        else:
+            ok = False
+            detail += "; set gpu_count in the configuration (sudo bk admin init --gpu-count N)"
     if app.policy.gpu_count != len(gpus):
         ok = False
         detail += f"; the policy schedules {app.policy.gpu_count}"

@@ -15,8 +15,9 @@ is decided by the broker from SO_PEERCRED, whatever this process claims.
 from __future__ import annotations
 
 import dataclasses
+import errno
 
-from bk.core.errors import Internal
+from bk.core.errors import Internal, IOFailure, PermissionDenied
 from bk.core.models import Notice, Reservation
 from bk.service.app import Service
 from bk.service.requests import (
@@ -80,11 +81,26 @@ class RemoteService(Service):
         if self._client is None:
             from bk.broker.client import BrokerClient
 
-            self._client = BrokerClient(self.settings["socket"], service_uid=self.settings["service_uid"])
+            self._client = BrokerClient(self.settings["socket"], service_uid=self.settings["service_uid"],
+                                        group=self.settings["group"])
         return self._client
 
     def _call(self, op: str, fields: dict) -> tuple[dict, list[str]]:
         return self.client.call(op, fields)
+
+    def ledger(self):
+        try:
+            return super().ledger()
+        except IOFailure as e:
+            # With access limited to a group, the data directory is 0750: a
+            # non-member cannot read the ledger.  That is a permission, not
+            # a broken disk.
+            if e.details.get("errno") in (errno.EACCES, errno.EPERM):
+                from bk.broker.client import group_hint
+
+                raise PermissionDenied(f"you may not read the bookings in {self.settings.data_dir}",
+                                       hint=group_hint(self.settings["group"])) from None
+            raise
 
     def _transact(self, apply, actor):
         # Every write of a shared server is the broker's.  A write method of

@@ -352,3 +352,21 @@ def test_check_reports(store):
     damage(store, "garbage")
     checks = {name: (ok, detail) for name, ok, detail in store.check()}
     assert not checks["ledger"][0] and "THE LEDGER" in checks["ledger"][1]
+
+
+def test_shared_restore_hint_runs_as_the_owner(tmp_path):
+    """On a shared server restored files must belong to the service account,
+    or the next write refuses them: the hint says to run it as that account."""
+    data = tmp_path / "shared"
+    data.mkdir(mode=0o755)
+    store = Store(str(data), private=False, owner_uid=os.geteuid(), clock=lambda: T)
+    commit(store, add())
+    for name in os.listdir(store.paths.backups_dir):
+        with open(os.path.join(store.paths.backups_dir, name), "wb") as f:
+            f.write(b"{}")
+    with open(store.paths.ledger, "wb") as f:
+        f.write(b"{")
+    with pytest.raises(IOFailure) as e:
+        store.read()
+    owner = f"sudo -u '#{os.geteuid()}' "
+    assert f"`{owner}cp COPY {store.paths.ledger}.new && {owner}mv " in e.value.hint

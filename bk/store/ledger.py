@@ -275,13 +275,16 @@ class Store:
     def _no_valid_copy(self, problems: list[str] | None, bad: dict[str, str]) -> IOFailure:
         p = self.paths
         what = "is missing" if problems is None else f"is invalid: {'; '.join(problems[:5])}"
+        # The restored files must belong to the data directory's owner (the
+        # service account on a shared server), or the next write refuses them.
+        as_owner = "" if self.private else f"sudo -u '#{self.safety.uid}' "
         return IOFailure(
             f"no valid ledger: {p.ledger} {what}, and none of the {len(bad)} backups in "
             f"{p.backups_dir} is valid; bk will not write until a valid ledger is in place",
             f"inspect the files, then either restore a copy you trust with "
-            f"`cp COPY {p.ledger}.new && mv {p.ledger}.new {p.ledger}`, or start an empty "
-            f"ledger (every booking is lost) with `mv {p.ledger} {p.ledger}.damaged; "
-            f"mv {p.backups_dir} {p.backups_dir}.damaged`",
+            f"`{as_owner}cp COPY {p.ledger}.new && {as_owner}mv {p.ledger}.new {p.ledger}`, or "
+            f"start an empty ledger (every booking is lost) with `{as_owner}mv {p.ledger} "
+            f"{p.ledger}.damaged; {as_owner}mv {p.backups_dir} {p.backups_dir}.damaged`",
             details={"ledger": p.ledger, "problems": problems, "backups": bad})
 
     def _backup_names(self, dirfd: int) -> list[str]:

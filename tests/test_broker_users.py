@@ -295,6 +295,23 @@ def test_group_access_refuses_non_members(srv):
         poll(lambda: g.stop_broker() == 0, 30, "the group broker to stop")
 
 
+def test_the_broker_applies_a_policy_edit_without_a_restart(srv):
+    """Clients read the config on every run; the broker must enforce the same policy."""
+    a = srv.users[0]
+    original = srv.config.read_bytes()
+    doc = json.loads(original)
+    doc["max_booking_hours"] = 1
+    srv.config.write_text(json.dumps(doc))
+    try:
+        rc, env = srv.run_json(a, "1", "2h")
+        assert rc == 3 and env["error"]["code"] == "policy", env
+        assert "at most 1 h" in env["error"]["message"] or "1 hours" in env["error"]["message"], env
+    finally:
+        srv.config.write_bytes(original)
+    rc, env = srv.run_json(a, "1", "2h")
+    assert rc == 0, env
+
+
 def test_a_config_that_disagrees_with_the_bound_policy_is_refused_at_start(srv):
     original = srv.config.read_bytes()
     doc = json.loads(original)

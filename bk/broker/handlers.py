@@ -290,6 +290,7 @@ class _Calls:
     def serial(self):
         d = self.dispatcher
         with d.lock:
+            d._current()
             service = d.service
             service.warnings.clear()
             d._fresh_snapshot()
@@ -379,16 +380,34 @@ class Dispatcher:
     """Turns one decoded request into one reply envelope.  Never raises."""
 
     def __init__(self, service, *, log: Callable[[str], None] | None = None,
-                 monotonic: Callable[[], float] = time.monotonic):
+                 monotonic: Callable[[], float] = time.monotonic,
+                 reload: Callable[[], object] | None = None):
         self.service = service
         self.log = log or (lambda line: None)
         self.monotonic = monotonic
+        # reload() returns a new service when the configuration changed (the
+        # policy an administrator edits), else None; called under the lock.
+        self.reload = reload
         self.lock = threading.Lock()
         self._snapshot_at: float | None = None
         self.commits = GroupCommit(self._write_batch)
 
+    def _current(self) -> None:
+        if self.reload is None:
+            return
+        try:
+            fresh = self.reload()
+        except BkError as e:       # an edit that broke the file: keep serving the old policy
+            self.log(f"configuration not reloaded: {e.message}")
+            return
+        if fresh is not None:
+            self.service = fresh
+            self._snapshot_at = None
+            self.log("configuration changed: reloaded the policy")
+
     def _write_batch(self, items: list) -> tuple[list, list[str]]:
         with self.lock:
+            self._current()
             self.service.warnings.clear()
             self._fresh_snapshot()
             outcomes = self.service.write_batch(items)

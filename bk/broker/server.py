@@ -546,6 +546,46 @@ def _check_store(service) -> str:
     return words + "".join(f"; warning: {w}" for w in got.warnings)
 
 
+class ConfigWatch:
+    """Reload the policy when the administrator edits the configuration.
+
+    Clients read the configuration on every run, the broker only at start:
+    without this, `bk info` would show a new maximum length that the broker
+    does not enforce until it restarts.  A stat per request is cheap; the
+    file is re-read (and its trust re-checked) only when it changed.  What
+    decides whom the broker trusts (data dir, socket, accounts, access) is
+    fixed at start: a change there needs a restart, and is logged."""
+
+    SECURITY = ("data_dir", "socket", "service_uid", "service_gid", "monitor_uid", "access", "group")
+
+    def __init__(self, env: dict, plan: Plan, settings, log: Callable[[str], None]):
+        self.env, self.plan, self.settings, self.log = env, plan, settings, log
+        self.seen = self._stamp()
+
+    def _stamp(self):
+        try:
+            st = os.stat(self.plan.config_file)
+        except OSError:
+            return None
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+    def __call__(self):
+        stamp = self._stamp()
+        if stamp == self.seen:
+            return None
+        self.seen = stamp
+        settings = _load(self.env)
+        changed = [k for k in self.SECURITY if settings[k] != self.settings[k]]
+        if changed:
+            self.log("configuration changed " + ", ".join(changed) + "; restart the broker to "
+                     "apply them (the policy is reloaded now)")
+            settings = type(settings)(self.settings.locations, {**settings.values,
+                                      **{k: self.settings[k] for k in changed}},
+                                      settings.source, settings.explicit)
+        self.settings = settings
+        return open_service(self.env, self.plan, settings)
+
+
 def run(env: dict, *, max_clients: int = DEFAULT_MAX_CLIENTS, idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
         frame_timeout: float = DEFAULT_FRAME_TIMEOUT, log: Callable[[str], None] = log_stderr) -> Stats:
     """Check, bind and serve until SIGTERM.  Raises BkError on refusal."""
@@ -554,7 +594,7 @@ def run(env: dict, *, max_clients: int = DEFAULT_MAX_CLIENTS, idle_timeout: floa
     plan = preflight(settings)
     service = open_service(env, plan, settings)
     log(f"ledger: {_check_store(service)}")
-    dispatcher = Dispatcher(service, log=log)
+    dispatcher = Dispatcher(service, log=log, reload=ConfigWatch(env, plan, settings, log))
     broker = Broker(plan, dispatcher, max_clients=max_clients, idle_timeout=idle_timeout,
                     frame_timeout=frame_timeout,
                     drain_timeout=settings["lock_timeout_seconds"] + frame_timeout + 5, log=log)

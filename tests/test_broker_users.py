@@ -97,6 +97,8 @@ def test_audit_trail_and_history_come_through_the_broker(srv):
     assert [e["action"] for e in about] == ["create", "admin_cancel"]
     assert not [e for e in env["data"]["entries"] if e["reservation"] == mine["id"]]
     assert all(e["uid"] == a.uid or e.get("owner") == a.uid for e in env["data"]["entries"])
+    rc, env = srv.run_json(None, "lg", "--all", "-n", "200")            # root sees everyone's
+    assert rc == 0 and mine["id"] in {e["reservation"] for e in env["data"]["entries"]}, env
     rc, env = srv.run_json(b, "history", res["id"][:8])
     assert rc == 0, env
     assert [e["action"] for e in env["data"]["events"]] == ["create", "admin_cancel"]

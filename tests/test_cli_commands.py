@@ -448,3 +448,9 @@ def test_a_cancellation_notice_is_shown_for_a_week_then_expires(bk):
     bk.mp.setenv("BK_NOW", iso(NOW + 8 * 86400))      # a week and a day later
     assert bk.data("n")["notices"] == []
     assert len(bk.data("n", "--all")["notices"]) == 1
+
+
+def test_log_all_is_for_the_administrator(bk):
+    bk.ok("1", "30m")
+    r = bk.json("lg", "--all")           # the fake user is ada (uid 1000), not root
+    assert r.code == 5 and r.error["code"] == "permission_denied"

@@ -7,6 +7,7 @@ import argparse
 from bk.cli import common
 from bk.cli.render import Output, wrap
 from bk.core import timegrid
+from bk.core.errors import PermissionDenied
 from bk.core.models import iso, parse_iso
 
 DEFAULT_LOG_LIMIT = 20
@@ -29,6 +30,8 @@ def register(sub) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     lg.add_argument("-n", "--limit", type=common.positive_int, default=DEFAULT_LOG_LIMIT, metavar="N",
                     help=f"how many entries (default {DEFAULT_LOG_LIMIT})")
+    lg.add_argument("--all", action="store_true",
+                    help="everyone's actions (the administrator only; others see their own)")
     lg.set_defaults(handler=run_log, command="log")
 
 
@@ -135,7 +138,10 @@ def run_history(args, ctx) -> Output:
 
 def run_log(args, ctx) -> Output:
     app = ctx.app()
-    tail = app.audit(limit=args.limit)
+    if args.all and not app.actor.is_admin:
+        raise PermissionDenied("only the administrator (root) may read everyone's audit trail",
+                               hint="sudo bk lg --all; your own: bk lg")
+    tail = app.audit(limit=args.limit, all_users=args.all)
     now, tz = app.now(), common.local_tz()
     warnings = [f"audit log: {p}" for p in tail.problems]
     data = {"entries": tail.entries, "complete": getattr(tail, "complete", True)}

@@ -460,7 +460,9 @@ def edit_questions(app, res, ctx, *, active: bool) -> list[Question]:
         words, _ = edit_words(a)
         out = run_words(["edit", res.id, *words, "--dry-run"], ctx)
         if out.data.get("status") == "unchanged":
-            raise InvalidInput("that changes nothing", hint="choose another value")
+            raise InvalidInput("that changes nothing",
+                               hint="type another value, back to pick another field, "
+                                    "or cancel to leave the booking as it is")
         text = out.human(ctx.term) if callable(out.human) else (out.human or "")
         return text.rstrip("\n") + "\nSave the change?"
 

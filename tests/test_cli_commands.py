@@ -454,3 +454,24 @@ def test_log_all_is_for_the_administrator(bk):
     bk.ok("1", "30m")
     r = bk.json("lg", "--all")           # the fake user is ada (uid 1000), not root
     assert r.code == 5 and r.error["code"] == "permission_denied"
+
+
+def test_booking_a_gpu_someone_uses_without_a_booking_warns(bk):
+    bk.sim()
+    # GPU 0: ada's own process and Xorg (no warning); GPU 2: bob's train.py, no booking.
+    r = bk.json("x", "1", "1h", "-g", "0")
+    assert r.envelope["warnings"] == []
+    r = bk.json("x", "1", "1h", "-g", "2")
+    assert r.envelope["warnings"] == ["GPU 2 is in use right now by a process of bob without a "
+                                      "booking there (2048 MiB)"]
+    bk.service().book(BookRequest(count=1, duration=3600, pinned=(1,)))        # bob books GPU 1 ...
+    assert bk.json("1", "1h", "-g", "1").envelope["warnings"] == []           # ... no process there
+
+
+def test_placement_prefers_the_less_loaded_gpu_among_equals(bk):
+    doc = {"gpus": [{"util": 80, "processes": [{"pid": 1, "uid": 1000}]},
+                    {"util": 20, "processes": [{"pid": 2, "uid": 1000}]}]}
+    bk.sim(doc)
+    placed = bk.data("1", "30m")
+    assert placed["reservation"]["gpus"] == [1], placed["placement"]
+    assert "load 0.20" in placed["placement"]["gpus"]["1"]

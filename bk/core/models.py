@@ -19,6 +19,10 @@ SHARED = "shared"
 EXCLUSIVE = "exclusive"
 MODES = (SHARED, EXCLUSIVE)
 
+# Processes that every desktop or driver runs; they belong to nobody's booking.
+SYSTEM_LABELS = ("xorg", "x", "gnome-shell", "nvidia-persistenced", "nvidia-smi", "kwin_x11",
+                 "kwin_wayland", "gdm", "sddm", "xwayland", "dcgm", "nv-hostengine")
+
 UPCOMING = "upcoming"
 ACTIVE = "active"
 ENDED = "ended"

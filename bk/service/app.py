@@ -83,6 +83,12 @@ class Service:
         """Forget the GPU snapshot; long-lived callers (the broker) take a new one."""
         self._gpus = None
 
+    @staticmethod
+    def load(gpus) -> dict[int, float]:
+        """Each GPU's load for placement, 0..1.  Until the monitor keeps a
+        recent average (a later release), the utilisation seen now."""
+        return {g.index: g.util / 100 for g in gpus if g.util is not None}
+
     def ledger(self) -> LedgerState:
         read = self.store.read()
         for w in read.warnings:
@@ -222,9 +228,11 @@ class Service:
 
         check_request(req)
         state = state or self.ledger()
+        gpus = self.gpus()
         return scheduler.recommend(booking._sched_request(req), reservations=state.reservations,
-                                   blackouts=state.blackouts, policy=self.policy, gpus=self.gpus(),
-                                   now=self.now(), alternatives=alternatives)
+                                   blackouts=state.blackouts, policy=self.policy, gpus=gpus,
+                                   now=self.now(), alternatives=alternatives, load=self.load(gpus),
+                                   tz=clock.local_tz())
 
     # -- writes ------------------------------------------------------------
 
@@ -242,13 +250,15 @@ class Service:
                                                       notice_id=notice_id)
         check_request(req)
         gpus = self.gpus()
+        live = {"load": self.load(gpus), "tz": clock.local_tz()}
         if kind == "book":
             new_id = _new_id()
             return lambda state: booking.apply_book(state, req, actor, now=self.now(),
-                                                    policy=self.policy, gpus=gpus, new_id=new_id)
+                                                    policy=self.policy, gpus=gpus, new_id=new_id,
+                                                    **live)
         if kind == "edit":
             return lambda state: booking.apply_edit(state, req, actor, now=self.now(),
-                                                    policy=self.policy, gpus=gpus)
+                                                    policy=self.policy, gpus=gpus, **live)
         raise InvalidInput(f"unknown write {kind!r}")
 
     def book(self, req: BookRequest, actor: Actor | None = None):

@@ -16,6 +16,7 @@ from bk.core.models import (
     CANCELLED,
     ENDED,
     EXCLUSIVE,
+    SYSTEM_LABELS,
     Edit,
     LedgerState,
     Notice,
@@ -75,9 +76,10 @@ def _sched_request(req: BookRequest, ignore_id: str | None = None) -> scheduler.
         excluded=tuple(req.excluded), ignore_id=ignore_id)
 
 
-def _place(state: LedgerState, sreq: scheduler.Request, policy: Policy, gpus, now: int, load=None):
+def _place(state: LedgerState, sreq: scheduler.Request, policy: Policy, gpus, now: int, load=None,
+           tz=None):
     return scheduler.place(sreq, reservations=state.reservations, blackouts=state.blackouts,
-                           policy=policy, gpus=gpus, now=now, load=load)
+                           policy=policy, gpus=gpus, now=now, load=load, tz=tz)
 
 
 def placement_json(p) -> dict:
@@ -85,19 +87,49 @@ def placement_json(p) -> dict:
             "queued": p.queued, "mem_mib_effective": p.mem_mib_effective}
 
 
+def in_use_warnings(state: LedgerState, res: Reservation, gpus, now: int) -> list[str]:
+    """bk coordinates, it does not enforce: when a booking starts now on a
+    GPU that someone's processes already use without a booking there (or,
+    for an exclusive booking, anyone else's processes), say so rather than
+    let the user find out from an out-of-memory error."""
+    if res.start > now or not gpus:
+        return []
+    holders: dict[int, set] = {}
+    for r in state.reservations:
+        if r.id != res.id and r.cancelled_at is None and r.start <= now < r.end:
+            for g in r.gpus:
+                holders.setdefault(g, set()).add(r.uid)
+    out = []
+    for g in gpus:
+        if g.index not in res.gpus or not g.processes:
+            continue
+        allowed = {res.uid} if res.mode == EXCLUSIVE else {res.uid, *holders.get(g.index, ())}
+        odd = [p for p in g.processes if (p.label or "").lower() not in SYSTEM_LABELS
+               and (p.uid is None or p.uid not in allowed)]
+        if not odd:
+            continue
+        users = sorted({p.user or (str(p.uid) if p.uid is not None else "unknown") for p in odd})
+        mem = sum(p.mem_mib or 0 for p in odd)
+        what = "processes" if len(odd) != 1 else "a process"
+        out.append(f"GPU {g.index} is in use right now by {what} of {', '.join(users)} "
+                   f"without a booking there" + (f" ({mem} MiB)" if mem else ""))
+    return out
+
+
 def apply_book(state: LedgerState, req: BookRequest, actor: Actor, *, now: int, policy: Policy,
-               gpus, new_id: str, load=None) -> Mutation:
+               gpus, new_id: str, load=None, tz=None) -> Mutation:
     digest = canonical("create", req) if req.op_id else ""
     earlier = _replay(state, actor, req.op_id, "create", digest)
     if earlier is not None:
         return Mutation(False, [], BookResult("exists", earlier))
-    p = _place(state, _sched_request(req), policy, gpus, now, load)
+    p = _place(state, _sched_request(req), policy, gpus, now, load, tz)
     share = policy.max_shared_users if req.mode == EXCLUSIVE else req.share
     res = Reservation(id=new_id, uid=actor.uid, user=actor.user, mode=req.mode, gpus=tuple(p.gpus),
                       share=share, start=p.start, end=p.end, created=now, mem_mib=req.mem_mib,
                       op_id=req.op_id, note=req.note)
     status = "queued" if p.queued else "created"
-    result = BookResult(status, res, placement_json(p), dry_run=req.dry_run)
+    result = BookResult(status, res, placement_json(p), warnings=in_use_warnings(state, res, gpus, now),
+                        dry_run=req.dry_run)
     if req.dry_run:
         return Mutation(False, [], result)
     state.reservations.append(res)
@@ -118,7 +150,7 @@ def _owned(state: LedgerState, rid: str, actor: Actor, verb: str) -> Reservation
 
 
 def apply_edit(state: LedgerState, req: EditRequest, actor: Actor, *, now: int, policy: Policy,
-               gpus, load=None) -> Mutation:
+               gpus, load=None, tz=None) -> Mutation:
     digest = canonical("edit", req) if req.op_id else ""
     earlier = _replay(state, actor, req.op_id, "edit", digest)
     if earlier is not None:
@@ -129,9 +161,9 @@ def apply_edit(state: LedgerState, req: EditRequest, actor: Actor, *, now: int, 
         raise InvalidInput(f"reservation {old.short_id} has {status}; it can no longer be edited",
                            hint="book again with: bk N DUR")
     if status == ACTIVE:
-        new = _edit_active(state, old, req, now=now, policy=policy, gpus=gpus, load=load)
+        new = _edit_active(state, old, req, now=now, policy=policy, gpus=gpus, load=load, tz=tz)
     else:
-        new = _edit_upcoming(state, old, req, now=now, policy=policy, gpus=gpus, load=load)
+        new = _edit_upcoming(state, old, req, now=now, policy=policy, gpus=gpus, load=load, tz=tz)
     before, after = summary(old), summary(new)
     if before == after and (req.note is None or req.note == old.note):
         return Mutation(False, [], BookResult("unchanged", old, dry_run=req.dry_run))
@@ -150,7 +182,8 @@ def apply_edit(state: LedgerState, req: EditRequest, actor: Actor, *, now: int, 
     return Mutation(True, audit, result)
 
 
-def _edit_active(state, old: Reservation, req: EditRequest, *, now, policy, gpus, load) -> Reservation:
+def _edit_active(state, old: Reservation, req: EditRequest, *, now, policy, gpus, load,
+                 tz=None) -> Reservation:
     """After start only the end may move: the elapsed part and the GPUs are history."""
     frozen = [k for k in ("start", "mode", "share", "mem_mib", "clear_mem", "pinned", "excluded")
               if getattr(req, k) not in (None, False)]
@@ -174,7 +207,7 @@ def _edit_active(state, old: Reservation, req: EditRequest, *, now, policy, gpus
                                  mem_mib=old.mem_mib, start=check_from, pinned=tuple(old.gpus),
                                  ignore_id=old.id)
         try:
-            _place(state, sreq, policy, gpus, now, load)
+            _place(state, sreq, policy, gpus, now, load, tz)
         except Conflict as e:
             # A running booking keeps its GPUs: queueing cannot help here.
             raise Conflict(f"cannot extend {old.short_id}: {e.message}",
@@ -183,7 +216,8 @@ def _edit_active(state, old: Reservation, req: EditRequest, *, now, policy, gpus
     return old.replace(end=end)
 
 
-def _edit_upcoming(state, old: Reservation, req: EditRequest, *, now, policy, gpus, load) -> Reservation:
+def _edit_upcoming(state, old: Reservation, req: EditRequest, *, now, policy, gpus, load,
+                   tz=None) -> Reservation:
     """Before start anything may change; the result is placed as if the old booking were absent."""
     mode = req.mode or old.mode
     if req.share is not None:
@@ -207,7 +241,7 @@ def _edit_upcoming(state, old: Reservation, req: EditRequest, *, now, policy, gp
                              start=max(start, floor_slice(now, policy.slot_minutes)),
                              queue=req.queue, pinned=pinned, excluded=tuple(req.excluded or ()),
                              ignore_id=old.id)
-    p = _place(state, sreq, policy, gpus, now, load)
+    p = _place(state, sreq, policy, gpus, now, load, tz)
     new_share = policy.max_shared_users if mode == EXCLUSIVE else share
     return old.replace(mode=mode, share=new_share, mem_mib=mem, gpus=tuple(p.gpus),
                        start=p.start, end=p.end)

@@ -14,12 +14,8 @@ in one pass over the holds sorted by start.
 
 from __future__ import annotations
 
-from bk.core.models import EXCLUSIVE, GpuInfo, GpuProcess, Policy, Reservation, iso
+from bk.core.models import EXCLUSIVE, SYSTEM_LABELS, GpuInfo, GpuProcess, Policy, Reservation, iso
 from bk.service.views import notice_json, reservation_json
-
-# Processes that every desktop or driver runs; they belong to nobody's booking.
-SYSTEM_LABELS = ("xorg", "x", "gnome-shell", "nvidia-persistenced", "nvidia-smi", "kwin_x11",
-                 "kwin_wayland", "gdm", "sddm", "xwayland", "dcgm", "nv-hostengine")
 
 # How far ahead ``bk login`` looks for bookings about to start.
 LOGIN_LOOKAHEAD_S = 3600

@@ -18,9 +18,9 @@ from bk.core.errors import EXIT_PARTIAL, PermissionDenied, UsageError
 from bk.service.requests import CancelRequest
 
 INIT_EPILOG = """Examples:
-  sudo bk admin init --service-user gpubk --dry-run
+  sudo bk admin init --service-user gpubk --gpu-count 8 --dry-run
   sudo bk admin init --service-user gpubk --gpu-count 8 --yes
-  sudo bk admin init --service-user gpubk --access group --group gpu-users --yes
+  sudo bk admin init --service-user gpubk --gpu-count 8 --access group --group gpu-users --yes
 
 It creates no accounts or groups: create them first (useradd --system gpubk).
 It writes the config last, and never over one that says something else.
@@ -31,7 +31,7 @@ from a systemd unit (docs/GUIDE.md has one to copy)."""
 def register(sub) -> None:
     p = sub.add_parser("admin", help="administration (run with sudo): init, cancel, notice",
                        description="Administration of a shared server. Run with sudo.",
-                       epilog="Examples:\n  sudo bk admin init --service-user gpubk\n"
+                       epilog="Examples:\n  sudo bk admin init --service-user gpubk --gpu-count 8\n"
                               "  sudo bk admin cancel a1b2c3d4 --reason 'node maintenance'\n"
                               "  sudo bk admin notice publish 'Reboot at 18:00' --level warning --until 18:30",
                        formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -475,3 +475,21 @@ def test_placement_prefers_the_less_loaded_gpu_among_equals(bk):
     placed = bk.data("1", "30m")
     assert placed["reservation"]["gpus"] == [1], placed["placement"]
     assert "load 0.20" in placed["placement"]["gpus"]["1"]
+
+
+def test_same_start_bookings_keep_booking_order_even_within_one_second(bk):
+    # BK_NOW is fixed: all three are created in the same second.
+    ids = [bk.data(*argv)["reservation"]["id"] for argv in (["1", "30m"], ["2", "1h30m", "12g"],
+                                                             ["x", "1", "2h"])]
+    assert [r["id"] for r in bk.data("l")["reservations"]] == ids
+
+
+def test_the_administrators_all_view_lists_notices_to_users(bk):
+    from helpers_cli import ROOT as ROOT_ACTOR
+
+    booked = bk.data("1", "30m")["reservation"]
+    root = bk.service(actor=ROOT_ACTOR)
+    root.cancel(CancelRequest(ref=booked["id"], reason="reboot"))
+    assert [n.uid for n in root.notices()] == []                        # not addressed to root
+    assert [n.uid for n in root.notices(include_archived=True)] == [ME.uid]
+    assert [n.uid for n in bk.service().notices(include_archived=True)] == []   # bob: not his

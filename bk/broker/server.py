@@ -468,7 +468,10 @@ class Broker:
             except OSError:
                 pass
         s = self.stats
-        self.log(f"stopped after {s.connections} connections, {s.requests} requests "
+        def n(count: int, word: str) -> str:
+            return f"{count} {word}" + ("" if count == 1 else "s")
+
+        self.log(f"stopped after {n(s.connections, 'connection')}, {n(s.requests, 'request')} "
                  f"({s.errors} answered with an error, {s.refused} refused as over the limit)")
 
     def _unlink_own_socket(self) -> None:

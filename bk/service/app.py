@@ -106,8 +106,10 @@ class Service:
         actor = actor or self.actor
         now = self.now() if now is None else now
         mine = [r for r in state.reservations if r.uid == actor.uid and r.is_live(now)]
-        # Same start: the order they were booked in, so numbers match what the user typed.
-        return sorted(mine, key=lambda r: (r.start, r.created, r.id))
+        # Same start: the order they were booked in, so numbers match what the
+        # user typed.  The sort is stable and the ledger keeps bookings in the
+        # order they were made, so even the same second keeps that order.
+        return sorted(mine, key=lambda r: (r.start, r.created))
 
     def list(self, scope: str = "mine", *, limit: int | None = None) -> list[Reservation]:
         state, now = self.ledger(), self.now()
@@ -115,7 +117,7 @@ class Service:
             out = self.own_current(state, now=now)
         elif scope == "all":
             out = sorted((r for r in state.reservations if r.is_live(now)),
-                         key=lambda r: (r.start, r.created, r.id))
+                         key=lambda r: (r.start, r.created))
         elif scope == "history":
             hot = [r for r in state.reservations if r.uid == self.actor.uid and not r.is_live(now)]
             seen = {r.id for r in hot}
@@ -185,7 +187,10 @@ class Service:
             if n.archived and not include_archived:
                 continue
             current = n.until is None or n.until > now or include_archived
-            if current and n.uid in (None, self.actor.uid):
+            # The administrator's --all view includes notices to other users,
+            # so that one can be found (and archived) by its ID.
+            mine = n.uid in (None, self.actor.uid) or (include_archived and self.actor.is_admin)
+            if current and mine:
                 out.append(n)
         return sorted(out, key=lambda n: n.at, reverse=True)
 

@@ -132,7 +132,7 @@ def status_view(app, verbose: bool = False) -> dict:
     numbers = {r.id: i for i, r in enumerate(mine, 1)}
     mem = {g.index: g.mem_total_mib for g in app.gpus()}
     if verbose:
-        shown = sorted((r for r in state.reservations if r.is_live(now)), key=lambda r: (r.start, r.created, r.id))
+        shown = sorted((r for r in state.reservations if r.is_live(now)), key=lambda r: (r.start, r.created))
     else:
         shown = mine
     return {

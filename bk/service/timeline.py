@@ -90,7 +90,7 @@ def build(reservations, blackouts, *, capacity: int, gpus: list[int], disabled=f
     cols = range(frm, to, step)
     rows = []
     for g in gpus:
-        lst = sorted(per[g], key=lambda r: (r.start, r.created, r.id))
+        lst = sorted(per[g], key=lambda r: (r.start, r.created))
         cells = []
         for t in cols:
             e = t + step
@@ -115,7 +115,7 @@ def timeline_view(app, *, frm: int, to: int, step: int, gpus: list[int] | None =
                 disabled=policy.disabled_gpus, frm=frm, to=to, step=step, actor_uid=app.actor.uid)
     wanted = set(gpus)
     shown = sorted((r for r in state.reservations if r.cancelled_at is None and r.start < to
-                    and r.end > frm and wanted & set(r.gpus)), key=lambda r: (r.start, r.created, r.id))
+                    and r.end > frm and wanted & set(r.gpus)), key=lambda r: (r.start, r.created))
     numbers = {r.id: i for i, r in enumerate(app.own_current(state, now=now), 1)}
     mem = {g.index: g.mem_total_mib for g in app.gpus()}
     out["now"] = iso(now)

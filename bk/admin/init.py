@@ -32,9 +32,9 @@ from __future__ import annotations
 import json
 import os
 import stat
-from dataclasses import dataclass, field
 
 from bk.core.errors import ConfigError, InvalidInput, PermissionDenied
+from bk.core.record import dataclass, field
 from bk.store.paths import DEFAULT_SHARED_DATA_DIR, DEFAULT_SOCKET, SYSTEM_CONFIG
 
 SUN_PATH_MAX = 107

@@ -25,7 +25,6 @@ one transaction runs are committed together in the next.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import os
 import re
@@ -33,12 +32,13 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from bk.broker import protocol
+from bk.core import record
 from bk.core.envelope import failure, success
 from bk.core.errors import BkError, Internal, InvalidInput
 from bk.core.models import Notice
+from bk.core.record import dataclass
 from bk.service.app import user_name
 from bk.service.requests import (
     Actor,
@@ -103,7 +103,7 @@ def _check_value(name: str, value: object) -> None:
 def decode_request(cls, fields: dict):
     """A typed request from untrusted fields: ``from_wire`` plus what it lets
     through (null for a field that needs a value, out-of-range numbers)."""
-    defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+    defaults = {f.name: f.default for f in record.fields(cls)}
     for name, value in fields.items():
         if name in defaults:
             if value is None and defaults[name] is not None:

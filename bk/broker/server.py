@@ -57,12 +57,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from bk.broker import protocol
 from bk.broker.handlers import Dispatcher, Peer
 from bk.core.envelope import failure
 from bk.core.errors import Busy, ConfigError, InvalidInput, WrongAccount
+from bk.core.record import dataclass
 
 _PEERCRED = struct.Struct("3i")      # struct ucred { pid_t pid; uid_t uid; gid_t gid; }
 SUN_PATH_MAX = 107                   # sizeof(sockaddr_un.sun_path) - 1 on Linux

@@ -20,10 +20,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from dataclasses import dataclass, field
 
 from bk.cli.render import Output, Term, emit, emit_error
 from bk.core.errors import EXIT_INTERNAL, BkError, Internal, UsageError
+from bk.core.record import dataclass, field
 
 PROG = "bk"
 

@@ -24,7 +24,8 @@ characters beyond ASCII become roff escapes.
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, field
+
+from bk.core.record import dataclass, field
 
 DATE = "2026-11-30"          # the man page's date: bump it with the version
 SKIP_OPTIONS = ("-h", "--help")

@@ -14,10 +14,10 @@ import os
 import re
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 from bk.core.envelope import failure, success
 from bk.core.errors import BkError
+from bk.core.record import dataclass, field
 
 _CODES = {"bold": "1", "dim": "2", "red": "31", "green": "32", "yellow": "33", "blue": "34",
           "magenta": "35", "cyan": "36"}

@@ -30,7 +30,6 @@ test keeps the two in agreement.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 
 from bk.core.models import (
     EXCLUSIVE,
@@ -43,6 +42,7 @@ from bk.core.models import (
     OpRecord,
     Reservation,
 )
+from bk.core.record import dataclass, field
 from bk.core.utctime import format_utc, parse_utc
 
 FORMAT = "gpubk.ledger"

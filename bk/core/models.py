@@ -10,9 +10,8 @@ ledger survives a round trip through an older one (forward compatibility).
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
-
+from bk.core import record
+from bk.core.record import dataclass, field
 from bk.core.utctime import format_utc, parse_utc
 
 SHARED = "shared"
@@ -108,7 +107,7 @@ class Reservation:
         return self.cancelled_at is None
 
     def replace(self, **changes) -> Reservation:
-        return dataclasses.replace(self, **changes)
+        return record.replace(self, **changes)
 
     def to_dict(self) -> dict:
         d = dict(self.extra)
@@ -125,7 +124,7 @@ class Reservation:
 
     @classmethod
     def from_dict(cls, d: dict) -> Reservation:
-        known = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        known = {f.name for f in record.fields(cls)} - {"extra"}
         extra = {k: v for k, v in d.items() if k not in known}
         ca = d.get("cancelled_at")
         return cls(

@@ -40,11 +40,11 @@ The decisions:
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from datetime import date, datetime, timedelta, tzinfo
 
 from bk.core.errors import InvalidInput
 from bk.core.models import iso
+from bk.core.record import dataclass
 
 _SECOND = timedelta(seconds=1)
 _DAY_S = 86400

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import replace
 
 from bk import clock
 from bk.core.errors import Ambiguous, BkError, InvalidInput, NotFound, PermissionDenied
 from bk.core.models import ACTIVE, CANCELLED, ENDED, UPCOMING, LedgerState, Notice, Reservation
+from bk.core.record import replace
 from bk.service.requests import Actor, BookRequest, CancelRequest, EditRequest, check_request
 from bk.store.config import Settings
 from bk.store.ledger import Mutation, Store

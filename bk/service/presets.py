@@ -17,11 +17,11 @@ import difflib
 import re
 import shlex
 from collections import Counter
-from dataclasses import dataclass, field, replace
 
 from bk.core import timegrid
 from bk.core.errors import InvalidInput, IOFailure, NotFound
 from bk.core.models import EXCLUSIVE, MODES, SHARED, Reservation
+from bk.core.record import dataclass, field, replace
 from bk.service.requests import BookRequest, check_request
 
 # Words that follow `bk p` as sub-commands; a preset may not be called so.

@@ -14,9 +14,9 @@ is decided by the broker from SO_PEERCRED, whatever this process claims.
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 
+from bk.core import record
 from bk.core.errors import Internal, IOFailure, PermissionDenied
 from bk.core.models import Notice, Reservation
 from bk.service.app import Service
@@ -34,7 +34,7 @@ def to_wire(req) -> dict:
     """A request's fields for a frame: only those that differ from the
     default (the broker fills in the rest), tuples as lists."""
     out = {}
-    for f in dataclasses.fields(req):
+    for f in record.fields(req):
         value = getattr(req, f.name)
         if value == f.default:
             continue

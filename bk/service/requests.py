@@ -9,12 +9,12 @@ from a canonical form (``canonical``).
 
 from __future__ import annotations
 
-import dataclasses
 import json
-from dataclasses import dataclass, field
 
+from bk.core import record
 from bk.core.errors import InvalidInput
 from bk.core.models import EXCLUSIVE, MODES, SHARED, Reservation
+from bk.core.record import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ class EditRequest:
 
     def changes(self) -> dict:
         skip = {"ref", "op_id", "dry_run", "queue"}
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+        return {f.name: getattr(self, f.name) for f in record.fields(self)
                 if f.name not in skip and getattr(self, f.name) not in (None, False)}
 
 
@@ -81,7 +81,7 @@ def canonical(action: str, req: object) -> str:
     """A stable digest of what a request asks for (op-id and dry-run excluded),
     so that a retry with the same op-id can be told apart from a different
     request that reuses the key."""
-    d = dataclasses.asdict(req)
+    d = record.asdict(req)
     d.pop("op_id", None)
     d.pop("dry_run", None)
     import hashlib
@@ -102,7 +102,7 @@ def from_wire(cls, fields: dict):
     with its exact type (bool is not an int here)."""
     if not isinstance(fields, dict):
         raise InvalidInput("request fields must be an object")
-    defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+    defaults = {f.name: f.default for f in record.fields(cls)}
     kwargs = {}
     for k, v in fields.items():
         if k not in defaults:

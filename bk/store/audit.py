@@ -28,7 +28,8 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+
+from bk.core.record import dataclass, field
 
 FIELDS = ("time", "seq", "index", "uid", "user", "action", "reservation", "op_id",
           "before", "after", "result")

@@ -16,10 +16,10 @@ from __future__ import annotations
 import json
 import os
 import stat
-from dataclasses import dataclass
 
 from bk.core.errors import ConfigError
 from bk.core.models import Policy
+from bk.core.record import dataclass
 from bk.store.paths import DEFAULT_SOCKET, Locations
 
 

@@ -42,11 +42,11 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 
 from bk.core import ledgerdoc, utctime
 from bk.core.errors import BkError, ConfigError, Internal, IOFailure, WrongAccount
 from bk.core.models import LedgerState
+from bk.core.record import dataclass, field
 from bk.store import archive, audit
 from bk.store.fsutil import (
     O_CLOEXEC,

@@ -10,7 +10,8 @@ path invalid and ignore it").
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+
+from bk.core.record import dataclass
 
 SYSTEM_CONFIG = "/etc/gpubk/config.json"
 DEFAULT_SHARED_DATA_DIR = "/var/lib/gpubk"

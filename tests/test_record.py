@@ -1,0 +1,96 @@
+"""bk.core.record: the dataclasses subset bk uses, checked against dataclasses itself."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from bk.core import record
+from bk.core.record import FrozenInstanceError, dataclass, field
+
+
+@dataclass
+class Point:
+    x: int
+    y: int = 0
+    tags: list = field(default_factory=list)
+    note: str = field(default="", compare=False)
+    KIND = "point"                       # not annotated: a class constant, not a field
+
+
+@dataclass(frozen=True)
+class Key:
+    name: str
+    size: int = 1
+
+
+@dataclasses.dataclass
+class RefPoint:
+    x: int
+    y: int = 0
+    tags: list = dataclasses.field(default_factory=list)
+    note: str = dataclasses.field(default="", compare=False)
+
+
+def test_init_defaults_and_factories_like_dataclasses():
+    a, b = Point(1), Point(1)
+    assert (a.x, a.y, a.tags, a.note) == (1, 0, [], "")
+    a.tags.append(1)
+    assert b.tags == []                                   # one list per instance
+    assert Point(1, 2, [3], "n").__dict__ == RefPoint(1, 2, [3], "n").__dict__
+    assert Point.KIND == "point" and [f.name for f in record.fields(Point)] == ["x", "y", "tags", "note"]
+    with pytest.raises(TypeError):
+        Point()                                           # x is required
+    with pytest.raises(TypeError):
+        Point(1, z=2)
+
+
+def test_repr_eq_and_hash():
+    assert repr(Point(1, 2)) == "Point(x=1, y=2, tags=[], note='')"
+    assert Point(1, note="a") == Point(1, note="b")       # compare=False
+    assert Point(1) != Point(2) and Point(1) != RefPoint(1)
+    assert Point.__hash__ is None                         # mutable and compared by value
+    assert hash(Key("a")) == hash(Key("a")) and {Key("a"): 1}[Key("a")] == 1
+
+
+def test_frozen_refuses_assignment():
+    k = Key("a")
+    with pytest.raises(FrozenInstanceError):
+        k.name = "b"
+    with pytest.raises(FrozenInstanceError):
+        del k.size
+    assert isinstance(FrozenInstanceError("x"), AttributeError)
+
+
+def test_replace_fields_and_asdict():
+    p = Point(1, 2, [Key("a")])
+    q = record.replace(p, y=5)
+    assert (q.x, q.y, q.tags) == (1, 5, p.tags) and p.y == 2
+    with pytest.raises(TypeError):
+        record.replace(p, z=1)
+    assert record.asdict(Point(1, 2, [Key("a", 3)], "n")) == \
+        {"x": 1, "y": 2, "tags": [{"name": "a", "size": 3}], "note": "n"}
+    assert record.asdict(Key("t")) == dataclasses.asdict(dataclasses.make_dataclass(
+        "K", [("name", str), ("size", int)])("t", 1))
+    with pytest.raises(TypeError):
+        record.fields(object())
+
+
+def test_a_required_field_after_a_default_is_refused():
+    with pytest.raises(TypeError, match="without a default"):
+        @dataclass
+        class Bad:
+            a: int = 1
+            b: int
+
+
+def test_methods_a_class_defines_are_kept():
+    @dataclass
+    class Custom:
+        a: int
+
+        def __repr__(self):
+            return "custom"
+
+    assert repr(Custom(1)) == "custom" and Custom(1) == Custom(1)

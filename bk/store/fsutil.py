@@ -137,12 +137,7 @@ def open_dir(path: str, safety: Safety, *, create_mode: int | None = None) -> in
                                 "bk does not follow links for its data directory; point "
                                 "BK_DATA_DIR at the real directory") from None
         raise io_error(e, "opening", path) from None
-    try:
-        safety.check(os.fstat(fd), path, want_dir=True)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+    return _checked_dir(fd, path, safety)
 
 
 def open_subdir(dirfd: int, name: str, path: str, safety: Safety, *,
@@ -168,6 +163,11 @@ def open_subdir(dirfd: int, name: str, path: str, safety: Safety, *,
             raise safety.refuse(path, f"it is {kind(st.st_mode) if st else 'not a directory'}, "
                                 "not a directory", "inspect it and remove it") from None
         raise io_error(e, "opening", path) from None
+    return _checked_dir(fd, path, safety)
+
+
+def _checked_dir(fd: int, path: str, safety: Safety) -> int:
+    """``fd`` if what it opened is a directory bk may use; closed otherwise."""
     try:
         safety.check(os.fstat(fd), path, want_dir=True)
     except BaseException:

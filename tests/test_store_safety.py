@@ -173,3 +173,27 @@ def test_missing_parent_directories_are_created(tmp_path):
     assert store.read().source == "empty" and not os.path.exists(tmp_path / "a")   # reads create nothing
     commit(store)
     assert mode(store.paths.data_dir) == 0o700
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to own directories as root and others")
+def test_unsafe_ancestor_rules(tmp_path):
+    from bk.store.fsutil import unsafe_ancestor
+
+    base = tmp_path / "u"
+    safe = base / "safe"
+    safe.mkdir(parents=True)
+    for d in (tmp_path, base, safe):
+        os.chown(d, 0, 0)
+        d.chmod(0o755)
+    assert unsafe_ancestor(str(safe), (0,)) is None
+    base.chmod(0o1777)                    # sticky and world-writable, above a safe directory
+    assert unsafe_ancestor(str(safe), (0,)) is None
+    got = unsafe_ancestor(str(base), (0,), sticky_ok=False)   # holding the trusted thing itself
+    assert got[0] == str(base) and got[2] == "writable"
+    base.chmod(0o777)                     # writable and not sticky: anyone can swap safe/
+    assert unsafe_ancestor(str(safe), (0,))[0:3:2] == (str(base), "writable")
+    base.chmod(0o755)
+    os.chown(base, 65534, 65534)
+    assert unsafe_ancestor(str(safe), (0,))[0:3:2] == (str(base), "owner")
+    assert unsafe_ancestor(str(safe), (0, 65534)) is None
+    assert unsafe_ancestor(str(tmp_path / "missing"), (0,))[2] == "unreadable"

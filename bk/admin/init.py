@@ -35,6 +35,7 @@ import stat
 
 from bk.core.errors import ConfigError, InvalidInput, PermissionDenied
 from bk.core.record import dataclass, field
+from bk.store.fsutil import unsafe_ancestor
 from bk.store.paths import DEFAULT_SHARED_DATA_DIR, DEFAULT_SOCKET, SYSTEM_CONFIG
 
 SUN_PATH_MAX = 107
@@ -170,22 +171,16 @@ def _check_ancestors(path: str, owners: tuple[int, ...]) -> list[str]:
     while not os.path.lexists(d):
         missing.append(d)
         d = os.path.dirname(d)
-    child_safe = True
-    while True:
-        st = os.lstat(d)
-        writable = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
-        if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-            raise ConfigError(f"{d} (above {path}) is not a plain directory",
-                              hint="choose a path below real, root-owned directories")
-        if st.st_uid not in owners or (writable and not (st.st_mode & stat.S_ISVTX and child_safe)):
-            raise ConfigError(f"{path} would lie below {d}, which others can change "
-                              f"(owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o})",
-                              hint="choose a path below root-owned directories that only root can write")
-        child_safe = not writable
-        parent = os.path.dirname(d)
-        if parent == d:
-            return list(reversed(missing))
-        d = parent
+    bad = unsafe_ancestor(d, owners)
+    if bad is None:
+        return list(reversed(missing))
+    where, st, why = bad
+    if why in ("unreadable", "not a directory"):
+        raise ConfigError(f"{where} (above {path}) is not a plain directory",
+                          hint="choose a path below real, root-owned directories")
+    raise ConfigError(f"{path} would lie below {where}, which others can change "
+                      f"(owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o})",
+                      hint="choose a path below root-owned directories that only root can write")
 
 
 def _dir_steps(path: str, uid: int, gid: int, mode: int, why: str) -> list[Step]:

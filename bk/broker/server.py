@@ -63,6 +63,7 @@ from bk.broker.handlers import Dispatcher, Peer
 from bk.core.envelope import failure
 from bk.core.errors import Busy, ConfigError, InvalidInput, WrongAccount
 from bk.core.record import dataclass
+from bk.store.fsutil import unsafe_ancestor
 
 _PEERCRED = struct.Struct("3i")      # struct ucred { pid_t pid; uid_t uid; gid_t gid; }
 SUN_PATH_MAX = 107                   # sizeof(sockaddr_un.sun_path) - 1 on Linux
@@ -117,21 +118,13 @@ def check_owned_dir(path: str, uid: int, what: str) -> os.stat_result:
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise ConfigError(f"the {what} {path} is writable by group or others "
                           f"(mode {stat.S_IMODE(st.st_mode):04o})", hint=f"sudo chmod go-w {path}")
-    child_safe = True
-    directory = os.path.dirname(path)
-    while True:
-        dst = os.lstat(directory)
-        writable = dst.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
-        if stat.S_ISLNK(dst.st_mode) or dst.st_uid not in (0, uid) or \
-                (writable and not (dst.st_mode & stat.S_ISVTX and child_safe)):
-            raise ConfigError(f"the {what} {path} lies below {directory}, which others can change "
-                              f"(owner {_account(dst.st_uid)}, mode {stat.S_IMODE(dst.st_mode):04o})",
-                              hint="move it below root-owned directories, e.g. /var/lib/gpubk")
-        child_safe = not writable
-        parent = os.path.dirname(directory)
-        if parent == directory:
-            return st
-        directory = parent
+    bad = unsafe_ancestor(os.path.dirname(path), (0, uid))
+    if bad is None:
+        return st
+    directory, dst, _why = bad
+    shown = f"owner {_account(dst.st_uid)}, mode {stat.S_IMODE(dst.st_mode):04o}" if dst else "unreadable"
+    raise ConfigError(f"the {what} {path} lies below {directory}, which others can change ({shown})",
+                      hint="move it below root-owned directories, e.g. /var/lib/gpubk")
 
 
 @dataclass(frozen=True)

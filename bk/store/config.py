@@ -20,6 +20,7 @@ import stat
 from bk.core.errors import ConfigError
 from bk.core.models import Policy
 from bk.core.record import dataclass
+from bk.store.fsutil import unsafe_ancestor
 from bk.store.paths import DEFAULT_SOCKET, Locations
 
 
@@ -213,29 +214,20 @@ def check_trusted(path: str) -> None:
     if not stat.S_ISREG(st.st_mode):
         raise ConfigError(f"untrusted config {path}: not a regular file")
     _check_owner_mode(path, st, what="config")
-    directory = os.path.dirname(os.path.abspath(path))
     # The file's own directory must not be writable by others at all.
-    child_safe = False
-    while True:
-        try:
-            dst = os.lstat(directory)
-        except OSError as e:
-            raise ConfigError(f"untrusted config {path}: cannot inspect {directory}: {e.strerror}") from None
-        if stat.S_ISLNK(dst.st_mode):
-            raise ConfigError(f"untrusted config {path}: {directory} is a symbolic link")
-        if dst.st_uid != 0:
-            raise ConfigError(f"untrusted config {path}: directory {directory} is owned by uid "
-                              f"{dst.st_uid}, not root", hint=f"sudo chown root {directory}")
-        writable = dst.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
-        if writable and not (dst.st_mode & stat.S_ISVTX and child_safe):
-            raise ConfigError(f"untrusted config {path}: directory {directory} is writable by "
-                              "group or others", hint=f"sudo chmod go-w {directory}")
-        # Only the directory directly above a root-owned, non-writable one may be sticky.
-        child_safe = not writable
-        parent = os.path.dirname(directory)
-        if parent == directory:
-            return
-        directory = parent
+    bad = unsafe_ancestor(os.path.dirname(os.path.abspath(path)), (0,), sticky_ok=False)
+    if bad is None:
+        return
+    directory, dst, why = bad
+    if why == "unreadable":
+        raise ConfigError(f"untrusted config {path}: cannot inspect {directory}")
+    if why == "not a directory":
+        raise ConfigError(f"untrusted config {path}: {directory} is a symbolic link or not a directory")
+    if why == "owner":
+        raise ConfigError(f"untrusted config {path}: directory {directory} is owned by uid "
+                          f"{dst.st_uid}, not root", hint=f"sudo chown root {directory}")
+    raise ConfigError(f"untrusted config {path}: directory {directory} is writable by "
+                      "group or others", hint=f"sudo chmod go-w {directory}")
 
 
 def _check_owner_mode(path: str, st: os.stat_result, what: str) -> None:

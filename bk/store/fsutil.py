@@ -166,6 +166,40 @@ def open_subdir(dirfd: int, name: str, path: str, safety: Safety, *,
     return _checked_dir(fd, path, safety)
 
 
+def unsafe_ancestor(directory: str, owners: tuple[int, ...], *,
+                    sticky_ok: bool = True) -> tuple[str, os.stat_result | None, str] | None:
+    """The first directory from ``directory`` up to ``/`` that someone
+    outside ``owners`` could change, as ``(path, stat, why)`` with ``why`` one
+    of ``unreadable``, ``not a directory``, ``owner``, ``writable``; None when
+    every one is safe.
+
+    Whoever can change a directory can rename what is in it and put a
+    subtree of their own in its place, so everything above a trusted path
+    matters, not only its parent.  One exception: a sticky world-writable
+    directory (``/tmp``) is safe directly above a directory nobody else can
+    write, because the sticky bit stops others from renaming entries they do
+    not own.  ``sticky_ok`` says whether ``directory`` itself may be such a
+    sticky one (it may not when it holds the trusted file directly)."""
+    child_safe = sticky_ok
+    while True:
+        try:
+            st = os.lstat(directory)
+        except OSError:
+            return directory, None, "unreadable"
+        if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+            return directory, st, "not a directory"
+        if st.st_uid not in owners:
+            return directory, st, "owner"
+        writable = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+        if writable and not (st.st_mode & stat.S_ISVTX and child_safe):
+            return directory, st, "writable"
+        child_safe = not writable
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            return None
+        directory = parent
+
+
 def _checked_dir(fd: int, path: str, safety: Safety) -> int:
     """``fd`` if what it opened is a directory bk may use; closed otherwise."""
     try:

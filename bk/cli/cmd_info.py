@@ -33,7 +33,8 @@ def register(sub) -> None:
     c = sub.add_parser(
         "config", help="the effective configuration and where each value comes from",
         description="Show every setting, its effective value and its source: default, file "
-        "(the configuration file), detected or environment.",
+        "(the configuration file), environment (BK_GPU_COUNT, BK_GPU_SIM_FILE), detected, or "
+        "simulated default (no GPU backend answered and no count was configured).",
         epilog="Examples:\n  bk config\n  bk config --json",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     c.set_defaults(handler=run_config, command="config")

@@ -35,7 +35,7 @@ import stat
 
 from bk.core.errors import ConfigError, InvalidInput, PermissionDenied
 from bk.core.record import dataclass, field
-from bk.store.fsutil import unsafe_ancestor
+from bk.store.fsutil import Safety, fsync_dir_at, open_dir, replace_file, unsafe_ancestor
 from bk.store.paths import DEFAULT_SHARED_DATA_DIR, DEFAULT_SOCKET, SYSTEM_CONFIG
 
 SUN_PATH_MAX = 107
@@ -281,39 +281,25 @@ def _plan(options: Options, env: dict) -> Plan:
 
 # ------------------------------------------------------------- applying
 
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write_config(step: Step, doc: dict) -> None:
     from bk.store.config import check_trusted
 
     directory, name = os.path.split(step.path)
-    tmp = os.path.join(directory, f".{name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    data = (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
+    dirfd = open_dir(directory, Safety(0))
+    if dirfd is None:
+        raise ConfigError(f"{directory} disappeared while bk admin init ran", hint="inspect it and rerun")
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
-            f.flush()
-            os.fchown(f.fileno(), 0, 0)
-            os.fchmod(f.fileno(), 0o644)
-            os.fsync(f.fileno())
-        check_trusted(tmp)            # the rule every client will apply, on the real path
-        try:
-            os.link(tmp, step.path)   # never replaces: a config that appeared meanwhile wins
-        except FileExistsError:
-            raise ConfigError(f"{step.path} appeared while bk admin init ran; not overwriting it",
-                              hint="inspect it and rerun") from None
+        # check_trusted: the rule every client will apply, on the real path;
+        # overwrite=False links it into place, so a config that appeared
+        # meanwhile wins.
+        replace_file(dirfd, name, directory, data, 0o644, owner=(0, 0), check=check_trusted,
+                     overwrite=False)
+    except FileExistsError:
+        raise ConfigError(f"{step.path} appeared while bk admin init ran; not overwriting it",
+                          hint="inspect it and rerun") from None
     finally:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-    _fsync_dir(directory)
+        os.close(dirfd)
 
 
 def _apply_step(step: Step, doc: dict) -> None:
@@ -325,7 +311,7 @@ def _apply_step(step: Step, doc: dict) -> None:
             raise ConfigError(f"{step.path} changed while bk admin init ran", hint="inspect it and rerun")
         os.chown(step.path, step.uid, step.gid, follow_symlinks=False)
         os.chmod(step.path, step.mode)   # exact, whatever the umask
-        _fsync_dir(os.path.dirname(step.path))
+        fsync_dir_at(os.path.dirname(step.path))
     elif step.action == "write":
         _write_config(step, doc)
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from collections.abc import Callable
 
 from bk.core.errors import ConfigError, IOFailure
 from bk.core.record import dataclass
@@ -119,11 +120,7 @@ def open_dir(path: str, safety: Safety, *, create_mode: int | None = None) -> in
             os.chmod(path, create_mode, follow_symlinks=False)
             # The new directory's name lives in its parent: without this a
             # power loss could take a first, acknowledged commit with it.
-            pfd = os.open(parent, os.O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-            try:
-                fsync_dir(pfd, parent)
-            finally:
-                os.close(pfd)
+            fsync_dir_at(parent)
         except FileExistsError:
             pass
         except OSError as e:
@@ -293,6 +290,18 @@ def fsync_dir(dirfd: int, path: str) -> None:
             raise io_error(e, "syncing the directory", path) from None
 
 
+def fsync_dir_at(path: str) -> None:
+    """``fsync_dir`` for a directory known by its path."""
+    try:
+        fd = os.open(path, os.O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+    except OSError as e:
+        raise io_error(e, "syncing the directory", path) from None
+    try:
+        fsync_dir(fd, path)
+    finally:
+        os.close(fd)
+
+
 def ensure_free(dirfd: int, path: str, need: int, min_free: int) -> None:
     """Refuse before writing rather than fail halfway: ``f_bavail`` is what an
     unprivileged writer may still use (root's reserve excluded)."""
@@ -334,23 +343,85 @@ def write_new(dirfd: int, name: str, path: str, data: bytes, mode: int) -> None:
     os.close(fd)
 
 
-def write_copy(dirfd: int, name: str, dirpath: str, data: bytes, mode: int) -> None:
-    """Put ``data`` at ``name`` via a temp file and a rename, *without*
-    fsync: for copies that are validated when read (backups), where a copy
-    torn by a power loss costs nothing but falling back one further."""
-    tmp = f".{name}.tmp-{os.getpid()}"
-    unlink_quietly(dirfd, tmp)
-    write_new(dirfd, tmp, os.path.join(dirpath, tmp), data, mode)
+def _no_step(step: str) -> None:
+    pass
+
+
+def replace_file(dirfd: int, name: str, dirpath: str, data: bytes, mode: int, *,
+                 sync: bool = True, overwrite: bool = True, tmp: str | None = None,
+                 owner: tuple[int, int] | None = None,
+                 check: Callable[[str], None] | None = None,
+                 write: Callable[[int, bytes], None] = write_all,
+                 step: Callable[[str], None] = _no_step) -> None:
+    """Give ``name`` in ``dirfd`` the content ``data`` and exactly ``mode``,
+    atomically: every state files writer in bk goes through here.
+
+    The steps: create a temp file next to it (``O_EXCL | O_NOFOLLOW``,
+    relative to ``dirfd``: ``rename(2)`` is atomic only within one file
+    system, and nothing in the path may be a link), ``fchmod`` it (the
+    umask does not decide), write it, ``fsync`` it, rename it over ``name``,
+    ``fsync`` the directory.  An opener sees the old file or the new one;
+    after a crash the old one survives unless the rename reached the disk.
+    On any failure before the rename the temp file is removed; an
+    ``OSError`` (``ENOSPC`` included) becomes ``IOFailure`` (exit 74) and
+    leaves ``name`` as it was.
+
+    ``sync=False`` skips both fsyncs, for copies validated when read
+    (backups): a copy torn by a power loss only costs falling back one
+    further.  ``overwrite=False`` publishes with ``link(2)`` instead, which
+    fails (``FileExistsError``, raised as is) rather than replace a file
+    that appeared meanwhile.  ``owner`` is given with ``fchown``; ``check``
+    is called with the temp file's path once it is complete, before it
+    takes the name (raising abandons the write).  ``tmp`` names the temp
+    file (default ``.NAME.tmp-PID-RANDOM``, which ``keep_newest`` and the
+    ledger recognise as a dead writer's leftover).  ``write`` and ``step``
+    are the ledger's crash-test seams: ``step`` is called after each of
+    ``tmp_written``, ``tmp_synced``, ``replaced`` and ``dir_synced``."""
+    path = os.path.join(dirpath, name)
+    tmp = tmp or f".{name}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
     try:
-        os.replace(tmp, name, src_dir_fd=dirfd, dst_dir_fd=dirfd)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                     mode, dir_fd=dirfd)
     except OSError as e:
-        unlink_quietly(dirfd, tmp)
-        raise io_error(e, "renaming", os.path.join(dirpath, name)) from None
+        raise io_error(e, "creating a temporary file in", dirpath) from None
+    published = False
+    try:
+        try:
+            if owner is not None:
+                os.fchown(fd, *owner)
+            os.fchmod(fd, mode)          # after fchown, which may clear set-id bits
+            write(fd, data)
+            step("tmp_written")
+            if sync:
+                os.fsync(fd)
+                step("tmp_synced")
+        finally:
+            os.close(fd)
+        if check is not None:
+            check(os.path.join(dirpath, tmp))
+        if overwrite:
+            os.replace(tmp, name, src_dir_fd=dirfd, dst_dir_fd=dirfd)
+        else:
+            os.link(tmp, name, src_dir_fd=dirfd, dst_dir_fd=dirfd, follow_symlinks=False)
+        published = True
+    except OSError as e:
+        if isinstance(e, FileExistsError) and not overwrite:
+            raise
+        raise io_error(e, "writing", path) from None
+    finally:
+        if not published or not overwrite:
+            unlink_quietly(dirfd, tmp)
+    step("replaced")
+    if sync:
+        # Until the directory is synced the rename itself may not survive a
+        # power loss: the caller hears of a failure (IOFailure) and may retry.
+        fsync_dir(dirfd, dirpath)
+        step("dir_synced")
 
 
 def keep_newest(dirfd: int, pattern, keep: int) -> list[str]:
     """Delete all but the ``keep`` greatest names matching ``pattern``
-    (names that sort by age), and the temp files of ``write_copy`` (the
+    (names that sort by age), and the temp files of ``replace_file`` (the
     caller holds the lock that every writer of this directory takes, so a
     temp file here belongs to a writer that died); returns what it deleted."""
     listed = os.listdir(dirfd)

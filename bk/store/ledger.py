@@ -49,20 +49,17 @@ from bk.core.models import LedgerState
 from bk.core.record import dataclass, field
 from bk.store import archive, audit
 from bk.store.fsutil import (
-    O_CLOEXEC,
-    O_NOFOLLOW,
     Safety,
     ensure_free,
-    fsync_dir,
     io_error,
     keep_newest,
     open_dir,
     open_file,
     open_subdir,
     read_all,
+    replace_file,
     unlink_quietly,
     write_all,
-    write_copy,
     write_new,
 )
 from bk.store.lock import LedgerLock
@@ -459,35 +456,19 @@ class Store:
             raise io_error(e, "syncing", self.paths.audit) from None
 
     def _replace(self, dirfd: int, data: bytes) -> None:
-        p = self.paths
-        tmp = f"{TMP_PREFIX}{os.getpid()}-{_token_hex(4)}"
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_NOFOLLOW | O_CLOEXEC,
-                         self.modes.ledger, dir_fd=dirfd)
-        except OSError as e:
-            raise io_error(e, "creating a temporary file in", p.data_dir) from None
-        try:
-            try:
-                os.fchmod(fd, self.modes.ledger)
-                if self._hit("tmp_partial"):
-                    write_all(fd, data[:len(data) // 2])
-                    _die()
-                write_all(fd, data)
-                self._step("tmp_written")
-                os.fsync(fd)
-                self._step("tmp_synced")
-            finally:
-                os.close(fd)
-            os.replace(tmp, LEDGER, src_dir_fd=dirfd, dst_dir_fd=dirfd)
-        except OSError as e:
-            unlink_quietly(dirfd, tmp)
-            raise io_error(e, "writing", p.ledger) from None
-        self._step("replaced")
-        # From here on the new ledger is what everyone reads.  If syncing
-        # the directory fails the commit may not survive a power loss: say
-        # so (the caller may retry with its op-id) rather than claim it.
-        fsync_dir(dirfd, p.data_dir)
-        self._step("dir_synced")
+        """Steps 7 to 9: temp file, fsync, rename (the commit point), fsync
+        the directory.  If syncing the directory fails the commit may not
+        survive a power loss: the caller hears so (and may retry with its
+        op-id) rather than being told it is durable."""
+        replace_file(dirfd, LEDGER, self.paths.data_dir, data, self.modes.ledger,
+                     tmp=f"{TMP_PREFIX}{os.getpid()}-{_token_hex(4)}",
+                     write=self._write_tmp, step=self._step)
+
+    def _write_tmp(self, fd: int, data: bytes) -> None:
+        if self._hit("tmp_partial"):
+            write_all(fd, data[:len(data) // 2])
+            _die()
+        write_all(fd, data)
 
     def _append_audit(self, afd: int, lines: bytes, seq: int, warnings: list[str]) -> None:
         try:
@@ -501,7 +482,8 @@ class Store:
 
     def _backup(self, bfd: int, seq: int, data: bytes, warnings: list[str]) -> None:
         try:
-            write_copy(bfd, f"ledger-{seq:010d}.json", self.paths.backups_dir, data, self.modes.ledger)
+            replace_file(bfd, f"ledger-{seq:010d}.json", self.paths.backups_dir, data,
+                         self.modes.ledger, sync=False)
             keep_newest(bfd, BACKUP_NAME, self.backup_keep)
         except (BkError, OSError) as e:
             warnings.append(f"commit {seq} is saved, but no backup was written: {e}")
@@ -671,22 +653,15 @@ class Store:
             name = f"{TMP_PREFIX}probe-{os.getpid()}"
             t0 = self.monotonic()
             try:
-                fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | O_NOFOLLOW | O_CLOEXEC,
-                             self.modes.ledger, dir_fd=dirfd)
-                try:
-                    write_all(fd, b"bk doctor --probe\n")
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-                os.replace(name, name + ".done", src_dir_fd=dirfd, dst_dir_fd=dirfd)
-                fsync_dir(dirfd, self.paths.data_dir)
-                os.unlink(name + ".done", dir_fd=dirfd)
+                unlink_quietly(dirfd, name)        # a probe of ours that was killed
+                replace_file(dirfd, name + ".done", self.paths.data_dir, b"bk doctor --probe\n",
+                             self.modes.ledger, tmp=name)
+                unlink_quietly(dirfd, name + ".done")
                 ms = (self.monotonic() - t0) * 1000
                 out.append(("atomic replace", True, f"write, fsync, rename and directory fsync in "
                                                     f"{self.paths.data_dir} took {ms:.1f} ms"))
-            except OSError as e:
-                unlink_quietly(dirfd, name)
-                out.append(("atomic replace", False, f"{self.paths.data_dir}: {e.strerror}"))
+            except BkError as e:
+                out.append(("atomic replace", False, e.message))
             t0 = self.monotonic()
             try:
                 lock = LedgerLock(dirfd, LOCK, self.paths.lock, self.safety, mode=self.modes.lock,

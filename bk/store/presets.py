@@ -38,16 +38,12 @@ from typing import Any
 
 from bk.core.errors import BkError, Busy, IOFailure
 from bk.store.fsutil import (
-    O_CLOEXEC,
-    O_NOFOLLOW,
     Safety,
-    fsync_dir,
     io_error,
     open_dir,
     open_file,
     read_all,
-    unlink_quietly,
-    write_all,
+    replace_file,
 )
 
 SCHEMA = "gpubk.presets.v1"
@@ -98,28 +94,7 @@ class StateDir:
 
     def replace(self, name: str, data: bytes) -> None:
         """Atomically give ``name`` the content ``data`` (mode 0600)."""
-        path = os.path.join(self.path, name)
-        tmp = f".{name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_NOFOLLOW | O_CLOEXEC,
-                         FILE_MODE, dir_fd=self.fd)
-        except OSError as e:
-            raise io_error(e, "creating", path) from None
-        try:
-            try:
-                os.fchmod(fd, FILE_MODE)
-                write_all(fd, data)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
-        except OSError as e:
-            unlink_quietly(self.fd, tmp)
-            raise io_error(e, "writing", path) from None
-        except BaseException:
-            unlink_quietly(self.fd, tmp)
-            raise
-        fsync_dir(self.fd, self.path)
+        replace_file(self.fd, name, self.path, data, FILE_MODE)
 
     def lock(self, wait: float = LOCK_WAIT_SECONDS) -> _Lock:
         return _Lock(self, wait)

@@ -1,6 +1,6 @@
 """Broker benchmark: what the broker adds to a booking, and how it scales.
 
-    python3 benchmarks/broker.py [--bookings N] [--quick]
+    python3 benchmarks/broker.py [--bookings N] [--quick] [--json [PATH]]
 
 Latency.  The same booking (1 GPU, 5 minutes, queued to the earliest free
 start) is made alternately in private mode (``Service.book`` on a private
@@ -19,6 +19,21 @@ at least the throughput of one.  Both modes fsync; run it on the file system
 a real data directory would use (``--dir``; default a temporary directory
 under /tmp).  Runs as any user: the broker here serves a ledger owned by the
 current account, configured in code rather than by a trusted file.
+
+``--json`` alone also prints a summary as JSON after the tables.  ``--json
+PATH`` instead writes every cell of both tables to PATH for
+``benchmarks/ab.py``: ``{"benchmark": "broker", "format": 1, "settings":
+{...}, "cells": {NAME: {"value": v, "unit": "s", "stat": ..., "samples":
+[...]}}}``.  Latency cells are in seconds with every booking's time as the
+samples: ``latency private median``, ``latency private p90``, ``latency
+broker median``, ``latency broker p90``, ``latency broker adds`` (difference
+of the medians).  Throughput cells are seconds per booking (unit
+``s/booking``: 1 / the bookings/s of the table, so lower is better like every
+other cell; one sample each): ``throughput 1 client``, ``throughput 4
+clients``, ``throughput 16 clients``;
+the "vs 1" column is ``throughput 4 clients vs 1`` etc. (unit ``ratio``,
+``"better": "higher"``).  The file is written (atomically) whenever both
+tables were measured, whether the targets were met or not.
 """
 
 from __future__ import annotations
@@ -150,6 +165,35 @@ def ms(xs: list[float], q: float) -> float:
     return 1000 * xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
+def cells(priv: list[float], rem: list[float], overhead: float, rates: dict[int, float]) -> dict:
+    """Every cell of the two tables, named as in the module docstring."""
+    out = {}
+    for name, xs in (("private", priv), ("broker", rem)):
+        for stat, q in (("median", .5), ("p90", .9)):
+            out[f"latency {name} {stat}"] = {"value": ms(xs, q) / 1000, "unit": "s", "stat": stat,
+                                             "samples": list(xs)}
+    out["latency broker adds"] = {"value": overhead, "unit": "s", "stat": "difference of medians",
+                                  "samples": [r - p for p, r in zip(priv, rem, strict=True)]}
+    for k, rate in rates.items():
+        label = f"throughput {k} client{'s' if k != 1 else ''}"
+        out[label] = {"value": 1 / rate, "unit": "s/booking", "stat": "1 / bookings per second",
+                      "samples": [1 / rate]}
+        if k != 1:
+            out[f"{label} vs 1"] = {"value": rate / rates[1], "unit": "ratio", "better": "higher",
+                                    "stat": "bookings/s over 1 client's", "samples": [rate / rates[1]]}
+    return out
+
+
+def write_cells(path: str, cells: dict, settings: dict) -> None:
+    """Write the ``--json PATH`` file (see the module docstring), atomically."""
+    doc = {"benchmark": "broker", "format": 1, "settings": settings, "cells": cells}
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=1)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -157,7 +201,9 @@ def main(argv: list[str] | None = None) -> int:
                     "per throughput level (default 300)")
     ap.add_argument("--dir", help="where to put the ledgers (default: a temporary directory)")
     ap.add_argument("--quick", action="store_true", help="100 bookings (for CI)")
-    ap.add_argument("--json", action="store_true", help="print the numbers as JSON too")
+    ap.add_argument("--json", nargs="?", const="-", metavar="PATH",
+                    help="alone: print the numbers as JSON too; with PATH: write every cell "
+                         "(with the raw samples) to PATH for benchmarks/ab.py")
     ap.add_argument("--serve-broker", metavar="BASE", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.serve_broker:
@@ -184,9 +230,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{k:<10}{rate:>12.1f}{rate / rates[1]:>8.2f}")
     verdict2 = "ok" if rates[16] >= rates[1] else "MISSED"
     print(f"target: 16 clients >= 1 client: {verdict2}")
-    if args.json:
+    if args.json == "-":
         print(json.dumps({"private_ms": ms(priv, .5), "broker_ms": ms(rem, .5),
                           "overhead_ms": overhead * 1000, "throughput": rates}))
+    elif args.json:
+        write_cells(args.json, cells(priv, rem, overhead, rates), {"bookings": n, "gpus": GPUS})
     return 0 if verdict == verdict2 == "ok" else 1
 
 

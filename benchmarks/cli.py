@@ -1,6 +1,6 @@
 """Whole-process timings of everyday commands of the built ``dist/bk.pyz``.
 
-    python3 build.py && python3 benchmarks/cli.py [--runs 10] [--sizes 0,1000,10000]
+    python3 build.py && python3 benchmarks/cli.py [--runs 10] [--sizes 0,1000,10000] [--json [PATH]]
 
 Each cell is the median wall time of ``--runs`` runs of
 ``/usr/bin/python3 dist/bk.pyz ARGS`` (after one warm-up run), next to the
@@ -20,6 +20,16 @@ measured (the placement and the transaction's lock and re-read still run).
 Targets (issue #5): ``--version`` within 10 ms of the bare interpreter;
 everyday commands within 60 ms whole-process (the ``bk`` column, interpreter
 start-up included) with 1,000 live bookings and within 150 ms with 10,000.  This is a report, not a test: it prints a table.
+
+``--json`` alone also prints the rows as JSON (milliseconds) after the table.
+``--json PATH`` instead writes every cell of the table to PATH for
+``benchmarks/ab.py``: ``{"benchmark": "cli", "format": 1, "settings": {...},
+"cells": {NAME: {"value": s, "unit": "s", "stat": ..., "samples": [s, ...]}}}``,
+seconds throughout.  NAME is ``"<bookings> <command> [bk]"`` (median of the
+samples), ``"... [python]"`` (the bare interpreter, median) and ``"... [over]"``
+(the difference of the two medians, as in the table; its samples are the
+paired differences of the interleaved runs), e.g. ``"1000 l --json [bk]"``.
+The file is written (atomically) only once every cell was measured.
 """
 
 from __future__ import annotations
@@ -90,8 +100,8 @@ def timed(argv: list[str], env: dict) -> float:
     return elapsed
 
 
-def measure(python: str, pyz: str, env: dict, args: tuple, runs: int) -> tuple[float, float]:
-    """(median ms of bk ARGS, median ms of the bare interpreter), interleaved."""
+def measure(python: str, pyz: str, env: dict, args: tuple, runs: int) -> tuple[list[float], list[float]]:
+    """(ms of each run of bk ARGS, ms of each run of the bare interpreter), interleaved."""
     bare_cmd = [python, "-c", "pass"]
     cmd = [python, pyz, *args]
     timed(cmd, env)
@@ -100,7 +110,17 @@ def measure(python: str, pyz: str, env: dict, args: tuple, runs: int) -> tuple[f
     for _ in range(runs):
         bare_times.append(timed(bare_cmd, env))
         bk_times.append(timed(cmd, env))
-    return statistics.median(bk_times), statistics.median(bare_times)
+    return bk_times, bare_times
+
+
+def write_cells(path: str, cells: dict, settings: dict) -> None:
+    """Write the ``--json PATH`` file (see the module docstring), atomically."""
+    doc = {"benchmark": "cli", "format": 1, "settings": settings, "cells": cells}
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=1)
+        f.write("\n")
+    os.replace(tmp, path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,13 +129,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default="0,1000,10000", help="live bookings per ledger (default 0,1000,10000)")
     parser.add_argument("--python", default="/usr/bin/python3", help="interpreter (default /usr/bin/python3)")
     parser.add_argument("--pyz", default=str(ROOT / "dist" / "bk.pyz"), help="the archive (default dist/bk.pyz)")
-    parser.add_argument("--json", action="store_true", help="print the results as JSON too")
+    parser.add_argument("--json", nargs="?", const="-", metavar="PATH",
+                        help="alone: print the results as JSON too; with PATH: write every cell "
+                             "(seconds, with the raw samples) to PATH for benchmarks/ab.py")
     args = parser.parse_args(argv)
     if not os.path.exists(args.pyz):
         print(f"error: {args.pyz} does not exist\nhint: python3 build.py", file=sys.stderr)
         return 2
     sizes = [int(s) for s in args.sizes.split(",")]
     results = []
+    cells: dict[str, dict] = {}
     print(f"{args.python} {args.pyz}: median of {args.runs} runs after a warm-up, milliseconds")
     print(f"{'bookings':>8}  {'command':<20} {'bk':>7} {'python':>7} {'over':>7}  target")
     failed = 0
@@ -135,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
             if n:
                 print(f"{n:>8}  (seeded in {seeded:.0f} ms)")
             for cmd in COMMANDS:
-                bk_ms, bare_ms = measure(args.python, args.pyz, env, cmd, args.runs)
+                bk_runs, bare_runs = measure(args.python, args.pyz, env, cmd, args.runs)
+                bk_ms, bare_ms = statistics.median(bk_runs), statistics.median(bare_runs)
                 over = bk_ms - bare_ms
                 target = VERSION_TARGET if cmd == ("--version",) else TARGETS.get(n, TARGETS[10000])
                 # --version is judged against the bare interpreter; the
@@ -148,10 +172,20 @@ def main(argv: list[str] | None = None) -> int:
                 results.append({"bookings": n, "command": name, "bk_ms": round(bk_ms, 1),
                                 "python_ms": round(bare_ms, 1), "over_ms": round(over, 1),
                                 "target_ms": target, "ok": ok})
+                cells[f"{n} {name} [bk]"] = {"value": bk_ms / 1000, "unit": "s", "stat": "median",
+                                             "samples": [t / 1000 for t in bk_runs]}
+                cells[f"{n} {name} [python]"] = {"value": bare_ms / 1000, "unit": "s", "stat": "median",
+                                                 "samples": [t / 1000 for t in bare_runs]}
+                cells[f"{n} {name} [over]"] = {
+                    "value": over / 1000, "unit": "s", "stat": "difference of medians",
+                    "samples": [(b - p) / 1000 for b, p in zip(bk_runs, bare_runs, strict=True)]}
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-    if args.json:
+    if args.json == "-":
         print(json.dumps(results, indent=1))
+    elif args.json:
+        write_cells(args.json, cells, {"runs": args.runs, "sizes": sizes, "python": args.python,
+                                       "pyz": args.pyz})
     print(f"{len(results) - failed}/{len(results)} within target")
     return 0
 

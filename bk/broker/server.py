@@ -258,7 +258,7 @@ class Broker:
     # -- start -------------------------------------------------------------
 
     def _take_lock(self) -> None:
-        import fcntl
+        from bk.store.lock import mark, take
 
         path = self.plan.socket_path + ".lock"
         try:
@@ -267,15 +267,15 @@ class Broker:
             raise ConfigError(f"cannot open the broker lock {path}: {e.strerror}",
                               hint="check the socket directory's owner and mode") from None
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            other = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            # One try (timeout 0): a second broker should refuse, not queue.
+            take(fd, path, timeout=0, busy=lambda pid: Busy(
+                f"another broker is running on {self.plan.socket_path}"
+                + (f" (pid {pid})" if pid else ""), hint="see: systemctl status gpubk-broker",
+                details={"path": path, "holder_pid": pid}))
+        except BaseException:
             os.close(fd)
-            raise Busy(f"another broker is running on {self.plan.socket_path}"
-                       + (f" (pid {other})" if other.isdigit() else ""),
-                       hint="see: systemctl status gpubk-broker") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            raise
+        mark(fd)
         self._lock_fd = fd
 
     def _bind(self) -> socket.socket:

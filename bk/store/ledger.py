@@ -62,7 +62,7 @@ from bk.store.fsutil import (
     write_all,
     write_new,
 )
-from bk.store.lock import LedgerLock
+from bk.store.lock import FileLock
 from bk.store.lock import probe as lock_probe
 
 
@@ -113,8 +113,11 @@ class Mutation:
     ``audit`` holds action/reservation/op_id/before/after/result per change."""
 
     changed: bool
-    audit: list[dict] = field(default_factory=list)
+    audit: list = field(default_factory=list)     # AuditEntry records (or their dicts)
     result: object = None
+    # The state to commit when ``apply`` worked on a copy (a batch whose
+    # refused items were dropped with their copies); None: the one passed in.
+    state: object = None
 
 
 @dataclass
@@ -328,8 +331,9 @@ class Store:
                 "in shared mode every write goes through the broker (bk broker)")
         dirfd = open_dir(self.paths.data_dir, self.safety, create_mode=self.modes.dir)
         try:
-            lock = LedgerLock(dirfd, LOCK, self.paths.lock, self.safety, mode=self.modes.lock,
-                              timeout=self.lock_timeout, monotonic=self.monotonic, sleep=self.sleep)
+            lock = FileLock(dirfd, LOCK, self.paths.lock, self.safety, mode=self.modes.lock,
+                            timeout=self.lock_timeout, what="the ledger", monotonic=self.monotonic,
+                            sleep=self.sleep)
             with lock, _gc_paused():
                 self._step("locked")
                 return self._commit(dirfd, apply, policy, actor_uid, actor, warnings)
@@ -357,6 +361,8 @@ class Store:
             mutation = apply(state)
             if not isinstance(mutation, Mutation):
                 raise Internal(f"apply() returned {type(mutation).__name__}, not a Mutation")
+            if mutation.state is not None:
+                state = mutation.state
             self._step("applied")
             recovering = got.source != "ledger" and got.source != "empty"
             if not mutation.changed and not recovering:
@@ -364,7 +370,8 @@ class Store:
                     self._sync_audit(afd)
                 return mutation.result
             state.seq = max(got.meta.seq, last_seq) + 1
-            items = list(mutation.audit) or [{"action": "commit", "result": "ok"}]
+            items = [a.to_dict() if hasattr(a, "to_dict") else a for a in mutation.audit] \
+                or [{"action": "commit", "result": "ok"}]
             if recovering:
                 items.insert(0, {"action": "recover", "result": "ok",
                                  "before": {"ledger": "invalid" if got.damaged else "missing"},
@@ -664,9 +671,9 @@ class Store:
                 out.append(("atomic replace", False, e.message))
             t0 = self.monotonic()
             try:
-                lock = LedgerLock(dirfd, LOCK, self.paths.lock, self.safety, mode=self.modes.lock,
-                                  timeout=min(self.lock_timeout, lock_wait), monotonic=self.monotonic,
-                                  sleep=self.sleep)
+                lock = FileLock(dirfd, LOCK, self.paths.lock, self.safety, mode=self.modes.lock,
+                                timeout=min(self.lock_timeout, lock_wait), what="the ledger",
+                                monotonic=self.monotonic, sleep=self.sleep)
                 with lock:
                     pass
                 out.append(("locking", True, f"flock on {self.paths.lock} taken and released in "

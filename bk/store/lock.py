@@ -1,4 +1,4 @@
-"""The writers' lock: ``flock`` on a file that is never replaced.
+"""Locks: ``flock`` on a file that is never replaced, with a bounded wait.
 
 How the kernel behaves, and what follows:
 
@@ -19,8 +19,10 @@ How the kernel behaves, and what follows:
   short, growing, jittered pause until ``timeout`` has passed on the
   injected monotonic clock, then reports ``Busy`` (exit 75).  Polling is
   not fair, but transactions take milliseconds and the wait is bounded.
-* Readers never take this lock: they rely on the atomic rename of the
-  ledger instead, so a stuck writer cannot stop anyone from reading.
+  ``take`` is that loop, for every lock bk takes (the ledger's, the
+  presets', the broker's); ``FileLock`` adds opening the lock file.
+* Readers never take the ledger's lock: they rely on the atomic rename of
+  the ledger instead, so a stuck writer cannot stop anyone from reading.
 
 After locking, the holder writes its pid into the file.  It is advice for
 the ``Busy`` message only: a stale pid in an unlocked file means nothing.
@@ -37,15 +39,81 @@ from collections.abc import Callable
 from bk.core.errors import Busy
 from bk.store.fsutil import Safety, io_error, open_file
 
+PAUSE_FIRST, PAUSE_MAX = 0.001, 0.05
 
-class LedgerLock:
-    """``with LedgerLock(...):`` holds the exclusive writer lock."""
+
+def _jitter() -> float:
+    """A factor in [0.5, 1.5]: waiters that collided once do not collide again."""
+    return 0.5 + int.from_bytes(os.urandom(2), "big") / 65535
+
+
+def holder(fd: int) -> int | None:
+    """The pid the holder wrote into the lock file, if any (advice only)."""
+    try:
+        return int(os.pread(fd, 32, 0).split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def mark(fd: int) -> None:
+    """Write our pid into the lock file we now hold.  Fixed width, so no
+    truncation is needed (ftruncate is a journalled metadata change on ext4:
+    half a millisecond); failing to write it costs only a vaguer message."""
+    try:
+        os.pwrite(fd, f"{os.getpid():<20}\n".encode(), 0)
+    except OSError:
+        pass
+
+
+def take(fd: int, path: str, *, timeout: float, what: str = "the lock",
+         monotonic: Callable[[], float] = time.monotonic,
+         sleep: Callable[[float], None] = time.sleep, jitter: Callable[[], float] = _jitter,
+         busy: Callable[[int | None], Busy] | None = None) -> None:
+    """``flock(LOCK_EX)`` on ``fd`` within ``timeout`` seconds of ``monotonic``,
+    or raise ``Busy`` (exit 75) naming the holder's pid: ``busy(pid)`` when
+    given, else "WHAT is busy: process N has held PATH for more than T s".
+
+    Every bk lock is taken here.  The first try is immediate; then pauses of
+    1 ms doubling up to 50 ms, each times ``jitter()`` and never past the
+    deadline.  ``timeout=0`` tries exactly once.  Other errors than "held"
+    (``ENOLCK``) are ``IOFailure``."""
+    deadline = monotonic() + timeout
+    pause = PAUSE_FIRST
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except OSError as e:
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EINTR):
+                raise io_error(e, "locking", path) from None
+        left = deadline - monotonic()
+        if left <= 0:
+            pid = holder(fd)
+            raise busy(pid) if busy is not None else _busy(what, path, timeout, pid)
+        sleep(min(left, pause * jitter()))
+        pause = min(pause * 2, PAUSE_MAX)
+
+
+def _busy(what: str, path: str, timeout: float, pid: int | None) -> Busy:
+    who = f"process {pid}" if pid else "another process"
+    return Busy(f"{what} is busy: {who} has held {path} for more than {timeout:g} s",
+                "retry in a moment" + (f"; if it stays busy, see what it is doing: "
+                                       f"ps -o pid,etime,args -p {pid}" if pid else ""),
+                details={"path": path, "holder_pid": pid})
+
+
+class FileLock:
+    """``with FileLock(...):`` holds an exclusive lock on a managed lock
+    file in ``dirfd`` (created with ``mode`` if missing, checked like every
+    managed file), with our pid written into it."""
 
     def __init__(self, dirfd: int, name: str, path: str, safety: Safety, *, mode: int,
-                 timeout: float, monotonic: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep):
+                 timeout: float, what: str = "the lock",
+                 monotonic: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep,
+                 busy: Callable[[int | None], Busy] | None = None):
         self.dirfd, self.name, self.path, self.safety = dirfd, name, path, safety
-        self.mode, self.timeout = mode, timeout
+        self.mode, self.timeout, self.what, self.busy = mode, timeout, what, busy
         self.monotonic, self.sleep = monotonic, sleep
         self.fd: int | None = None
 
@@ -53,45 +121,13 @@ class LedgerLock:
         fd = open_file(self.dirfd, self.name, self.path, self.safety, os.O_RDWR,
                        create_mode=self.mode)
         try:
-            self._wait(fd)
-            try:
-                # Fixed width, so no truncation is needed (ftruncate is a
-                # journalled metadata change on ext4: half a millisecond).
-                os.pwrite(fd, f"{os.getpid():<20}\n".encode(), 0)
-            except OSError:
-                pass
+            take(fd, self.path, timeout=self.timeout, what=self.what, monotonic=self.monotonic,
+                 sleep=self.sleep, busy=self.busy)
         except BaseException:
             os.close(fd)
             raise
+        mark(fd)
         self.fd = fd
-
-    def _wait(self, fd: int) -> None:
-        deadline = self.monotonic() + self.timeout
-        pause = 0.001
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return
-            except OSError as e:
-                if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EINTR):
-                    raise io_error(e, "locking", self.path) from None
-            left = deadline - self.monotonic()
-            if left <= 0:
-                raise self._busy(fd)
-            self.sleep(min(left, pause * (0.5 + int.from_bytes(os.urandom(2), 'big') / 65535)))
-            pause = min(pause * 2, 0.05)
-
-    def _busy(self, fd: int) -> Busy:
-        try:
-            pid = int(os.pread(fd, 32, 0).split()[0])
-        except (OSError, ValueError, IndexError):
-            pid = None
-        holder = f"process {pid}" if pid else "another process"
-        return Busy(f"the ledger is busy: {holder} has held {self.path} for more than "
-                    f"{self.timeout:g} s",
-                    "retry in a moment" + (f"; if it stays busy, see what it is doing: "
-                                           f"ps -o pid,etime,args -p {pid}" if pid else ""),
-                    details={"path": self.path, "holder_pid": pid})
 
     def release(self) -> None:
         # Closing the descriptor releases the lock; no explicit LOCK_UN needed.
@@ -99,7 +135,7 @@ class LedgerLock:
             fd, self.fd = self.fd, None
             os.close(fd)
 
-    def __enter__(self) -> LedgerLock:
+    def __enter__(self) -> FileLock:
         self.acquire()
         return self
 
@@ -114,13 +150,9 @@ def probe(dirfd: int, name: str, path: str, safety: Safety) -> tuple[str, int | 
     if fd is None:
         return "missing", None
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return "free", None
-        except OSError:
-            try:
-                return "held", int(os.pread(fd, 32, 0).split()[0])
-            except (OSError, ValueError, IndexError):
-                return "held", None
+        take(fd, path, timeout=0)
+        return "free", None
+    except Busy as e:
+        return "held", e.details.get("holder_pid")
     finally:
         os.close(fd)

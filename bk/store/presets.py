@@ -28,11 +28,8 @@ The facts that shape this module:
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import json
 import os
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -45,6 +42,7 @@ from bk.store.fsutil import (
     read_all,
     replace_file,
 )
+from bk.store.lock import FileLock
 
 SCHEMA = "gpubk.presets.v1"
 PRESETS_FILE = "presets.json"
@@ -96,42 +94,17 @@ class StateDir:
         """Atomically give ``name`` the content ``data`` (mode 0600)."""
         replace_file(self.fd, name, self.path, data, FILE_MODE)
 
-    def lock(self, wait: float = LOCK_WAIT_SECONDS) -> _Lock:
-        return _Lock(self, wait)
+    def lock(self, wait: float = LOCK_WAIT_SECONDS) -> FileLock:
+        """``flock`` on ``state.lock``, a file that is never replaced (a lock
+        on a file that a rename swaps out would lock nothing), bounded."""
+        path = os.path.join(self.path, LOCK_FILE)
 
-
-class _Lock:
-    """``flock`` on a lock file that is never replaced (a lock on a file that
-    a rename swaps out would lock nothing), bounded by a deadline."""
-
-    def __init__(self, d: StateDir, wait: float):
-        self.d, self.wait = d, wait
-        self.fd: int | None = None
-
-    def __enter__(self) -> _Lock:
-        path = os.path.join(self.d.path, LOCK_FILE)
-        fd = open_file(self.d.fd, LOCK_FILE, path, self.d.safety, os.O_RDWR, create_mode=FILE_MODE)
-        deadline = time.monotonic() + self.wait
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError as e:
-                if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EINTR):
-                    os.close(fd)
-                    raise io_error(e, "locking", path) from None
-            if time.monotonic() >= deadline:
-                os.close(fd)
-                raise Busy(f"another bk is changing your presets ({path} is locked)",
-                           hint="retry in a moment")
-            time.sleep(0.01)   # a preset write takes milliseconds; poll, bounded above
-        self.fd = fd
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.fd is not None:
-            os.close(self.fd)   # closing the last descriptor releases the flock
-            self.fd = None
+        def busy(pid: int | None) -> Busy:
+            by = f" by process {pid}" if pid else ""
+            return Busy(f"another bk is changing your presets ({path} is locked{by})",
+                        hint="retry in a moment", details={"path": path, "holder_pid": pid})
+        return FileLock(self.fd, LOCK_FILE, path, self.safety, mode=FILE_MODE, timeout=wait,
+                        busy=busy)
 
 
 class PresetFile:

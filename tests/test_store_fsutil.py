@@ -1,5 +1,5 @@
-"""The storage primitives every writer shares: ``replace_file``, the one
-durable atomic replace."""
+"""The storage primitives every writer shares: ``replace_file`` (the one
+durable atomic replace) and ``unsafe_stat`` (the one owner/mode rule)."""
 
 from __future__ import annotations
 
@@ -88,3 +88,32 @@ def test_the_target_is_replaced_never_followed(tmp_path, dirfd):
     fsutil.replace_file(dirfd, "f", str(tmp_path), b"new", 0o600)
     assert victim.read_bytes() == b"keep"
     assert not (tmp_path / "f").is_symlink() and (tmp_path / "f").read_bytes() == b"new"
+# ------------------------------------------------------------- unsafe_stat
+
+def fake_stat(mode, uid=1000, nlink=1):
+    return os.stat_result((mode, 0, 0, nlink, uid, 0, 0, 0, 0, 0))
+
+
+@pytest.mark.parametrize("st, want_dir, why", [
+    (fake_stat(stat.S_IFREG | 0o644), False, None),
+    (fake_stat(stat.S_IFDIR | 0o755), True, None),
+    (fake_stat(stat.S_IFLNK | 0o777), False, "kind"),
+    (fake_stat(stat.S_IFDIR | 0o755), False, "kind"),
+    (fake_stat(stat.S_IFREG | 0o644), True, "kind"),
+    (fake_stat(stat.S_IFIFO | 0o600), False, "kind"),
+    (fake_stat(stat.S_IFREG | 0o644, nlink=2), False, "links"),
+    (fake_stat(stat.S_IFDIR | 0o755, nlink=5), True, None),      # directories have many
+    (fake_stat(stat.S_IFREG | 0o644, nlink=0), False, None),     # renamed over while open
+    (fake_stat(stat.S_IFREG | 0o644, uid=0), False, "owner"),
+    (fake_stat(stat.S_IFREG | 0o664), False, "writable"),
+    (fake_stat(stat.S_IFDIR | 0o757), True, "writable"),
+    (fake_stat(stat.S_IFREG | 0o666, uid=0, nlink=2), False, "links"),   # the first rule broken
+])
+def test_unsafe_stat_names_the_first_rule_broken(st, want_dir, why):
+    got = fsutil.unsafe_stat(st, 1000, want_dir=want_dir)
+    assert (got and got[0]) == why
+
+
+def test_unsafe_stat_can_allow_hard_links():
+    st = fake_stat(stat.S_IFREG | 0o644, nlink=3)
+    assert fsutil.unsafe_stat(st, 1000, want_dir=False, single_link=False) is None

@@ -102,22 +102,27 @@ def _account(uid: int) -> str:
 
 def check_owned_dir(path: str, uid: int, what: str) -> os.stat_result:
     """``path`` is a real directory owned by ``uid``, not writable by group
-    or others, below directories that only root or ``uid`` can change (a
-    sticky directory such as /tmp is fine above a safe one)."""
+    or others (the store's rule, ``unsafe_stat``), below directories that
+    only root or ``uid`` can change (a sticky directory such as /tmp is fine
+    above a safe one)."""
+    from bk.store.fsutil import unsafe_stat
+
     try:
         st = os.lstat(path)
     except FileNotFoundError:
         raise ConfigError(f"the {what} {path} does not exist",
                           hint="create it with: sudo bk admin init") from None
-    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-        raise ConfigError(f"the {what} {path} is not a directory (a link or another file)",
-                          hint="point the config at a real directory")
-    if st.st_uid != uid:
-        raise ConfigError(f"the {what} {path} is owned by {_account(st.st_uid)}, not by the service "
-                          f"account {_account(uid)}", hint=f"sudo chown {_account(uid)} {path}")
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise ConfigError(f"the {what} {path} is writable by group or others "
-                          f"(mode {stat.S_IMODE(st.st_mode):04o})", hint=f"sudo chmod go-w {path}")
+    found = unsafe_stat(st, uid, want_dir=True)
+    if found is not None:
+        why, problem = found
+        if why == "kind":
+            raise ConfigError(f"the {what} {path} is not a real directory: {problem}",
+                              hint="point the config at a real directory")
+        if why == "owner":
+            raise ConfigError(f"the {what} {path} is owned by {_account(st.st_uid)}, not by the "
+                              f"service account {_account(uid)}", hint=f"sudo chown {_account(uid)} {path}")
+        raise ConfigError(f"the {what} {path} is {problem.removeprefix('it is ')}",
+                          hint=f"sudo chmod go-w {path}")
     bad = unsafe_ancestor(os.path.dirname(path), (0, uid))
     if bad is None:
         return st

@@ -20,7 +20,7 @@ import stat
 from bk.core.errors import ConfigError
 from bk.core.models import Policy
 from bk.core.record import dataclass
-from bk.store.fsutil import unsafe_ancestor
+from bk.store.fsutil import unsafe_ancestor, unsafe_stat
 from bk.store.paths import DEFAULT_SOCKET, Locations
 
 
@@ -208,12 +208,12 @@ def check_trusted(path: str) -> None:
                           hint="run: sudo bk admin init, or unset BK_CONFIG_FILE") from None
     except OSError as e:
         raise ConfigError(f"cannot read configuration file {path}: {e.strerror}") from None
-    if stat.S_ISLNK(st.st_mode):
-        raise ConfigError(f"untrusted config {path}: it is a symbolic link",
-                          hint="replace the link with the file itself")
-    if not stat.S_ISREG(st.st_mode):
-        raise ConfigError(f"untrusted config {path}: not a regular file")
-    _check_owner_mode(path, st, what="config")
+    # Hard links are allowed: another name cannot change what root owns and
+    # nobody else may write (the store refuses them for a different reason:
+    # bk would append to someone else's file).
+    found = unsafe_stat(st, 0, want_dir=False, single_link=False)
+    if found is not None:
+        raise _untrusted(path, st, found)
     # The file's own directory must not be writable by others at all.
     bad = unsafe_ancestor(os.path.dirname(os.path.abspath(path)), (0,), sticky_ok=False)
     if bad is None:
@@ -230,13 +230,18 @@ def check_trusted(path: str) -> None:
                       "group or others", hint=f"sudo chmod go-w {directory}")
 
 
-def _check_owner_mode(path: str, st: os.stat_result, what: str) -> None:
-    if st.st_uid != 0:
-        raise ConfigError(f"untrusted {what} {path}: owned by uid {st.st_uid}, not root",
-                          hint=f"sudo chown root:root {path}")
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise ConfigError(f"untrusted {what} {path}: writable by group or others "
-                          f"(mode {stat.S_IMODE(st.st_mode):04o})", hint=f"sudo chmod 644 {path}")
+def _untrusted(path: str, st: os.stat_result, found: tuple[str, str]) -> ConfigError:
+    why, problem = found
+    if stat.S_ISLNK(st.st_mode):
+        return ConfigError(f"untrusted config {path}: it is a symbolic link",
+                           hint="replace the link with the file itself")
+    if why == "kind":
+        return ConfigError(f"untrusted config {path}: {problem}")
+    if why == "owner":
+        return ConfigError(f"untrusted config {path}: owned by uid {st.st_uid}, not root",
+                           hint=f"sudo chown root:root {path}")
+    return ConfigError(f"untrusted config {path}: writable by group or others "
+                       f"(mode {stat.S_IMODE(st.st_mode):04o})", hint=f"sudo chmod 644 {path}")
 
 
 def _read_json(path: str) -> object:

@@ -70,24 +70,43 @@ class Safety:
                            details={"path": path, "problem": problem})
 
     def check(self, st: os.stat_result, path: str, want_dir: bool) -> None:
-        want = stat.S_ISDIR if want_dir else stat.S_ISREG
-        if not want(st.st_mode):
-            expected = "a directory" if want_dir else "a regular file"
-            raise self.refuse(path, f"it is {kind(st.st_mode)}, not {expected}",
-                              "something other than bk put it there; inspect and remove it, "
-                              "then retry")
-        # 0 is fine: a reader that opened the ledger just before a writer
-        # renamed over it holds the old, now nameless inode (a whole version).
-        if not want_dir and st.st_nlink > 1:
-            raise self.refuse(path, f"it has {st.st_nlink} hard links",
-                              f"bk only uses files with a single name; inspect it "
-                              f"(find / -samefile {path}) and replace it with a copy")
-        if st.st_uid != self.uid:
-            raise self.refuse(path, f"it is owned by uid {st.st_uid}, expected uid {self.uid}",
-                              f"if the file is genuine: chown {self.uid} {path}")
-        if st.st_mode & 0o022:
-            raise self.refuse(path, f"it is writable by group or others "
-                              f"(mode {stat.S_IMODE(st.st_mode):04o})", f"chmod go-w {path}")
+        found = unsafe_stat(st, self.uid, want_dir=want_dir)
+        if found is None:
+            return
+        why, problem = found
+        raise self.refuse(path, problem, {
+            "kind": "something other than bk put it there; inspect and remove it, then retry",
+            "links": f"bk only uses files with a single name; inspect it "
+                     f"(find / -samefile {path}) and replace it with a copy",
+            "owner": f"if the file is genuine: chown {self.uid} {path}",
+            "writable": f"chmod go-w {path}",
+        }[why])
+
+
+def unsafe_stat(st: os.stat_result, owner: int, *, want_dir: bool,
+                single_link: bool = True) -> tuple[str, str] | None:
+    """The first rule that ``st`` breaks for a path bk trusts, as ``(why,
+    problem)``: ``why`` is ``kind`` (a link, FIFO, device, socket or the
+    wrong one of file and directory), ``links`` (a file with more than one
+    hard link, unless ``single_link`` is False), ``owner`` (not ``owner``'s)
+    or ``writable`` (by group or others); ``problem`` says it in words.
+    None when it is safe.  The one owner/mode rule: the store, the trusted
+    configuration and the broker's directories all ask it, and word the
+    refusal for their readers."""
+    want = stat.S_ISDIR if want_dir else stat.S_ISREG
+    if not want(st.st_mode):
+        expected = "a directory" if want_dir else "a regular file"
+        return "kind", f"it is {kind(st.st_mode)}, not {expected}"
+    # 0 is fine: a reader that opened the ledger just before a writer
+    # renamed over it holds the old, now nameless inode (a whole version).
+    if single_link and not want_dir and st.st_nlink > 1:
+        return "links", f"it has {st.st_nlink} hard links"
+    if st.st_uid != owner:
+        return "owner", f"it is owned by uid {st.st_uid}, expected uid {owner}"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return "writable", (f"it is writable by group or others "
+                            f"(mode {stat.S_IMODE(st.st_mode):04o})")
+    return None
 
 
 def io_error(e: OSError, doing: str, path: str) -> IOFailure:

@@ -533,16 +533,17 @@ def _check_store(service) -> str:
     refuse a configuration that disagrees with the policy the ledger bound
     at its first write: every write would fail, so the broker should not
     pretend to serve."""
+    from bk.core.policy import policy_diff      # the rule the store applies at every write
+
     got = service.store.read()
     if got.source == "empty":
         return "empty (no booking yet)"
-    bound, want = got.state.policy or {}, service.policy.bound()
-    diff = sorted(k for k, v in want.items() if k in bound and bound[k] != v)
-    if diff:
+    diff = policy_diff(got.state.policy, service.policy.bound())
+    if diff.conflicts:
         raise ConfigError("the configuration disagrees with the policy bound in the ledger: "
-                          + "; ".join(f"{k}: ledger {bound[k]!r}, configuration {want[k]!r}" for k in diff),
+                          + diff.describe(),
                           hint="put those values back in the configuration; the ledger keeps the policy "
-                               "of its first write")
+                               "of its first write", details={"differences": diff.conflicts})
     words = f"valid (seq {got.state.seq}, {len(got.state.reservations)} reservations, from {got.source})"
     return words + "".join(f"; warning: {w}" for w in got.warnings)
 

@@ -108,15 +108,20 @@ def _ledger_checks(app) -> list[dict]:
 
 
 def _policy_check(app) -> dict:
+    """The store's own rule (``bk.core.policy``): what fails here is what
+    the next booking would refuse, and nothing else."""
+    from bk.core.policy import policy_diff
+
     state = app.ledger()
-    mine = app.policy.bound()
     if state.policy is None:
         return _check("policy", True, "not bound yet; the first booking records it")
-    diff = [f"{k}: ledger {state.policy.get(k)!r}, configuration {v!r}"
-            for k, v in mine.items() if state.policy.get(k) != v]
-    if diff:
-        return _check("policy", False, "configuration disagrees with the ledger's policy: " + "; ".join(diff))
-    return _check("policy", True, "configuration agrees with the policy bound in the ledger")
+    diff = policy_diff(state.policy, app.policy.bound())
+    if diff.conflicts:
+        return _check("policy", False, "configuration disagrees with the ledger's policy: " + diff.describe())
+    detail = "configuration agrees with the policy bound in the ledger"
+    if diff.additions:
+        detail += f"; the ledger lacks {diff.describe_additions()}, which the next write adds"
+    return _check("policy", True, detail)
 
 
 def _gpu_check(app) -> dict:

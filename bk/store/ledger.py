@@ -46,6 +46,7 @@ from contextlib import contextmanager
 from bk.core import ledgerdoc, utctime
 from bk.core.errors import BkError, ConfigError, Internal, IOFailure, WrongAccount
 from bk.core.models import LedgerState
+from bk.core.policy import policy_diff
 from bk.core.record import dataclass, field
 from bk.store import archive, audit
 from bk.store.fsutil import (
@@ -419,29 +420,21 @@ class Store:
             os.close(afd)
 
     def _bind(self, state: LedgerState, policy: dict | None) -> None:
-        """Policy binding (SPEC 5): the first write records the policy; a
-        writer configured differently refuses.  Keys the ledger does not know
-        yet (added by a newer bk) are recorded, not treated as a conflict."""
+        """Policy binding (SPEC 5, ``bk.core.policy``): the first write
+        records the policy; a writer configured differently refuses.  Keys
+        the ledger does not have yet are recorded, not treated as a conflict."""
         if policy is None:
             return
-        if state.policy is None:
-            state.policy = dict(policy)
-            return
-        diff = {k: {"ledger": state.policy[k], "config": v} for k, v in policy.items()
-                if k in state.policy and (state.policy[k] != v
-                                          or type(state.policy[k]) is not type(v))}
-        if diff:
-            listing = "; ".join(f"{k}: ledger {d['ledger']!r}, configuration {d['config']!r}"
-                                for k, d in sorted(diff.items()))
+        diff = policy_diff(state.policy, policy)
+        if diff.conflicts:
             raise ConfigError(
                 f"the configuration disagrees with the policy bound in {self.paths.ledger}: "
-                f"{listing}",
+                f"{diff.describe()}",
                 "the ledger keeps the policy of its first write; put those values back in the "
                 "configuration (bk config shows the effective one) or ask the administrator",
-                details={"differences": diff})
-        missing = {k: v for k, v in policy.items() if k not in state.policy}
-        if missing:
-            state.policy = {**state.policy, **missing}
+                details={"differences": diff.conflicts})
+        if diff.additions or state.policy is None:
+            state.policy = {**(state.policy or {}), **diff.additions}
 
     def _archive(self, dirfd: int, groups: dict[str, bytes], now: int) -> None:
         p = self.paths

@@ -121,7 +121,7 @@ class Busy(BkError):
 
 
 class WrongAccount(BkError):
-    code = "config"
+    code = "wrong_account"
     exit_code = EXIT_WRONG_ACCOUNT
 
 
@@ -130,7 +130,23 @@ class ConfigError(BkError):
     exit_code = EXIT_CONFIG
 
 
-ERROR_CODES = (
-    "invalid_input", "conflict", "policy", "not_found", "ambiguous",
-    "permission_denied", "unavailable", "internal", "io_error", "busy", "config",
-)
+# Each code names exactly one class, and so one exit status: an error that
+# crossed a process boundary as (code, message, hint) is rebuilt as the class
+# that raised it (the broker's replies, ``error_from``).  ``UsageError``
+# refines ``InvalidInput`` and keeps its code and status: for scripts both are
+# "invalid input" (exit 2); only the CLI's own parser tells them apart.
+BY_CODE: dict[str, type[BkError]] = {cls.code: cls for cls in (
+    InvalidInput, Conflict, PolicyRefused, NotFound, Ambiguous, PermissionDenied, Unavailable,
+    Internal, IOFailure, Busy, WrongAccount, ConfigError,
+)}
+
+ERROR_CODES = tuple(BY_CODE)
+
+
+def error_from(code: object, message: object, hint: object = None, details: object = None) -> BkError:
+    """The error that ``to_json()`` described, as its own class (``Internal``
+    for a code this bk does not know); fields of the wrong type are dropped."""
+    cls = BY_CODE.get(code, Internal) if isinstance(code, str) else Internal
+    return cls(message if isinstance(message, str) else f"{cls.code} (no message was given)",
+               hint if isinstance(hint, str) else None,
+               details=details if isinstance(details, dict) else None)

@@ -4,7 +4,7 @@
 
 Latency.  The same booking (1 GPU, 5 minutes, queued to the earliest free
 start) is made alternately in private mode (``Service.book`` on a private
-ledger, in this process) and through the broker (``RemoteService.book``: a
+ledger, in this process) and through the broker (``Service.remote(...).book``: a
 Unix socket round trip to a broker process that runs the same service on a
 shared ledger).  Alternating keeps the two ledgers the same size, so the
 difference of the medians is the broker's own cost: framing, JSON, the
@@ -53,11 +53,12 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from bk.broker.client import BrokerClient  # noqa: E402
+from bk import clock  # noqa: E402
 from bk.gpu.sim import CountBackend  # noqa: E402
+from bk.ipc.client import BrokerClient  # noqa: E402
 from bk.service.app import Service  # noqa: E402
-from bk.service.remote import RemoteService  # noqa: E402
 from bk.service.requests import BookRequest  # noqa: E402
+from bk.service.telemetry import Telemetry  # noqa: E402
 from bk.store.config import KEYS, Settings  # noqa: E402
 from bk.store.paths import Locations  # noqa: E402
 
@@ -74,13 +75,17 @@ def settings(base: str, mode: str) -> Settings:
     return Settings(Locations(mode, data, None, mode == "shared", base), values, None)
 
 
+def telemetry() -> Telemetry:
+    return Telemetry(lambda: CountBackend(GPUS), clock=clock.now)
+
+
 def serve(base: str) -> None:
     """The broker process (``--serve-broker BASE``)."""
     from bk.broker.handlers import Dispatcher
     from bk.broker.server import Broker, Plan
 
     s = settings(base, "shared")
-    service = Service(s, CountBackend(GPUS), owner_uid=os.geteuid())
+    service = Service.local(s, telemetry(), owner_uid=os.geteuid())
     plan = Plan("benchmark", s.data_dir, s["socket"], os.geteuid(), "all", None)
     Broker(plan, Dispatcher(service), log=lambda line: None).serve()
 
@@ -110,10 +115,10 @@ class BrokerProcess:
 def latency(root: str, n: int) -> tuple[list[float], list[float]]:
     private_base = os.path.join(root, "private")
     os.makedirs(os.path.join(private_base, "data"), mode=0o700)
-    local = Service(settings(private_base, "private"), CountBackend(GPUS))
+    local = Service.local(settings(private_base, "private"), telemetry())
     broker = BrokerProcess(root, "latency")
     try:
-        remote = RemoteService(settings(broker.base, "shared"), CountBackend(GPUS))
+        remote = Service.remote(settings(broker.base, "shared"), telemetry())
         remote.book(REQUEST)                          # warm both paths up
         local.book(REQUEST)
         priv, rem = [], []

@@ -113,13 +113,9 @@ class Bk:
 
     def service(self, actor: Actor = BOB):
         """The service layer as another user, to make their bookings."""
-        from bk.gpu import open_backend
-        from bk.service.app import Service
-        from bk.store.config import load
-        from bk.store.paths import locate
+        from bk.service import open_app
 
-        env = dict(os.environ)
-        return Service(load(locate(env)), open_backend(env, None), actor=actor)
+        return open_app(dict(os.environ), actor=actor)
 
     def stdin_tty(self, answer: str | None) -> None:
         """Pretend a person is at the terminal and will type ``answer``."""

@@ -14,12 +14,22 @@ import time
 
 import pytest
 
-from bk.broker import protocol
-from bk.broker.handlers import MAX_WIRE_INT, Dispatcher, Peer, decode_request
+from bk.broker.handlers import Dispatcher, Latest, Peer
 from bk.core.envelope import is_envelope
-from bk.core.errors import BkError, InvalidInput, PermissionDenied
-from bk.core.models import Notice, Policy, Reservation
-from bk.service.requests import BookRequest, BookResult, CancelRequest, EditRequest
+from bk.core.errors import InvalidInput, PermissionDenied
+from bk.core.models import Reservation
+from bk.gpu.sim import CountBackend
+from bk.ipc import protocol
+from bk.service import ops
+from bk.service.fields import MAX_WIRE_INT
+from bk.service.requests import BookRequest, CancelRequest, EditRequest
+
+_ROWS = {BookRequest: "book", EditRequest: "edit", CancelRequest: "cancel"}
+
+
+def decode_request(cls, fields):
+    """The broker's decoder for a request type: its operation row."""
+    return ops.get(_ROWS[cls]).decode(fields)
 
 
 @pytest.fixture
@@ -162,76 +172,60 @@ def test_decode_request_builds_typed_requests():
 
 # ------------------------------------------------------------- the dispatcher
 
-POLICY = Policy(gpu_count=2)
+
+class CountingBackend(CountBackend):
+    def __init__(self, n):
+        super().__init__(n)
+        self.snapshots = 0
+
+    def snapshot(self, now):
+        self.snapshots += 1
+        return super().snapshot(now)
 
 
-class FakeService:
-    """Records calls; ``book`` raises what ``raise_next`` says."""
+@pytest.fixture
+def svc(tmp_path, monkeypatch):
+    """A real local service on a temporary ledger; ``raise_next`` makes the
+    next booking's apply raise (a refusal or a bug)."""
+    from bk.service import open_app
 
-    def __init__(self):
-        self.policy = POLICY
-        self.warnings: list[str] = []
-        self.calls: list[tuple] = []
-        self.raise_next: BaseException | None = None
-        self._gpus = None
-        self.refreshed = 0
+    env = {"BK_DATA_DIR": str(tmp_path / "data"), "HOME": str(tmp_path),
+           "XDG_STATE_HOME": str(tmp_path / "state"), "XDG_CONFIG_HOME": str(tmp_path / "cfg")}
+    backend = CountingBackend(2)
+    service = open_app(env, backend=backend, clock_fn=lambda: 1_800_000_000)
+    service.backend_for_test = backend
+    real = ops.OPERATIONS["book"]
+    box = {"next": None}
 
-    def refresh(self):
-        self.refreshed += 1
-
-    def now(self):
-        return 1_800_000_000
-
-    def gpus(self):
-        return []
-
-    def write_batch(self, items):
-        # As Service.write_batch: a refusal is that item's answer, a bug is everyone's.
-        out = []
-        for kind, req, actor in items:
-            try:
-                out.append(getattr(self, kind)(req, actor))
-            except BkError as e:
-                out.append(e)
-        return out
-
-    def _res(self, actor):
-        return Reservation(id="a1b2c3d4-0000-4000-8000-000000000000", uid=actor.uid, user=actor.user,
-                           mode="shared", gpus=(0,), share=1, start=1_800_000_000, end=1_800_001_800,
-                           created=1_800_000_000)
-
-    def book(self, req, actor):
-        self.calls.append(("book", req, actor))
-        if self.raise_next is not None:
-            exc, self.raise_next = self.raise_next, None
+    def apply(state, req, call):
+        if box["next"] is not None:
+            exc, box["next"] = box["next"], None
             raise exc
-        return BookResult("created", self._res(actor), {"gpus": {"0": "idle"}})
+        return real.apply(state, req, call)
+    from bk.core.record import replace
 
-    def publish_notice(self, text, level, until, actor, dry_run=False):
-        self.calls.append(("notice", text, level, until, actor))
-        if not actor.is_admin:
-            raise PermissionDenied("only root")
-        return Notice(id="n" * 8, at=self.now(), text=text, level=level, until=until)
+    monkeypatch.setitem(ops.OPERATIONS, "book", replace(real, apply=apply))
+    service.box = box
+    return service
 
 
 PEER = Peer(pid=1234, uid=4242, gid=4242)
 
 
-def test_dispatch_book_uses_the_peer_identity_and_returns_an_envelope():
-    svc = FakeService()
+def test_dispatch_book_uses_the_peer_identity_and_returns_an_envelope(svc):
     d = Dispatcher(svc)
     reply = d.dispatch({"v": 1, "op": "book", "fields": {"count": 1, "duration": 1800}}, PEER)
     assert is_envelope(reply) and reply["ok"] and reply["command"] == "book"
-    _, req, actor = svc.calls[0]
-    assert actor.uid == 4242 and req.count == 1
+    state = svc.ledger()
+    assert state.reservations[0].uid == 4242
     data = reply["data"]
     assert data["status"] == "created" and data["reservation"]["uid"] == 4242 and data["reservation"]["mine"]
     assert Reservation.from_dict(data["record"]).id == data["reservation"]["id"]
     json.dumps(reply)
 
 
-def test_unknown_operation_and_bad_frames_are_error_envelopes():
-    d = Dispatcher(FakeService())
+def test_unknown_operation_and_bad_frames_are_error_envelopes(svc):
+    d = Dispatcher(svc)
     for obj in ({"op": "shutdown"}, {"op": "__class__"}, {"op": "book", "fields": {"count": "x"}}):
         reply = d.dispatch(obj, PEER)
         assert is_envelope(reply) and not reply["ok"] and reply["error"]["code"] == "invalid_input"
@@ -239,26 +233,23 @@ def test_unknown_operation_and_bad_frames_are_error_envelopes():
     assert not reply["ok"] and reply["command"] == "broker"
 
 
-def test_an_unexpected_exception_is_internal_and_the_next_request_works():
-    svc = FakeService()
+def test_an_unexpected_exception_is_internal_and_the_next_request_works(svc):
     lines = []
     d = Dispatcher(svc, log=lines.append)
-    svc.raise_next = ZeroDivisionError("boom")
+    svc.box["next"] = ZeroDivisionError("boom")
     reply = d.dispatch({"op": "book", "fields": {"count": 1, "duration": 1800}}, PEER)
     assert reply["error"]["code"] == "internal" and "boom" not in reply["error"]["message"]
     assert lines and "ZeroDivisionError" in lines[0]
     assert d.dispatch({"op": "book", "fields": {"count": 1, "duration": 1800}}, PEER)["ok"]
 
 
-def test_bk_errors_keep_their_code_and_hint():
-    svc = FakeService()
-    svc.raise_next = PermissionDenied("not yours", hint="ask the owner")
+def test_bk_errors_keep_their_code_and_hint(svc):
+    svc.box["next"] = PermissionDenied("not yours", hint="ask the owner")
     reply = Dispatcher(svc).dispatch({"op": "book", "fields": {"count": 1, "duration": 1800}}, PEER)
     assert reply["error"] == {"code": "permission_denied", "message": "not yours", "hint": "ask the owner"}
 
 
-def test_notice_publish_fields_are_checked_and_identity_decides():
-    svc = FakeService()
+def test_notice_publish_fields_are_checked_and_identity_decides(svc):
     d = Dispatcher(svc)
     for fields in ({"text": ""}, {"text": 5}, {"text": "\x1b[2J"}, {"text": "x", "level": "loud"}, {"text": "x", "until": "soon"},
                    {"text": "x", "until": 1}, {"text": "x", "uid": 0}, {"text": "x" * 2001}):
@@ -270,20 +261,27 @@ def test_notice_publish_fields_are_checked_and_identity_decides():
     assert reply["ok"] and reply["data"]["notice"]["level"] == "warning"
 
 
-def test_ping_reports_the_peer_as_the_kernel_gave_it():
-    reply = Dispatcher(FakeService()).dispatch({"op": "ping"}, Peer(77, 0, 0))
+def test_ping_reports_the_peer_as_the_kernel_gave_it(svc):
+    reply = Dispatcher(svc).dispatch({"op": "ping"}, Peer(77, 0, 0))
     assert reply["data"]["peer"] == {"pid": 77, "uid": 0, "user": "root", "admin": True}
-    assert Dispatcher(FakeService()).dispatch({"op": "ping", "fields": {"uid": 1}}, PEER)["ok"] is False
+    assert Dispatcher(svc).dispatch({"op": "ping", "fields": {"uid": 1}}, PEER)["ok"] is False
 
 
-def test_the_gpu_snapshot_is_refreshed_at_most_every_few_seconds():
-    svc = FakeService()
+def test_requests_never_query_the_gpus_the_refresher_does(svc):
+    """The broker answers from the latest snapshot: no request (and so no
+    request under the lock) asks the backend; ``Latest.refresh`` does."""
     t = [100.0]
-    d = Dispatcher(svc, monotonic=lambda: t[0])
+    latest = Latest(svc.telemetry, monotonic=lambda: t[0])
+    latest.refresh()
+    d = Dispatcher(svc, latest=latest)
+    backend = svc.backend_for_test
+    taken = backend.snapshots
     book = {"op": "book", "fields": {"count": 1, "duration": 1800}}
     for _ in range(3):
-        d.dispatch(book, PEER)
-    assert svc.refreshed == 1
+        assert d.dispatch(book, PEER)["ok"]
+    assert backend.snapshots == taken
+    assert not latest.stale()
     t[0] += 2.5
-    d.dispatch(book, PEER)
-    assert svc.refreshed == 2
+    assert latest.stale()
+    latest.refresh()
+    assert backend.snapshots == taken + 1 and not latest.stale()

@@ -187,8 +187,8 @@ def test_ten_thousand_fuzzed_frames(srv, unchanged):
 
 
 def test_sigkill_during_writes_keeps_every_acknowledged_booking(srv):
-    from bk.broker.client import BrokerClient
     from bk.core.errors import BkError
+    from bk.ipc.client import BrokerClient
 
     acked: list[str] = []
     lock = threading.Lock()

@@ -17,15 +17,15 @@ import time
 
 import pytest
 
-from bk.broker import protocol
-from bk.broker.client import BrokerClient
 from bk.broker.handlers import Dispatcher
 from bk.broker.server import Broker, Plan, check_owned_dir, peer_of
 from bk.core.errors import Busy, ConfigError, PermissionDenied, Unavailable
 from bk.gpu.sim import CountBackend
+from bk.ipc import protocol
+from bk.ipc.client import BrokerClient
 from bk.service.app import Service
-from bk.service.remote import RemoteService
 from bk.service.requests import BookRequest, CancelRequest, EditRequest
+from bk.service.telemetry import Telemetry
 from bk.store.config import KEYS, Settings
 from bk.store.paths import Locations
 
@@ -59,10 +59,16 @@ def settings_for(base: str) -> Settings:
     return Settings(Locations("shared", data, None, True, base), values, None)
 
 
+def telemetry() -> Telemetry:
+    from bk import clock
+
+    return Telemetry(lambda: CountBackend(4), clock=clock.now)
+
+
 class Running:
     def __init__(self, base: str, **kw):
         self.settings = settings_for(base)
-        self.service = Service(self.settings, CountBackend(4), owner_uid=os.geteuid())
+        self.service = Service.local(self.settings, telemetry(), owner_uid=os.geteuid())
         self.lines: list[str] = []
         self.plan = Plan("test", self.settings.data_dir, self.settings["socket"], os.geteuid(), "all", None)
         self.broker = Broker(self.plan, Dispatcher(self.service, log=self.lines.append),
@@ -87,8 +93,8 @@ class Running:
     def client(self, **kw) -> BrokerClient:
         return BrokerClient(self.path, service_uid=os.geteuid(), **kw)
 
-    def remote(self) -> RemoteService:
-        return RemoteService(self.settings, CountBackend(4), client=self.client())
+    def remote(self) -> Service:
+        return Service.remote(self.settings, telemetry(), connect=self.client)
 
 
 def raw(path: str) -> socket.socket:
@@ -300,26 +306,20 @@ def test_check_owned_dir_rules(base):
 
 
 class SlowService:
-    """A fake service whose booking waits until the test lets it finish."""
+    """The real service whose booking waits until the test lets it finish."""
 
     def __init__(self, real: Service):
         self.real = real
-        self.policy, self.warnings = real.policy, []
+        self.gateway = self
         self.entered, self.release = threading.Event(), threading.Event()
 
-    def refresh(self):
-        pass
-
-    def now(self):
-        return self.real.now()
-
-    def gpus(self):
-        return self.real.gpus()
+    def __getattr__(self, name):
+        return getattr(self.real, name)
 
     def write_batch(self, items):
         self.entered.set()
         assert self.release.wait(30)
-        return self.real.write_batch(items)
+        return self.real.gateway.write_batch(items)
 
 
 def test_stop_lets_a_request_in_progress_finish_and_answer(base):

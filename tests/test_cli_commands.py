@@ -10,7 +10,7 @@ import pytest
 from helpers_cli import BOB, ME, NOW, ROOT, SLICE, bk_fixture
 
 from bk.core.models import iso, parse_iso
-from bk.service.requests import BookRequest, CancelRequest
+from bk.service.requests import BookRequest, CancelRequest, NoticeRequest
 
 H = 3600
 
@@ -212,7 +212,7 @@ def test_status_table_and_json(bk):
 
 def test_status_disabled_gpu_and_notices(bk):
     bk.config(disabled_gpus=[3])
-    bk.service(ROOT).publish_notice("maintenance on Friday", level="warning")
+    bk.service(ROOT).publish_notice(NoticeRequest("maintenance on Friday", level="warning"))
     d = bk.data("st")
     assert d["gpus"][3]["state"] == "disabled" and d["gpus"][3]["next_free"] is None
     assert d["notices"][0]["text"] == "maintenance on Friday"
@@ -303,7 +303,7 @@ def test_gpu_nothing_free_now_names_the_earliest(bk):
 
 def test_notices(bk):
     assert bk.data("n")["notices"] == [] and bk.ok("notices").out.strip() == "no notices"
-    bk.service(ROOT).publish_notice("new drivers tonight")
+    bk.service(ROOT).publish_notice(NoticeRequest("new drivers tonight"))
     n = bk.data("n")["notices"]
     assert [x["text"] for x in n] == ["new drivers tonight"] and n[0]["scope"] == "everyone"
 

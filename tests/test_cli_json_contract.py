@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from helpers_cli import BOB, ROOT, bk_fixture
 
-from bk.service.requests import BookRequest
+from bk.service.requests import BookRequest, NoticeRequest
 
 DOC = (Path(__file__).resolve().parents[1] / "docs" / "JSON.md").read_text()
 
@@ -63,7 +63,7 @@ def bk(monkeypatch, capsys):
     b.sim()
     b.ok("1", "1h", "-g", "0")
     b.service(BOB).book(BookRequest(count=1, duration=3600, pinned=(2,)))
-    b.service(ROOT).publish_notice("hello")
+    b.service(ROOT).publish_notice(NoticeRequest("hello"))
     yield b
     next(gen, None)
 

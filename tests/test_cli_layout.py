@@ -11,7 +11,7 @@ import pytest
 from helpers_cli import BOB, ROOT, bk_fixture
 
 from bk.core.models import iso
-from bk.service.requests import BookRequest
+from bk.service.requests import BookRequest, NoticeRequest
 
 LONG_USER = BOB.__class__(2001, "maximilian_vonlongname")
 
@@ -44,8 +44,9 @@ def bk(monkeypatch, capsys):
     other = b.service(LONG_USER)
     other.book(BookRequest(count=3, duration=5 * 3600, note="x" * 80))
     other.book(BookRequest(count=8, duration=86400, mode="exclusive", start=None, queue=False))
-    b.service(ROOT).publish_notice("Scheduled maintenance of the whole cluster on Friday from "
-                                   "18:00 to 22:00; running jobs will be stopped " * 2, level="critical")
+    b.service(ROOT).publish_notice(NoticeRequest("Scheduled maintenance of the whole cluster on Friday from "
+                                                 "18:00 to 22:00; running jobs will be stopped " * 2,
+                                                 level="critical"))
     yield b
     next(gen, None)
 

@@ -12,8 +12,8 @@ from bk.gpu import open_backend
 
 def test_count_backend():
     b = open_backend({"BK_GPU_COUNT": "3"})
-    devs = b.devices()
-    assert b.simulated and b.count() == 3
+    devs = b.snapshot(0).gpus
+    assert b.simulated and b.inventory().count == 3
     assert [d.index for d in devs] == [0, 1, 2]
     assert len({d.uuid for d in devs}) == 3
     assert all(d.mem_total_mib is None and d.processes is None for d in devs)
@@ -28,7 +28,7 @@ def test_bad_gpu_count(value):
 
 def test_fallback_is_a_reported_simulation():
     b = open_backend({}, fallback_count=2)
-    assert b.count() == 2 and b.simulated and b.reason
+    assert b.inventory().count == 2 and b.simulated and b.reason
 
 
 def test_sim_file(tmp_path):
@@ -39,13 +39,15 @@ def test_sim_file(tmp_path):
         {"name": "H100", "mem_total_mib": 81559, "util": 0, "processes": []},
     ]}))
     b = open_backend({"BK_GPU_SIM_FILE": str(path), "BK_GPU_COUNT": "8"})
-    devs = b.devices()
-    assert b.count() == 2
+    devs = b.snapshot(0).gpus
+    assert b.inventory().count == 2
     assert devs[0].processes[0].pid == 42 and devs[0].live_state() == "busy"
     assert devs[1].live_state() == "idle"
     # The file is read on every call so demos can change the "live" state.
+    before = b.fingerprint()
     path.write_text(json.dumps({"gpus": [{"util": 99}]}))
-    assert b.devices()[0].util == 99
+    assert b.snapshot(0).gpus[0].util == 99
+    assert b.fingerprint() != before      # an edited file is a new inventory
 
 
 @pytest.mark.parametrize("doc, message", [
@@ -61,12 +63,12 @@ def test_bad_sim_files(tmp_path, doc, message):
     path = tmp_path / "sim.json"
     path.write_text(json.dumps(doc))
     with pytest.raises(ConfigError, match=message):
-        open_backend({"BK_GPU_SIM_FILE": str(path)}).devices()
+        open_backend({"BK_GPU_SIM_FILE": str(path)}).snapshot(0)
 
 
 def test_missing_or_garbage_sim_file(tmp_path):
     with pytest.raises(ConfigError, match="No such file"):
-        open_backend({"BK_GPU_SIM_FILE": str(tmp_path / "nope.json")}).devices()
+        open_backend({"BK_GPU_SIM_FILE": str(tmp_path / "nope.json")}).snapshot(0)
     (tmp_path / "g.json").write_text("{")
     with pytest.raises(ConfigError, match="not valid JSON"):
-        open_backend({"BK_GPU_SIM_FILE": str(tmp_path / "g.json")}).devices()
+        open_backend({"BK_GPU_SIM_FILE": str(tmp_path / "g.json")}).snapshot(0)

@@ -14,10 +14,8 @@ import pytest
 from bk.broker.handlers import GroupCommit
 from bk.core.errors import BkError, Conflict, PermissionDenied
 from bk.gpu.sim import CountBackend
-from bk.service.app import Service
+from bk.service import open_app
 from bk.service.requests import Actor, BookRequest, CancelRequest
-from bk.store.config import load
-from bk.store.paths import locate
 
 ALICE, BOB = Actor(3001, "alice"), Actor(3002, "bob")
 T0 = 1_790_000_000 - 1_790_000_000 % 300
@@ -25,20 +23,20 @@ T0 = 1_790_000_000 - 1_790_000_000 % 300
 
 @pytest.fixture
 def svc(tmp_path):
-    env = {"HOME": str(tmp_path), "BK_DATA_DIR": str(tmp_path / "data")}
-    return Service(load(locate(env)), CountBackend(2), now=lambda: T0, actor=ALICE)
+    env = {"HOME": str(tmp_path), "BK_DATA_DIR": str(tmp_path / "data"), "XDG_STATE_HOME": str(tmp_path / "s")}
+    return open_app(env, backend=CountBackend(2), clock_fn=lambda: T0, actor=ALICE)
 
 
 def test_a_refused_write_is_rolled_back_alone(svc):
     start = T0 + 3600
     full = BookRequest(count=2, duration=3600, mode="exclusive", start=start)
-    first = svc.book(full, actor=BOB)
+    first = svc.book(full, call=svc.call(BOB))
     items = [
-        ("book", BookRequest(count=1, duration=1800, op_id="a1"), ALICE),
-        ("book", BookRequest(count=1, duration=1800, start=start), ALICE),      # conflicts
-        ("cancel", CancelRequest(ref=first.reservation.id), ALICE),            # not hers
-        ("book", BookRequest(count=1, duration=1800, op_id="b1"), BOB),
-        ("book", BookRequest(count=1, duration=1800, op_id="a1"), ALICE),      # replay within the batch
+        ("book", BookRequest(count=1, duration=1800, op_id="a1"), svc.call(ALICE)),
+        ("book", BookRequest(count=1, duration=1800, start=start), svc.call(ALICE)),      # conflicts
+        ("cancel", CancelRequest(ref=first.reservation.id), svc.call(ALICE)),            # not hers
+        ("book", BookRequest(count=1, duration=1800, op_id="b1"), svc.call(BOB)),
+        ("book", BookRequest(count=1, duration=1800, op_id="a1"), svc.call(ALICE)),      # replay within the batch
     ]
     seq_before = svc.ledger().seq
     out = svc.write_batch(items)
@@ -62,7 +60,7 @@ def test_a_failing_transaction_answers_every_item(svc, monkeypatch):
 
         raise Busy("lock busy")
     monkeypatch.setattr(svc.store, "transact", busy)
-    out = svc.write_batch([("book", BookRequest(count=1, duration=1800), ALICE)] * 3)
+    out = svc.write_batch([("book", BookRequest(count=1, duration=1800), svc.call(ALICE)) for _ in range(3)])
     assert [e.code for e in out] == ["busy"] * 3
 
 

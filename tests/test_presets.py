@@ -189,7 +189,8 @@ def test_concurrent_saves_lose_nothing(env):
 
     def save(i: int) -> None:
         try:
-            svc.save_preset(open_app(env), svc.Preset(f"p{i}", 1, 3600))
+            app = open_app(env)
+            svc.save_preset(app, svc.Preset(f"p{i}", 1, 3600), call=app.call())
         except Exception as e:  # noqa: BLE001 - reported below
             errors.append(e)
     threads = [threading.Thread(target=save, args=(i,)) for i in range(8)]
@@ -230,43 +231,43 @@ def _book(app, count, dur, **kw):
 def test_suggest_after_the_third_matching_booking(env, capsys):
     app = open_app(env)
     r1 = _book(app, 2, 3600)
-    assert svc.suggest_preset(app, r1) is None
+    assert svc.suggest_preset(app, r1, call=app.call()) is None
     _book(app, 1, 1800)                                   # another shape does not count
     r2 = _book(app, 2, 3600)
-    assert svc.suggest_preset(app, r2) is None
+    assert svc.suggest_preset(app, r2, call=app.call()) is None
     r3 = _book(app, 2, 3600)
-    s = svc.suggest_preset(app, r3)
+    s = svc.suggest_preset(app, r3, call=app.call())
     assert s == {"times": 3, "command": "bk p save NAME 2 1h",
                  "hint": "you booked this 3 times; save it: bk p save NAME 2 1h"}
     r4 = _book(app, 2, 3600)
-    assert svc.suggest_preset(app, r4) is None            # said once, not after every booking
+    assert svc.suggest_preset(app, r4, call=app.call()) is None            # said once, not after every booking
     # Without an argument it looks at the latest booking.
-    assert svc.suggest_preset(app) is None
+    assert svc.suggest_preset(app, call=app.call()) is None
 
 
 def test_no_suggestion_when_a_preset_has_that_shape(env, capsys):
     app = open_app(env)
-    svc.save_preset(app, svc.Preset("x2", 1, 7200, mode="exclusive"))
+    svc.save_preset(app, svc.Preset("x2", 1, 7200, mode="exclusive"), call=app.call())
     for _ in range(2):
         _book(app, 1, 7200, mode="exclusive")
-    assert svc.suggest_preset(app, _book(app, 1, 7200, mode="exclusive")) is None
+    assert svc.suggest_preset(app, _book(app, 1, 7200, mode="exclusive"), call=app.call()) is None
 
 
 def test_exclusive_suggestion_command(env):
     app = open_app(env)
     for _ in range(2):
         _book(app, 1, 7200, mode="exclusive")
-    s = svc.suggest_preset(app, _book(app, 1, 7200, mode="exclusive"))
+    s = svc.suggest_preset(app, _book(app, 1, 7200, mode="exclusive"), call=app.call())
     assert s["command"] == "bk p save NAME 1 2h -x"
 
 
 def test_learned_defaults(env):
     app = open_app(env)
-    assert svc.learned_defaults(app) == {"count": 1, "duration": 3600, "mode": "shared",
+    assert svc.learned_defaults(app, call=app.call()) == {"count": 1, "duration": 3600, "mode": "shared",
                                          "mem_mib": None, "learned": 0}
     _book(app, 2, 1800, mem_mib=4096)
     _book(app, 2, 1800, mem_mib=4096)
     _book(app, 1, 3600)
-    d = svc.learned_defaults(app)
+    d = svc.learned_defaults(app, call=app.call())
     assert (d["count"], d["duration"], d["mode"], d["mem_mib"], d["learned"]) == \
         (2, 1800, "shared", 4096, 3)

@@ -18,12 +18,9 @@ from bk.core import scheduler
 from bk.core.errors import BkError
 from bk.core.models import EXCLUSIVE, SHARED, Blackout
 from bk.gpu.sim import FileBackend
-from bk.service import app as app_module
-from bk.service.app import Service
+from bk.service import open_app
 from bk.service.requests import Actor, BookRequest, CancelRequest, EditRequest
-from bk.store.config import load
 from bk.store.ledger import Mutation
-from bk.store.paths import locate
 
 SLOT = 300
 T0 = 1_784_000_000 - 1_784_000_000 % SLOT      # an aligned instant in 2026
@@ -53,9 +50,8 @@ class BookingMachine(RuleBasedStateMachine):
         # Deterministic IDs: hypothesis replays a failing run and needs the
         # same choices (which depend on the ledger's order) to come out.
         ids = iter(range(1, 10**9))
-        self._real_new_id = app_module._new_id
-        app_module._new_id = lambda: f"{next(ids):08x}-0000-4000-8000-000000000000"
-        self.svc = Service(load(locate(env)), FileBackend(sim), now=lambda: self.t, actor=USERS[0])
+        self.svc = open_app(env, backend=FileBackend(sim), clock_fn=lambda: self.t, actor=USERS[0])
+        self.svc.id_source = lambda: f"{next(ids):08x}-0000-4000-8000-000000000000"
         self.svc.store.transact(self._add_blackout, policy=self.svc.policy.bound(), actor_uid=0,
                                 actor="root")
         self.requests: dict[str, tuple] = {}     # op-id -> (kind, request, actor, result id)
@@ -68,7 +64,6 @@ class BookingMachine(RuleBasedStateMachine):
         return Mutation(True, [], None)
 
     def teardown(self):
-        app_module._new_id = self._real_new_id
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def _state(self):
@@ -93,7 +88,7 @@ class BookingMachine(RuleBasedStateMachine):
                           mem_mib=None if exclusive else mem, start=start, queue=queue,
                           op_id=self._op())
         try:
-            res = self.svc.book(req, actor=user)
+            res = self.svc.book(req, call=self.svc.call(user))
         except BkError as e:
             assert e.exit_code in (2, 3), e
             return
@@ -115,7 +110,7 @@ class BookingMachine(RuleBasedStateMachine):
             req = EditRequest(ref=r.id, duration=slices * SLOT,
                               start=max(r.start + shift * SLOT, self.t - self.t % SLOT), op_id=self._op())
         try:
-            result = self.svc.edit(req, actor=owner)
+            result = self.svc.edit(req, call=self.svc.call(owner))
         except BkError as e:
             assert e.exit_code in (2, 3), e
             return
@@ -132,14 +127,14 @@ class BookingMachine(RuleBasedStateMachine):
         if wrong_user:
             before = self._state().reservations
             try:
-                self.svc.cancel(req, actor=other)
+                self.svc.cancel(req, call=self.svc.call(other))
             except BkError as e:
                 assert e.code == "permission_denied"
             else:
                 raise AssertionError("another user cancelled a booking")
             assert self._state().reservations == before
             return
-        self.svc.cancel(req, actor=owner)
+        self.svc.cancel(req, call=self.svc.call(owner))
         self.requests[req.op_id] = ("cancel", req, owner, r.id)
 
     @rule(slices=st.integers(1, 40))
@@ -153,7 +148,7 @@ class BookingMachine(RuleBasedStateMachine):
         kind, req, actor, rid = self.requests[op]
         before = self._state()
         call = {"book": self.svc.book, "edit": self.svc.edit, "cancel": self.svc.cancel}[kind]
-        result = call(req, actor=actor)
+        result = call(req, call=self.svc.call(actor))
         assert result.status == "exists" and result.reservation.id == rid
         after = self._state()
         assert after.reservations == before.reservations and after.seq == before.seq

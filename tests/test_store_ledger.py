@@ -219,8 +219,7 @@ def test_old_op_keys_are_forgotten(store, clock):
 
 
 def test_unknown_fields_survive_a_transaction(store):
-    r = booking(T, T + 600)
-    r.extra = {"future": {"x": 1}}
+    r = booking(T, T + 600).replace(extra={"future": {"x": 1}})
     commit(store, add(r))
     doc = json.loads(ledger_bytes(store))
     doc["from_the_future"] = [1, 2]

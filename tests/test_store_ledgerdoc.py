@@ -14,6 +14,7 @@ from bk.core import utctime as U
 from bk.core.models import (
     Blackout,
     Edit,
+    Job,
     LedgerState,
     Notice,
     OpRecord,
@@ -76,14 +77,14 @@ def random_reservation(rng: random.Random, i: int) -> Reservation:
             share=rng.randint(1, 2), mem_mib=rng.choice((None, 4096)),
             op_id=rng.choice((None, f"op{i}")), note=rng.choice((None, "n\u00e9 \"x\"\n")))
     if rng.random() < 0.3:
-        r.cancelled_at, r.cancelled_by, r.cancel_reason = start - 60, 0, "maintenance"
+        r = r.replace(cancelled_at=start - 60, cancelled_by=0, cancel_reason="maintenance")
     if rng.random() < 0.3:
-        r.edits = [Edit(start - 30, 1000, "ada", {"end": U.format_utc(r.end - 300)},
-                        {"end": U.format_utc(r.end)})]
+        r = r.replace(edits=[Edit(start - 30, 1000, "ada", {"end": U.format_utc(r.end - 300)},
+                                  {"end": U.format_utc(r.end)})])
     if rng.random() < 0.3:
-        r.job = {"status": "pending", "summary": "train.py"}
+        r = r.replace(job=Job("pending", "train.py"))
     if rng.random() < 0.3:
-        r.extra = {"zz_future": [1, {"a": None}], "aa_other": "x"}
+        r = r.replace(extra={"zz_future": [1, {"a": None}], "aa_other": "x"})
     return r
 
 
@@ -110,8 +111,9 @@ def full_state() -> LedgerState:
                      notices=[Notice("n1", T, "hello", extra={"future": True})],
                      ops=[OpRecord("op1", 1000, "create", "abc", "id-1", T)],
                      extra={"future_top": {"x": [1, 2]}})
-    for r in st.reservations:     # keep the random state valid: no overlaps at all
-        r.gpus, r.start, r.end = (int(r.id[3:]),), T + int(r.id[3:]) * 10**5, T + int(r.id[3:]) * 10**5 + 600
+    # keep the random state valid: no overlaps at all
+    st.reservations = [r.replace(gpus=(int(r.id[3:]),), start=T + int(r.id[3:]) * 10**5,
+                                 end=T + int(r.id[3:]) * 10**5 + 600) for r in st.reservations]
     return st
 
 
@@ -128,7 +130,8 @@ def test_document_round_trip_keeps_unknown_fields():
 def test_dumps_is_canonical():
     a, b = full_state(), full_state()
     a.extra, b.extra = {"x": 1, "y": {"b": 1, "a": 2}}, {"y": {"a": 2, "b": 1}, "x": 1}
-    a.reservations[0].extra, b.reservations[0].extra = {"p": 1, "q": 2}, {"q": 2, "p": 1}
+    a.reservations[0] = a.reservations[0].replace(extra={"p": 1, "q": 2})
+    b.reservations[0] = b.reservations[0].replace(extra={"q": 2, "p": 1})
     enc = [L.dumps(L.encode(s, commit="c", written_at=T, journal=[])) for s in (a, b)]
     assert enc[0] == enc[1] and enc[0].endswith(b"\n") and enc[0].isascii()
 
@@ -195,7 +198,7 @@ def test_check_state_accepts_touching_and_cancelled():
 
 def test_check_state_types_of_apply_output():
     bad = res()
-    bad.uid, bad.start = True, "x"
+    bad = bad.replace(uid=True, start="x")
     problems = L.check_state(state(bad))
     assert any("uid True" in p for p in problems) and any("integer times" in p for p in problems)
 

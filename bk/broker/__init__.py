@@ -1,10 +1,9 @@
 """The shared-server broker: the one process that writes the shared ledger.
 
-  protocol.py  the wire format: length-prefixed JSON frames and their limits
   handlers.py  the operation allowlist; each request becomes one service call
                with the caller's identity from SO_PEERCRED
   server.py    the Unix socket, start-up checks, stale sockets, SIGTERM
-  client.py    what bk clients use to reach it (RemoteService)
 
+The wire format and the client are in bk/ipc (shared with the service layer).
 docs/SECURITY.md describes the threat model these modules implement.
 """

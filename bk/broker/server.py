@@ -58,11 +58,11 @@ import threading
 import time
 from collections.abc import Callable
 
-from bk.broker import protocol
-from bk.broker.handlers import Dispatcher, Peer
+from bk.broker.handlers import GPU_SNAPSHOT_SECONDS, Dispatcher, Latest, Peer
 from bk.core.envelope import failure
 from bk.core.errors import Busy, ConfigError, InvalidInput, WrongAccount
 from bk.core.record import dataclass
+from bk.ipc import protocol
 from bk.store.fsutil import unsafe_ancestor
 
 _PEERCRED = struct.Struct("3i")      # struct ucred { pid_t pid; uid_t uid; gid_t gid; }
@@ -499,14 +499,43 @@ class CheckResult:
     ledger: str              # what the store's check said
 
 
-def open_service(env: dict, plan: Plan, settings):
-    from bk.gpu import open_backend
+def open_service(env: dict, plan: Plan, settings, telemetry=None):
+    """The broker's one service: operations run here, on the shared ledger.
+    ``telemetry`` is shared across configuration reloads, so a reload does
+    not open the GPU backend again."""
+    from bk import clock
     from bk.service.app import Service, user_name
-    from bk.service.requests import Actor
+    from bk.service.context import Actor
 
-    backend = open_backend(env, settings["gpu_count"])
+    if telemetry is None:
+        telemetry = open_telemetry(env, settings)
     actor = Actor(plan.service_uid, user_name(plan.service_uid))
-    return Service(settings, backend, actor=actor, owner_uid=plan.service_uid)
+    return Service.local(settings, telemetry, actor=actor, owner_uid=plan.service_uid, clock_fn=clock.now)
+
+
+def open_telemetry(env: dict, settings):
+    from bk import clock
+    from bk.service.telemetry import Telemetry
+
+    def backend():
+        from bk.gpu import open_backend
+
+        return open_backend(env, settings["gpu_count"])
+    # No inventory cache: the broker lives for months and asks the backend itself.
+    return Telemetry(backend, clock=clock.now)
+
+
+def refresher(latest, stop: threading.Event, log: Callable[[str], None], every: float) -> threading.Thread:
+    """Take a new GPU snapshot every ``every`` seconds, off the request path."""
+    def loop():
+        while not stop.wait(every):
+            try:
+                latest.refresh()
+            except Exception as e:  # a driver hiccup must not end the broker
+                log(f"GPU snapshot failed: {type(e).__name__}: {e}")
+    th = threading.Thread(target=loop, name="gpu-snapshots", daemon=True)
+    th.start()
+    return th
 
 
 def _load(env: dict):
@@ -533,7 +562,7 @@ def _check_store(service) -> str:
     refuse a configuration that disagrees with the policy the ledger bound
     at its first write: every write would fail, so the broker should not
     pretend to serve."""
-    from bk.core.policy import policy_diff      # the rule the store applies at every write
+    from bk.core.policy import policy_diff  # the rule the store applies at every write
 
     got = service.store.read()
     if got.source == "empty":
@@ -560,8 +589,9 @@ class ConfigWatch:
 
     SECURITY = ("data_dir", "socket", "service_uid", "service_gid", "monitor_uid", "access", "group")
 
-    def __init__(self, env: dict, plan: Plan, settings, log: Callable[[str], None]):
+    def __init__(self, env: dict, plan: Plan, settings, log: Callable[[str], None], telemetry=None):
         self.env, self.plan, self.settings, self.log = env, plan, settings, log
+        self.telemetry = telemetry
         self.seen = self._stamp()
 
     def _stamp(self):
@@ -585,7 +615,7 @@ class ConfigWatch:
                                       **{k: self.settings[k] for k in changed}},
                                       settings.source, settings.explicit)
         self.settings = settings
-        return open_service(self.env, self.plan, settings)
+        return open_service(self.env, self.plan, settings, self.telemetry)
 
 
 def run(env: dict, *, max_clients: int = DEFAULT_MAX_CLIENTS, idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
@@ -596,9 +626,17 @@ def run(env: dict, *, max_clients: int = DEFAULT_MAX_CLIENTS, idle_timeout: floa
     plan = preflight(settings)
     service = open_service(env, plan, settings)
     log(f"ledger: {_check_store(service)}")
-    dispatcher = Dispatcher(service, log=log, reload=ConfigWatch(env, plan, settings, log))
+    latest = Latest(service.telemetry)
+    latest.refresh()
+    dispatcher = Dispatcher(service, log=log, reload=ConfigWatch(env, plan, settings, log, service.telemetry),
+                            latest=latest)
     broker = Broker(plan, dispatcher, max_clients=max_clients, idle_timeout=idle_timeout,
                     frame_timeout=frame_timeout,
                     drain_timeout=settings["lock_timeout_seconds"] + frame_timeout + 5, log=log)
     broker.start()
-    return broker.serve()
+    stop = threading.Event()
+    refresher(latest, stop, log, GPU_SNAPSHOT_SECONDS)
+    try:
+        return broker.serve()
+    finally:
+        stop.set()

@@ -138,6 +138,7 @@ class Context:
     term: Term = field(default_factory=Term)
     _app: object = None
     stdin_tty: bool = False
+    _call: object = None
 
     @property
     def interactive(self) -> bool:
@@ -163,6 +164,14 @@ class Context:
 
             self._app = open_app(self.env)
         return self._app
+
+    def call(self):
+        """This command's one call context (who, now, zone, policy, GPUs,
+        warnings): every service call and request builder of the command
+        gets the same one."""
+        if self._call is None:
+            self._call = self.app().call()
+        return self._call
 
 
 def build_parser(only: str | None = None) -> Parser:
@@ -318,8 +327,8 @@ def _take_extra_words(args, extra: list[str]) -> None:
 def _warnings_of(ctx) -> list[str]:
     """Warnings the service gathered before a failure (a ledger read from a
     backup, say) still reach the user with the error."""
-    app = getattr(ctx, "_app", None)
-    return list(getattr(app, "warnings", None) or [])
+    call = getattr(ctx, "_call", None)
+    return list(getattr(call, "warnings", None) or [])
 
 
 def _stdin_is_tty() -> bool:

@@ -182,20 +182,21 @@ def run_cancel(args, ctx) -> Output:
     _need_root("cancel")
     if not args.reason.strip():
         raise UsageError("--reason must say something; the owner reads it", hint="--reason 'maintenance'")
-    app = ctx.app()
-    res = app.resolve(args.ref, any_owner=True)
-    now, tz = app.now(), common.local_tz()
-    line = f"{res.user}'s " + common.summary_line(res, capacity=app.policy.max_shared_users, tz=tz, now=now)
+    app, call = ctx.app(), ctx.call()
+    res = app.resolve(args.ref, any_owner=True, call=call)
+    now, tz = call.now, call.tz
+    line = f"{res.user}'s " + common.summary_line(res, capacity=call.policy.max_shared_users, tz=tz, now=now)
     if not args.yes and not args.dry_run:
         if not ctx.interactive:
             raise UsageError(f"confirm cancelling {line} with --yes", hint="add --yes (or -y)")
         if not ctx.confirm(f"Cancel {line}? {res.user} will be told: {args.reason.strip()}"):
-            data = {"status": "kept", "reservation": common.res_json(app, res, now=now), "dry_run": False}
+            data = {"status": "kept", "reservation": common.view(call).reservation(res), "dry_run": False}
             return Output("admin cancel", data, f"kept {line}", exit_code=EXIT_PARTIAL)
     result = app.cancel(CancelRequest(ref=res.id, reason=args.reason.strip(), op_id=args.op_id,
-                                      dry_run=args.dry_run))
-    data = {"status": result.status, "reservation": common.res_json(app, result.reservation, now=now),
-            "reason": args.reason.strip(), "dry_run": result.dry_run}
+                                      dry_run=args.dry_run), call=call)
+    got = result.to_json()
+    data = {"status": got["status"], "reservation": got["reservation"], "reason": args.reason.strip(),
+            "dry_run": got["dry_run"]}
 
     def human(term) -> str:
         verb = "would cancel" if result.dry_run else \
@@ -203,26 +204,26 @@ def run_cancel(args, ctx) -> Output:
         told = "" if result.dry_run or res.uid == 0 else f"; {res.user} will see the reason in bk n"
         return wrap(f"{verb} {line}{told}", term.width, "", "  ")
 
-    return Output("admin cancel", data, human, warnings=list(app.warnings))
+    return Output("admin cancel", data, human)
 
 
 # ------------------------------------------------------------- notice
 
 def run_notice_publish(args, ctx) -> Output:
     from bk.core import timegrid
-    from bk.service.views import notice_json
+    from bk.service.requests import NoticeRequest
 
     _need_root("notice publish")
-    app = ctx.app()
-    now, tz = app.now(), common.local_tz()
+    app, call = ctx.app(), ctx.call()
+    now, tz = call.now, call.tz
     until = None
     if args.until is not None:
         until = timegrid.parse_start(args.until, now, tz, 1).t
         if until <= now:
             raise UsageError(f"--until {args.until} is not in the future", hint="e.g. --until +2h")
-    notice = app.publish_notice(args.text, level=args.level, until=until, dry_run=args.dry_run)
-    data = {"status": "dry_run" if args.dry_run else "published", "notice": notice_json(notice),
-            "dry_run": args.dry_run}
+    result = app.publish_notice(NoticeRequest(args.text, level=args.level, until=until, dry_run=args.dry_run),
+                                call=call)
+    notice = result.notice
     shown_until = f", until {timegrid.format_local(until, tz, now=now, compact=True)}" if until else ""
 
     def human(term) -> str:
@@ -230,20 +231,19 @@ def run_notice_publish(args, ctx) -> Output:
         return wrap(f"{verb} {notice.level} announcement {notice.id[:8]}{shown_until}: {notice.text}",
                     term.width, "", "  ")
 
-    return Output("admin notice publish", data, human, warnings=list(app.warnings))
+    return Output("admin notice publish", result.to_json(), human)
 
 
 def run_notice_archive(args, ctx) -> Output:
-    from bk.service.views import notice_json
+    from bk.service.requests import NoticeArchiveRequest
 
     _need_root("notice archive")
-    app = ctx.app()
-    notice = app.archive_notice(args.ref, dry_run=args.dry_run)
-    data = {"status": "dry_run" if args.dry_run else "archived", "notice": notice_json(notice),
-            "dry_run": args.dry_run}
+    app, call = ctx.app(), ctx.call()
+    result = app.archive_notice(NoticeArchiveRequest(args.ref, dry_run=args.dry_run), call=call)
+    notice = result.notice
     verb = "would archive" if args.dry_run else "archived"
 
     def human(term) -> str:
         return wrap(f"{verb} {notice.level} notice {notice.id[:8]}: {notice.text}", term.width, "", "  ")
 
-    return Output("admin notice archive", data, human, warnings=list(app.warnings))
+    return Output("admin notice archive", result.to_json(), human)

@@ -55,22 +55,19 @@ def run(args, ctx) -> Output:
     if "--" in ctx.argv:
         raise UsageError("attaching a command to a booking (bk N DUR -- CMD) is not available yet",
                          hint="book, then run your command with CUDA_VISIBLE_DEVICES from: bk g")
-    app = ctx.app()
-    req, spec = common.book_request(app, args, mode=args.mode, count=common.parse_count(args.count),
+    app, call = ctx.app(), ctx.call()
+    req, spec = common.book_request(call, args, mode=args.mode, count=common.parse_count(args.count),
                                     words=args.words)
-    result = app.book(req)
-    now = app.now()
+    result = app.book(req, call=call)
+    now, tz = call.now, call.tz
     r = result.reservation
-    data = {"status": result.status, "reservation": common.res_json(app, r, now=now),
-            "placement": result.placement, "dry_run": result.dry_run}
-    tz = common.local_tz()
-    capacity = app.policy.max_shared_users
+    capacity = call.policy.max_shared_users
     suggestion = None
     if not (ctx.json or args.quiet or result.dry_run) and result.status in ("created", "queued"):
         # Learned defaults: the third booking of one shape suggests a preset.
         from bk.service.presets import suggest_preset
 
-        suggestion = suggest_preset(app, r)
+        suggestion = suggest_preset(app, r, call=call)
 
     def human(term) -> str:
         if args.quiet:
@@ -95,7 +92,7 @@ def run(args, ctx) -> Output:
             lines.append(wrap(f"hint: {suggestion['hint']}", term.width, "", "  "))
         return "\n".join(lines)
 
-    return Output(args.command, data, human, warnings=list(result.warnings))
+    return Output(args.command, result.to_json(), human)
 
 
 def _local(t: int, tz, now: int) -> str:

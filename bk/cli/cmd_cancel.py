@@ -32,18 +32,17 @@ def register(sub) -> None:
 
 
 def run(args, ctx) -> Output:
-    app = ctx.app()
-    res = app.resolve(args.ref)
-    now, tz = app.now(), common.local_tz()
-    capacity = app.policy.max_shared_users
+    app, call = ctx.app(), ctx.call()
+    res = app.resolve(args.ref, call=call)
+    now, tz = call.now, call.tz
+    capacity = call.policy.max_shared_users
     line = common.summary_line(res, capacity=capacity, tz=tz, now=now)
     if (res.status(now) == "active" and ctx.interactive and not args.yes and not args.dry_run
             and not ctx.confirm(f"{line} is running; stop it now and free its GPUs?")):
-        data = {"status": "kept", "reservation": common.res_json(app, res, now=now), "dry_run": False}
+        data = {"status": "kept", "reservation": common.view(call).reservation(res), "dry_run": False}
         return Output("cancel", data, f"kept {line}", exit_code=EXIT_PARTIAL)
-    result = app.cancel(CancelRequest(ref=res.id, op_id=args.op_id, dry_run=args.dry_run))
-    data = {"status": result.status, "reservation": common.res_json(app, result.reservation, now=now),
-            "dry_run": result.dry_run}
+    result = app.cancel(CancelRequest(ref=res.id, op_id=args.op_id, dry_run=args.dry_run), call=call)
+    data = result.to_json()
 
     def human(term) -> str:
         if args.quiet:

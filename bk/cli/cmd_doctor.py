@@ -28,7 +28,7 @@ def register(sub) -> None:
 
 
 def run(args, ctx) -> Output:
-    report = doctor(ctx.app(), probe=args.probe)
+    report = doctor(ctx.app(), probe=args.probe, call=ctx.call())
     report["strict"] = args.strict
     report["probe"] = args.probe
 

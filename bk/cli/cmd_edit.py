@@ -13,10 +13,9 @@ import importlib.util
 
 from bk.cli import common
 from bk.cli.render import Output, wrap
-from bk.core import timegrid
-from bk.core.errors import InvalidInput, UsageError
+from bk.core.errors import UsageError
 from bk.core.models import EXCLUSIVE, SHARED
-from bk.service.requests import EditRequest
+from bk.service import builders
 
 CHANGE_FLAGS = ("duration", "at", "start", "gpu", "exclude", "mem", "share", "mode", "note")
 FLAGS_HINT = ("give what to change: -d 2h (new length), -d +30m / -15m / 20:00 (new end), "
@@ -57,36 +56,23 @@ def register(sub) -> None:
 def run(args, ctx) -> Output:
     if not any(getattr(args, f) is not None for f in CHANGE_FLAGS):
         return _guided(args, ctx)
-    app = ctx.app()
-    old = app.resolve(args.ref)
-    now, slot, tz = app.now(), app.policy.slot_minutes, common.local_tz()
-    duration = end = None
-    if args.duration is not None:
-        duration, end = _length_or_end(args.duration, old, now, tz, slot)
-    start, spec = common.resolve_start(args, now, slot)
-    if spec is not None and spec.is_now:
-        start = spec.t      # "-t now" moves an upcoming booking to the current slice
-    mem, clear_mem = None, False
-    if args.mem is not None:
-        if args.mem.strip().lower() in ("auto", "none", "default"):
-            clear_mem = True
-        else:
-            mem = timegrid.parse_memory(args.mem)
-    req = EditRequest(
-        ref=old.id, duration=duration, start=start, end=end, mode=args.mode, share=args.share,
-        mem_mib=mem, clear_mem=clear_mem, pinned=common.parse_gpu_list(args.gpu, "-g"),
-        excluded=common.parse_gpu_list(args.exclude, "-e"), queue=args.queue, note=args.note,
-        op_id=args.op_id, dry_run=args.dry_run)
-    result = app.edit(req)
-    new = result.reservation
-    mem_of = common.gpu_mem(app)
-    data = {"status": result.status, "reservation": common.res_json(app, new, now=now, mem=mem_of),
-            "before": common.res_json(app, old, now=now, mem=mem_of),
-            "placement": result.placement, "dry_run": result.dry_run}
-    capacity = app.policy.max_shared_users
+    app, call = ctx.app(), ctx.call()
+    old = app.resolve(args.ref, call=call)
+    req = builders.edit_request(
+        old, length=args.duration, at=args.at, start_iso=args.start, gpus=args.gpu, exclude=args.exclude,
+        mem=args.mem, share=args.share, mode=args.mode, queue=args.queue, note=args.note,
+        op_id=args.op_id, dry_run=args.dry_run, policy=call.policy, now=call.now, tz=call.tz)
+    result = app.edit(req, call=call)
+    return edit_output(result, call, quiet=args.quiet)
+
+
+def edit_output(result, call, *, quiet: bool = False) -> Output:
+    """What an edit shows, from its typed result (flags and guided alike)."""
+    new, old = result.reservation, result.before
+    now, tz, capacity = call.now, call.tz, call.policy.max_shared_users
 
     def human(term) -> str:
-        if args.quiet:
+        if quiet:
             return new.short_id
         line = common.summary_line(new, capacity=capacity, tz=tz, now=now)
         if result.status == "unchanged":
@@ -99,24 +85,7 @@ def run(args, ctx) -> Output:
                             term.width, "", "  "))
         return "\n".join(out)
 
-    return Output("edit", data, human, warnings=list(result.warnings))
-
-
-def _length_or_end(text: str, old, now: int, tz, slot: int) -> tuple[int | None, int | None]:
-    """``-d`` -> (new total length, or None; new end, or None)."""
-    word = " ".join(text.split()).lower()
-    relative = word.startswith(("+", "-", "total"))
-    if not relative:
-        try:
-            return timegrid.parse_duration(word, slot), None
-        except InvalidInput:
-            pass            # not a length: maybe a clock time for the new end
-    new_end = timegrid.parse_end_change(text, old.start, old.end, now, tz, slot)
-    if relative and old.status(now) == "upcoming":
-        # Relative forms keep their meaning when -t also moves the start:
-        # "+30m" is 30 minutes longer, wherever the booking goes.
-        return new_end - old.start, None
-    return None, new_end
+    return Output("edit", result.to_json(), human)
 
 
 def _guided(args, ctx) -> Output:

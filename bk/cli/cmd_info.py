@@ -42,7 +42,7 @@ def register(sub) -> None:
 
 def run_info(args, ctx) -> Output:
     app = ctx.app()
-    data = info_view(app)
+    data = info_view(app, call=ctx.call())
 
     def human(term) -> str:
         a, pol = data["admin"], data["policy"]
@@ -68,22 +68,21 @@ def run_info(args, ctx) -> Output:
 
 
 def run_login(args, ctx) -> Output:
-    app = ctx.app()
-    data = login_view(app)
-    now, tz = app.now(), common.local_tz()
+    app, call = ctx.app(), ctx.call()
+    lv = login_view(app, call=call)
+    now, tz = call.now, call.tz
 
     def human(term) -> str:
         parts = []
-        if data["notices"]:
-            parts.append("bk notices:\n" + notice_lines(data["notices"], term, tz=tz, now=now))
-        if data["reservations"]:
+        if lv.notices:
+            parts.append("bk notices:\n" + notice_lines(lv.notices, term, tz=tz, now=now))
+        if lv.reservations:
             parts.append("your GPU bookings now and within the hour:\n"
-                         + common.reservations_table(data["reservations"], term, tz=tz, now=now,
-                                                     show_user=False))
+                         + common.reservations_table(lv.reservations, lv.view, term, tz=tz, show_user=False))
         # Silence is the point: a login hook must not nag when all is quiet.
         return "\n\n".join(parts)
 
-    return Output("login", data, human)
+    return Output("login", lv.to_json(), human)
 
 
 def _value(v) -> str:
@@ -94,7 +93,7 @@ def _value(v) -> str:
 
 def run_config(args, ctx) -> Output:
     app = ctx.app()
-    data = config_view(app)
+    data = config_view(app, call=ctx.call())
 
     def human(term) -> str:
         head = [f"mode: {data['mode']}",

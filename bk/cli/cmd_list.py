@@ -24,23 +24,21 @@ def register(sub) -> None:
 
 
 def run(args, ctx) -> Output:
-    app = ctx.app()
+    app, call = ctx.app(), ctx.call()
     scope = "all" if args.all else "history" if args.history else "mine"
-    items = app.list(scope, limit=args.limit)
-    now = app.now()
+    items = app.list(scope, limit=args.limit, call=call)
     if scope == "mine":         # the list *is* the numbering (one ledger read, not two)
         numbers = {r.id: i for i, r in enumerate(items, 1)}
     else:
-        numbers = common.own_numbers(app, now=now) if scope == "all" else {}
-    mem = common.gpu_mem(app)
-    rows = [common.res_json(app, r, now=now, numbers=numbers, mem=mem) for r in items]
-    tz = common.local_tz()
+        numbers = app.numbers(app.ledger(call=call), call=call) if scope == "all" else {}
+    view = common.view(call, numbers)
+    rows = [view.reservation(r) for r in items]
 
     def human(term) -> str:
         if not items:
             return {"mine": "no current or upcoming bookings (book one: bk 1 30m)",
                     "all": "nobody has a current or upcoming booking",
                     "history": "no ended or cancelled bookings in the history"}[scope]
-        return common.reservations_table(rows, term, tz=tz, now=now, show_user=scope == "all")
+        return common.reservations_table(items, view, term, tz=call.tz, show_user=scope == "all")
 
     return Output("list", {"scope": scope, "reservations": rows}, human)

@@ -115,15 +115,15 @@ def events_from_record(r) -> list[dict]:
 # ------------------------------------------------------------ commands
 
 def run_history(args, ctx) -> Output:
-    app = ctx.app()
-    res, entries = app.history(args.ref)
-    now, tz = app.now(), common.local_tz()
+    app, call = ctx.app(), ctx.call()
+    res, entries = app.history(args.ref, call=call)
+    now, tz = call.now, call.tz
     source = "audit" if entries else "record"
     events = entries or events_from_record(res)
-    data = {"reservation": common.res_json(app, res, now=now), "events": events, "source": source}
+    data = {"reservation": common.view(call).reservation(res), "events": events, "source": source}
 
     def human(term) -> str:
-        head = (f"{common.summary_line(res, capacity=app.policy.max_shared_users, tz=tz, now=now)}, "
+        head = (f"{common.summary_line(res, capacity=call.policy.max_shared_users, tz=tz, now=now)}, "
                 f"{res.status(now)}, booked by {res.user}")
         lines = [wrap(head, term.width, "", "  ")]
         for e in events:
@@ -137,14 +137,14 @@ def run_history(args, ctx) -> Output:
 
 
 def run_log(args, ctx) -> Output:
-    app = ctx.app()
-    if args.all and not app.actor.is_admin:
+    app, call = ctx.app(), ctx.call()
+    if args.all and not call.actor.is_admin:
         raise PermissionDenied("only the administrator (root) may read everyone's audit trail",
                                hint="sudo bk lg --all; your own: bk lg")
-    tail = app.audit(limit=args.limit, all_users=args.all)
-    now, tz = app.now(), common.local_tz()
+    tail = app.audit(limit=args.limit, all_users=args.all, call=call)
+    now, tz = call.now, call.tz
     warnings = [f"audit log: {p}" for p in tail.problems]
-    data = {"entries": tail.entries, "complete": getattr(tail, "complete", True)}
+    data = {"entries": list(tail.entries), "complete": tail.complete}
 
     def human(term) -> str:
         if not tail.entries:

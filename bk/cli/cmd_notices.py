@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-from bk.cli import common
 from bk.cli.cmd_status import notice_lines
 from bk.cli.render import Output
 from bk.service.views import notice_json
@@ -22,13 +21,12 @@ def register(sub) -> None:
 
 
 def run(args, ctx) -> Output:
-    app = ctx.app()
-    notices = [notice_json(n) for n in app.notices(include_archived=args.all)]
-    now, tz = app.now(), common.local_tz()
+    app, call = ctx.app(), ctx.call()
+    notices = app.notices(include_archived=args.all, call=call)
 
     def human(term) -> str:
         if not notices:
             return "no notices"
-        return notice_lines(notices, term, tz=tz, now=now, ids=args.all)
+        return notice_lines(notices, term, tz=call.tz, now=call.now, ids=args.all)
 
-    return Output("notices", {"notices": notices}, human)
+    return Output("notices", {"notices": [notice_json(n) for n in notices]}, human)

@@ -3,9 +3,10 @@
 ``bk p save NAME N DUR [MEM] [flags]`` saves, ``bk p NAME`` books it (short
 for ``bk p use NAME``), ``bk p`` lists, ``show`` and ``delete`` do what they
 say.  Presets live in the user's own state directory, through
-``bk.service.presets``; booking one runs the ordinary ``bk N DUR`` handler
-with the preset's words, so it obeys and reports exactly like a typed
-booking.
+``bk.service.presets``; booking one sends the preset's typed request (from
+``bk.service.builders``, as ``bk N DUR`` builds its own) to the ordinary
+``book`` and shows the result as ``bk N DUR`` does, so it obeys and reports
+exactly like a typed booking.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from bk.cli import common
 from bk.cli.render import Output, table
 from bk.core import timegrid
 from bk.core.models import EXCLUSIVE, SHARED
+from bk.service import builders
 
 ACTIONS = ("save", "list", "ls", "show", "delete", "del", "rm", "use")
 
@@ -144,18 +146,16 @@ def run_show(args, ctx) -> Output:
 def run_save(args, ctx) -> Output:
     from bk.service.presets import Preset, check_name, preset_json, save_preset
 
-    app = ctx.app()
+    app, call = ctx.app(), ctx.call()
     check_name(args.name)
     dur_text, mem_text = common.split_words(args.words, args.duration, args.mem)
-    slot = app.policy.slot_minutes
     preset = Preset(
-        name=args.name, count=common.parse_count(args.count),
-        duration=timegrid.parse_duration(dur_text, slot),
+        name=args.name, count=builders.count(args.count),
+        duration=builders.duration(dur_text, call.policy.slot_minutes),
         mode=EXCLUSIVE if args.exclusive else SHARED, share=args.share or 1,
-        mem_mib=timegrid.parse_memory(mem_text) if mem_text is not None else None,
-        pinned=common.parse_gpu_list(args.gpu, "-g"),
-        excluded=common.parse_gpu_list(args.exclude, "-e") or (), note=args.note)
-    status, saved = save_preset(app, preset, dry_run=args.dry_run)
+        mem_mib=builders.memory(mem_text), pinned=builders.gpu_list(args.gpu, "-g"),
+        excluded=builders.gpu_list(args.exclude, "-e") or (), note=args.note)
+    status, saved = save_preset(app, preset, call=call, dry_run=args.dry_run)
     verb = {"created": "saved", "replaced": "replaced", "unchanged": "unchanged:"}[status]
     if args.dry_run:
         verb = f"would be {status}:"
@@ -174,19 +174,15 @@ def run_delete(args, ctx) -> Output:
 
 
 def run_use(args, ctx) -> Output:
-    from bk.cli.guided import run_words
+    from bk.cli.guided import book_and_show, refuse_attached_command
     from bk.service.presets import get_preset
 
-    x = get_preset(ctx.app(), args.name)
-    words = x.words() if x.mode == EXCLUSIVE else ["book", *x.words()]
-    for flag, value in (("-t", args.at), ("--start", args.start), ("--op-id", args.op_id)):
-        if value is not None:
-            words += [flag, value]
-    for flag, on in (("--queue", args.queue), ("--dry-run", args.dry_run), ("-q", args.quiet),
-                     ("-v", args.verbose)):
-        if on:
-            words.append(flag)
-    out = run_words(words, ctx)
-    out.command = "preset"
+    app, call = ctx.app(), ctx.call()
+    x = get_preset(app, args.name)
+    refuse_attached_command(ctx)
+    req, spec = x.request(call=call, at=args.at, start_iso=args.start, queue=args.queue,
+                          op_id=args.op_id, dry_run=args.dry_run)
+    out = book_and_show(app, call, ctx, req, spec, command="preset", quiet=args.quiet,
+                        verbose=args.verbose)
     out.data = {**out.data, "preset": x.name}
     return out

@@ -6,7 +6,6 @@ import argparse
 
 from bk.cli import common
 from bk.cli.render import Output, table, wrap
-from bk.core.models import parse_iso
 from bk.core.timegrid import format_local_short
 from bk.service.status import status_view
 
@@ -27,76 +26,74 @@ def run(args, ctx) -> Output:
 
 
 def status_output(ctx, *, verbose: bool) -> Output:
-    app = ctx.app()
-    view = status_view(app, verbose)
-    now, tz = app.now(), common.local_tz()
-    rows = view["reservations"]
+    app, call = ctx.app(), ctx.call()
+    st = status_view(app, verbose, call=call)
+    now, tz = call.now, call.tz
 
     def human(term) -> str:
-        parts = [gpu_table(view["gpus"], term, tz=tz, now=now)]
+        parts = [gpu_table(st.gpus, term, tz=tz, now=now)]
         if verbose:
-            procs = process_lines(view["gpus"], term)
+            procs = process_lines(st.gpus, term)
             if procs:
                 parts.append("processes:\n" + procs)
         title = "bookings (everyone's):" if verbose else "your bookings:"
-        if rows:
-            parts.append(title + "\n" + common.reservations_table(rows, term, tz=tz, now=now,
+        if st.reservations:
+            parts.append(title + "\n" + common.reservations_table(st.reservations, st.view, term, tz=tz,
                                                                   show_user=verbose))
         else:
             parts.append("no current or upcoming bookings" if verbose else
                          "you have no current or upcoming bookings (book one: bk 1 30m)")
-        if view["notices"]:
-            parts.append("notices:\n" + notice_lines(view["notices"], term, tz=tz, now=now))
+        if st.notices:
+            parts.append("notices:\n" + notice_lines(st.notices, term, tz=tz, now=now))
         return "\n\n".join(parts)
 
-    return Output("status", view, human)
+    return Output("status", st.to_json(), human)
 
 
 def _mem(mib: int | None) -> str:
     return "?" if mib is None else f"{mib / 1024:.1f}"
 
 
-def gpu_table(gpus: list[dict], term, *, tz, now: int) -> str:
+def gpu_table(gpus, term, *, tz, now: int) -> str:
     body = []
     for g in gpus:
-        util = "?" if g["util"] is None else f"{g['util']}%"
-        if g["mem_total_mib"] is None and g["mem_used_mib"] is None:
+        util = "?" if g.util is None else f"{g.util}%"
+        if g.mem_total_mib is None and g.mem_used_mib is None:
             vram = "?"
         else:
-            vram = f"{_mem(g['mem_used_mib'])}/{_mem(g['mem_total_mib'])}G"
-        procs = "?" if g["processes"] is None else str(len(g["processes"]))
-        nf = g["next_free"]
-        if nf is None:
+            vram = f"{_mem(g.mem_used_mib)}/{_mem(g.mem_total_mib)}G"
+        procs = "?" if g.processes is None else str(len(g.processes))
+        if g.next_free is None:
             free = "never"
         else:
-            t = parse_iso(nf)
-            free = "now" if t <= now else format_local_short(t, tz, now)
-        body.append([str(g["index"]), g["name"] or "?", util, vram, procs, g["state"],
-                     f"{g['share_used']}/{g['capacity']}", free])
+            free = "now" if g.next_free <= now else format_local_short(g.next_free, tz, now)
+        body.append([str(g.index), g.name or "?", util, vram, procs, g.state,
+                     f"{g.share_used}/{g.capacity}", free])
     return table(body, ["GPU", "MODEL", "UTIL", "VRAM", "PROCS", "STATE", "SHARE", "NEXT FREE"],
                  term, shrink=1)
 
 
-def process_lines(gpus: list[dict], term) -> str:
+def process_lines(gpus, term) -> str:
     lines = []
     for g in gpus:
-        for p in g["processes"] or ():
-            who = p["user"] or (f"uid {p['uid']}" if p["uid"] is not None else "unknown user")
-            mem = f", {_mem(p['mem_mib'])}G" if p["mem_mib"] is not None else ""
-            lines.append(wrap(f"GPU {g['index']}: pid {p['pid']} {who} {p['label'] or '?'}{mem} "
-                              f"[{p['state']}]", term.width, "  ", "    "))
+        for p in g.processes or ():
+            who = p.user or (f"uid {p.uid}" if p.uid is not None else "unknown user")
+            mem = f", {_mem(p.mem_mib)}G" if p.mem_mib is not None else ""
+            lines.append(wrap(f"GPU {g.index}: pid {p.pid} {who} {p.label or '?'}{mem} "
+                              f"[{p.state}]", term.width, "  ", "    "))
     return "\n".join(lines)
 
 
-def notice_lines(notices: list[dict], term, *, tz, now: int, ids: bool = False) -> str:
-    """One line per notice; with ``ids`` also its short ID and whether it
-    was archived (what an administrator needs to withdraw one)."""
+def notice_lines(notices, term, *, tz, now: int, ids: bool = False) -> str:
+    """One line per notice (typed ``Notice`` records); with ``ids`` also its
+    short ID and whether it was archived (what an administrator needs to
+    withdraw one)."""
     lines = []
     for n in notices:
-        when = format_local_short(parse_iso(n["at"]), tz, now)
-        level = "" if n["level"] == "info" else f"{n['level'].upper()}: "
+        when = format_local_short(n.at, tz, now)
+        level = "" if n.level == "info" else f"{n.level.upper()}: "
         tag = ""
         if ids:
-            tag = f"[{n['short_id']}{', archived' if n['archived'] else ''}] "
-        lines.append(wrap(f"{when}  {tag}{level}{n['text']}", term.width, "  ", "    "))
+            tag = f"[{n.id[:8]}{', archived' if n.archived else ''}] "
+        lines.append(wrap(f"{when}  {tag}{level}{n.text}", term.width, "  ", "    "))
     return "\n".join(lines)

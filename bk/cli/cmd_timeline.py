@@ -75,8 +75,8 @@ def _from_time(text: str, now: int, tz, slot: int) -> int:
 
 
 def run(args, ctx) -> Output:
-    app = ctx.app()
-    now, slot, tz = app.now(), app.policy.slot_minutes, common.local_tz()
+    app, call = ctx.app(), ctx.call()
+    now, slot, tz, policy = call.now, call.policy.slot_minutes, call.tz, call.policy
     if args.window_word and args.window:
         raise UsageError("give the window once (WINDOW or --window)", hint="e.g. bk tl 12h")
     wtext = args.window or args.window_word
@@ -85,11 +85,11 @@ def run(args, ctx) -> Output:
     frm = _from_time(args.frm, now, tz, slot) if args.frm else None
     gpus = common.parse_gpu_list(args.gpu, "-g")
     if gpus is not None:
-        bad = [g for g in gpus if g >= app.policy.gpu_count]
+        bad = [g for g in gpus if g >= policy.gpu_count]
         if bad:
-            raise InvalidInput(f"no GPU {', '.join(map(str, bad))} here (GPUs 0 to {app.policy.gpu_count - 1})",
+            raise InvalidInput(f"no GPU {', '.join(map(str, bad))} here (GPUs 0 to {policy.gpu_count - 1})",
                                hint="see the GPUs with: bk st")
-    shown = list(gpus) if gpus is not None else list(range(app.policy.gpu_count))
+    shown = list(gpus) if gpus is not None else list(range(policy.gpu_count))
     label_w = len(f"GPU {max(shown)}") if shown else 5
     columns = max(10, ctx.term.width - label_w - 1)
     frm, to, step = plan(columns, now, slot, frm=frm, window=window, step=step)
@@ -97,12 +97,12 @@ def run(args, ctx) -> Output:
     if ncols > MAX_COLUMNS or (ncols > columns and not ctx.json):
         raise InvalidInput(f"{ncols} columns do not fit a {ctx.term.width}-column terminal",
                            hint="use a larger --step, a shorter --window, or --step auto")
-    data = timeline_view(app, frm=frm, to=to, step=step, gpus=shown)
+    tv = timeline_view(app, frm=frm, to=to, step=step, gpus=shown, call=call)
 
     def human(term) -> str:
-        return render(data, term, tz=tz, now=now, label_w=label_w)
+        return render(tv, term, tz=tz, now=now, label_w=label_w)
 
-    return Output("timeline", data, human)
+    return Output("timeline", tv.to_json(), human)
 
 
 def _labels(frm: int, n: int, step: int, tz) -> str:
@@ -124,12 +124,13 @@ def _labels(frm: int, n: int, step: int, tz) -> str:
     return "".join(line).rstrip()
 
 
-def render(data: dict, term, *, tz, now: int, label_w: int) -> str:
-    frm, to, step = parse_iso(data["from"]), parse_iso(data["to"]), data["step"]
+def render(tv, term, *, tz, now: int, label_w: int) -> str:
+    grid = tv.grid
+    frm, to, step = grid.frm, grid.to, grid.step
     n = (to - frm) // step
-    cap = data["capacity"]
-    mine = [r for r in data["reservations"] if r["mine"]]
-    letter = {r["short_id"]: (ascii_lowercase[i] if i < 26 else "*") for i, r in enumerate(mine)}
+    cap = grid.capacity
+    mine = [r for r in tv.reservations if r.uid == tv.view.actor_uid]
+    letter = {r.short_id: (ascii_lowercase[i] if i < 26 else "*") for i, r in enumerate(mine)}
     pad = " " * (label_w + 1)
     out = [fit(f"{timegrid.format_span(frm, to, tz, now)}, one column = {timegrid.format_duration(step)}",
                term.width),
@@ -137,30 +138,30 @@ def render(data: dict, term, *, tz, now: int, label_w: int) -> str:
     if frm <= now < to:
         col = (now - frm) // step
         out.append(fit(pad + " " * col + "▼ now", term.width))
-    for g in data["gpus"]:
+    for lane in grid.lanes:
         cells = []
-        for c in g["cells"]:
+        for c in lane.cells:
             style: tuple[str, ...] = ()
-            if g["disabled"]:
+            if lane.disabled:
                 ch = "x"
-            elif c["blackout"]:
+            elif c.blackout:
                 ch, style = "#", ("yellow",)
-            elif c["mine"]:
-                ch = letter.get(c["mine"][0], "*")
-                ch, style = (ch.upper() if c["used"] >= cap else ch), ("green", "bold")
-            elif c["used"] == 0:
+            elif c.mine:
+                ch = letter.get(c.mine[0], "*")
+                ch, style = (ch.upper() if c.used >= cap else ch), ("green", "bold")
+            elif c.used == 0:
                 ch, style = "·", ("dim",)
-            elif c["used"] >= cap:
+            elif c.used >= cap:
                 ch, style = "█", ("red",)
             else:
-                ch, style = (str(c["used"]) if c["used"] < 10 else "+"), ("cyan",)
+                ch, style = (str(c.used) if c.used < 10 else "+"), ("cyan",)
             cells.append(term.style(ch, *style))
-        out.append(f"GPU {g['index']}".ljust(label_w) + " " + "".join(cells))
+        out.append(f"GPU {lane.index}".ljust(label_w) + " " + "".join(cells))
     out.append("")
     for r in mine:
-        span = timegrid.format_span(parse_iso(r["start"]), parse_iso(r["end"]), tz, now)
-        out.append(fit(f"{letter[r['short_id']]}  yours: {r['short_id']} {span} "
-                       f"GPU {common.gpus_text(r['gpus'])} {r['mode']}", term.width))
+        span = timegrid.format_span(r.start, r.end, tz, now)
+        out.append(fit(f"{letter[r.short_id]}  yours: {r.short_id} {span} "
+                       f"GPU {common.gpus_text(r.gpus)} {r.mode}", term.width))
     digits = "1" if cap <= 2 else f"1-{min(cap - 1, 9)}"
     out.append(wrap(f"{digits}: share slots held by others (of {cap}) · █ full or exclusive · "
                     "# blackout · x disabled · · free"

@@ -72,8 +72,7 @@ def steps(pol: dict) -> list[dict]:
 
 
 def run(args, ctx) -> Output:
-    app = ctx.app()
-    pol = policy_summary(app.policy)
+    pol = policy_summary(ctx.call().policy)
     data = {"policy": pol, "steps": steps(pol)}
 
     def human(term) -> str:

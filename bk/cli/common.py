@@ -12,17 +12,10 @@ from __future__ import annotations
 
 from bk.core import timegrid
 from bk.core.errors import InvalidInput, UsageError
-from bk.core.models import EXCLUSIVE, Reservation, parse_iso
-from bk.service.requests import BookRequest
-from bk.service.views import reservation_json
+from bk.core.models import EXCLUSIVE, Reservation
+from bk.service import builders
 
 DEFAULT_DURATION = "1h"
-
-
-def local_tz():
-    from bk.clock import local_tz as _tz
-
-    return _tz()
 
 
 # ------------------------------------------------------------------ flags
@@ -64,31 +57,11 @@ def positive_int(text: str) -> int:
 # ------------------------------------------------------------------ words
 
 def parse_gpu_list(text: str | None, flag: str) -> tuple[int, ...] | None:
-    """``0,1``, ``0-3``, ``2`` -> GPU indices (sorted, unique)."""
-    if text is None:
-        return None
-    out: set[int] = set()
-    for part in text.replace(" ", "").split(","):
-        if not part:
-            continue
-        lo, sep, hi = part.partition("-")
-        if not lo.isdigit() or (sep and not hi.isdigit()):
-            raise InvalidInput(f"{flag} wants GPU indices like 0,1 or 0-3, got {text!r}",
-                               hint="list the GPUs with: bk st")
-        a, b = int(lo), int(hi) if sep else int(lo)
-        if b < a:
-            raise InvalidInput(f"{flag}: the range {part} runs backwards", hint=f"write {b}-{a}")
-        out.update(range(a, b + 1))
-    if not out:
-        raise InvalidInput(f"{flag} names no GPU", hint="e.g. -g 0,1")
-    return tuple(sorted(out))
+    return builders.gpu_list(text, flag)
 
 
 def parse_count(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise InvalidInput(f"the GPU count must be a whole number of at least 1, got {text!r}",
-                           hint="e.g. bk 2 1h books two GPUs for an hour")
-    return int(text)
+    return builders.count(text)
 
 
 def split_words(words: list[str], duration_flag: str | None, mem_flag: str | None) -> tuple[str, str | None]:
@@ -108,66 +81,34 @@ def split_words(words: list[str], duration_flag: str | None, mem_flag: str | Non
     return dur, mem if mem is not None else mem_flag
 
 
-def resolve_start(args, now: int, slot_minutes: int):
-    """-t TIME or --start ISO -> (epoch seconds or None for now, StartSpec or None)."""
-    at, exact = getattr(args, "at", None), getattr(args, "start", None)
-    if at is not None and exact is not None:
-        raise UsageError("give either -t/--at or --start, not both",
-                         hint="-t takes human forms (20:00, +30m); --start the ISO form")
-    if exact is not None:
-        return timegrid.parse_iso_start(exact, now, slot_minutes), None
-    if at is not None:
-        # Any explicit -t is exact, "-t now" included (SPEC 3): only a bare
-        # booking, with no -t at all, may be queued to a later start.
-        spec = timegrid.parse_start(at, now, local_tz(), slot_minutes)
-        return spec.t, spec
-    return None, None
-
-
-def book_request(app, args, *, mode: str, count: int, words: list[str],
+def book_request(call, args, *, mode: str, count: int, words: list[str],
                  default_duration: str | None = None, write: bool = True):
     """The typed request for ``bk N DUR [MEM]`` and its read-only cousins
-    (``bk slots``, ``bk g``).  Returns (BookRequest, StartSpec or None)."""
-    slot = app.policy.slot_minutes
-    now = app.now()
+    (``bk slots``, ``bk g``) from argparse's namespace: the words go to
+    ``bk.service.builders``.  Returns (BookRequest, StartSpec or None)."""
     dflag = getattr(args, "duration", None)
     if not words and dflag is None and default_duration is not None:
         dflag = default_duration
     dur_text, mem_text = split_words(words, dflag, getattr(args, "mem", None))
-    duration = timegrid.parse_duration(dur_text, slot)
-    mem = timegrid.parse_memory(mem_text) if mem_text is not None else None
-    share = getattr(args, "share", None)
-    if mode == EXCLUSIVE and share is not None:
-        raise UsageError("--share applies to shared bookings; an exclusive booking takes the whole GPU",
-                         hint="drop -s, or book shared: bk N DUR -s 2")
-    start, spec = resolve_start(args, now, slot)
-    req = BookRequest(
-        count=count, duration=duration, mode=mode, share=share or 1, mem_mib=mem, start=start,
-        queue=bool(getattr(args, "queue", False)),
-        pinned=parse_gpu_list(getattr(args, "gpu", None), "-g"),
-        excluded=parse_gpu_list(getattr(args, "exclude", None), "-e") or (),
+    return builders.book_request(
+        count_=count, duration_=dur_text, mem=mem_text, mode=mode, share=getattr(args, "share", None),
+        at=getattr(args, "at", None), start_iso=getattr(args, "start", None),
+        queue=bool(getattr(args, "queue", False)), gpus=getattr(args, "gpu", None),
+        exclude=getattr(args, "exclude", None),
         note=getattr(args, "note", None) if write else None,
         op_id=getattr(args, "op_id", None) if write else None,
-        dry_run=bool(getattr(args, "dry_run", False)) if write else False)
-    return req, spec
+        dry_run=bool(getattr(args, "dry_run", False)) if write else False,
+        policy=call.policy, now=call.now, tz=call.tz)
 
 
 # ------------------------------------------------------------ reservations
 
-def gpu_mem(app) -> dict[int, int | None]:
-    return {g.index: g.mem_total_mib for g in app.gpus()}
+def view(call, numbers: dict[str, int] | None = None):
+    """How this call renders reservations: its instant, identity, policy,
+    memory totals (the inventory: no live look) and list numbers."""
+    from bk.service.results import View
 
-
-def own_numbers(app, state=None, now: int | None = None) -> dict[str, int]:
-    """List numbers of the user's current bookings: the same in every command."""
-    return {r.id: i for i, r in enumerate(app.own_current(state, now=now), 1)}
-
-
-def res_json(app, r: Reservation, *, now: int, numbers: dict[str, int] | None = None,
-             mem: dict | None = None) -> dict:
-    return reservation_json(r, now=now, actor_uid=app.actor.uid, policy=app.policy,
-                            gpu_mem=gpu_mem(app) if mem is None else mem,
-                            number=(numbers or {}).get(r.id))
+    return View.of(call, numbers)
 
 
 def gpus_text(gpus) -> str:
@@ -218,22 +159,21 @@ def _status_words(status: str, start: int, end: int, now: int) -> str:
     return status
 
 
-def reservations_table(rows: list[dict], term, *, tz, now: int, show_user: bool) -> str:
+def reservations_table(items, view, term, *, tz, show_user: bool) -> str:
     """The aligned list every command prints (``bk l``, ``bk st``, ``bk login``),
-    drawn from the JSON rows so humans and programs see the same facts."""
+    drawn from the typed reservations with the call's ``View`` (list
+    numbers, capacity), the same facts the JSON rows carry."""
     from bk.cli.render import table
 
+    now, capacity = view.now, view.policy.max_shared_users
     headers = ["#", "ID", *(["USER"] if show_user else []), "GPUS", "MODE", "MEM", "WHEN", "STATUS", "NOTE"]
     body = []
-    for j in rows:
-        start, end = parse_iso(j["start"]), parse_iso(j["end"])
-        mode = "exclusive" if j["mode"] == EXCLUSIVE else \
-            "shared" if j["share"] == 1 else f"shared {j['share']}/{j['capacity']}"
-        mem = timegrid.format_memory(j["mem_mib"]) if j["mem_mib"] else "-"
-        body.append([str(j.get("number") or ""), j["short_id"], *([j["user"]] if show_user else []),
-                     gpus_text(j["gpus"]), mode, mem, timegrid.format_span(start, end, tz, now),
-                     _status_words(j["status"], start, end, now), j.get("note") or ""])
-    if not any(j.get("note") for j in rows):
+    for r in items:
+        mem = timegrid.format_memory(r.mem_mib) if r.mem_mib else "-"
+        body.append([str(view.numbers.get(r.id) or ""), r.short_id, *([r.user] if show_user else []),
+                     gpus_text(r.gpus), mode_text(r, capacity), mem, timegrid.format_span(r.start, r.end, tz, now),
+                     _status_words(r.status(now), r.start, r.end, now), r.note or ""])
+    if not any(r.note for r in items):
         headers.pop()
         body = [b[:-1] for b in body]
     # When the terminal is narrow, cut the note first, then the status words,

@@ -11,10 +11,13 @@ so far (the preview before the confirmation); if computing it fails, the
 error is shown and the user is taken one question back to change the answer
 that caused it.
 
-A flow never books by itself.  It turns the answers into the words of the
-ordinary command (``bk 2 1h 12g --start ...``, ``bk e ID -d 2h``) and runs
-that command's handler, so the result looks exactly like the command's own
-and the user is shown the line to type next time.
+A flow never books by itself.  Its answers are typed values (seconds, MiB,
+a resolved start, GPU tuples); it hands them to the request builders
+(``bk.service.builders``) that ``bk N DUR`` and ``bk e ID`` use for their
+words, makes the same service call, and shows the result with the same
+renderer (``book_output`` here, ``cmd_edit.edit_output``), so the result
+looks exactly like the command's own.  Only the line to type next time is
+written out as words, for the person to read.
 
 The engine reads through ``ask(prompt) -> str`` and writes through
 ``say(text)``: at a terminal these are ``input()`` (with readline editing
@@ -29,10 +32,11 @@ from collections.abc import Callable
 from typing import Any
 
 from bk.cli import common
-from bk.cli.render import Output
+from bk.cli.render import Output, wrap
 from bk.core import timegrid
-from bk.core.errors import BkError, InvalidInput
-from bk.core.models import EXCLUSIVE, SHARED, iso
+from bk.core.errors import BkError, InvalidInput, UsageError
+from bk.core.models import EXCLUSIVE, SHARED
+from bk.service import builders
 
 BACK_WORDS = ("back", "b")
 CANCEL_WORDS = ("cancel", "c", "quit", "q")
@@ -40,6 +44,9 @@ HELP_WORDS = ("?", "help")
 YES = ("y", "yes")
 NO = ("n", "no")
 CANCELLED_TEXT = "cancelled, nothing booked"
+# The guided edit's answer "forget the memory figure"; builders.edit_request
+# reads it (one of its CLEAR_MEM_WORDS) as ``-m none`` on the command line.
+CLEAR_MEM = "none"
 
 
 class Cancelled(Exception):
@@ -180,13 +187,61 @@ def require_terminal(ctx, args, what: str, hint: str) -> None:
         raise InvalidInput(f"{what} asks questions and needs a terminal ({why})", hint=hint)
 
 
-def run_words(words: list[str], ctx) -> Output:
-    """Run one ordinary command (``["x", "2", "1h"]``) with this context and
-    return its Output: the guided flows end on the very road the flags take."""
-    from bk.cli.app import parse_argv
+# ------------------------------------------------------------ a booking
 
-    args = parse_argv(words)
-    return args.handler(args, ctx)
+def refuse_attached_command(ctx) -> None:
+    """``bk N DUR -- CMD`` (and ``bk p NAME --``) is not available yet."""
+    if "--" in ctx.argv:
+        raise UsageError("attaching a command to a booking (bk N DUR -- CMD) is not available yet",
+                         hint="book, then run your command with CUDA_VISIBLE_DEVICES from: bk g")
+
+
+def book_and_show(app, call, ctx, req, spec=None, *, command: str, quiet: bool = False,
+                  verbose: bool = False) -> Output:
+    """Book ``req`` and show the result as ``bk N DUR`` does, with its
+    "save it as a preset" hint.  ``spec``: the StartSpec of a ``-t`` word."""
+    result = app.book(req, call=call)
+    suggestion = None
+    if not (ctx.json or quiet or result.dry_run) and result.status in ("created", "queued"):
+        # Learned defaults: the third booking of one shape suggests a preset.
+        from bk.service.presets import suggest_preset
+
+        suggestion = suggest_preset(app, result.reservation, call=call)
+    return book_output(result, call, req=req, spec=spec, command=command, quiet=quiet, verbose=verbose,
+                       suggestion=suggestion)
+
+
+def book_output(result, call, *, req, spec=None, command: str = "book", quiet: bool = False,
+                verbose: bool = False, suggestion: dict | None = None) -> Output:
+    """What a booking shows, from its typed result: the same lines as
+    ``bk N DUR`` (``cmd_book.run``), the JSON from ``result.to_json()``."""
+    r = result.reservation
+    now, tz, capacity = call.now, call.tz, call.policy.max_shared_users
+
+    def human(term) -> str:
+        if quiet:
+            return r.short_id
+        verb = {"exists": "already booked (same --op-id)"}.get(result.status, "booked")
+        if result.dry_run:
+            verb = "would book"
+        # A dry run's ID names nothing that exists, so it is not shown.
+        head = f"{verb} " + common.summary_line(r, capacity=capacity, tz=tz, now=now,
+                                                show_id=not result.dry_run)
+        if spec is not None and spec.rolled_to_tomorrow:
+            head += " (tomorrow)"
+        lines = [wrap(head, term.width, "", "  ")]
+        if result.status == "queued":
+            asked = "now" if req.start is None else timegrid.format_local_short(req.start, tz, now)
+            lines.append(wrap(f"queued: starts at {timegrid.format_local_short(r.start, tz, now)}, the "
+                              f"earliest start that fits (asked for {asked})", term.width, "", "  "))
+        if verbose and result.placement:
+            for g, why in result.placement.get("gpus", {}).items():
+                lines.append(wrap(f"GPU {g}: {why}", term.width, "  ", "      "))
+        if suggestion:
+            lines.append(wrap(f"hint: {suggestion['hint']}", term.width, "", "  "))
+        return "\n".join(lines)
+
+    return Output(command, result.to_json(), human)
 
 
 def _with_footer(out: Output, footer: str) -> Output:
@@ -231,7 +286,7 @@ def _count_parser(policy) -> Callable[[str], int]:
     usable = [g for g in range(policy.gpu_count) if g not in policy.disabled_gpus]
 
     def parse(word: str) -> int:
-        n = common.parse_count(word)
+        n = builders.count(word)
         if n > len(usable):
             raise InvalidInput(f"this server has {len(usable)} GPU{'s' if len(usable) != 1 else ''} "
                                f"you can book; {n} is too many")
@@ -275,31 +330,33 @@ def register(sub) -> None:
 def run_add(args, ctx, dialog: Dialog | None = None) -> Output:
     require_terminal(ctx, args, "bk a", "book with flags instead: bk N DUR [MEM] [-t TIME], "
                                         "e.g. bk 2 1h 12g or bk x 1 2h -t 20:00")
-    app = ctx.app()
+    app, call = ctx.app(), ctx.call()
     from bk.service.presets import learned_defaults
 
     dialog = dialog or Dialog.terminal()
-    defaults = learned_defaults(app)
+    defaults = learned_defaults(app, call=call)
     n = defaults["learned"]
     where = ("bk's defaults" if not n else "from your last booking" if n == 1
              else f"from your last {n} bookings")
     dialog.say(f"Book GPUs step by step. Enter takes the [default] ({where}); "
                "back, cancel and ? work at every question.")
     try:
-        answers = dialog.run(add_questions(app, defaults))
+        answers = dialog.run(add_questions(app, call, defaults))
     except (Cancelled, KeyboardInterrupt) as e:
         return _cancelled("add", 130 if isinstance(e, KeyboardInterrupt) else 0)
     import shlex
 
-    words, typed = add_words(answers)
-    out = run_words(words, ctx)
-    return _with_footer(out, "next time: " + shlex.join(["bk", *typed]))
+    # The exact instant the preview used ("20:00" read again later could roll
+    # to tomorrow); a queued preview books the earliest fit after it.
+    spec = answers["start"][1]
+    req = add_request(answers, call, queue=not spec.is_now and answers.get("_queued_start") is not None)
+    out = book_and_show(app, call, ctx, req, command="exclusive" if answers["mode"] == EXCLUSIVE else "book")
+    return _with_footer(out, "next time: " + shlex.join(["bk", *add_typed(answers)]))
 
 
-def add_questions(app, defaults: dict) -> list[Question]:
-    policy = app.policy
+def add_questions(app, call, defaults: dict) -> list[Question]:
+    policy, tz, now = call.policy, call.tz, call.now
     slot = policy.slot_minutes
-    tz = common.local_tz()
     required = policy.require_shared_memory
 
     def shared(a: dict) -> bool:
@@ -309,12 +366,11 @@ def add_questions(app, defaults: dict) -> list[Question]:
         return timegrid.parse_duration(word, slot)
 
     def parse_start(word: str):
-        return word, timegrid.parse_start(word, app.now(), tz, slot)
+        return word, timegrid.parse_start(word, now, tz, slot)
 
     def preview(a: dict) -> str:
-        req = _request(a)
-        option = app.recommend(req, alternatives=1)[0]
-        now = app.now()
+        req = add_request(a, call)
+        option = app.recommend(req, alternatives=1, call=call).options[0]
         n = len(option.gpus)
         mem = f", {timegrid.format_memory(a['mem'])} per GPU" if a.get("mem") else ""
         lines = [f"Preview: {n} GPU{'s' if n != 1 else ''} ({common.gpus_text(option.gpus)}) "
@@ -348,31 +404,27 @@ def add_questions(app, defaults: dict) -> list[Question]:
     ]
 
 
-def _request(a: dict):
-    from bk.service.requests import BookRequest
-
+def add_request(a: dict, call, *, queue: bool = False):
+    """The answers as the typed request ``bk N DUR [MEM] --start ISO`` makes;
+    a start of "now" is left out, as a bare booking (which may be queued)."""
     spec = a["start"][1]
-    return BookRequest(count=a["count"], duration=a["duration"], mode=a["mode"],
-                       mem_mib=a.get("mem") if a["mode"] == SHARED else None,
-                       start=None if spec.is_now else spec.t)
+    req, _ = builders.book_request(
+        count_=a["count"], duration_=a["duration"], mode=a["mode"],
+        mem=a.get("mem") if a["mode"] == SHARED else None, start_at=None if spec.is_now else spec.t,
+        queue=queue, policy=call.policy, now=call.now, tz=call.tz)
+    return req
 
 
-def add_words(a: dict) -> tuple[list[str], list[str]]:
-    """(the words run now, the words a person would type next time)."""
-    head = ["x"] if a["mode"] == EXCLUSIVE else []
-    typed = [*head, str(a["count"]), timegrid.format_duration(a["duration"])]
+def add_typed(a: dict) -> list[str]:
+    """The words a person would type next time for the same booking."""
+    typed = ["x"] if a["mode"] == EXCLUSIVE else []
+    typed += [str(a["count"]), timegrid.format_duration(a["duration"])]
     if a["mode"] == SHARED and a.get("mem"):
         typed.append(timegrid.format_memory(a["mem"]))
-    run = list(typed) if head else ["book", *typed]
     word, spec = a["start"]
     if not spec.is_now:
-        # The exact instant the preview used: "20:00" typed again later could
-        # roll to tomorrow.  A queued preview books the earliest fit after it.
-        run += ["--start", iso(spec.t)]
-        if a.get("_queued_start") is not None:
-            run.append("--queue")
         typed += ["-t", word]
-    return run, typed
+    return typed
 
 
 # ------------------------------------------------------------ bk e (edit)
@@ -402,50 +454,49 @@ def edit_flow(args, ctx, dialog: Dialog | None = None) -> Output:
     """``bk e ID`` with no change flags: ask what to change, preview, confirm, edit."""
     require_terminal(ctx, args, "bk e ID without flags",
                      "give the change as flags, e.g. bk e 1 -d 2h, bk e 1 -t 20:00, bk e 1 -g 0,1")
-    app = ctx.app()
-    res = app.resolve(args.ref)
-    now = app.now()
+    from bk.cli.cmd_edit import edit_output
+
+    app, call = ctx.app(), ctx.call()
+    res = app.resolve(args.ref, call=call)
+    now, tz = call.now, call.tz
     status = res.status(now)
     if status in ("ended", "cancelled"):
         raise InvalidInput(f"reservation {res.short_id} has {status}; it can no longer be edited",
                            hint="book again with: bk N DUR")
-    tz = common.local_tz()
-    cap = app.policy.max_shared_users
+    cap = call.policy.max_shared_users
     dialog = dialog or Dialog.terminal()
     dialog.say(f"Editing {common.summary_line(res, capacity=cap, tz=tz, now=now)} "
                f"({common.status_text(res, now=now)})")
     if status == "active":
         dialog.say("It has started: only its end can move.")
     try:
-        answers = dialog.run(edit_questions(app, res, ctx, active=status == "active"))
+        answers = dialog.run(edit_questions(app, call, res, ctx, active=status == "active"))
     except (Cancelled, KeyboardInterrupt) as e:
         return Output("edit", {"status": "cancelled"}, "cancelled, nothing changed",
                       exit_code=130 if isinstance(e, KeyboardInterrupt) else 0)
     import shlex
 
-    words, typed = edit_words(answers)
-    out = run_words(["edit", res.id, *words], ctx)
-    return _with_footer(out, "next time: " + shlex.join(["bk", "e", res.short_id, *typed]))
+    result = app.edit(edit_request(res, answers, call), call=call)
+    out = edit_output(result, call)
+    return _with_footer(out, "next time: " + shlex.join(["bk", "e", res.short_id, *edit_typed(answers)]))
 
 
-def edit_questions(app, res, ctx, *, active: bool) -> list[Question]:
-    policy = app.policy
+def edit_questions(app, call, res, ctx, *, active: bool) -> list[Question]:
+    policy, tz, now = call.policy, call.tz, call.now
     slot = policy.slot_minutes
-    tz = common.local_tz()
     cap = policy.max_shared_users
 
     def chosen(name: str) -> Callable[[dict], bool]:
         return lambda a: name in a.get("what", ())
 
-    def parse_end(word: str) -> str:
-        timegrid.parse_end_change(word, res.start, res.end, app.now(), tz, slot)
-        return word
+    def parse_end(word: str) -> tuple[str, int]:
+        return word, timegrid.parse_end_change(word, res.start, res.end, now, tz, slot)
 
     def parse_duration(word: str) -> int:
         return timegrid.parse_duration(word, slot)
 
     def parse_start(word: str):
-        return word, timegrid.parse_start(word, app.now(), tz, slot)
+        return word, timegrid.parse_start(word, now, tz, slot)
 
     def parse_share(word: str) -> int:
         n = common.positive_int(word)
@@ -455,14 +506,16 @@ def edit_questions(app, res, ctx, *, active: bool) -> list[Question]:
         return n
 
     def preview(a: dict) -> str:
-        # The preview is the edit command itself with --dry-run: what it
-        # shows is what the confirmation will do.
-        words, _ = edit_words(a)
-        out = run_words(["edit", res.id, *words, "--dry-run"], ctx)
-        if out.data.get("status") == "unchanged":
+        # The preview is the same edit as a dry run: what it shows is what
+        # the confirmation will do.
+        from bk.cli.cmd_edit import edit_output
+
+        result = app.edit(edit_request(res, a, call, dry_run=True), call=call)
+        if result.status == "unchanged":
             raise InvalidInput("that changes nothing",
                                hint="type another value, back to pick another field, "
                                     "or cancel to leave the booking as it is")
+        out = edit_output(result, call)
         text = out.human(ctx.term) if callable(out.human) else (out.human or "")
         return text.rstrip("\n") + "\nSave the change?"
 
@@ -472,7 +525,7 @@ def edit_questions(app, res, ctx, *, active: bool) -> list[Question]:
         return [Question("end", "New end? (+30m, -15m, 20:00, total 2h)", parse_end, "+30m",
                          help=f"e.g. {timegrid.END_EXAMPLES}"),
                 confirm]
-    mem_now = timegrid.format_memory(res.mem_mib) if res.mem_mib else "none"
+    mem_now = timegrid.format_memory(res.mem_mib) if res.mem_mib else CLEAR_MEM
     return [
         Question("what", "Change what? (" + ", ".join(EDIT_FIELDS) + "; several with commas)",
                  _fields_parser(EDIT_FIELDS), "duration",
@@ -481,13 +534,13 @@ def edit_questions(app, res, ctx, *, active: bool) -> list[Question]:
                  timegrid.format_duration(res.end - res.start), when=chosen("duration"),
                  help=f"the new total length, e.g. {timegrid.DURATION_EXAMPLES}"),
         Question("start", "New start?", parse_start,
-                 timegrid.format_local(res.start, tz, now=app.now(), compact=True), when=chosen("start"),
+                 timegrid.format_local(res.start, tz, now=now, compact=True), when=chosen("start"),
                  help=f"e.g. {timegrid.START_EXAMPLES}"),
-        Question("gpus", "Which GPUs?", lambda w: common.parse_gpu_list(w, "GPUs"),
+        Question("gpus", "Which GPUs?", lambda w: builders.gpu_list(w, "GPUs"),
                  ",".join(map(str, res.gpus)), when=chosen("gpus"),
                  help="GPU indices like 0,1 or 0-3; their number is the new GPU count"),
         Question("memory", "Memory per GPU? (none to clear)",
-                 _mem_parser(policy.require_shared_memory and res.mode == SHARED, none_means="none"),
+                 _mem_parser(policy.require_shared_memory and res.mode == SHARED, none_means=CLEAR_MEM),
                  mem_now, when=chosen("memory"), help=f"e.g. {timegrid.MEMORY_EXAMPLES}, or none"),
         Question("mode", "Shared or exclusive? (s/x)", parse_mode, _mode_letter(res.mode),
                  when=chosen("mode")),
@@ -498,24 +551,32 @@ def edit_questions(app, res, ctx, *, active: bool) -> list[Question]:
     ]
 
 
-def edit_words(a: dict) -> tuple[list[str], list[str]]:
-    """The ``bk e`` flags for the answers: (run now, typed next time)."""
-    parts: list[tuple[list[str], list[str]]] = []
+def edit_request(res, a: dict, call, *, dry_run: bool = False):
+    """The answers as the typed change ``bk e ID`` makes: the new length in
+    seconds, the new end and start as the instants the user was shown (not
+    "20:00" read again later), GPU indices, MiB or CLEAR_MEM."""
+    return builders.edit_request(
+        res, length=a.get("duration"), end=a["end"][1] if "end" in a else None,
+        start_at=a["start"][1].t if "start" in a else None, gpus=a.get("gpus"), mem=a.get("memory"),
+        share=a.get("share"), mode=a.get("mode"), dry_run=dry_run,
+        policy=call.policy, now=call.now, tz=call.tz)
+
+
+def edit_typed(a: dict) -> list[str]:
+    """The ``bk e`` flags a person would type next time for the answers."""
+    typed: list[str] = []
     if "end" in a:
-        # "-15m" would look like an option to argparse: glue it to its flag.
-        parts.append(([f"--duration={a['end']}"], ["-d", a["end"]]))
+        typed += ["-d", a["end"][0]]
     if "duration" in a:
-        parts.append((["-d", timegrid.format_duration(a["duration"])],) * 2)
+        typed += ["-d", timegrid.format_duration(a["duration"])]
     if "start" in a:
-        word, spec = a["start"]
-        # Run with the instant the user saw in the preview, not "20:00" re-read later.
-        parts.append((["--start", iso(spec.t)], ["-t", word]))
+        typed += ["-t", a["start"][0]]
     if "gpus" in a:
-        parts.append((["-g", ",".join(map(str, a["gpus"]))],) * 2)
+        typed += ["-g", ",".join(map(str, a["gpus"]))]
     if "memory" in a:
-        parts.append((["-m", "none" if a["memory"] == "none" else timegrid.format_memory(a["memory"])],) * 2)
+        typed += ["-m", CLEAR_MEM if a["memory"] == CLEAR_MEM else timegrid.format_memory(a["memory"])]
     if "mode" in a:
-        parts.append((["--mode", a["mode"]],) * 2)
+        typed += ["--mode", a["mode"]]
     if "share" in a:
-        parts.append((["-s", str(a["share"])],) * 2)
-    return [w for run, _ in parts for w in run], [w for _, typed in parts for w in typed]
+        typed += ["-s", str(a["share"])]
+    return typed

@@ -325,8 +325,7 @@ JSON object on standard output, for success and failure alike:
 .fi
 .PP
 Times in JSON are ISO 8601 in UTC; human output shows local time.
-\fBerror.code\fR is one of invalid_input, conflict, policy, not_found,
-ambiguous, permission_denied, unavailable, internal, io_error, busy, config.
+\fBerror.code\fR is one of {codes}.
 The fields of each command's \fBdata\fR are documented in \fIdocs/JSON.md\fR;
 they change only with a new schema version.
 .SH EXAMPLES
@@ -371,7 +370,10 @@ def manpage(parser=None) -> str:
     for code, meaning in EXIT_TABLE:
         out += [".TP", f".B {code}", line(meaning[0].upper() + meaning[1:] + ".")]
     out += [".TP", ".B 130", line("Interrupted (Ctrl-C).")]
-    out.append(JSON_AND_EXAMPLES.rstrip("\n"))
+    from bk.core.errors import ERROR_CODES
+
+    # The codes come from the one code map, so the page cannot lag behind it.
+    out.append(JSON_AND_EXAMPLES.rstrip("\n").replace("{codes}", ", ".join(ERROR_CODES)))
     return "\n".join(out) + "\n"
 
 

@@ -37,6 +37,7 @@ from bk.core.models import (
     SHARED,
     Blackout,
     Edit,
+    Job,
     LedgerState,
     Notice,
     OpRecord,
@@ -112,7 +113,7 @@ def reservation_to_dict(r: Reservation) -> dict:
     d["gpus"] = list(r.gpus)
     d["id"] = r.id
     if r.job is not None:
-        d["job"] = canonical(r.job)
+        d["job"] = canonical(r.job.to_dict())
     if r.mem_mib is not None:
         d["mem_mib"] = r.mem_mib
     d["mode"] = r.mode
@@ -140,9 +141,16 @@ def reservation_from_dict(d: dict) -> Reservation:
         parse_utc(d["start"]), parse_utc(d["end"]), parse_utc(d["created"]),
         d.get("mem_mib"), d.get("op_id"), d.get("note"), _opt_time(d.get("cancelled_at")),
         d.get("cancelled_by"), d.get("cancel_reason"),
-        [edit_from_dict(e) for e in edits] if edits else [], d.get("job"),
+        [edit_from_dict(e) for e in edits] if edits else [], _job(d.get("job")),
         {k: d[k] for k in unknown} if unknown else {},
     )
+
+
+def _job(v: object):
+    """A job record; anything else is passed through for validation to refuse."""
+    if type(v) is dict and type(v.get("status")) is str:
+        return Job.from_dict(v)
+    return v
 
 
 def closed_at(r: Reservation) -> int:
@@ -334,7 +342,7 @@ def _reservation_ok(r: Reservation, gpu_count, cap) -> bool:
         and (r.cancelled_at is None or type(r.cancelled_at) is int)
         and (r.cancelled_by is None or type(r.cancelled_by) is int)
         and type(r.edits) is list and (not r.edits or all(type(e) is Edit for e in r.edits))
-        and (r.job is None or type(r.job) is dict) and type(r.extra) is dict
+        and (r.job is None or type(r.job) is Job) and type(r.extra) is dict
     )
 
 
@@ -373,7 +381,7 @@ def _reservation_problems(r: Reservation, gpu_count, cap) -> list[str]:
     if not all(v is None or type(v) is int for v in (r.cancelled_at, r.cancelled_by)):
         bad.append("cancelled_at and cancelled_by must be integers or null")
     if (type(r.edits) is not list or not all(type(e) is Edit for e in r.edits)
-            or not (r.job is None or type(r.job) is dict) or type(r.extra) is not dict):
+            or not (r.job is None or type(r.job) is Job) or type(r.extra) is not dict):
         bad.append("edits, job or extra has the wrong type")
     return bad
 

@@ -39,7 +39,7 @@ def parse_iso(text: str) -> int:
     return parse_utc(text)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Edit:
     """One change to a reservation: who, when, and the fields before/after."""
 
@@ -65,7 +65,31 @@ class Edit:
                    {k: v for k, v in d.items() if k not in cls.NAMES})
 
 
-@dataclass
+@dataclass(frozen=True)
+class Job:
+    """A command attached to a booking, as the shared ledger may know it: a
+    state and a short safe summary, never the command line (that stays in
+    the owner's private job spec).  Unknown keys are kept."""
+
+    status: str
+    summary: str | None = None
+    extra: dict = field(default_factory=dict)
+
+    NAMES = ("status", "summary")
+
+    def to_dict(self) -> dict:
+        d = dict(self.extra)
+        d.update({"status": self.status, "summary": self.summary})
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Job:
+        if not isinstance(d, dict) or not isinstance(d.get("status"), str):
+            raise ValueError("a job needs a status")
+        return cls(d["status"], d.get("summary"), {k: v for k, v in d.items() if k not in cls.NAMES})
+
+
+@dataclass(frozen=True)
 class Reservation:
     id: str
     uid: int
@@ -83,7 +107,7 @@ class Reservation:
     cancelled_by: int | None = None
     cancel_reason: str | None = None
     edits: list[Edit] = field(default_factory=list)
-    job: dict | None = None
+    job: Job | None = None
     extra: dict = field(default_factory=dict)
 
     @property
@@ -118,7 +142,8 @@ class Reservation:
             "op_id": self.op_id, "note": self.note,
             "cancelled_at": iso(self.cancelled_at), "cancelled_by": self.cancelled_by,
             "cancel_reason": self.cancel_reason,
-            "edits": [e.to_dict() for e in self.edits], "job": self.job,
+            "edits": [e.to_dict() for e in self.edits],
+            "job": self.job.to_dict() if self.job is not None else None,
         })
         return d
 
@@ -136,11 +161,11 @@ class Reservation:
             cancelled_at=parse_iso(ca) if ca else None,
             cancelled_by=d.get("cancelled_by"), cancel_reason=d.get("cancel_reason"),
             edits=[Edit.from_dict(e) for e in d.get("edits") or []],
-            job=d.get("job"), extra=extra,
+            job=Job.from_dict(d["job"]) if d.get("job") is not None else None, extra=extra,
         )
 
 
-@dataclass
+@dataclass(frozen=True)
 class Blackout:
     """An administrator window in which no booking may run (all GPUs)."""
 
@@ -229,7 +254,7 @@ class GpuInfo:
         return "idle"
 
 
-@dataclass
+@dataclass(frozen=True)
 class Notice:
     """A message for users: an announcement (``uid`` None, everyone) or a
     notice to one user (an administrator cancelled their booking)."""
@@ -263,7 +288,7 @@ class Notice:
                    int(d.get("created_by", 0)), bool(d.get("archived", False)), extra)
 
 
-@dataclass
+@dataclass(frozen=True)
 class OpRecord:
     """What an ``--op-id`` key did, so a retry returns the original result."""
 
@@ -301,8 +326,47 @@ class LedgerState:
     ops: list[OpRecord] = field(default_factory=list)
     extra: dict = field(default_factory=dict)
 
+    def copy(self) -> LedgerState:
+        """A state whose lists may change without touching this one.  The
+        records themselves are frozen, so sharing them is safe: this is what
+        makes a refused write in a batch roll back by construction."""
+        return LedgerState(self.seq, self.policy, list(self.reservations), list(self.blackouts),
+                           list(self.notices), list(self.ops), self.extra)
+
     def find(self, rid: str) -> Reservation | None:
         for r in self.reservations:
             if r.id == rid:
                 return r
         return None
+
+
+# Write kinds: the ``action`` of an audit record (SPEC 5), part of the format.
+CREATE, EDIT, CANCEL, ADMIN_CANCEL = "create", "edit", "cancel", "admin_cancel"
+NOTICE_PUBLISH, NOTICE_ARCHIVE = "notice_publish", "notice_archive"
+COMMIT, RECOVER = "commit", "recover"
+ACTIONS = (CREATE, EDIT, CANCEL, ADMIN_CANCEL, NOTICE_PUBLISH, NOTICE_ARCHIVE, COMMIT, RECOVER)
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    """What one change tells the audit log.  The store adds time, seq,
+    index and the actor; ``owner`` is the uid the change concerns (so that
+    an administrator's action shows in the owner's ``bk lg``)."""
+
+    action: str
+    result: str
+    reservation: str | None = None
+    op_id: str | None = None
+    before: dict | None = None
+    after: dict | None = None
+    owner: int | None = None
+    reason: str | None = None
+
+    def to_dict(self) -> dict:
+        d = {"action": self.action, "reservation": self.reservation, "op_id": self.op_id,
+             "before": self.before, "after": self.after, "result": self.result}
+        if self.owner is not None:
+            d["owner"] = self.owner
+        if self.action in (CANCEL, ADMIN_CANCEL):
+            d["reason"] = self.reason
+        return d

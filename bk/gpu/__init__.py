@@ -1,8 +1,14 @@
 """The one GPU gateway.  Nothing outside bk/gpu looks at GPUs.
 
-A backend answers ``devices()`` with a list of ``bk.core.models.GpuInfo``.
-Unknown values are ``None``, never 0 and never an exception: a GPU whose
-telemetry failed is still a GPU that can be booked.
+A backend answers two questions of different cost (``bk.core.telemetry``):
+``inventory()``, the stable facts (count, UUIDs, names, memory totals), and
+``snapshot(now)``, the live view with its source and its gaps.  Unknown
+values are ``None``, never 0 and never an exception: a GPU whose telemetry
+failed is still a GPU that can be booked.  ``fingerprint()`` names the
+hardware (or simulation) cheaply, without initialising a driver, so that a
+cached inventory can be trusted until it changes.
+
+Opening a backend does no I/O; the first question does.
 
 Choice of backend (``open_backend``):
   1. ``BK_GPU_SIM_FILE=path.json``: simulated GPUs with live data (docs/SIMULATION.md);
@@ -14,7 +20,7 @@ Choice of backend (``open_backend``):
 from __future__ import annotations
 
 from bk.core.errors import ConfigError
-from bk.core.models import GpuInfo
+from bk.core.telemetry import Inventory, Snapshot
 
 
 class Backend:
@@ -25,10 +31,15 @@ class Backend:
     simulated: bool = True
     reason: str | None = None  # why this backend was chosen, when it is a fallback
 
-    def devices(self) -> list[GpuInfo]:
+    def fingerprint(self) -> str | None:
+        """A cheap identity of what this backend sees; None: cannot tell
+        without asking (then an inventory is never taken from a cache)."""
+        return None
+
+    def inventory(self) -> Inventory:
         raise NotImplementedError
 
-    def count(self) -> int:
+    def snapshot(self, now: int) -> Snapshot:
         raise NotImplementedError
 
 

@@ -2,18 +2,24 @@
 
 ``CountBackend`` knows only how many GPUs there are (live data unknown).
 ``FileBackend`` reads a JSON document describing GPUs and their processes;
-the file is re-read on every ``devices()`` call so a demo or test can change
-the "live" state while bk runs.  The format is documented in
+the file is re-read on every ``snapshot()`` so a demo or test can change the
+"live" state while bk runs; its fingerprint is the file's identity and
+modification time, so an edited file is a new inventory.  The format is documented in
 docs/SIMULATION.md.
 """
 
 from __future__ import annotations
 
 import json
+import os
 
 from bk.core.errors import ConfigError
 from bk.core.models import GpuInfo, GpuProcess
+from bk.core.telemetry import Inventory, Snapshot
 from bk.gpu import Backend
+
+# What a count-only simulation cannot see.
+COUNT_GAPS = ("utilisation", "memory", "processes", "temperature")
 
 
 def sim_uuid(index: int) -> str:
@@ -28,11 +34,17 @@ class CountBackend(Backend):
         self._n = n
         self.reason = reason
 
-    def count(self) -> int:
-        return self._n
+    def fingerprint(self) -> str:
+        return f"sim-count:{self._n}"
 
-    def devices(self) -> list[GpuInfo]:
-        return [GpuInfo(i, sim_uuid(i), "Simulated GPU") for i in range(self._n)]
+    def _gpus(self) -> tuple[GpuInfo, ...]:
+        return tuple(GpuInfo(i, sim_uuid(i), "Simulated GPU") for i in range(self._n))
+
+    def inventory(self) -> Inventory:
+        return Inventory(self.name, self._gpus(), True, self.reason)
+
+    def snapshot(self, now: int) -> Snapshot:
+        return Snapshot(now, self.name, self._gpus(), COUNT_GAPS, True)
 
 
 def _opt_int(d: dict, key: str, where: str, lo: int = 0) -> int | None:
@@ -75,6 +87,10 @@ def parse_sim(doc: object, source: str) -> list[GpuInfo]:
     return out
 
 
+def _static(g: GpuInfo) -> GpuInfo:
+    return GpuInfo(g.index, g.uuid, g.name, mem_total_mib=g.mem_total_mib)
+
+
 class FileBackend(Backend):
     simulated = True
     reason = None
@@ -82,9 +98,15 @@ class FileBackend(Backend):
     def __init__(self, path: str):
         self.name = "sim-file"
         self.path = path
-        self._count: int | None = None
 
-    def devices(self) -> list[GpuInfo]:
+    def fingerprint(self) -> str | None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None          # the next question reports the error
+        return f"sim-file:{self.path}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
+
+    def _read(self) -> list[GpuInfo]:
         try:
             with open(self.path, "rb") as f:
                 doc = json.loads(f.read())
@@ -92,11 +114,12 @@ class FileBackend(Backend):
             raise ConfigError(f"BK_GPU_SIM_FILE {self.path}: {e.strerror}") from None
         except ValueError as e:
             raise ConfigError(f"BK_GPU_SIM_FILE {self.path} is not valid JSON: {e}") from None
-        gpus = parse_sim(doc, self.path)
-        self._count = len(gpus)
-        return gpus
+        return parse_sim(doc, self.path)
 
-    def count(self) -> int:
-        if self._count is None:
-            self.devices()
-        return self._count
+    def inventory(self) -> Inventory:
+        return Inventory(self.name, tuple(_static(g) for g in self._read()), True)
+
+    def snapshot(self, now: int) -> Snapshot:
+        gpus = tuple(self._read())
+        gaps = ("processes",) if any(g.processes is None for g in gpus) else ()
+        return Snapshot(now, self.name, gpus, gaps, True)

@@ -1,39 +1,41 @@
 """The application API every front end calls.
 
-``Service`` does the work against a local ``Store``: in private mode for the
-user's own ledger, and inside the broker for the shared one (with the actor
-taken from SO_PEERCRED).  Reads never take the lock; each write is one store
-transaction whose rules live in ``bk.service.booking``.
+A ``Service`` is built from parts, not from modes: a ledger reader (the
+committed file, read without the lock: world-readable on a shared server),
+one gateway that runs operations (``LocalGateway``: a store transaction
+here; ``BrokerGateway``: the broker does it with the caller's kernel
+identity), the GPU telemetry, and the defaults of a call (the process's
+identity, the clock, the zone).  Every method takes the call's context
+(``call=``, from ``Service.call()``) so that one command sees one instant,
+and the shared service of the broker keeps no per-request state.
 
-Nothing here prints.  Methods return result objects or raise ``BkError``.
+Nothing here prints.  Methods return typed results or raise ``BkError``.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Callable
 
 from bk import clock
-from bk.core.errors import Ambiguous, BkError, InvalidInput, NotFound, PermissionDenied
+from bk.core.errors import Ambiguous, InvalidInput, IOFailure, NotFound, PermissionDenied
 from bk.core.models import ACTIVE, CANCELLED, ENDED, UPCOMING, LedgerState, Notice, Reservation
-from bk.core.record import replace
-from bk.service.requests import Actor, BookRequest, CancelRequest, EditRequest, check_request
-from bk.store.config import Settings
-from bk.store.ledger import Mutation, Store
+from bk.service.context import Actor, Call
+from bk.service.requests import (
+    AuditRequest,
+    BookRequest,
+    CancelRequest,
+    EditRequest,
+    Empty,
+    NoticeArchiveRequest,
+    NoticeRequest,
+    check_request,
+)
 
 _HEX = set("0123456789abcdef-")
 # How many recent audit records one booking's history looks through.
 AUDIT_SCAN_FOR_ONE = 5000
-
-
-def _new_id() -> str:
-    """A random (version 4) UUID.  Built from os.urandom directly: the uuid
-    module imports platform and _uuid, a few milliseconds on every booking."""
-    b = bytearray(os.urandom(16))
-    b[6] = (b[6] & 0x0F) | 0x40      # version 4
-    b[8] = (b[8] & 0x3F) | 0x80      # RFC 4122 variant
-    h = b.hex()
-    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 def user_name(uid: int) -> str:
@@ -50,90 +52,229 @@ def process_actor() -> Actor:
     return Actor(uid, user_name(uid))
 
 
+class LedgerReader:
+    """The committed ledger and the archive, read without the lock.  On a
+    shared server with access limited to a group the data directory is 0750:
+    a non-member cannot read it, which is a permission, not a broken disk."""
+
+    def __init__(self, store, *, shared: bool = False, group: str | None = None):
+        self.store = store
+        self._shared, self._group = shared, group
+
+    def read(self):
+        try:
+            return self.store.read()
+        except IOFailure as e:
+            if self._shared and e.details.get("errno") in (errno.EACCES, errno.EPERM):
+                from bk.ipc.client import group_hint
+
+                raise PermissionDenied(f"you may not read the bookings in {self.store.paths.data_dir}",
+                                       hint=group_hint(self._group)) from None
+            raise
+
+    def archived(self, uid: int | None = None):
+        return self.store.archived(uid=uid)
+
+
+def policy_of(settings, telemetry):
+    """The scheduling policy; the GPU count asks the inventory only when the
+    configuration does not fix it (a cached inventory costs no backend call)."""
+    count = settings["gpu_count"]
+    return settings.policy(count if count else telemetry.inventory().count)
+
+
+def make_store(settings, *, clock_fn: Callable[[], int], owner_uid: int | None, capacity: int):
+    from bk.store.ledger import Store
+
+    return Store(settings.data_dir, private=settings.mode == "private",
+                 lock_timeout=settings["lock_timeout_seconds"], backup_keep=settings["backup_keep"],
+                 retention_days=settings["ledger_retention_days"],
+                 archive_after_hours=settings["archive_after_hours"],
+                 owner_uid=owner_uid if owner_uid is not None else settings["service_uid"],
+                 clock=clock_fn, capacity=capacity)
+
+
 class Service:
-    """Local service: reads and writes the ledger in ``settings.data_dir``."""
-
-    def __init__(self, settings: Settings, backend, *, now: Callable[[], int] = clock.now,
-                 actor: Actor | None = None, owner_uid: int | None = None):
+    def __init__(self, *, settings, policy, reader: LedgerReader, gateway_for: Callable[[Service], object],
+                 telemetry, actor: Actor, clock_fn: Callable[[], int] = clock.now,
+                 tz_fn: Callable[[], object] = clock.local_tz):
         self.settings = settings
-        self.backend = backend
-        self.now = now
-        self.actor = actor or process_actor()
-        self.policy = settings.policy(backend.count())
-        private = settings.mode == "private"
-        self.store = Store(
-            settings.data_dir, private=private,
-            lock_timeout=settings["lock_timeout_seconds"], backup_keep=settings["backup_keep"],
-            retention_days=settings["ledger_retention_days"],
-            archive_after_hours=settings["archive_after_hours"],
-            owner_uid=owner_uid if owner_uid is not None else settings["service_uid"],
-            clock=now, capacity=self.policy.max_shared_users)
-        self._gpus = None
-        self.warnings: list[str] = []
+        self.policy = policy
+        self.reader = reader
+        self.telemetry = telemetry
+        self.actor = actor
+        self._clock = clock_fn
+        self._tz = tz_fn
+        self.gateway = gateway_for(self)
+        self.id_source: Callable[[], str] | None = None    # tests: deterministic IDs
 
-    # -- snapshots ---------------------------------------------------------
+    @classmethod
+    def local(cls, settings, telemetry, *, actor: Actor | None = None,
+              clock_fn: Callable[[], int] = clock.now, owner_uid: int | None = None,
+              policy=None) -> Service:
+        """Operations run here, on ``settings.data_dir``: private mode, and
+        the broker's own service."""
+        from bk.service.gateway import LocalGateway
 
-    def gpus(self):
-        """This command's one look at the GPUs (never one per row)."""
-        if self._gpus is None:
-            self._gpus = self.backend.devices()
-        return self._gpus
+        policy = policy or policy_of(settings, telemetry)
+        store = make_store(settings, clock_fn=clock_fn, owner_uid=owner_uid, capacity=policy.max_shared_users)
+        return cls(settings=settings, policy=policy, reader=LedgerReader(store),
+                   gateway_for=lambda svc: LocalGateway(store, svc), telemetry=telemetry,
+                   actor=actor or process_actor(), clock_fn=clock_fn)
 
-    def refresh(self) -> None:
-        """Forget the GPU snapshot; long-lived callers (the broker) take a new one."""
-        self._gpus = None
+    @classmethod
+    def remote(cls, settings, telemetry, *, actor: Actor | None = None,
+               clock_fn: Callable[[], int] = clock.now, connect: Callable[[], object] | None = None) -> Service:
+        """A client of a shared server: reads from the committed file,
+        operations through the broker."""
+        from bk.service.gateway import BrokerGateway
 
-    @staticmethod
-    def load(gpus) -> dict[int, float]:
-        """Each GPU's load for placement, 0..1.  Until the monitor keeps a
-        recent average (a later release), the utilisation seen now."""
-        return {g.index: g.util / 100 for g in gpus if g.util is not None}
+        def default_connect():
+            from bk.ipc.client import BrokerClient
 
-    def ledger(self) -> LedgerState:
-        read = self.store.read()
-        for w in read.warnings:
-            if w not in self.warnings:
-                self.warnings.append(w)
+            return BrokerClient(settings["socket"], service_uid=settings["service_uid"], group=settings["group"])
+
+        policy = policy_of(settings, telemetry)
+        store = make_store(settings, clock_fn=clock_fn, owner_uid=None, capacity=policy.max_shared_users)
+        return cls(settings=settings, policy=policy,
+                   reader=LedgerReader(store, shared=True, group=settings["group"]),
+                   gateway_for=lambda svc: BrokerGateway(connect or default_connect), telemetry=telemetry,
+                   actor=actor or process_actor(), clock_fn=clock_fn)
+
+    # -- the call ----------------------------------------------------------
+
+    def call(self, actor: Actor | None = None, *, telemetry=None, peer_pid: int | None = None) -> Call:
+        """A fresh context: this service's defaults, the clock read once."""
+        return Call(actor or self.actor, self._clock(), self._tz(), self.policy,
+                    telemetry if telemetry is not None else self.telemetry, peer_pid=peer_pid,
+                    make_id=self.id_source)
+
+    def _call(self, call: Call | None) -> Call:
+        return call if call is not None else self.call()
+
+    @property
+    def shared(self) -> bool:
+        return self.settings.mode == "shared"
+
+    @property
+    def store(self):
+        return self.reader.store
+
+    def ledger(self, *, call: Call | None = None) -> LedgerState:
+        call = self._call(call)
+        read = self.reader.read()
+        call.warn(*read.warnings)
         return read.state
+
+    # -- operations (bk.service.ops) ----------------------------------------
+
+    def run(self, name: str, req, *, call: Call | None = None):
+        from bk.service import ops
+
+        return self.gateway.run(ops.get(name), req, self._call(call))
+
+    def write_batch(self, items: list) -> list:
+        """``[(op name, request, call)]`` in one transaction (the broker's
+        group commit); one rendered result or BkError per item."""
+        from bk.service import ops
+
+        return self.gateway.write_batch([(ops.get(name), req, call) for name, req, call in items])
+
+    def book(self, req: BookRequest, *, call: Call | None = None):
+        return self.run("book", req, call=call)
+
+    def edit(self, req: EditRequest, *, call: Call | None = None):
+        return self.run("edit", req, call=call)
+
+    def cancel(self, req: CancelRequest, *, call: Call | None = None):
+        return self.run("cancel", req, call=call)
+
+    def publish_notice(self, req: NoticeRequest, *, call: Call | None = None):
+        return self.run("notice_publish", req, call=call)
+
+    def archive_notice(self, req: NoticeArchiveRequest, *, call: Call | None = None):
+        return self.run("notice_archive", req, call=call)
+
+    def audit(self, limit: int = 50, all_users: bool = False, *, reservation: str | None = None,
+              call: Call | None = None):
+        """Audit entries, newest ``limit`` (oldest first): the caller's own
+        (records they made, or about their bookings), everyone's for the
+        administrator with ``all_users``, or one reservation's lifecycle.
+        On a shared server the log is the service account's (it holds
+        everyone's before/after details), so the broker reads it."""
+        return self.run("audit", AuditRequest(limit, all_users, reservation), call=call)
+
+    def probe(self, *, call: Call | None = None):
+        return self.run("probe", Empty(), call=call).checks
+
+    def ping(self, *, call: Call | None = None) -> dict:
+        return self.run("ping", Empty(), call=call).to_json()
+
+    # host-side halves of the read operations (LocalGateway serves them)
+
+    def local_audit(self, req: AuditRequest, call: Call):
+        from bk.service.results import AuditResult
+
+        store = self.reader.store
+        if req.reservation is not None:
+            # Bookings are public on a shared server (the ledger is
+            # world-readable), so a reservation's lifecycle is too.
+            tail = store.audit_tail(limit=AUDIT_SCAN_FOR_ONE)
+            entries = [e for e in tail.entries if e.get("reservation") == req.reservation][-req.limit:]
+        else:
+            uid = None if (req.all and call.actor.is_admin) else call.actor.uid
+            tail = store.audit_tail(limit=req.limit, uid=uid)
+            entries = tail.entries
+        return AuditResult(tuple(entries), tuple(tail.problems), tail.complete)
+
+    def local_probe(self) -> list[tuple[str, bool, str]]:
+        """``bk doctor --probe``: try the writes a commit needs, for real."""
+        return self.reader.store.probe()
 
     # -- reads -------------------------------------------------------------
 
-    def own_current(self, state: LedgerState | None = None, actor: Actor | None = None,
-                    now: int | None = None) -> list[Reservation]:
-        """The user's current and upcoming bookings in list order; list
+    def own_current(self, state: LedgerState | None = None, *, call: Call | None = None) -> list[Reservation]:
+        """The caller's current and upcoming bookings in list order; list
         numbers (``bk d 1``) index this list in every command."""
-        state = state or self.ledger()
-        actor = actor or self.actor
-        now = self.now() if now is None else now
-        mine = [r for r in state.reservations if r.uid == actor.uid and r.is_live(now)]
+        call = self._call(call)
+        state = state or self.ledger(call=call)
+        mine = [r for r in state.reservations if r.uid == call.actor.uid and r.is_live(call.now)]
         # Same start: the order they were booked in, so numbers match what the
         # user typed.  The sort is stable and the ledger keeps bookings in the
         # order they were made, so even the same second keeps that order.
         return sorted(mine, key=lambda r: (r.start, r.created))
 
-    def list(self, scope: str = "mine", *, limit: int | None = None) -> list[Reservation]:
-        state, now = self.ledger(), self.now()
+    def numbers(self, state: LedgerState, *, call: Call) -> dict[str, int]:
+        """List numbers of the caller's current bookings: the same in every command."""
+        return {r.id: i for i, r in enumerate(self.own_current(state, call=call), 1)}
+
+    def list(self, scope: str = "mine", *, limit: int | None = None, call: Call | None = None) -> list[Reservation]:
+        call = self._call(call)
+        state, now = self.ledger(call=call), call.now
         if scope == "mine":
-            out = self.own_current(state, now=now)
+            out = self.own_current(state, call=call)
         elif scope == "all":
             out = sorted((r for r in state.reservations if r.is_live(now)),
                          key=lambda r: (r.start, r.created))
         elif scope == "history":
-            hot = [r for r in state.reservations if r.uid == self.actor.uid and not r.is_live(now)]
+            uid = call.actor.uid
+            hot = [r for r in state.reservations if r.uid == uid and not r.is_live(now)]
             seen = {r.id for r in hot}
-            cold = [r for r in self.store.archived(uid=self.actor.uid) if r.id not in seen]
+            cold = [r for r in self.reader.archived(uid=uid) if r.id not in seen]
             out = sorted(hot + cold, key=lambda r: (r.end, r.id), reverse=True)
         else:
             raise InvalidInput(f"unknown list scope {scope!r}")
         return out[:limit] if limit else out
 
-    def resolve(self, ref: str, *, state: LedgerState | None = None, any_owner: bool = False) -> Reservation:
+    def resolve(self, ref: str, *, state: LedgerState | None = None, any_owner: bool = False,
+                call: Call | None = None) -> Reservation:
         """A full reservation from a list number (1-3 digits), a unique ID
         prefix of at least 4 characters, or a full ID."""
-        state = state or self.ledger()
+        call = self._call(call)
+        state = state or self.ledger(call=call)
         ref = ref.strip().lower()
         if ref.isdigit() and len(ref) <= 3:
-            mine = self.own_current(state)
+            mine = self.own_current(state, call=call)
             n = int(ref)
             if not 1 <= n <= len(mine):
                 raise NotFound(f"you have no booking number {n}" + (f" (you have {len(mine)})"
@@ -144,7 +285,7 @@ class Service:
                                hint="use the number or ID shown by: bk l")
         hits = [r for r in state.reservations if r.id.startswith(ref)]
         if not any_owner:
-            own = [r for r in hits if r.uid == self.actor.uid]
+            own = [r for r in hits if r.uid == call.actor.uid]
             hits = own or hits
         if not hits:
             raise NotFound(f"no reservation with ID {ref}", hint="list yours with: bk l")
@@ -155,33 +296,21 @@ class Service:
                             details={"candidates": [r.id for r in hits]})
         return hits[0]
 
-    def history(self, ref: str) -> tuple[Reservation, list[dict]]:
+    def history(self, ref: str, *, call: Call | None = None) -> tuple[Reservation, list[dict]]:
         """One booking's lifecycle: the record and its audit entries."""
+        call = self._call(call)
         try:
-            res = self.resolve(ref, any_owner=True)
+            res = self.resolve(ref, any_owner=True, call=call)
         except NotFound:
-            res = next((r for r in self.store.archived() if r.id.startswith(ref.lower())), None)
+            res = next((r for r in self.reader.archived() if r.id.startswith(ref.lower())), None)
             if res is None:
                 raise
-        return res, self.audit(reservation=res.id).entries
+        return res, list(self.audit(reservation=res.id, call=call).entries)
 
-    def audit(self, limit: int = 50, all_users: bool = False, *, reservation: str | None = None,
-              actor: Actor | None = None):
-        """Audit entries, newest ``limit`` (oldest first): the actor's own
-        (records they made, or about their bookings), everyone's for the
-        administrator with ``all_users``, or one reservation's lifecycle.
-        Bookings are public on a shared server (the ledger is world-readable),
-        so a reservation's lifecycle is too."""
-        actor = actor or self.actor
-        if reservation is not None:
-            tail = self.store.audit_tail(limit=AUDIT_SCAN_FOR_ONE)
-            tail.entries = [e for e in tail.entries if e.get("reservation") == reservation][-limit:]
-            return tail
-        uid = None if (all_users and actor.is_admin) else actor.uid
-        return self.store.audit_tail(limit=limit, uid=uid)
-
-    def notices(self, include_archived: bool = False, state: LedgerState | None = None) -> list[Notice]:
-        state, now = state or self.ledger(), self.now()
+    def notices(self, include_archived: bool = False, state: LedgerState | None = None, *,
+                call: Call | None = None) -> list[Notice]:
+        call = self._call(call)
+        state, now, actor = state or self.ledger(call=call), call.now, call.actor
         out = []
         for n in state.notices:
             if n.archived and not include_archived:
@@ -189,160 +318,26 @@ class Service:
             current = n.until is None or n.until > now or include_archived
             # The administrator's --all view includes notices to other users,
             # so that one can be found (and archived) by its ID.
-            mine = n.uid in (None, self.actor.uid) or (include_archived and self.actor.is_admin)
+            mine = n.uid in (None, actor.uid) or (include_archived and actor.is_admin)
             if current and mine:
                 out.append(n)
         return sorted(out, key=lambda n: n.at, reverse=True)
 
-    def archive_notice(self, ref: str, actor: Actor | None = None, dry_run: bool = False) -> Notice:
-        """Withdraw an announcement (or a notice to one user): it stays in the
-        ledger, marked archived, until retention drops it."""
-        actor = actor or self.actor
-        if not actor.is_admin:
-            raise PermissionDenied("only the administrator (root) may archive notices",
-                                   hint="sudo bk admin notice archive ID")
-
-        def find(state: LedgerState) -> Notice:
-            key = ref.strip().lower()
-            hits = [n for n in state.notices if n.id.startswith(key)] if len(key) >= 4 else []
-            if not hits:
-                raise NotFound(f"no notice with ID {ref}", hint="list them with: bk n --all")
-            if len(hits) > 1:
-                raise Ambiguous(f"ID prefix {ref} matches {len(hits)} notices",
-                                hint="type more characters of the ID")
-            return hits[0]
-
-        if dry_run:
-            return find(self.ledger())
-
-        def apply(state):
-            n = find(state)
-            if n.archived:
-                return Mutation(False, [], n)
-            done = replace(n, archived=True)
-            state.notices[state.notices.index(n)] = done
-            return Mutation(True, [{"action": "notice_archive", "reservation": None, "op_id": None,
-                                    "before": {"id": n.id, "text": n.text}, "after": None,
-                                    "result": "archived"}], done)
-        return self._transact(apply, actor)
-
-    def recommend(self, req: BookRequest, alternatives: int = 3,
-                  state: LedgerState | None = None) -> list:
+    def recommend(self, req: BookRequest, alternatives: int = 3, state: LedgerState | None = None, *,
+                  call: Call | None = None):
+        """Options for ``req`` without booking: a ``Recommendation``."""
         from bk.core import scheduler
         from bk.service import booking
+        from bk.service.advice import Recommendation
 
+        call = self._call(call)
         check_request(req)
-        state = state or self.ledger()
-        gpus = self.gpus()
-        return scheduler.recommend(booking._sched_request(req), reservations=state.reservations,
-                                   blackouts=state.blackouts, policy=self.policy, gpus=gpus,
-                                   now=self.now(), alternatives=alternatives, load=self.load(gpus),
-                                   tz=clock.local_tz())
-
-    # -- writes ------------------------------------------------------------
-
-    def _transact(self, apply: Callable[[LedgerState], Mutation], actor: Actor):
-        return self.store.transact(apply, policy=self.policy.bound(), actor_uid=actor.uid,
-                                   actor=actor.user)
-
-    def _applier(self, kind: str, req, actor: Actor) -> Callable[[LedgerState], Mutation]:
-        """The function one write applies inside a transaction."""
-        from bk.service import booking
-
-        if kind == "cancel":
-            notice_id = _new_id()
-            return lambda state: booking.apply_cancel(state, req, actor, now=self.now(),
-                                                      notice_id=notice_id)
-        check_request(req)
-        gpus = self.gpus()
-        live = {"load": self.load(gpus), "tz": clock.local_tz()}
-        if kind == "book":
-            new_id = _new_id()
-            return lambda state: booking.apply_book(state, req, actor, now=self.now(),
-                                                    policy=self.policy, gpus=gpus, new_id=new_id,
-                                                    **live)
-        if kind == "edit":
-            return lambda state: booking.apply_edit(state, req, actor, now=self.now(),
-                                                    policy=self.policy, gpus=gpus, **live)
-        raise InvalidInput(f"unknown write {kind!r}")
-
-    def book(self, req: BookRequest, actor: Actor | None = None):
-        actor = actor or self.actor
-        return self._transact(self._applier("book", req, actor), actor)
-
-    def edit(self, req: EditRequest, actor: Actor | None = None):
-        actor = actor or self.actor
-        return self._transact(self._applier("edit", req, actor), actor)
-
-    def cancel(self, req: CancelRequest, actor: Actor | None = None):
-        actor = actor or self.actor
-        return self._transact(self._applier("cancel", req, actor), actor)
-
-    def write_batch(self, items: list[tuple[str, object, Actor]]) -> list:
-        """Several callers' writes in one transaction: the broker's group
-        commit.  Each write is applied, in order, to the state the earlier
-        ones left, exactly as if it had its own transaction; a refused one is
-        rolled back alone and answered with its error; one commit (one round
-        of fsyncs, the cost that dominates a write) acknowledges them all.
-        Returns one result or ``BkError`` per item, in order."""
-        appliers = []
-        for kind, req, actor in items:
-            try:
-                appliers.append((self._applier(kind, req, actor), actor))
-            except BkError as e:
-                appliers.append((e, actor))
-
-        def apply(state: LedgerState) -> Mutation:
-            outcomes, audit, changed = [], [], False
-            for fn, actor in appliers:
-                if isinstance(fn, BkError):
-                    outcomes.append(fn)
-                    continue
-                saved = (list(state.reservations), list(state.blackouts), list(state.notices),
-                         list(state.ops))
-                try:
-                    m = fn(state)
-                except BkError as e:
-                    (state.reservations[:], state.blackouts[:], state.notices[:],
-                     state.ops[:]) = saved
-                    outcomes.append(e)
-                    continue
-                outcomes.append(m.result)
-                changed = changed or m.changed
-                audit.extend({**a, "uid": actor.uid, "user": actor.user} for a in m.audit)
-            return Mutation(changed, audit, outcomes)
-
-        try:
-            return self._transact(apply, items[0][2])
-        except BkError as e:      # the transaction itself failed: busy, I/O, policy mismatch
-            return [e] * len(items)
-
-    def probe(self) -> list[tuple[str, bool, str]]:
-        """``bk doctor --probe``: try the writes a commit needs, for real."""
-        return self.store.probe()
-
-    def publish_notice(self, text: str, level: str = "info", until: int | None = None,
-                       actor: Actor | None = None, dry_run: bool = False) -> Notice:
-        actor = actor or self.actor
-        if not actor.is_admin:
-            raise PermissionDenied("only the administrator (root) may publish announcements",
-                                   hint="sudo bk admin notice publish TEXT")
-        if not text.strip():
-            raise InvalidInput("the announcement text is empty")
-        if level not in Notice.LEVELS:
-            raise InvalidInput(f"level must be one of {', '.join(Notice.LEVELS)}")
-        notice = Notice(id=_new_id(), at=self.now(), text=text.strip(), level=level,
-                        until=until, created_by=actor.uid)
-        if dry_run:
-            return notice
-
-        def apply(state):
-            state.notices.append(notice)
-            return Mutation(True, [{"action": "notice_publish", "reservation": None, "op_id": None,
-                                    "before": None, "after": {"id": notice.id, "text": notice.text,
-                                                              "level": level}, "result": "published"}],
-                            notice)
-        return self._transact(apply, actor)
+        state = state or self.ledger(call=call)
+        snap = call.telemetry.snapshot()
+        found = scheduler.recommend(booking._sched_request(req), reservations=state.reservations,
+                                    blackouts=state.blackouts, policy=call.policy, gpus=list(snap.gpus),
+                                    now=call.now, alternatives=alternatives, load=snap.load(), tz=call.tz)
+        return Recommendation(req, tuple(found), call.now, call.policy.slot_minutes)
 
 
 def status_word(r: Reservation, now: int) -> str:

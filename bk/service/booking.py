@@ -1,39 +1,38 @@
 """Booking rules applied to a ledger state inside one transaction.
 
 Each ``apply_*`` function receives the freshly re-read ledger (under the
-lock), decides, mutates the state and returns a ``Mutation`` for the store
-to commit.  They do no I/O themselves; the store commits or discards.
+lock) and the call's context (who, when, the policy, the GPU snapshot),
+decides, mutates the state and returns a ``Mutation`` for the store to
+commit.  They do no I/O themselves; the store commits or discards.  Each is
+one row of ``bk.service.ops``.
 Idempotency lives here: an ``op_id`` seen before returns the original
 result without a change, and the same key with another request is refused.
 """
 
 from __future__ import annotations
 
-from bk.core import scheduler
+from bk.core import scheduler, telemetry
 from bk.core.errors import Conflict, InvalidInput, NotFound, PermissionDenied, PolicyRefused
 from bk.core.models import (
     ACTIVE,
+    ADMIN_CANCEL,
+    CANCEL,
     CANCELLED,
+    CREATE,
+    EDIT,
     ENDED,
     EXCLUSIVE,
-    SYSTEM_LABELS,
+    AuditEntry,
     Edit,
     LedgerState,
     Notice,
     OpRecord,
-    Policy,
     Reservation,
 )
 from bk.core.timegrid import floor_slice
-from bk.service.requests import (
-    Actor,
-    BookRequest,
-    BookResult,
-    CancelRequest,
-    CancelResult,
-    EditRequest,
-    canonical,
-)
+from bk.service.context import Actor, Call
+from bk.service.requests import BookRequest, CancelRequest, EditRequest, canonical
+from bk.service.results import BookResult, CancelResult, EditResult
 from bk.store.ledger import Mutation
 
 # How long a notice to one user (an administrator cancelled their booking)
@@ -76,10 +75,17 @@ def _sched_request(req: BookRequest, ignore_id: str | None = None) -> scheduler.
         excluded=tuple(req.excluded), ignore_id=ignore_id)
 
 
-def _place(state: LedgerState, sreq: scheduler.Request, policy: Policy, gpus, now: int, load=None,
-           tz=None):
+def _place(state: LedgerState, sreq: scheduler.Request, call: Call, *, live: bool = True):
+    """Placement with the live snapshot (a new booking: avoid busy GPUs), or
+    with the inventory alone (an edit: its GPUs and memory figures, no look
+    at the driver; ``bk e`` needs nothing live)."""
+    if live:
+        snap = call.telemetry.snapshot()
+        gpus, load = list(snap.gpus), snap.load()
+    else:
+        gpus, load = list(call.telemetry.inventory().gpus), None
     return scheduler.place(sreq, reservations=state.reservations, blackouts=state.blackouts,
-                           policy=policy, gpus=gpus, now=now, load=load, tz=tz)
+                           policy=call.policy, gpus=gpus, now=call.now, load=load, tz=call.tz)
 
 
 def placement_json(p) -> dict:
@@ -87,56 +93,40 @@ def placement_json(p) -> dict:
             "queued": p.queued, "mem_mib_effective": p.mem_mib_effective}
 
 
-def in_use_warnings(state: LedgerState, res: Reservation, gpus, now: int) -> list[str]:
+def in_use_warnings(state: LedgerState, res: Reservation, snapshot, now: int) -> list[str]:
     """bk coordinates, it does not enforce: when a booking starts now on a
     GPU that someone's processes already use without a booking there (or,
     for an exclusive booking, anyone else's processes), say so rather than
     let the user find out from an out-of-memory error."""
-    if res.start > now or not gpus:
-        return []
-    holders: dict[int, set] = {}
-    for r in state.reservations:
-        if r.id != res.id and r.cancelled_at is None and r.start <= now < r.end:
-            for g in r.gpus:
-                holders.setdefault(g, set()).add(r.uid)
     out = []
-    for g in gpus:
-        if g.index not in res.gpus or not g.processes:
-            continue
-        allowed = {res.uid} if res.mode == EXCLUSIVE else {res.uid, *holders.get(g.index, ())}
-        odd = [p for p in g.processes if (p.label or "").lower() not in SYSTEM_LABELS
-               and (p.uid is None or p.uid not in allowed)]
-        if not odd:
-            continue
-        users = sorted({p.user or (str(p.uid) if p.uid is not None else "unknown") for p in odd})
-        mem = sum(p.mem_mib or 0 for p in odd)
-        what = "processes" if len(odd) != 1 else "a process"
-        out.append(f"GPU {g.index} is in use right now by {what} of {', '.join(users)} "
-                   f"without a booking there" + (f" ({mem} MiB)" if mem else ""))
+    for x in telemetry.intruders(snapshot, state.reservations, booking=res, now=now):
+        what = "processes" if x.count != 1 else "a process"
+        out.append(f"GPU {x.gpu} is in use right now by {what} of {', '.join(x.users)} "
+                   f"without a booking there" + (f" ({x.mem_mib} MiB)" if x.mem_mib else ""))
     return out
 
 
-def apply_book(state: LedgerState, req: BookRequest, actor: Actor, *, now: int, policy: Policy,
-               gpus, new_id: str, load=None, tz=None) -> Mutation:
-    digest = canonical("create", req) if req.op_id else ""
-    earlier = _replay(state, actor, req.op_id, "create", digest)
+def apply_book(state: LedgerState, req: BookRequest, call: Call) -> Mutation:
+    actor, now, policy = call.actor, call.now, call.policy
+    digest = canonical(CREATE, req) if req.op_id else ""
+    earlier = _replay(state, actor, req.op_id, CREATE, digest)
     if earlier is not None:
         return Mutation(False, [], BookResult("exists", earlier))
-    p = _place(state, _sched_request(req), policy, gpus, now, load, tz)
+    p = _place(state, _sched_request(req), call)
     share = policy.max_shared_users if req.mode == EXCLUSIVE else req.share
-    res = Reservation(id=new_id, uid=actor.uid, user=actor.user, mode=req.mode, gpus=tuple(p.gpus),
+    res = Reservation(id=call.new_id("reservation"), uid=actor.uid, user=actor.user, mode=req.mode, gpus=tuple(p.gpus),
                       share=share, start=p.start, end=p.end, created=now, mem_mib=req.mem_mib,
                       op_id=req.op_id, note=req.note)
     status = "queued" if p.queued else "created"
-    result = BookResult(status, res, placement_json(p), warnings=in_use_warnings(state, res, gpus, now),
-                        dry_run=req.dry_run)
+    if res.start <= now:
+        call.warn(*in_use_warnings(state, res, call.telemetry.snapshot(), now))
+    result = BookResult(status, res, placement_json(p), dry_run=req.dry_run)
     if req.dry_run:
         return Mutation(False, [], result)
     state.reservations.append(res)
-    _record_op(state, actor, req.op_id, "create", digest, res.id, now)
-    audit = [{"action": "create", "reservation": res.id, "op_id": req.op_id, "before": None,
-              "after": summary(res), "result": status, "owner": res.uid}]
-    return Mutation(True, audit, result)
+    _record_op(state, actor, req.op_id, CREATE, digest, res.id, now)
+    return Mutation(True, [AuditEntry(CREATE, status, res.id, req.op_id, None, summary(res), res.uid)],
+                    result)
 
 
 def _owned(state: LedgerState, rid: str, actor: Actor, verb: str) -> Reservation:
@@ -149,42 +139,40 @@ def _owned(state: LedgerState, rid: str, actor: Actor, verb: str) -> Reservation
     return res
 
 
-def apply_edit(state: LedgerState, req: EditRequest, actor: Actor, *, now: int, policy: Policy,
-               gpus, load=None, tz=None) -> Mutation:
-    digest = canonical("edit", req) if req.op_id else ""
-    earlier = _replay(state, actor, req.op_id, "edit", digest)
+def apply_edit(state: LedgerState, req: EditRequest, call: Call) -> Mutation:
+    actor, now = call.actor, call.now
+    digest = canonical(EDIT, req) if req.op_id else ""
+    earlier = _replay(state, actor, req.op_id, EDIT, digest)
     if earlier is not None:
-        return Mutation(False, [], BookResult("exists", earlier))
+        return Mutation(False, [], EditResult("exists", earlier, earlier))
     old = _owned(state, req.ref, actor, "edit")
     status = old.status(now)
     if status in (ENDED, CANCELLED):
         raise InvalidInput(f"reservation {old.short_id} has {status}; it can no longer be edited",
                            hint="book again with: bk N DUR")
     if status == ACTIVE:
-        new = _edit_active(state, old, req, now=now, policy=policy, gpus=gpus, load=load, tz=tz)
+        new = _edit_active(state, old, req, call)
     else:
-        new = _edit_upcoming(state, old, req, now=now, policy=policy, gpus=gpus, load=load, tz=tz)
+        new = _edit_upcoming(state, old, req, call)
     before, after = summary(old), summary(new)
     if before == after and (req.note is None or req.note == old.note):
-        return Mutation(False, [], BookResult("unchanged", old, dry_run=req.dry_run))
+        return Mutation(False, [], EditResult("unchanged", old, old, dry_run=req.dry_run))
     if req.note is not None:
         new = new.replace(note=req.note)
     new = new.replace(edits=[*old.edits, Edit(now, actor.uid, actor.user,
                                               {k: v for k, v in before.items() if after[k] != v},
                                               {k: v for k, v in after.items() if before[k] != v})])
-    result = BookResult("updated", new, dry_run=req.dry_run)
+    result = EditResult("updated", new, old, dry_run=req.dry_run)
     if req.dry_run:
         return Mutation(False, [], result)
     state.reservations[state.reservations.index(old)] = new
-    _record_op(state, actor, req.op_id, "edit", digest, new.id, now)
-    audit = [{"action": "edit", "reservation": new.id, "op_id": req.op_id, "before": before,
-              "after": after, "result": "updated", "owner": new.uid}]
-    return Mutation(True, audit, result)
+    _record_op(state, actor, req.op_id, EDIT, digest, new.id, now)
+    return Mutation(True, [AuditEntry(EDIT, "updated", new.id, req.op_id, before, after, new.uid)], result)
 
 
-def _edit_active(state, old: Reservation, req: EditRequest, *, now, policy, gpus, load,
-                 tz=None) -> Reservation:
+def _edit_active(state, old: Reservation, req: EditRequest, call: Call) -> Reservation:
     """After start only the end may move: the elapsed part and the GPUs are history."""
+    now, policy = call.now, call.policy
     frozen = [k for k in ("start", "mode", "share", "mem_mib", "clear_mem", "pinned", "excluded")
               if getattr(req, k) not in (None, False)]
     if frozen:
@@ -207,7 +195,7 @@ def _edit_active(state, old: Reservation, req: EditRequest, *, now, policy, gpus
                                  mem_mib=old.mem_mib, start=check_from, pinned=tuple(old.gpus),
                                  ignore_id=old.id)
         try:
-            _place(state, sreq, policy, gpus, now, load, tz)
+            _place(state, sreq, call, live=False)
         except Conflict as e:
             # A running booking keeps its GPUs: queueing cannot help here.
             raise Conflict(f"cannot extend {old.short_id}: {e.message}",
@@ -216,9 +204,9 @@ def _edit_active(state, old: Reservation, req: EditRequest, *, now, policy, gpus
     return old.replace(end=end)
 
 
-def _edit_upcoming(state, old: Reservation, req: EditRequest, *, now, policy, gpus, load,
-                   tz=None) -> Reservation:
+def _edit_upcoming(state, old: Reservation, req: EditRequest, call: Call) -> Reservation:
     """Before start anything may change; the result is placed as if the old booking were absent."""
+    now, policy = call.now, call.policy
     mode = req.mode or old.mode
     if req.share is not None:
         share = req.share
@@ -241,16 +229,16 @@ def _edit_upcoming(state, old: Reservation, req: EditRequest, *, now, policy, gp
                              start=max(start, floor_slice(now, policy.slot_minutes)),
                              queue=req.queue, pinned=pinned, excluded=tuple(req.excluded or ()),
                              ignore_id=old.id)
-    p = _place(state, sreq, policy, gpus, now, load, tz)
+    p = _place(state, sreq, call, live=False)
     new_share = policy.max_shared_users if mode == EXCLUSIVE else share
     return old.replace(mode=mode, share=new_share, mem_mib=mem, gpus=tuple(p.gpus),
                        start=p.start, end=p.end)
 
 
-def apply_cancel(state: LedgerState, req: CancelRequest, actor: Actor, *, now: int,
-                 notice_id: str) -> Mutation:
-    digest = canonical("cancel", req) if req.op_id else ""
-    earlier = _replay(state, actor, req.op_id, "cancel", digest)
+def apply_cancel(state: LedgerState, req: CancelRequest, call: Call) -> Mutation:
+    actor, now = call.actor, call.now
+    digest = canonical(CANCEL, req) if req.op_id else ""
+    earlier = _replay(state, actor, req.op_id, CANCEL, digest)
     if earlier is not None:
         return Mutation(False, [], CancelResult("exists", earlier))
     res = state.find(req.ref)
@@ -273,13 +261,11 @@ def apply_cancel(state: LedgerState, req: CancelRequest, actor: Actor, *, now: i
         return Mutation(False, [], result)
     state.reservations[state.reservations.index(res)] = new
     if by_admin:
-        state.notices.append(Notice(id=notice_id, at=now, uid=res.uid, level="warning",
+        state.notices.append(Notice(id=call.new_id("notice"), at=now, uid=res.uid, level="warning",
                                     reservation=res.id, created_by=actor.uid,
                                     until=now + USER_NOTICE_DAYS * 86400,
                                     text=f"Your booking {res.short_id} was cancelled by the "
                                          f"administrator: {req.reason.strip()}"))
-    _record_op(state, actor, req.op_id, "cancel", digest, res.id, now)
-    audit = [{"action": "admin_cancel" if by_admin else "cancel", "reservation": res.id,
-              "op_id": req.op_id, "before": summary(res), "after": None,
-              "result": "cancelled", "reason": req.reason, "owner": res.uid}]
-    return Mutation(True, audit, result)
+    _record_op(state, actor, req.op_id, CANCEL, digest, res.id, now)
+    return Mutation(True, [AuditEntry(ADMIN_CANCEL if by_admin else CANCEL, "cancelled", res.id, req.op_id,
+                                      summary(res), None, res.uid, req.reason)], result)

@@ -43,37 +43,40 @@ def admin_contact(settings) -> dict:
     return {"contact": gecos or account, "source": "gecos" if gecos else "account", "account": account}
 
 
-def info_view(app) -> dict:
+def info_view(app, *, call=None) -> dict:
     s = app.settings
+    call = call or app.call()
+    inv = call.telemetry.inventory()
     return {
         "admin": admin_contact(s),
         "mode": s.mode,
         "data_dir": s.data_dir,
         "config_file": s.source,
-        "gpu_count": app.policy.gpu_count,
-        "backend": {"name": app.backend.name, "simulated": bool(getattr(app.backend, "simulated", False))},
-        "policy": policy_summary(app.policy),
+        "gpu_count": call.policy.gpu_count,
+        "backend": {"name": inv.source, "simulated": inv.simulated},
+        "policy": policy_summary(call.policy),
     }
 
 
 # --------------------------------------------------------------- config
 
-def config_view(app) -> dict:
+def config_view(app, *, call=None) -> dict:
     """Every key with its effective value and where it came from."""
     from bk.store.config import KEYS
 
     s = app.settings
+    call = call or app.call()
     from_file = s.explicit
     keys = {}
     for name, key in KEYS.items():
         value = s[name]
         source = "file" if name in from_file else "default"
         if name == "gpu_count" and value is None:
-            value = app.policy.gpu_count
-            backend = app.backend
-            if getattr(backend, "reason", None):
+            value = call.policy.gpu_count
+            inv = call.telemetry.inventory()
+            if inv.reason:
                 source = "simulated default"
-            elif getattr(backend, "simulated", False):
+            elif inv.simulated:
                 source = "environment"          # BK_GPU_COUNT or BK_GPU_SIM_FILE
             else:
                 source = "detected"
@@ -88,7 +91,7 @@ def config_view(app) -> dict:
 
 # --------------------------------------------------------------- doctor
 
-def _config_check(app) -> dict:
+def _config_check(app, call) -> dict:
     s = app.settings
     if s.mode == "private":
         where = s.source or "defaults (no config file)"
@@ -100,22 +103,20 @@ def _config_check(app) -> dict:
     return _check("config", True, f"shared mode; {path} is root-owned and not writable by others")
 
 
-def _ledger_checks(app) -> list[dict]:
-    store = getattr(app, "store", None)
-    if store is None:
-        return [_check("ledger", True, "read through the broker; checked there")]
+def _ledger_checks(app, call) -> list[dict]:
+    store = app.store
     return [_check(name, ok, detail) for name, ok, detail in store.check()]
 
 
-def _policy_check(app) -> dict:
+def _policy_check(app, call) -> dict:
     """The store's own rule (``bk.core.policy``): what fails here is what
     the next booking would refuse, and nothing else."""
     from bk.core.policy import policy_diff
 
-    state = app.ledger()
+    state = app.ledger(call=call)
     if state.policy is None:
         return _check("policy", True, "not bound yet; the first booking records it")
-    diff = policy_diff(state.policy, app.policy.bound())
+    diff = policy_diff(state.policy, call.policy.bound())
     if diff.conflicts:
         return _check("policy", False, "configuration disagrees with the ledger's policy: " + diff.describe())
     detail = "configuration agrees with the policy bound in the ledger"
@@ -124,11 +125,11 @@ def _policy_check(app) -> dict:
     return _check("policy", True, detail)
 
 
-def _gpu_check(app) -> dict:
-    b = app.backend
-    gpus = app.gpus()
-    detail = f"{b.name}: {len(gpus)} GPU{'s' if len(gpus) != 1 else ''}"
-    reason = getattr(b, "reason", None)
+def _gpu_check(app, call) -> dict:
+    snap, inv = call.telemetry.snapshot(), call.telemetry.inventory()
+    gpus = snap.gpus
+    detail = f"{snap.source}: {len(gpus)} GPU{'s' if len(gpus) != 1 else ''}"
+    reason = inv.reason
     if reason:
         detail += f" ({reason})"
     # On a shared server a simulation standing in for missing telemetry is a
@@ -138,14 +139,14 @@ def _gpu_check(app) -> dict:
     ok = True
     if reason and app.settings.mode == "shared":
         if "gpu_count" in app.settings.explicit:
-            detail += (f"; no GPU telemetry, so {app.policy.gpu_count} GPUs from the "
+            detail += (f"; no GPU telemetry, so {call.policy.gpu_count} GPUs from the "
                        "configuration are scheduled by share slots alone")
         else:
             ok = False
             detail += "; set gpu_count in the configuration (sudo bk admin init --gpu-count N)"
-    if app.policy.gpu_count != len(gpus):
+    if call.policy.gpu_count != len(gpus):
         ok = False
-        detail += f"; the policy schedules {app.policy.gpu_count}"
+        detail += f"; the policy schedules {call.policy.gpu_count}"
     return _check("gpu_backend", ok, detail)
 
 
@@ -153,13 +154,13 @@ CHECKS = (("config", _config_check), ("ledger", _ledger_checks),
           ("policy", _policy_check), ("gpu_backend", _gpu_check))
 
 
-def _broker_check(app) -> dict:
+def _broker_check(app, call) -> dict:
     """The broker answers, runs as the service account, and sees us as who we are."""
     import os
 
     from bk import __version__
 
-    got = app.ping()
+    got = app.ping(call=call)
     broker, peer = got.get("broker", {}), got.get("peer", {})
     problems = []
     if broker.get("uid") != app.settings["service_uid"]:
@@ -175,26 +176,27 @@ def _broker_check(app) -> dict:
     return _check("broker", not problems, "; ".join([detail, *problems]))
 
 
-def _probe_checks(app) -> list[dict]:
+def _probe_checks(app, call) -> list[dict]:
     checks = []
     if app.settings.mode == "shared":
-        checks.append(_broker_check(app))
-    return checks + [_check(n, ok, d) for n, ok, d in app.probe()]
+        checks.append(_broker_check(app, call))
+    return checks + [_check(n, ok, d) for n, ok, d in app.probe(call=call)]
 
 
-def doctor(app, probe: bool = False) -> dict:
+def doctor(app, probe: bool = False, *, call=None) -> dict:
     """Run every read-only check, and with ``probe`` the ones that write
     (atomic replace and locking in the data directory, done by the broker on
     a shared server) -> ``{"ok": bool, "checks": [{name, ok, detail}]}``."""
+    call = call or app.call()
     checks: list[dict] = []
     for name, fn in CHECKS + ((("probe", _probe_checks),) if probe else ()):
         try:
-            got = fn(app)
+            got = fn(app, call)
         except BkError as e:
             got = _check(name, False, e.message + (f" ({e.hint})" if e.hint else ""))
         except OSError as e:
             got = _check(name, False, f"{e.filename or name}: {e.strerror}")
         checks.extend(got if isinstance(got, list) else [got])
-    for w in app.warnings:
+    for w in call.warnings:
         checks.append(_check("ledger_read", False, w))
     return {"ok": all(c["ok"] for c in checks), "checks": checks}

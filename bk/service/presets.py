@@ -3,7 +3,9 @@
 A preset is a named booking request (``bk p save train 2 1h 12g``, then
 ``bk p train``).  Presets are the user's own: they live in the per-user
 state directory through ``bk.store.presets``, never in the shared ledger,
-and booking one is an ordinary ``book`` through the service.
+and booking one is an ordinary ``book`` through the service: its typed
+fields go to ``bk.service.builders`` as they are, the request any typed
+booking of the same shape would make.
 
 What the user has booked before also teaches two things without any
 setting: the defaults the guided ``bk a`` offers (``learned_defaults``) and
@@ -22,7 +24,8 @@ from bk.core import timegrid
 from bk.core.errors import InvalidInput, IOFailure, NotFound
 from bk.core.models import EXCLUSIVE, MODES, SHARED, Reservation
 from bk.core.record import dataclass, field, replace
-from bk.service.requests import BookRequest, check_request
+from bk.service import builders
+from bk.service.requests import check_request
 
 # Words that follow `bk p` as sub-commands; a preset may not be called so.
 RESERVED_NAMES = ("save", "list", "ls", "show", "delete", "del", "rm", "use", "help")
@@ -46,11 +49,19 @@ class Preset:
     created: int | None = None
     extra: dict = field(default_factory=dict, compare=False)
 
-    def request(self, *, start: int | None = None, queue: bool = False, op_id: str | None = None,
-                dry_run: bool = False) -> BookRequest:
-        return BookRequest(count=self.count, duration=self.duration, mode=self.mode, share=self.share,
-                           mem_mib=self.mem_mib, start=start, queue=queue, pinned=self.pinned,
-                           excluded=self.excluded, note=self.note, op_id=op_id, dry_run=dry_run)
+    def request(self, *, call, at: str | None = None, start_iso: str | None = None,
+                start_at: int | None = None, queue: bool = False, op_id: str | None = None,
+                dry_run: bool = False):
+        """The booking this preset stands for, at ``-t``/``--start`` (words)
+        or ``start_at`` (a resolved epoch), else now.  Returns (BookRequest,
+        StartSpec or None) from the one request builder.  Empty values
+        (no memory, no note, share 1) are left out, as ``words()`` leaves
+        them out of the command the preset stands for."""
+        return builders.book_request(
+            count_=self.count, duration_=self.duration, mem=self.mem_mib or None, mode=self.mode,
+            share=self.share if self.share != 1 else None, at=at, start_iso=start_iso, start_at=start_at,
+            queue=queue, gpus=self.pinned or None, exclude=self.excluded or None, note=self.note or None,
+            op_id=op_id, dry_run=dry_run, policy=call.policy, now=call.now, tz=call.tz)
 
     def _words(self) -> list[str]:
         out = [str(self.count), timegrid.format_duration(self.duration)]
@@ -175,12 +186,15 @@ def _not_found(name: str, presets: dict) -> NotFound:
     return NotFound(f"no preset named {name!r}", hint=hint)
 
 
-def validate(app, p: Preset) -> Preset:
+def validate(app, p: Preset, *, call) -> Preset:
     """The checks a booking would make that do not depend on the ledger, made
     at save time so that a preset cannot be saved that could never book."""
     check_name(p.name)
-    check_request(p.request())
-    policy = app.policy
+    # The shape checks of any booking, on the request the preset makes.  An
+    # exclusive preset's share is judged below, after the policy's checks,
+    # so it is left out here (the builder would refuse it first).
+    check_request((replace(p, share=1) if p.mode == EXCLUSIVE else p).request(call=call)[0])
+    policy = call.policy
     if p.duration % policy.slot_seconds:
         raise InvalidInput(f"the duration is not a whole number of {policy.slot_minutes}-minute slices")
     if p.count > policy.gpu_count:
@@ -201,10 +215,10 @@ def validate(app, p: Preset) -> Preset:
     return p
 
 
-def save_preset(app, p: Preset, *, dry_run: bool = False) -> tuple[str, Preset]:
+def save_preset(app, p: Preset, *, call, dry_run: bool = False) -> tuple[str, Preset]:
     """Save or replace; returns (``created``|``replaced``|``unchanged``, preset).
     With ``dry_run`` the same answer, and nothing written."""
-    p = validate(app, replace(p, created=p.created or app.now()))
+    p = validate(app, replace(p, created=p.created or call.now), call=call)
     f = _file(app)
 
     def change(presets: dict) -> str:
@@ -232,19 +246,21 @@ def delete_preset(app, name: str, *, dry_run: bool = False) -> Preset:
     return f.update(change)
 
 
-def book_preset(app, name: str, *, start: int | None = None, queue: bool = False,
+def book_preset(app, name: str, *, call, start: int | None = None, queue: bool = False,
                 op_id: str | None = None, dry_run: bool = False):
-    """Book what the preset says; returns (preset, BookResult)."""
+    """Book what the preset says (``start``: a resolved epoch, else now);
+    returns (preset, BookResult)."""
     p = get_preset(app, name)
-    return p, app.book(p.request(start=start, queue=queue, op_id=op_id, dry_run=dry_run))
+    req, _ = p.request(call=call, start_at=start, queue=queue, op_id=op_id, dry_run=dry_run)
+    return p, app.book(req, call=call)
 
 
 # -------------------------------------------------------------- learning
 
-def _recent_own(app, limit: int = RECENT) -> list[Reservation]:
+def _recent_own(app, *, call, limit: int = RECENT) -> list[Reservation]:
     """The user's latest bookings, newest first (current and ended; not cancelled)."""
     seen: dict[str, Reservation] = {}
-    for r in [*app.list("mine"), *app.list("history", limit=limit)]:
+    for r in [*app.list("mine", call=call), *app.list("history", limit=limit, call=call)]:
         if r.cancelled_at is None:
             seen[r.id] = r
     return sorted(seen.values(), key=lambda r: (r.created, r.id), reverse=True)[:limit]
@@ -264,11 +280,11 @@ def _most_common(values: list):
     return next(v for v in values if counts[v] == best)
 
 
-def learned_defaults(app) -> dict:
+def learned_defaults(app, *, call) -> dict:
     """Defaults for the guided booking: the user's most frequent count,
     duration, mode and memory among their recent bookings.  ``learned`` is
     how many bookings taught them (0: the built-in defaults)."""
-    recent = _recent_own(app)
+    recent = _recent_own(app, call=call)
     if not recent:
         return {**FALLBACK, "learned": 0}
     mode = _most_common([r.mode for r in recent])
@@ -280,7 +296,7 @@ def learned_defaults(app) -> dict:
             "learned": len(recent)}
 
 
-def suggest_preset(app, booked: Reservation | None = None) -> dict | None:
+def suggest_preset(app, booked: Reservation | None = None, *, call) -> dict | None:
     """After a booking, a suggestion to save it as a preset, or None.
 
     It fires when the booking just made (``booked``, else the user's latest)
@@ -294,8 +310,8 @@ def suggest_preset(app, booked: Reservation | None = None) -> dict | None:
     at the hot ledger (live bookings and those ended within
     ``archive_after_hours``), never at the archive.
     """
-    state = app.ledger()
-    uid = app.actor.uid
+    state = app.ledger(call=call)
+    uid = call.actor.uid
     recent = sorted((r for r in state.reservations if r.uid == uid and r.cancelled_at is None),
                     key=lambda r: (r.created, r.id), reverse=True)[:RECENT]
     if booked is None:

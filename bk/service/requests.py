@@ -2,9 +2,11 @@
 it hands back.  Times are epoch seconds (UTC); the front end has already
 resolved "tomorrow 9am" with its clock and time zone.
 
-Requests are plain data so the broker can rebuild them from a frame with a
-strict field allowlist (``from_wire``) and the op-id digest can be computed
-from a canonical form (``canonical``).
+Requests are plain data, each with a field spec (``bk.service.fields``)
+that the operation table (``bk.service.ops``) names, so the broker and the
+MCP server rebuild them from JSON with one strict decoder, and the op-id
+digest is computed from a canonical form (``canonical``).  Front ends build
+them with ``bk.service.builders`` rather than by hand.
 """
 
 from __future__ import annotations
@@ -13,21 +15,10 @@ import json
 
 from bk.core import record
 from bk.core.errors import InvalidInput
-from bk.core.models import EXCLUSIVE, MODES, SHARED, Reservation
-from bk.core.record import dataclass, field
-
-
-@dataclass(frozen=True)
-class Actor:
-    """Who is asking.  Always from the kernel: the process UID, or
-    SO_PEERCRED in the broker; never from a field a client sent."""
-
-    uid: int
-    user: str
-
-    @property
-    def is_admin(self) -> bool:
-        return self.uid == 0
+from bk.core.models import EXCLUSIVE, MODES, SHARED
+from bk.core.record import dataclass
+from bk.service.context import Actor  # noqa: F401  (re-exported: requests are made for an actor)
+from bk.service.fields import Field
 
 
 @dataclass(frozen=True)
@@ -90,48 +81,6 @@ def canonical(action: str, req: object) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
-_WIRE_TYPES = {
-    "count": int, "duration": int, "mode": str, "share": int, "mem_mib": int, "start": int,
-    "queue": bool, "pinned": list, "excluded": list, "note": str, "op_id": str, "dry_run": bool,
-    "ref": str, "end": int, "clear_mem": bool, "reason": str,
-}
-
-
-def from_wire(cls, fields: dict):
-    """Build a request from untrusted JSON: only the dataclass's fields, each
-    with its exact type (bool is not an int here)."""
-    if not isinstance(fields, dict):
-        raise InvalidInput("request fields must be an object")
-    defaults = {f.name: f.default for f in record.fields(cls)}
-    kwargs = {}
-    for k, v in fields.items():
-        if k not in defaults:
-            raise InvalidInput(f"unknown field {k!r}")
-        want = _WIRE_TYPES[k]
-        if v is None:
-            if defaults[k] is not None:
-                raise InvalidInput(f"field {k!r} may not be null")
-            kwargs[k] = None
-            continue
-        if want is int and (not isinstance(v, int) or isinstance(v, bool) or not -2**53 < v < 2**53):
-            raise InvalidInput(f"field {k!r} must be an integer")
-        if want is not int and not isinstance(v, want):
-            raise InvalidInput(f"field {k!r} must be {want.__name__}")
-        if want is list:
-            if len(v) > 64 or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
-                raise InvalidInput(f"field {k!r} must be a list of GPU indices")
-            v = tuple(v)
-        if want is str and len(v) > 1000:
-            raise InvalidInput(f"field {k!r} is too long")
-        kwargs[k] = v
-    try:
-        req = cls(**kwargs)
-    except TypeError as e:
-        raise InvalidInput(f"incomplete request: {e}") from None
-    check_request(req)
-    return req
-
-
 def check_request(req) -> None:
     """Shape checks shared by every front end (the scheduler checks the rest)."""
     if isinstance(req, BookRequest):
@@ -150,17 +99,63 @@ def check_request(req) -> None:
         raise InvalidInput("memory must be positive", hint="example: -m 12g")
 
 
-@dataclass
-class BookResult:
-    status: str                        # created | queued | exists | updated | dry_run
-    reservation: Reservation
-    placement: dict | None = None      # {"gpus": {index: reason}, "requested_start": iso}
-    warnings: list[str] = field(default_factory=list)
+@dataclass(frozen=True)
+class NoticeRequest:
+    text: str
+    level: str = "info"
+    until: int | None = None
     dry_run: bool = False
 
 
-@dataclass
-class CancelResult:
-    status: str                        # cancelled | exists
-    reservation: Reservation
+@dataclass(frozen=True)
+class NoticeArchiveRequest:
+    ref: str
     dry_run: bool = False
+
+
+@dataclass(frozen=True)
+class AuditRequest:
+    limit: int = 50
+    all: bool = False
+    reservation: str | None = None
+
+
+@dataclass(frozen=True)
+class Empty:
+    """The request of an operation that takes no fields (ping, probe)."""
+
+
+# ------------------------------------------------------------ field specs
+
+MAX_NOTE = 1000
+MAX_NOTICE_TEXT = 2000
+MAX_AUDIT_LIMIT = 1000
+RESERVATION_ID = "[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+
+_WRITE = (Field("op_id", "text", max_len=200, help="idempotency key: a retry with it changes nothing"),
+          Field("dry_run", "bool", help="show what would happen; change nothing"))
+_PLACE = (Field("mode", "choice", choices=MODES), Field("share", "int", lo=1, hi=64),
+          Field("mem_mib", "int", lo=1, help="VRAM per GPU in MiB"),
+          Field("start", "int", help="start, epoch seconds (UTC)"),
+          Field("queue", "bool", help="take the earliest start at or after the one asked for"),
+          Field("pinned", "gpus", help="exactly these GPUs"),
+          Field("excluded", "gpus", help="never these GPUs"),
+          Field("note", "text", max_len=MAX_NOTE))
+
+BOOK_FIELDS = (Field("count", "int", lo=1, hi=64, help="number of GPUs"),
+               Field("duration", "int", lo=1, help="seconds"), *_PLACE, *_WRITE)
+EDIT_FIELDS = (Field("ref", "text", max_len=64, help="the reservation's full ID"),
+               Field("duration", "int", lo=1, help="new total length, seconds"),
+               Field("end", "int", help="new end, epoch seconds"),
+               Field("clear_mem", "bool", help="forget the memory figure"), *_PLACE, *_WRITE)
+CANCEL_FIELDS = (Field("ref", "text", max_len=64, help="the reservation's full ID"),
+                 Field("reason", "text", max_len=MAX_NOTE, help="required to cancel another user's"),
+                 *_WRITE)
+NOTICE_FIELDS = (Field("text", "text", max_len=MAX_NOTICE_TEXT),
+                 Field("level", "choice", choices=("info", "warning", "critical")),
+                 Field("until", "int", help="withdrawn at, epoch seconds"), _WRITE[1])
+NOTICE_ARCHIVE_FIELDS = (Field("ref", "text", max_len=36, pattern="[0-9a-f-]{4,36}",
+                               help="a notice ID or a prefix of at least 4 characters"), _WRITE[1])
+AUDIT_FIELDS = (Field("limit", "int", lo=1, hi=MAX_AUDIT_LIMIT),
+                Field("all", "bool", help="everyone's (the administrator only)"),
+                Field("reservation", "text", pattern=RESERVATION_ID, help="a full reservation ID"))

@@ -1,9 +1,11 @@
 """The status view (``bk st``, ``bk``, ``bk login``) as data, for every front end.
 
-One look at the GPUs (``app.gpus()``, one backend call per command) and one
-read of the ledger make the whole view; nothing here is computed per cell or
-per row from a fresh read.  The CLI renders the dict this module returns,
-and the prompt, the TUI header and MCP can use the same dict.
+One GPU snapshot (``call.telemetry.snapshot()``, one backend call per
+command) and one read of the ledger make the whole view; nothing here is
+computed per cell or per row from a fresh read.  The views are typed: the
+CLI renders its text from the records, and ``to_json()`` is the JSON every
+front end shows.  Process attribution is ``bk.core.telemetry.attribute``,
+the same judgement the booking warnings use.
 
 "Next fully free" is the first instant from now on at which a GPU holds no
 booking at all (no share slot taken) and no blackout runs: the moment a
@@ -14,8 +16,10 @@ in one pass over the holds sorted by start.
 
 from __future__ import annotations
 
-from bk.core.models import EXCLUSIVE, SYSTEM_LABELS, GpuInfo, GpuProcess, Policy, Reservation, iso
-from bk.service.views import notice_json, reservation_json
+from bk.core import telemetry
+from bk.core.models import EXCLUSIVE, GpuInfo, GpuProcess, Policy, Reservation, iso
+from bk.core.record import dataclass
+from bk.service.views import notice_json
 
 # How far ahead ``bk login`` looks for bookings about to start.
 LOGIN_LOOKAHEAD_S = 3600
@@ -68,90 +72,131 @@ def share_used(holds: list[Reservation], t: int, capacity: int) -> int:
     return used
 
 
-def process_json(p: GpuProcess, gpu: int, active_gpus_by_uid: dict[int, set[int]]) -> dict:
-    """A GPU process with a first, simple attribution: whose booking it runs
-    under.  Container attribution (SPEC 8) refines ``identity`` later."""
-    label = p.label or ""
-    if label.lower() in SYSTEM_LABELS:
-        state = "system"
-    elif p.uid is None:
-        state = "unknown"
-    elif gpu in active_gpus_by_uid.get(p.uid, ()):
-        state = "ok"
-    elif p.uid in active_gpus_by_uid:
-        state = "wrong-gpu"
-    else:
-        state = "unreserved"
-    return {"pid": p.pid, "uid": p.uid, "user": p.user, "label": p.label, "mem_mib": p.mem_mib,
-            "sm": p.sm, "state": state, "identity": "verified" if p.uid is not None else None,
-            "since": None}
+@dataclass(frozen=True)
+class ProcessRow:
+    pid: int
+    uid: int | None
+    user: str | None
+    label: str | None
+    mem_mib: int | None
+    sm: int | None
+    state: str                         # bk.core.telemetry.STATES
+
+    def to_json(self) -> dict:
+        # Container attribution (SPEC 8) refines ``identity`` and ``since`` later.
+        return {"pid": self.pid, "uid": self.uid, "user": self.user, "label": self.label,
+                "mem_mib": self.mem_mib, "sm": self.sm, "state": self.state,
+                "identity": "verified" if self.uid is not None else None, "since": None}
 
 
-def gpu_rows(app, state, now: int) -> list[dict]:
-    policy = app.policy
-    info: dict[int, GpuInfo] = {g.index: g for g in app.gpus()}
+@dataclass(frozen=True)
+class GpuRow:
+    index: int
+    uuid: str | None
+    name: str | None
+    util: int | None
+    mem_used_mib: int | None
+    mem_total_mib: int | None
+    temperature: int | None
+    state: str                         # idle | busy | unknown | disabled
+    share_used: int
+    capacity: int
+    processes: tuple | None            # ProcessRow; None: the backend cannot list them
+    next_free: int | None              # None: never (disabled)
+
+    def to_json(self) -> dict:
+        return {"index": self.index, "uuid": self.uuid, "name": self.name, "util": self.util,
+                "mem_used_mib": self.mem_used_mib, "mem_total_mib": self.mem_total_mib,
+                "temperature": self.temperature, "state": self.state, "share_used": self.share_used,
+                "capacity": self.capacity,
+                "processes": None if self.processes is None else [p.to_json() for p in self.processes],
+                "next_free": iso(self.next_free)}
+
+
+def process_row(p: GpuProcess, gpu: int, active: dict[int, set[int]]) -> ProcessRow:
+    return ProcessRow(p.pid, p.uid, p.user, p.label, p.mem_mib, p.sm, telemetry.attribute(p, gpu, active))
+
+
+def gpu_rows(state, snapshot, policy, now: int) -> list[GpuRow]:
+    info: dict[int, GpuInfo] = snapshot.by_index()
     per = holds_by_gpu(state.reservations, now, policy.gpu_count)
     dark = [(b.start, b.end) for b in state.blackouts if b.end > now]
-    active_by_uid: dict[int, set[int]] = {}
-    for lst in per.values():
-        for r in lst:
-            if r.start <= now:
-                active_by_uid.setdefault(r.uid, set()).update(r.gpus)
+    active = telemetry.active_gpus_by_uid(state.reservations, now)
     rows = []
     for g in range(policy.gpu_count):
         gi = info.get(g)
         disabled = g in policy.disabled_gpus
-        live = gi.live_state() if gi else "unknown"
         procs = None
         if gi is not None and gi.processes is not None:
-            procs = [process_json(p, g, active_by_uid) for p in gi.processes]
+            procs = tuple(process_row(p, g, active) for p in gi.processes)
         free = None if disabled else next_fully_free([(r.start, r.end) for r in per[g]] + dark, now)
-        rows.append({
-            "index": g, "uuid": gi.uuid if gi else None, "name": gi.name if gi else None,
-            "util": gi.util if gi else None, "mem_used_mib": gi.mem_used_mib if gi else None,
-            "mem_total_mib": gi.mem_total_mib if gi else None,
-            "temperature": gi.temperature if gi else None,
-            "state": "disabled" if disabled else live,
-            "share_used": share_used(per[g], now, policy.max_shared_users),
-            "capacity": policy.max_shared_users,
-            "processes": procs,
-            "next_free": iso(free) if free is not None else None,
-        })
+        rows.append(GpuRow(
+            g, gi.uuid if gi else None, gi.name if gi else None, gi.util if gi else None,
+            gi.mem_used_mib if gi else None, gi.mem_total_mib if gi else None,
+            gi.temperature if gi else None, "disabled" if disabled else (gi.live_state() if gi else "unknown"),
+            share_used(per[g], now, policy.max_shared_users), policy.max_shared_users, procs, free))
     return rows
 
 
-def _res_list(app, items, now, numbers, mem) -> list[dict]:
-    return [reservation_json(r, now=now, actor_uid=app.actor.uid, policy=app.policy, gpu_mem=mem,
-                             number=numbers.get(r.id)) for r in items]
+@dataclass(frozen=True)
+class StatusView:
+    """``bk st``: GPUs, the caller's bookings (everyone's with ``verbose``), notices."""
+
+    now: int
+    backend: dict
+    gpus: tuple
+    reservations: tuple
+    notices: tuple
+    view: object                       # bk.service.results.View: numbers, capacity, memory
+    verbose: bool = False
+
+    def to_json(self) -> dict:
+        return {"now": iso(self.now), "backend": dict(self.backend),
+                "gpus": [g.to_json() for g in self.gpus],
+                "reservations": [self.view.reservation(r) for r in self.reservations],
+                "notices": [notice_json(n) for n in self.notices],
+                # The monitor daemon (SPEC 8) does not exist yet; say so rather than guess.
+                "monitor": {"state": "absent"}}
 
 
-def status_view(app, verbose: bool = False) -> dict:
-    """``bk st``: GPUs, the user's bookings (everyone's with ``verbose``), notices."""
-    state, now = app.ledger(), app.now()
-    mine = app.own_current(state, now=now)
+@dataclass(frozen=True)
+class LoginView:
+    now: int
+    notices: tuple
+    reservations: tuple
+    view: object
+
+    def to_json(self) -> dict:
+        return {"now": iso(self.now), "notices": [notice_json(n) for n in self.notices],
+                "reservations": [self.view.reservation(r) for r in self.reservations]}
+
+
+def status_view(app, verbose: bool = False, *, call=None) -> StatusView:
+    from bk.service.results import View
+
+    call = call or app.call()
+    state, now = app.ledger(call=call), call.now
+    mine = app.own_current(state, call=call)
     numbers = {r.id: i for i, r in enumerate(mine, 1)}
-    mem = {g.index: g.mem_total_mib for g in app.gpus()}
+    snap = call.telemetry.snapshot()
     if verbose:
         shown = sorted((r for r in state.reservations if r.is_live(now)), key=lambda r: (r.start, r.created))
     else:
         shown = mine
-    return {
-        "now": iso(now),
-        "backend": {"name": app.backend.name, "simulated": bool(getattr(app.backend, "simulated", False))},
-        "gpus": gpu_rows(app, state, now),
-        "reservations": _res_list(app, shown, now, numbers, mem),
-        "notices": [notice_json(n) for n in app.notices(state=state)],
-        # The monitor daemon (SPEC 8) does not exist yet; say so rather than guess.
-        "monitor": {"state": "absent"},
-    }
+    view = View(now, call.actor.uid, call.policy, {g.index: g.mem_total_mib for g in snap.gpus}, numbers)
+    return StatusView(now, {"name": snap.source, "simulated": snap.simulated},
+                      tuple(gpu_rows(state, snap, call.policy, now)), tuple(shown),
+                      tuple(app.notices(state=state, call=call)), view, verbose)
 
 
-def login_view(app, lookahead: int = LOGIN_LOOKAHEAD_S) -> dict:
-    """``bk login``: notices, and the user's bookings active now or starting soon."""
-    state, now = app.ledger(), app.now()
-    mine = app.own_current(state, now=now)
+def login_view(app, lookahead: int = LOGIN_LOOKAHEAD_S, *, call=None) -> LoginView:
+    """``bk login``: notices, and the caller's bookings active now or starting soon."""
+    from bk.service.results import View
+
+    call = call or app.call()
+    state, now = app.ledger(call=call), call.now
+    mine = app.own_current(state, call=call)
     numbers = {r.id: i for i, r in enumerate(mine, 1)}
     soon = [r for r in mine if r.start < now + lookahead]
-    mem = {g.index: g.mem_total_mib for g in app.gpus()} if soon else {}
-    return {"now": iso(now), "notices": [notice_json(n) for n in app.notices(state=state)],
-            "reservations": _res_list(app, soon, now, numbers, mem)}
+    view = View(now, call.actor.uid, call.policy, call.gpu_mem() if soon else {}, numbers)
+    return LoginView(now, tuple(app.notices(state=state, call=call)), tuple(soon), view)

@@ -7,15 +7,16 @@ user reading the picture would book into a conflict.  Own bookings are
 listed apart from others' so a front end can draw them differently.
 
 ``plan`` picks the window and the step for a given number of columns;
-``build`` is a pure function of the ledger's reservations and blackouts, so
-the TUI and tests can call it with any world; ``timeline_view`` joins them to
-a ``Service``.
+``build`` is a pure function of the ledger's reservations and blackouts
+returning a typed ``Grid``, so the TUI and tests can call it with any world;
+``timeline_view`` joins it to a ``Service`` as a typed ``TimelineView``
+whose ``to_json()`` is the contract.
 """
 
 from __future__ import annotations
 
 from bk.core.models import EXCLUSIVE, Reservation, iso
-from bk.service.views import reservation_json
+from bk.core.record import dataclass
 
 # Steps a timeline may use, in minutes; each must be a multiple of the slice.
 STEP_LADDER_MIN = (5, 10, 15, 20, 30, 60, 120, 180, 360, 720, 1440)
@@ -72,12 +73,67 @@ def _max_used(holds: list[tuple[int, int, int]], lo: int, hi: int) -> int:
     return best
 
 
-def build(reservations, blackouts, *, capacity: int, gpus: list[int], disabled=frozenset(),
-          frm: int, to: int, step: int, actor_uid: int) -> dict:
-    """Cells for each GPU in ``gpus`` over ``[frm, to)``.
+@dataclass(frozen=True)
+class Cell:
+    """One GPU over one column: the most share slots held at any instant in
+    it, whose bookings (short IDs) and whether a blackout touches it."""
 
-    A cell is ``{"used": slots, "mine": [short ids], "others": [short ids],
-    "blackout": bool}``; cell ``i`` starts at ``frm + i * step``."""
+    used: int
+    mine: tuple[str, ...]
+    others: tuple[str, ...]
+    blackout: bool
+
+    def to_json(self) -> dict:
+        return {"used": self.used, "mine": list(self.mine), "others": list(self.others),
+                "blackout": self.blackout}
+
+
+@dataclass(frozen=True)
+class Lane:
+    index: int
+    disabled: bool
+    cells: tuple
+
+    def to_json(self) -> dict:
+        return {"index": self.index, "disabled": self.disabled, "cells": [c.to_json() for c in self.cells]}
+
+
+@dataclass(frozen=True)
+class Grid:
+    frm: int
+    to: int
+    step: int
+    capacity: int
+    lanes: tuple
+
+    def to_json(self) -> dict:
+        return {"from": iso(self.frm), "to": iso(self.to), "step": self.step, "capacity": self.capacity,
+                "gpus": [lane.to_json() for lane in self.lanes]}
+
+
+@dataclass(frozen=True)
+class TimelineView:
+    """The grid of the live ledger with the bookings and blackouts it shows."""
+
+    now: int
+    grid: Grid
+    blackouts: tuple
+    reservations: tuple
+    view: object                      # bk.service.results.View
+
+    def to_json(self) -> dict:
+        out = self.grid.to_json()
+        out["now"] = iso(self.now)
+        out["blackouts"] = [{"id": b.id, "start": iso(b.start), "end": iso(b.end), "reason": b.reason}
+                            for b in self.blackouts]
+        out["reservations"] = [self.view.reservation(r) for r in self.reservations]
+        return out
+
+
+def build(reservations, blackouts, *, capacity: int, gpus: list[int], disabled=frozenset(),
+          frm: int, to: int, step: int, actor_uid: int) -> Grid:
+    """Cells for each GPU in ``gpus`` over ``[frm, to)``; cell ``i`` starts
+    at ``frm + i * step``."""
     wanted = set(gpus)
     per: dict[int, list[Reservation]] = {g: [] for g in gpus}
     for r in reservations:
@@ -88,7 +144,7 @@ def build(reservations, blackouts, *, capacity: int, gpus: list[int], disabled=f
                 per[g].append(r)
     dark = [(b.start, b.end) for b in blackouts if b.end > frm and b.start < to]
     cols = range(frm, to, step)
-    rows = []
+    lanes = []
     for g in gpus:
         lst = sorted(per[g], key=lambda r: (r.start, r.created))
         cells = []
@@ -96,31 +152,29 @@ def build(reservations, blackouts, *, capacity: int, gpus: list[int], disabled=f
             e = t + step
             here = [r for r in lst if r.start < e and r.end > t]
             holds = [(r.start, r.end, capacity if r.mode == EXCLUSIVE else r.share) for r in here]
-            cells.append({
-                "used": _max_used(holds, t, e),
-                "mine": [r.short_id for r in here if r.uid == actor_uid],
-                "others": [r.short_id for r in here if r.uid != actor_uid],
-                "blackout": any(a < e and b > t for a, b in dark),
-            })
-        rows.append({"index": g, "disabled": g in disabled, "cells": cells})
-    return {"from": iso(frm), "to": iso(to), "step": step, "capacity": capacity, "gpus": rows}
+            cells.append(Cell(_max_used(holds, t, e),
+                              tuple(r.short_id for r in here if r.uid == actor_uid),
+                              tuple(r.short_id for r in here if r.uid != actor_uid),
+                              any(a < e and b > t for a, b in dark)))
+        lanes.append(Lane(g, g in disabled, tuple(cells)))
+    return Grid(frm, to, step, capacity, tuple(lanes))
 
 
-def timeline_view(app, *, frm: int, to: int, step: int, gpus: list[int] | None = None) -> dict:
+def timeline_view(app, *, frm: int, to: int, step: int, gpus: list[int] | None = None,
+                  call=None) -> TimelineView:
     """The timeline of the live ledger, with the bookings it shows."""
-    state, now, policy = app.ledger(), app.now(), app.policy
+    from bk.service.results import View
+
+    call = call or app.call()
+    state, now, policy = app.ledger(call=call), call.now, call.policy
     if gpus is None:
         gpus = list(range(policy.gpu_count))
-    out = build(state.reservations, state.blackouts, capacity=policy.max_shared_users, gpus=gpus,
-                disabled=policy.disabled_gpus, frm=frm, to=to, step=step, actor_uid=app.actor.uid)
+    grid = build(state.reservations, state.blackouts, capacity=policy.max_shared_users, gpus=gpus,
+                 disabled=policy.disabled_gpus, frm=frm, to=to, step=step, actor_uid=call.actor.uid)
     wanted = set(gpus)
     shown = sorted((r for r in state.reservations if r.cancelled_at is None and r.start < to
                     and r.end > frm and wanted & set(r.gpus)), key=lambda r: (r.start, r.created))
-    numbers = {r.id: i for i, r in enumerate(app.own_current(state, now=now), 1)}
-    mem = {g.index: g.mem_total_mib for g in app.gpus()}
-    out["now"] = iso(now)
-    out["blackouts"] = [{"id": b.id, "start": iso(b.start), "end": iso(b.end), "reason": b.reason}
-                        for b in state.blackouts if b.end > frm and b.start < to]
-    out["reservations"] = [reservation_json(r, now=now, actor_uid=app.actor.uid, policy=policy,
-                                            gpu_mem=mem, number=numbers.get(r.id)) for r in shown]
-    return out
+    numbers = {r.id: i for i, r in enumerate(app.own_current(state, call=call), 1)}
+    view = View(now, call.actor.uid, policy, call.gpu_mem(), numbers)
+    return TimelineView(now, grid, tuple(b for b in state.blackouts if b.end > frm and b.start < to),
+                        tuple(shown), view)

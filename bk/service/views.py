@@ -24,7 +24,7 @@ def reservation_json(r: Reservation, *, now: int, actor_uid: int, policy: Policy
         "share": policy.max_shared_users if r.mode == EXCLUSIVE else r.share,
         "capacity": policy.max_shared_users, "mem_mib": r.mem_mib, "mem_mib_effective": eff,
         "start": iso(r.start), "end": iso(r.end), "status": r.status(now), "created": iso(r.created),
-        "op_id": r.op_id, "job": r.job, "note": r.note,
+        "op_id": r.op_id, "job": r.job.to_dict() if r.job is not None else None, "note": r.note,
         "cancelled_at": iso(r.cancelled_at), "cancel_reason": r.cancel_reason,
         "edits": len(r.edits),
     }

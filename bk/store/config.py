@@ -278,5 +278,5 @@ def load(locations: Locations) -> Settings:
             raise ConfigError(f"configuration file {path} does not exist")
     if locations.mode == "shared":
         data_dir = values["data_dir"] or locations.data_dir
-        locations = Locations(locations.mode, data_dir, path, True, locations.state_dir)
+        locations = Locations(locations.mode, data_dir, path, True, locations.state_dir, locations.cache_dir)
     return Settings(locations, values, source, explicit)

@@ -44,6 +44,7 @@ class Locations:
     config_file: str | None      # the file that was (or would be) read; None: defaults only
     config_is_system: bool       # True: a trusted file that may hold security keys
     state_dir: str               # per-user private state (presets, job specs)
+    cache_dir: str | None = None  # per-user caches that may be deleted at any time (GPU inventory)
 
 
 def locate(env: dict | None = None) -> Locations:
@@ -56,6 +57,7 @@ def locate(env: dict | None = None) -> Locations:
     """
     env = os.environ if env is None else env
     state = os.path.join(xdg_dir(env, "XDG_STATE_HOME", (".local", "state")), "bk")
+    cache = os.path.join(xdg_dir(env, "XDG_CACHE_HOME", (".cache",)), "bk")
     user_cfg = os.path.join(xdg_dir(env, "XDG_CONFIG_HOME", (".config",)), "bk", "config.json")
     data_env = env.get("BK_DATA_DIR")
     cfg_env = env.get("BK_CONFIG_FILE")
@@ -66,10 +68,10 @@ def locate(env: dict | None = None) -> Locations:
             raise ConfigError(f"BK_DATA_DIR must be an absolute path, got {data_env!r}",
                               hint="export BK_DATA_DIR=$(mktemp -d)")
         cfg = cfg_env if cfg_env else user_cfg
-        return Locations("private", data_env, cfg, False, state)
+        return Locations("private", data_env, cfg, False, state, cache)
     if cfg_env:
-        return Locations("shared", DEFAULT_SHARED_DATA_DIR, cfg_env, True, state)
+        return Locations("shared", DEFAULT_SHARED_DATA_DIR, cfg_env, True, state, cache)
     if os.path.exists(SYSTEM_CONFIG):
-        return Locations("shared", DEFAULT_SHARED_DATA_DIR, SYSTEM_CONFIG, True, state)
+        return Locations("shared", DEFAULT_SHARED_DATA_DIR, SYSTEM_CONFIG, True, state, cache)
     data = os.path.join(xdg_dir(env, "XDG_DATA_HOME", (".local", "share")), "bk")
-    return Locations("private", data, user_cfg, False, state)
+    return Locations("private", data, user_cfg, False, state, cache)

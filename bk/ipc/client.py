@@ -23,9 +23,9 @@ import socket
 import struct
 import time
 
-from bk.broker import protocol
 from bk.core import errors
 from bk.core.envelope import is_envelope
+from bk.ipc import protocol
 
 HINT = "is the broker running? systemctl status gpubk-broker, or ask the administrator (bk info)"
 FULL = "max_clients"          # bk.broker.server.FULL (not imported: clients stay light)
@@ -34,29 +34,13 @@ CONNECT_TIMEOUT = 5.0
 # lock and then run the placement; give it that and a margin.
 REPLY_TIMEOUT = 30.0
 
-_BY_CODE: dict[str, type[errors.BkError]] = {
-    "invalid_input": errors.InvalidInput,
-    "conflict": errors.Conflict,
-    "policy": errors.PolicyRefused,
-    "not_found": errors.NotFound,
-    "ambiguous": errors.Ambiguous,
-    "permission_denied": errors.PermissionDenied,
-    "unavailable": errors.Unavailable,
-    "internal": errors.Internal,
-    "io_error": errors.IOFailure,
-    "busy": errors.Busy,
-    "config": errors.ConfigError,
-}
-
-
 def error_from(envelope: dict) -> errors.BkError:
-    """The BkError an error envelope describes."""
+    """The BkError an error envelope describes (the one code map: bk.core.errors)."""
     err = envelope.get("error") or {}
-    cls = _BY_CODE.get(err.get("code"), errors.Internal)
+    if not isinstance(err, dict):
+        err = {}
     message = err.get("message") if isinstance(err.get("message"), str) else "the broker refused"
-    hint = err.get("hint") if isinstance(err.get("hint"), str) else None
-    details = err.get("details") if isinstance(err.get("details"), dict) else None
-    return cls(message, hint, details=details)
+    return errors.error_from(err.get("code"), message, err.get("hint"), err.get("details"))
 
 
 def group_hint(group: str | None) -> str:

@@ -1,0 +1,166 @@
+"""Request builders: what a person typed or picked, to a typed request.
+
+Pure functions of plain values (words or already typed numbers) plus the
+policy, the instant and the zone of the call.  argparse handlers, the guided
+flows, presets, and later the TUI forms and MCP tools all call these, so
+``2h``, ``+30m``, ``-t now``, ``0-3`` and a list number mean one thing
+everywhere, and nobody turns typed values back into words to re-parse them.
+"""
+
+from __future__ import annotations
+
+from bk.core import timegrid
+from bk.core.errors import InvalidInput, UsageError
+from bk.core.models import EXCLUSIVE, SHARED, Reservation
+from bk.service.requests import BookRequest, EditRequest
+
+CLEAR_MEM_WORDS = ("auto", "none", "default")
+
+
+def gpu_list(value, flag: str) -> tuple[int, ...] | None:
+    """``0,1``, ``0-3``, ``2`` (or already a sequence of ints) -> GPU indices, sorted, unique."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        out = {int(g) for g in value}
+        if not out:
+            raise InvalidInput(f"{flag} names no GPU", hint="e.g. -g 0,1")
+        return tuple(sorted(out))
+    text = value
+    out = set()
+    for part in text.replace(" ", "").split(","):
+        if not part:
+            continue
+        lo, sep, hi = part.partition("-")
+        if not lo.isdigit() or (sep and not hi.isdigit()):
+            raise InvalidInput(f"{flag} wants GPU indices like 0,1 or 0-3, got {text!r}",
+                               hint="list the GPUs with: bk st")
+        a, b = int(lo), int(hi) if sep else int(lo)
+        if b < a:
+            raise InvalidInput(f"{flag}: the range {part} runs backwards", hint=f"write {b}-{a}")
+        out.update(range(a, b + 1))
+    if not out:
+        raise InvalidInput(f"{flag} names no GPU", hint="e.g. -g 0,1")
+    return tuple(sorted(out))
+
+
+def count(value) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 1:
+            raise InvalidInput(f"the GPU count must be at least 1, got {value}")
+        return value
+    text = str(value)
+    if not text.isdigit() or int(text) < 1:
+        raise InvalidInput(f"the GPU count must be a whole number of at least 1, got {text!r}",
+                           hint="e.g. bk 2 1h books two GPUs for an hour")
+    return int(text)
+
+
+def duration(value, slot_minutes: int) -> int:
+    """Seconds from ``1h30m`` (or seconds already)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value <= 0:
+            raise InvalidInput("duration must be positive", hint="example: bk 1 30m")
+        return value
+    return timegrid.parse_duration(str(value), slot_minutes)
+
+
+def memory(value) -> int | None:
+    """MiB from ``12g`` (or MiB already); None stays None."""
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    return timegrid.parse_memory(str(value))
+
+
+def start(at: str | None, exact: str | None, *, now: int, tz, slot_minutes: int):
+    """``-t TIME`` or ``--start ISO`` -> (epoch seconds or None for now, StartSpec or None)."""
+    if at is not None and exact is not None:
+        raise UsageError("give either -t/--at or --start, not both",
+                         hint="-t takes human forms (20:00, +30m); --start the ISO form")
+    if exact is not None:
+        return timegrid.parse_iso_start(exact, now, slot_minutes), None
+    if at is not None:
+        # Any explicit -t is exact, "-t now" included (SPEC 3): only a bare
+        # booking, with no -t at all, may be queued to a later start.
+        spec = timegrid.parse_start(at, now, tz, slot_minutes)
+        return spec.t, spec
+    return None, None
+
+
+def book_request(*, count_: int | str, duration_: int | str, policy, now: int, tz, mem=None,
+                 mode: str = SHARED, share: int | None = None, at: str | None = None,
+                 start_iso: str | None = None, start_at: int | None = None, queue: bool = False,
+                 gpus=None, exclude=None, note: str | None = None, op_id: str | None = None,
+                 dry_run: bool = False):
+    """The typed request for ``bk N DUR [MEM]`` and its read-only cousins
+    (``bk slots``, ``bk g``).  ``start_at`` is an already resolved start
+    (a form's); ``at``/``start_iso`` the typed words.  Returns
+    (BookRequest, StartSpec or None)."""
+    slot = policy.slot_minutes
+    if mode == EXCLUSIVE and share is not None:
+        raise UsageError("--share applies to shared bookings; an exclusive booking takes the whole GPU",
+                         hint="drop -s, or book shared: bk N DUR -s 2")
+    when, spec = start(at, start_iso, now=now, tz=tz, slot_minutes=slot)
+    if start_at is not None:
+        if when is not None:
+            raise UsageError("the start is given twice", hint="give one start")
+        when = start_at
+    req = BookRequest(
+        count=count(count_), duration=duration(duration_, slot), mode=mode, share=share or 1,
+        mem_mib=memory(mem), start=when, queue=bool(queue), pinned=gpu_list(gpus, "-g"),
+        excluded=gpu_list(exclude, "-e") or (), note=note, op_id=op_id, dry_run=bool(dry_run))
+    return req, spec
+
+
+def length_or_end(text, old: Reservation, *, now: int, tz, slot_minutes: int) -> tuple[int | None, int | None]:
+    """``-d`` of an edit -> (new total length, or None; new end, or None).
+
+    A plain duration (``2h``) is the new total length; the end forms
+    (``+30m``, ``-15m``, ``20:00``, ``total 2h``) move the end."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        return duration(text, slot_minutes), None
+    word = " ".join(str(text).split()).lower()
+    relative = word.startswith(("+", "-", "total"))
+    if not relative:
+        try:
+            return timegrid.parse_duration(word, slot_minutes), None
+        except InvalidInput:
+            pass            # not a length: maybe a clock time for the new end
+    new_end = timegrid.parse_end_change(str(text), old.start, old.end, now, tz, slot_minutes)
+    if relative and old.status(now) == "upcoming":
+        # Relative forms keep their meaning when -t also moves the start:
+        # "+30m" is 30 minutes longer, wherever the booking goes.
+        return new_end - old.start, None
+    return None, new_end
+
+
+def edit_request(old: Reservation, *, policy, now: int, tz, length=None, end: int | None = None,
+                 at: str | None = None, start_iso: str | None = None, start_at: int | None = None,
+                 gpus=None, exclude=None, mem=None, share: int | None = None, mode: str | None = None,
+                 queue: bool = False, note: str | None = None, op_id: str | None = None,
+                 dry_run: bool = False) -> EditRequest:
+    """The typed change of booking ``old``.  ``length`` is ``-d``'s word (or
+    seconds of total length); ``end`` an already resolved new end; ``mem``
+    a size, or ``auto`` to forget the figure."""
+    slot = policy.slot_minutes
+    new_length = new_end = None
+    if length is not None:
+        new_length, new_end = length_or_end(length, old, now=now, tz=tz, slot_minutes=slot)
+    if end is not None:
+        new_end = end
+    when, spec = start(at, start_iso, now=now, tz=tz, slot_minutes=slot)
+    if spec is not None and spec.is_now:
+        when = spec.t      # "-t now" moves an upcoming booking to the current slice
+    if start_at is not None:
+        when = start_at
+    mem_mib, clear_mem = None, False
+    if isinstance(mem, str) and mem.strip().lower() in CLEAR_MEM_WORDS:
+        clear_mem = True
+    else:
+        mem_mib = memory(mem)
+    return EditRequest(ref=old.id, duration=new_length, start=when, end=new_end, mode=mode, share=share,
+                       mem_mib=mem_mib, clear_mem=clear_mem, pinned=gpu_list(gpus, "-g"),
+                       excluded=gpu_list(exclude, "-e"), queue=bool(queue), note=note, op_id=op_id,
+                       dry_run=bool(dry_run))

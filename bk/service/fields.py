@@ -1,0 +1,158 @@
+"""Field specs: the shape of each request type, declared once.
+
+A request crosses a trust boundary as a JSON object (a broker frame, an MCP
+tool call).  ``decode`` builds the typed request from such an object with
+the request type's spec: unknown fields, wrong types (a bool is not an
+int), nulls where a value is required, out-of-range numbers, over-long or
+control-character text are refused before any rule sees them.  ``encode``
+is its inverse for the client side, and ``schema`` the JSON Schema that
+tool descriptions are derived from.
+"""
+
+from __future__ import annotations
+
+from bk.core import record
+from bk.core.errors import InvalidInput
+from bk.core.record import dataclass
+
+# Integers on the wire are counts, MiB, GPU indices or epoch seconds.  None
+# of them is negative, and 2**36 seconds is past the year 4000: anything
+# larger is junk that must not reach date arithmetic.
+MAX_WIRE_INT = 1 << 36
+MAX_GPUS = 64
+
+# Text a user sends ends up on other users' terminals (``bk l --all``, the
+# TUI, notices).  C0/C1 control characters would let it carry terminal
+# escape sequences, and bidirectional overrides can make it read
+# differently from what it is, so neither may enter the shared ledger.
+_UNPRINTABLE = "[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]"
+
+
+def unprintable(text: str) -> bool:
+    import re
+
+    return re.search(_UNPRINTABLE, text) is not None
+
+
+@dataclass(frozen=True)
+class Field:
+    """One field of a request type.
+
+    ``kind``: int, bool, text (printable, ``max_len``), gpus (GPU indices),
+    or choice (one of ``choices``).  ``lo``/``hi`` bound ints.  A field is
+    required when its record field has no default."""
+
+    name: str
+    kind: str
+    lo: int = 0
+    hi: int = MAX_WIRE_INT
+    max_len: int = 1000
+    choices: tuple[str, ...] = ()
+    pattern: str | None = None          # a regular expression the whole text must match
+    help: str = ""
+
+
+def decode(cls, spec: tuple[Field, ...], fields: object):
+    """The typed request ``cls`` from untrusted ``fields``."""
+    if not isinstance(fields, dict):
+        raise InvalidInput("request fields must be an object")
+    by_name = {f.name: f for f in spec}
+    defaults = {f.name: f.default for f in record.fields(cls)}
+    kwargs = {}
+    for name, value in fields.items():
+        f = by_name.get(name)
+        if f is None:
+            raise InvalidInput(f"unknown field {str(name)[:40]!r}; this request takes "
+                               + (", ".join(by_name) or "no fields"))
+        if value is None:
+            if defaults[name] is not None:
+                raise InvalidInput(f"field {name!r} may not be null")
+            kwargs[name] = None
+            continue
+        kwargs[name] = _value(f, value)
+    try:
+        return cls(**kwargs)
+    except TypeError as e:
+        missing = [f.name for f in record.fields(cls) if f.default is record.MISSING
+                   and f.default_factory is record.MISSING and f.name not in kwargs]
+        raise InvalidInput("incomplete request: missing " + (", ".join(missing) or str(e))) from None
+
+
+def _value(f: Field, v: object):
+    name = f.name
+    if f.kind == "int":
+        if type(v) is not int:
+            raise InvalidInput(f"field {name!r} must be an integer")
+        if not f.lo <= v <= f.hi:
+            raise InvalidInput(f"field {name!r} is out of range ({f.lo}-{f.hi})")
+        return v
+    if f.kind == "bool":
+        if type(v) is not bool:
+            raise InvalidInput(f"field {name!r} must be true or false")
+        return v
+    if f.kind in ("text", "choice"):
+        if not isinstance(v, str):
+            raise InvalidInput(f"field {name!r} must be a string")
+        if len(v) > f.max_len:
+            raise InvalidInput(f"field {name!r} is too long (at most {f.max_len} characters)")
+        if unprintable(v):
+            raise InvalidInput(f"field {name!r} contains control characters",
+                               hint="plain text only: no escape sequences, tabs or line breaks")
+        if f.kind == "choice" and v not in f.choices:
+            raise InvalidInput(f"field {name!r} must be one of " + ", ".join(f.choices))
+        if f.pattern is not None:
+            import re
+
+            if not re.fullmatch(f.pattern, v):
+                raise InvalidInput(f"field {name!r} is malformed" + (f": {f.help}" if f.help else ""))
+        return v
+    if f.kind == "gpus":
+        if not isinstance(v, list) or len(v) > MAX_GPUS or \
+                not all(type(x) is int and 0 <= x < MAX_GPUS for x in v):
+            raise InvalidInput(f"field {name!r} must be a list of GPU indices (0-{MAX_GPUS - 1})")
+        return tuple(v)
+    raise AssertionError(f"unknown field kind {f.kind}")
+
+
+def encode(req) -> dict:
+    """A request's fields for the wire: only those that differ from the
+    default (the other side fills in the rest), tuples as lists."""
+    out = {}
+    for f in record.fields(req):
+        value = getattr(req, f.name)
+        if value == f.default:
+            continue
+        out[f.name] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+def schema(cls, spec: tuple[Field, ...]) -> dict:
+    """A JSON Schema (draft 2020-12 subset) for the request type."""
+    defaults = {f.name: f for f in record.fields(cls)}
+    props, required = {}, []
+    for f in spec:
+        rf = defaults[f.name]
+        if f.kind == "int":
+            p = {"type": "integer", "minimum": f.lo, "maximum": f.hi}
+        elif f.kind == "bool":
+            p = {"type": "boolean"}
+        elif f.kind == "choice":
+            p = {"type": "string", "enum": list(f.choices)}
+        elif f.kind == "gpus":
+            p = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": MAX_GPUS - 1},
+                 "maxItems": MAX_GPUS}
+        else:
+            p = {"type": "string", "maxLength": f.max_len}
+            if f.pattern:
+                p["pattern"] = f"^(?:{f.pattern})$"
+        if rf.default is record.MISSING and rf.default_factory is record.MISSING:
+            required.append(f.name)
+        elif rf.default is None:
+            p = {"anyOf": [p, {"type": "null"}]}
+        if f.help:
+            p["description"] = f.help
+        props[f.name] = p
+    out = {"type": "object", "properties": props, "additionalProperties": False}
+    if required:
+        out["required"] = required
+    return out

@@ -1,0 +1,115 @@
+"""Where an operation runs: here (``LocalGateway``) or on the broker
+(``BrokerGateway``).  A ``Service`` is a ledger reader plus one gateway;
+private mode and the broker use the local one, a client of a shared server
+the broker one.  Both take an ``Operation`` row, a typed request and the
+call's context, and return the rendered typed result.
+"""
+
+from __future__ import annotations
+
+from bk.core.errors import BkError, PermissionDenied
+from bk.service.results import View
+
+
+def authorize(op, call) -> None:
+    """The table's ``who`` for ADMIN rows, checked once for every front end
+    (OWNER rows check ownership in their apply, against the record)."""
+    if op.who == "admin" and not call.actor.is_admin:
+        raise PermissionDenied(f"only the administrator (root) may {op.summary}", hint=op.admin_hint)
+
+
+class LocalGateway:
+    """Runs operations against a local ``Store``: writes in one transaction
+    each (or one for a batch), host-side reads directly."""
+
+    def __init__(self, store, service):
+        self.store = store
+        self.service = service
+
+    def run(self, op, req, call):
+        if op.access != "write":
+            authorize(op, call)
+            return op.serve(self.service, req, call).rendered(View.of(call))
+        outcome = self.write_batch([(op, req, call)])[0]
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    def write_batch(self, items: list) -> list:
+        """Several callers' writes in one transaction: the broker's group
+        commit.  Each write is applied, in order, to a copy of the state the
+        earlier ones left, exactly as if it had its own transaction; a
+        refused one leaves no trace (its copy is dropped: the records are
+        frozen, so a copy of the lists is a full rollback) and is answered
+        with its error; one commit (one round of fsyncs, the cost that
+        dominates a write) acknowledges them all.  Returns one rendered
+        result or ``BkError`` per item, in order."""
+        from bk.store.ledger import Mutation
+
+        ready = []
+        for op, req, call in items:
+            try:
+                authorize(op, call)
+                if op.check is not None:
+                    op.check(req)
+                ready.append((op, req, call, None))
+            except BkError as e:
+                ready.append((op, req, call, e))
+        runnable = [x for x in ready if x[3] is None]
+        if not runnable:
+            return [x[3] for x in ready]
+
+        def apply(state):
+            outcomes, audit, changed, cur = [], [], False, state
+            for op, req, call, refused in ready:
+                if refused is not None:
+                    outcomes.append(refused)
+                    continue
+                trial = cur.copy()
+                try:
+                    m = op.apply(trial, req, call)
+                except BkError as e:
+                    outcomes.append(e)
+                    continue
+                cur = trial
+                outcomes.append(m.result)
+                changed = changed or m.changed
+                actor = call.actor
+                audit.extend({**(a.to_dict() if hasattr(a, "to_dict") else a), "uid": actor.uid,
+                              "user": actor.user} for a in m.audit)
+            return Mutation(changed, audit, outcomes, state=cur)
+
+        first = runnable[0][2]
+        warnings: list[str] = []
+        try:
+            outcomes = self.store.transact(apply, policy=first.policy.bound(), actor_uid=first.actor.uid,
+                                           actor=first.actor.user, warnings=warnings)
+        except BkError as e:      # the transaction itself failed: busy, I/O, policy mismatch
+            outcomes = [e] * len(ready)
+        out = []
+        for (_op, _req, call, _), o in zip(ready, outcomes, strict=True):
+            call.warn(*warnings)
+            out.append(o if isinstance(o, BaseException) else o.rendered(View.of(call)))
+        return out
+
+
+class BrokerGateway:
+    """Sends operations to the broker, which runs them with the caller's
+    kernel identity; the reply's JSON is the result's JSON, as the broker
+    rendered it (its policy, its GPU snapshot), never recomputed here."""
+
+    def __init__(self, connect):
+        self._connect = connect        # () -> a client with .call(op, fields) -> (data, warnings)
+        self._client = None
+
+    @property
+    def client(self):
+        # Made on the first write: reads (bk l, bk st) never load the socket code.
+        if self._client is None:
+            self._client = self._connect()
+        return self._client
+
+    def run(self, op, req, call):
+        data, warnings = self.client.call(op.name, op.encode(req))
+        call.warn(*warnings)
+        return op.result.from_wire(data)

@@ -1,0 +1,57 @@
+"""Announcements and notices: the administrator's writes, as ops rows.
+
+Who may call them (root) is the operation table's ``who``, checked once by
+the gateway before these run; here are the rules of the notices themselves.
+"""
+
+from __future__ import annotations
+
+from bk.core.errors import Ambiguous, InvalidInput, NotFound
+from bk.core.models import NOTICE_ARCHIVE, NOTICE_PUBLISH, AuditEntry, LedgerState, Notice
+from bk.core.record import replace
+from bk.service.context import Call
+from bk.service.requests import NoticeArchiveRequest, NoticeRequest
+from bk.service.results import NoticeResult
+from bk.store.ledger import Mutation
+
+
+def apply_publish(state: LedgerState, req: NoticeRequest, call: Call) -> Mutation:
+    text = req.text.strip()
+    if not text:
+        raise InvalidInput("the announcement text is empty")
+    if req.level not in Notice.LEVELS:
+        raise InvalidInput(f"level must be one of {', '.join(Notice.LEVELS)}")
+    if req.until is not None and req.until <= call.now:
+        raise InvalidInput("'until' is already past", hint="give a later time, or none")
+    notice = Notice(id=call.new_id("notice"), at=call.now, text=text, level=req.level,
+                    until=req.until, created_by=call.actor.uid)
+    if req.dry_run:
+        return Mutation(False, [], NoticeResult("dry_run", notice, dry_run=True))
+    state.notices.append(notice)
+    after = {"id": notice.id, "text": notice.text, "level": notice.level}
+    return Mutation(True, [AuditEntry(NOTICE_PUBLISH, "published", after=after)],
+                    NoticeResult("published", notice))
+
+
+def find_notice(state: LedgerState, ref: str) -> Notice:
+    key = ref.strip().lower()
+    hits = [n for n in state.notices if n.id.startswith(key)] if len(key) >= 4 else []
+    if not hits:
+        raise NotFound(f"no notice with ID {ref}", hint="list them with: bk n --all")
+    if len(hits) > 1:
+        raise Ambiguous(f"ID prefix {ref} matches {len(hits)} notices", hint="type more characters of the ID")
+    return hits[0]
+
+
+def apply_archive(state: LedgerState, req: NoticeArchiveRequest, call: Call) -> Mutation:
+    """Withdraw an announcement (or a notice to one user): it stays in the
+    ledger, marked archived, until retention drops it."""
+    n = find_notice(state, req.ref)
+    if req.dry_run:
+        return Mutation(False, [], NoticeResult("dry_run", n, dry_run=True))
+    if n.archived:
+        return Mutation(False, [], NoticeResult("archived", n))
+    done = replace(n, archived=True)
+    state.notices[state.notices.index(n)] = done
+    return Mutation(True, [AuditEntry(NOTICE_ARCHIVE, "archived", before={"id": n.id, "text": n.text})],
+                    NoticeResult("archived", done))

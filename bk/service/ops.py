@@ -1,0 +1,126 @@
+"""The operation table: every operation a caller can ask of a bk host, once.
+
+A row names the request type and its field spec, the result type, whether
+it reads or writes, who may call it, and whether a retry is harmless or it
+destroys something.  Everything else is derived from this table:
+
+* the broker's allowlist and decoder (``bk.broker.handlers``: an op not in
+  the table, or not ``served``, is refused before any code runs);
+* the client side (``bk.service.gateway.BrokerGateway``: encode the request
+  with the spec, rebuild the result with the result type);
+* the local side (``LocalGateway``: run ``apply`` in one transaction, or
+  ``serve`` for a read only the host may make);
+* later, MCP tool schemas and annotations and the agent JSON (``schema``).
+
+Adding a write is one apply function plus one row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from bk.core.errors import InvalidInput
+from bk.core.record import dataclass
+from bk.service import booking, fields, notices, requests, results
+from bk.service.requests import (
+    AuditRequest,
+    BookRequest,
+    CancelRequest,
+    EditRequest,
+    Empty,
+    NoticeArchiveRequest,
+    NoticeRequest,
+)
+
+READ, WRITE = "read", "write"
+ANYONE, OWNER, ADMIN = "anyone", "owner", "admin"
+
+
+@dataclass(frozen=True)
+class Operation:
+    name: str
+    summary: str                      # "book GPUs"; also the MCP tool description's first line
+    request: type
+    fields: tuple
+    result: type
+    access: str                       # READ | WRITE
+    who: str                          # ANYONE | OWNER (the apply checks ownership) | ADMIN (checked here)
+    idempotent: bool                  # a retry of the same request changes nothing more
+    destructive: bool                 # it removes or stops something
+    apply: Callable | None = None     # WRITE: (state, request, call) -> Mutation
+    serve: Callable | None = None     # READ on the host: (service, request, call) -> result
+    check: Callable | None = None     # shape rules beyond the field spec, every front end
+    admin_hint: str | None = None     # for ADMIN rows: the command that does it with sudo
+
+    def decode(self, wire: object):
+        """The typed request from untrusted JSON, shape-checked."""
+        req = fields.decode(self.request, self.fields, {} if wire is None else wire)
+        if self.check is not None:
+            self.check(req)
+        return req
+
+    def encode(self, req) -> dict:
+        if type(req) is not self.request:
+            raise InvalidInput(f"{self.name} takes a {self.request.__name__}, not {type(req).__name__}")
+        return fields.encode(req)
+
+    def schema(self) -> dict:
+        return fields.schema(self.request, self.fields)
+
+
+# -------------------------------------------------------- host-side reads
+
+def _serve_audit(service, req: AuditRequest, call) -> results.AuditResult:
+    return service.local_audit(req, call)
+
+
+def _serve_probe(service, req: Empty, call) -> results.ProbeResult:
+    return results.ProbeResult(tuple(service.local_probe()))
+
+
+def _serve_ping(service, req: Empty, call) -> results.PingResult:
+    import os
+
+    from bk import __version__
+
+    actor = call.actor
+    return results.PingResult({"version": __version__, "pid": os.getpid(), "uid": os.geteuid()},
+                              {"pid": call.peer_pid, "uid": actor.uid, "user": actor.user,
+                               "admin": actor.is_admin})
+
+
+OPERATIONS: dict[str, Operation] = {op.name: op for op in (
+    Operation("book", "book GPUs, shared or exclusive, now or later", BookRequest, requests.BOOK_FIELDS,
+              results.BookResult, WRITE, ANYONE, idempotent=False, destructive=False,
+              apply=booking.apply_book, check=requests.check_request),
+    Operation("edit", "change one of your bookings", EditRequest, requests.EDIT_FIELDS,
+              results.EditResult, WRITE, OWNER, idempotent=False, destructive=False,
+              apply=booking.apply_edit, check=requests.check_request),
+    Operation("cancel", "cancel a booking (another user's: the administrator, with a reason)",
+              CancelRequest, requests.CANCEL_FIELDS, results.CancelResult, WRITE, OWNER,
+              idempotent=True, destructive=True, apply=booking.apply_cancel),
+    Operation("notice_publish", "publish announcements", NoticeRequest, requests.NOTICE_FIELDS,
+              results.NoticeResult, WRITE, ADMIN, idempotent=False, destructive=False,
+              apply=notices.apply_publish, admin_hint="sudo bk admin notice publish TEXT"),
+    Operation("notice_archive", "archive notices", NoticeArchiveRequest, requests.NOTICE_ARCHIVE_FIELDS,
+              results.NoticeResult, WRITE, ADMIN, idempotent=True, destructive=True,
+              apply=notices.apply_archive, admin_hint="sudo bk admin notice archive ID"),
+    Operation("audit", "read the audit trail (your own; everyone's for the administrator)",
+              AuditRequest, requests.AUDIT_FIELDS, results.AuditResult, READ, ANYONE,
+              idempotent=True, destructive=False, serve=_serve_audit),
+    Operation("probe", "try the writes a commit needs, for real", Empty, (), results.ProbeResult,
+              READ, ANYONE, idempotent=True, destructive=False, serve=_serve_probe),
+    Operation("ping", "the broker's version and the caller as the kernel sees it", Empty, (),
+              results.PingResult, READ, ANYONE, idempotent=True, destructive=False, serve=_serve_ping),
+)}
+
+
+def get(name: str) -> Operation:
+    op = OPERATIONS.get(name) if isinstance(name, str) else None
+    if op is None:
+        raise InvalidInput(f"unknown operation {str(name)[:40]!r}", hint="operations: " + ", ".join(OPERATIONS))
+    return op
+
+
+def writes() -> list[Operation]:
+    return [op for op in OPERATIONS.values() if op.access == WRITE]

@@ -1,0 +1,234 @@
+"""Typed results, each owning its JSON.
+
+A result is made by an operation (``bk.service.ops``) and *rendered* once by
+the service layer with the call's ``View`` (now, who asks, the policy,
+memory totals): ``to_json()`` is then the JSON every front end shows, the
+CLI's ``--json``, the broker's reply, MCP tool output.  Results that cross
+the broker also carry the ledger records they were made from
+(``to_wire``/``from_wire``), so a client has the same typed object, with
+the broker's JSON, without recomputing anything under its own policy or
+GPU snapshot.
+"""
+
+from __future__ import annotations
+
+from bk.core.errors import Internal
+from bk.core.models import Notice, Policy, Reservation
+from bk.core.record import dataclass, field, replace
+from bk.service.views import notice_json, reservation_json
+
+
+@dataclass(frozen=True)
+class View:
+    """What rendering needs, captured once per call."""
+
+    now: int
+    actor_uid: int
+    policy: Policy
+    gpu_mem: dict
+    numbers: dict = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, call, numbers: dict | None = None) -> View:
+        return cls(call.now, call.actor.uid, call.policy, call.gpu_mem(), numbers or {})
+
+    def reservation(self, r: Reservation) -> dict:
+        return reservation_json(r, now=self.now, actor_uid=self.actor_uid, policy=self.policy,
+                                gpu_mem=self.gpu_mem, number=self.numbers.get(r.id))
+
+
+def _malformed(what: str, e: Exception) -> Internal:
+    return Internal(f"the broker's reply holds a malformed {what}: {e}",
+                    hint="client and broker may be different bk versions")
+
+
+def _record(data: dict, key: str = "record") -> dict:
+    rec = data.get(key) if isinstance(data, dict) else None
+    if not isinstance(rec, dict):
+        raise Internal("the broker's reply has no record", hint="client and broker may be different bk versions")
+    return rec
+
+
+class _Rendered:
+    """``to_json`` of a rendered result; a result that was never rendered is
+    a bug in the service layer, said loudly."""
+
+    json: dict | None
+
+    def to_json(self) -> dict:
+        if self.json is None:
+            raise Internal(f"{type(self).__name__} was returned without being rendered")
+        return self.json
+
+
+@dataclass(frozen=True)
+class BookResult(_Rendered):
+    status: str                        # created | queued | exists | dry_run
+    reservation: Reservation
+    placement: dict | None = None      # {"gpus": {index: reason}, "queued": bool, ...}
+    dry_run: bool = False
+    json: dict | None = field(default=None, compare=False)
+
+    def rendered(self, view: View) -> BookResult:
+        return replace(self, json={"status": self.status, "reservation": view.reservation(self.reservation),
+                                   "placement": self.placement, "dry_run": self.dry_run})
+
+    def to_wire(self) -> dict:
+        return {**self.to_json(), "record": self.reservation.to_dict()}
+
+    @classmethod
+    def from_wire(cls, data: dict) -> BookResult:
+        try:
+            res = Reservation.from_dict(_record(data))
+        except (KeyError, TypeError, ValueError) as e:
+            raise _malformed("reservation", e) from None
+        return cls(str(data.get("status", "created")), res, data.get("placement"),
+                   bool(data.get("dry_run")), {k: v for k, v in data.items() if k != "record"})
+
+
+@dataclass(frozen=True)
+class EditResult(_Rendered):
+    status: str                        # updated | unchanged | exists
+    reservation: Reservation
+    before: Reservation
+    placement: dict | None = None
+    dry_run: bool = False
+    json: dict | None = field(default=None, compare=False)
+
+    def rendered(self, view: View) -> EditResult:
+        return replace(self, json={"status": self.status, "reservation": view.reservation(self.reservation),
+                                   "before": view.reservation(self.before),
+                                   "placement": self.placement, "dry_run": self.dry_run})
+
+    def to_wire(self) -> dict:
+        return {**self.to_json(), "record": self.reservation.to_dict(),
+                "before_record": self.before.to_dict()}
+
+    @classmethod
+    def from_wire(cls, data: dict) -> EditResult:
+        try:
+            res = Reservation.from_dict(_record(data))
+            before = Reservation.from_dict(_record(data, "before_record"))
+        except (KeyError, TypeError, ValueError) as e:
+            raise _malformed("reservation", e) from None
+        return cls(str(data.get("status", "updated")), res, before, data.get("placement"),
+                   bool(data.get("dry_run")),
+                   {k: v for k, v in data.items() if k not in ("record", "before_record")})
+
+
+@dataclass(frozen=True)
+class CancelResult(_Rendered):
+    status: str                        # cancelled | exists
+    reservation: Reservation
+    dry_run: bool = False
+    json: dict | None = field(default=None, compare=False)
+
+    def rendered(self, view: View) -> CancelResult:
+        return replace(self, json={"status": self.status, "reservation": view.reservation(self.reservation),
+                                   "dry_run": self.dry_run})
+
+    def to_wire(self) -> dict:
+        return {**self.to_json(), "record": self.reservation.to_dict()}
+
+    @classmethod
+    def from_wire(cls, data: dict) -> CancelResult:
+        try:
+            res = Reservation.from_dict(_record(data))
+        except (KeyError, TypeError, ValueError) as e:
+            raise _malformed("reservation", e) from None
+        return cls(str(data.get("status", "cancelled")), res, bool(data.get("dry_run")),
+                   {k: v for k, v in data.items() if k != "record"})
+
+
+@dataclass(frozen=True)
+class NoticeResult(_Rendered):
+    status: str                        # published | archived | unchanged | dry_run
+    notice: Notice
+    dry_run: bool = False
+    json: dict | None = field(default=None, compare=False)
+
+    def rendered(self, view: View) -> NoticeResult:
+        return replace(self, json={"status": self.status, "notice": notice_json(self.notice),
+                                   "dry_run": self.dry_run})
+
+    def to_wire(self) -> dict:
+        return {**self.to_json(), "record": self.notice.to_dict()}
+
+    @classmethod
+    def from_wire(cls, data: dict) -> NoticeResult:
+        try:
+            notice = Notice.from_dict(_record(data))
+        except (KeyError, TypeError, ValueError) as e:
+            raise _malformed("notice", e) from None
+        return cls(str(data.get("status", "published")), notice, bool(data.get("dry_run")),
+                   {k: v for k, v in data.items() if k != "record"})
+
+
+@dataclass(frozen=True)
+class AuditResult(_Rendered):
+    """Audit entries (oldest first); ``problems``: malformed lines met on the
+    way; ``complete``: False when the scan stopped before ``limit``."""
+
+    entries: tuple = ()
+    problems: tuple = ()
+    complete: bool = True
+    json: dict | None = field(default=None, compare=False)
+
+    def rendered(self, view: View) -> AuditResult:
+        return replace(self, json={"entries": list(self.entries), "problems": list(self.problems),
+                                   "complete": self.complete})
+
+    def to_wire(self) -> dict:
+        return self.to_json()
+
+    @classmethod
+    def from_wire(cls, data: dict) -> AuditResult:
+        try:
+            entries, problems = list(data["entries"]), list(data.get("problems", []))
+            if not all(isinstance(e, dict) for e in entries):
+                raise TypeError("an entry is not an object")
+            return cls(tuple(entries), tuple(str(p) for p in problems), bool(data.get("complete", True)),
+                       dict(data))
+        except (KeyError, TypeError) as e:
+            raise _malformed("audit entries", e) from None
+
+
+@dataclass(frozen=True)
+class ProbeResult(_Rendered):
+    checks: tuple = ()                 # (name, ok, detail)
+    json: dict | None = field(default=None, compare=False)
+
+    def rendered(self, view: View) -> ProbeResult:
+        return replace(self, json={"checks": [{"name": n, "ok": ok, "detail": d} for n, ok, d in self.checks]})
+
+    def to_wire(self) -> dict:
+        return self.to_json()
+
+    @classmethod
+    def from_wire(cls, data: dict) -> ProbeResult:
+        try:
+            checks = tuple((str(c["name"]), bool(c["ok"]), str(c["detail"])) for c in data["checks"])
+        except (KeyError, TypeError) as e:
+            raise _malformed("probe results", e) from None
+        return cls(checks, dict(data))
+
+
+@dataclass(frozen=True)
+class PingResult(_Rendered):
+    """What the broker knows about itself and about the caller."""
+
+    broker: dict = field(default_factory=dict)
+    peer: dict = field(default_factory=dict)
+    json: dict | None = field(default=None, compare=False)
+
+    def rendered(self, view: View) -> PingResult:
+        return replace(self, json={"broker": dict(self.broker), "peer": dict(self.peer)})
+
+    def to_wire(self) -> dict:
+        return self.to_json()
+
+    @classmethod
+    def from_wire(cls, data: dict) -> PingResult:
+        if not isinstance(data.get("broker"), dict) or not isinstance(data.get("peer"), dict):
+            raise _malformed("ping reply", ValueError("no broker or peer"))
+        return cls(dict(data["broker"]), dict(data["peer"]), dict(data))

@@ -1,0 +1,182 @@
+"""The service seams (issue 9): what each command asks of the GPUs, the
+operation table as the one list of operations, and the broker's JSON as the
+private service's JSON."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from helpers_cli import BOB, SIM_GPUS, bk_fixture
+
+from bk.core.errors import InvalidInput
+from bk.gpu import sim
+from bk.service import ops
+from bk.service.requests import BookRequest
+
+
+@pytest.fixture
+def bk(monkeypatch, capsys):
+    yield from bk_fixture(monkeypatch, capsys)
+
+
+class Counting:
+    """Wraps the real backend ``open_backend`` returns and counts the
+    questions that cost a driver call (inventory, snapshot)."""
+
+    calls: list[str] = []
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.name, self.simulated, self.reason = inner.name, inner.simulated, inner.reason
+
+    def fingerprint(self):
+        return self.inner.fingerprint()
+
+    def inventory(self):
+        Counting.calls.append("inventory")
+        return self.inner.inventory()
+
+    def snapshot(self, now):
+        Counting.calls.append("snapshot")
+        return self.inner.snapshot(now)
+
+
+@pytest.fixture
+def counted(bk, monkeypatch):
+    import bk.gpu as gpu
+
+    real = gpu.open_backend
+    monkeypatch.setattr(gpu, "open_backend", lambda env, fallback=None: Counting(real(env, fallback)))
+    Counting.calls = []
+    return Counting.calls
+
+
+@pytest.mark.parametrize("sim_file", [False, True], ids=["count", "sim-file"])
+def test_reads_that_need_nothing_live_never_ask_the_backend(bk, counted, sim_file):
+    if sim_file:
+        bk.sim(SIM_GPUS)
+    bk.ok("1", "1h", "-m", "8g")          # a booking takes a snapshot (placement), and caches the inventory
+    bk.ok("1", "30m", "-t", "+2h")
+    assert "snapshot" in counted
+    bk.service(BOB).book(BookRequest(count=1, duration=3600))
+    counted.clear()
+    listed = bk.data("l")
+    assert counted == [], "bk l asked the GPU backend"
+    if sim_file:   # memory totals still come through, from the cached inventory
+        assert listed["reservations"][0]["mem_mib_effective"] == 8192
+        assert listed["reservations"][1]["mem_mib_effective"] is not None
+    bk.ok("l", "--all")
+    bk.ok("e", "2", "-d", "1h")
+    bk.ok("e", "1", "-d", "+30m")
+    bk.ok("history", "1")
+    bk.ok("n")
+    bk.ok("d", "2")
+    assert counted == [], f"a read or an edit asked the GPU backend: {counted}"
+    bk.ok("st")
+    assert counted == ["snapshot"]          # one look per command, never one per row
+
+
+def test_an_edited_simulation_is_a_new_inventory(bk, counted):
+    path = bk.sim(SIM_GPUS)
+    bk.ok("st")
+    doc = {"gpus": [dict(g, mem_total_mib=40960) for g in SIM_GPUS["gpus"]]}
+    path.write_text(__import__("json").dumps(doc) + " " * 7)     # another size: another fingerprint
+    bk.ok("1", "1h")
+    counted.clear()
+    assert bk.data("l")["reservations"][0]["mem_mib_effective"] is not None
+    assert counted == []
+
+
+# ----------------------------------------------------------- the operation table
+
+def test_every_row_is_complete():
+    assert set(ops.OPERATIONS) == {"book", "edit", "cancel", "notice_publish", "notice_archive",
+                                   "audit", "probe", "ping"}
+    for op in ops.OPERATIONS.values():
+        assert op.access in (ops.READ, ops.WRITE) and op.who in (ops.ANYONE, ops.OWNER, ops.ADMIN)
+        if op.access == ops.WRITE:
+            assert op.apply is not None and op.serve is None, op.name
+        else:
+            assert op.serve is not None and op.apply is None, op.name
+        if op.who == ops.ADMIN:
+            assert op.admin_hint, op.name
+        spec = {f.name for f in op.fields}
+        from bk.core import record
+
+        assert spec == {f.name for f in record.fields(op.request)}, f"{op.name}: spec and request differ"
+        schema = op.schema()
+        assert schema["type"] == "object" and schema["additionalProperties"] is False
+        assert set(schema["properties"]) == spec
+
+
+def test_every_service_write_is_a_row(tmp_path):
+    """The Service's write methods are nothing but rows: a recording gateway
+    sees each one's operation by name."""
+    from bk.service import open_app
+    from bk.service.requests import CancelRequest, EditRequest, NoticeArchiveRequest, NoticeRequest
+
+    env = {"BK_DATA_DIR": str(tmp_path / "d"), "HOME": str(tmp_path), "BK_GPU_COUNT": "2",
+           "XDG_CACHE_HOME": str(tmp_path / "c")}
+    app = open_app(env)
+    seen = []
+
+    class Recorder:
+        def run(self, op, req, call):
+            seen.append((op.name, type(req)))
+    app.gateway = Recorder()
+    app.book(BookRequest(1, 60))
+    app.edit(EditRequest("x" * 8))
+    app.cancel(CancelRequest("x" * 8))
+    app.publish_notice(NoticeRequest("hi"))
+    app.archive_notice(NoticeArchiveRequest("abcd"))
+    app.audit()
+    assert [n for n, _ in seen] == ["book", "edit", "cancel", "notice_publish", "notice_archive", "audit"]
+    assert all(ops.OPERATIONS[n].request is t for n, t in seen)
+    assert {op.name for op in ops.writes()} == {n for n, _ in seen[:5]}
+
+
+def test_a_write_without_a_row_cannot_be_dispatched(tmp_path, monkeypatch):
+    from bk.broker.handlers import Dispatcher, Peer
+    from bk.service import open_app
+
+    env = {"BK_DATA_DIR": str(tmp_path / "d"), "HOME": str(tmp_path), "BK_GPU_COUNT": "2",
+           "XDG_CACHE_HOME": str(tmp_path / "c")}
+    app = open_app(env)
+    d = Dispatcher(app)
+    peer = Peer(1, os.geteuid(), os.getegid())
+    assert d.dispatch({"op": "book", "fields": {"count": 1, "duration": 1800}}, peer)["ok"]
+    monkeypatch.delitem(ops.OPERATIONS, "book")
+    reply = d.dispatch({"op": "book", "fields": {"count": 1, "duration": 1800}}, peer)
+    assert reply["error"]["code"] == "invalid_input" and "unknown operation" in reply["error"]["message"]
+    with pytest.raises(InvalidInput, match="unknown operation"):
+        app.book(BookRequest(1, 1800))
+    assert len(app.ledger().reservations) == 1
+
+
+def test_admin_rows_are_refused_centrally_for_everyone_else(tmp_path):
+    from bk.core.errors import PermissionDenied
+    from bk.service import open_app
+    from bk.service.requests import NoticeRequest
+
+    env = {"BK_DATA_DIR": str(tmp_path / "d"), "HOME": str(tmp_path), "BK_GPU_COUNT": "2",
+           "XDG_CACHE_HOME": str(tmp_path / "c")}
+    app = open_app(env, actor=BOB)
+    with pytest.raises(PermissionDenied, match="only the administrator") as e:
+        app.publish_notice(NoticeRequest("hello"))
+    assert e.value.hint == ops.OPERATIONS["notice_publish"].admin_hint
+
+
+def test_encode_decode_round_trip_through_the_spec():
+    req = BookRequest(count=2, duration=3600, pinned=(0, 1), note="n", op_id="k")
+    op = ops.get("book")
+    assert op.decode(op.encode(req)) == req
+    with pytest.raises(InvalidInput):
+        op.encode(ops.get("cancel").decode({"ref": "abcd"}))
+
+
+def test_sim_count_inventory_and_snapshot_say_what_they_lack():
+    b = sim.CountBackend(2)
+    snap = b.snapshot(5)
+    assert snap.taken_at == 5 and snap.source == "sim-count" and "processes" in snap.gaps
+    assert b.inventory().count == 2 and b.fingerprint() == "sim-count:2"

@@ -361,3 +361,50 @@ def test_fuzzed_frames_in_process_leave_the_ledger_alone(base):
             s.close()
         assert open(ledger, "rb").read() == before
         assert not [line for line in r.lines if "internal error" in line]
+
+
+def test_the_broker_replies_with_the_json_the_private_service_returns(base, tmp_path):
+    """Same request, same ledger, same clock, same IDs: the broker's JSON for
+    book, edit and cancel is what a private-mode service returns, because it
+    is the same typed result rendered once (the client does not recompute)."""
+    import pwd
+
+    from bk.service import open_app
+    from bk.service.context import Actor
+    from bk.service.requests import BookRequest, CancelRequest, EditRequest
+
+    t0 = 1_800_000_000
+    me = Actor(os.geteuid(), pwd.getpwuid(os.geteuid()).pw_name)
+    env = {"BK_DATA_DIR": str(tmp_path / "private"), "HOME": str(tmp_path), "BK_GPU_COUNT": "4",
+           "XDG_CACHE_HOME": str(tmp_path / "cache"), "XDG_CONFIG_HOME": str(tmp_path / "cfg")}
+    private = open_app(env, actor=me, clock_fn=lambda: t0)
+
+    def ids():
+        n = iter(range(1, 10**6))
+        return lambda: f"{next(n):08x}-0000-4000-8000-000000000000"
+    private.id_source = ids()
+    r = Running(base)
+    r.service = Service.local(r.settings, telemetry(), owner_uid=os.geteuid(), clock_fn=lambda: t0)
+    r.service.id_source = ids()
+    r.broker.dispatcher = Dispatcher(r.service, log=r.lines.append)
+    with r:
+        remote = r.remote()
+        steps = [
+            lambda app, rid: app.book(BookRequest(count=2, duration=1800, note="n", op_id="k1")),
+            lambda app, rid: app.book(BookRequest(count=1, duration=600, start=t0 + 3600, mem_mib=4096)),
+            lambda app, rid: app.book(BookRequest(count=2, duration=1800, note="n", op_id="k1")),  # a replay
+            lambda app, rid: app.edit(EditRequest(ref=rid, duration=3600, note="m")),
+            lambda app, rid: app.edit(EditRequest(ref=rid, note="m")),                           # unchanged
+            lambda app, rid: app.book(BookRequest(count=1, duration=600, dry_run=True)),
+            lambda app, rid: app.cancel(CancelRequest(ref=rid, dry_run=True)),
+            lambda app, rid: app.cancel(CancelRequest(ref=rid)),
+        ]
+        rid = {}
+        for i, step in enumerate(steps):
+            got = {}
+            for name, app in (("private", private), ("broker", remote)):
+                result = step(app, rid.get(name))
+                got[name] = result.to_json()
+                rid.setdefault(name, result.reservation.id)
+            assert got["broker"] == got["private"], f"step {i}"
+        assert remote.list("mine") == private.list("mine") != []

@@ -173,6 +173,14 @@ class Context:
             self._call = self.app().call()
         return self._call
 
+    def fresh_call(self):
+        """A new call context for a write at the end of a dialog (the clock
+        read again), keeping the warnings gathered so far."""
+        old = self.call()
+        self._call = self.app().call()
+        self._call.warn(*old.warnings)
+        return self._call
+
 
 def build_parser(only: str | None = None) -> Parser:
     """The argparse tree: every command, or with ``only`` (a command word)

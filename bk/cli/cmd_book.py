@@ -6,6 +6,7 @@ import argparse
 
 from bk.cli import common
 from bk.cli.render import Output, wrap
+from bk.core import timegrid
 from bk.core.errors import UsageError
 from bk.core.models import EXCLUSIVE, SHARED
 
@@ -52,25 +53,45 @@ def register(sub) -> None:
 
 
 def run(args, ctx) -> Output:
-    if "--" in ctx.argv:
-        raise UsageError("attaching a command to a booking (bk N DUR -- CMD) is not available yet",
-                         hint="book, then run your command with CUDA_VISIBLE_DEVICES from: bk g")
+    refuse_attached_command(ctx)
     app, call = ctx.app(), ctx.call()
     req, spec = common.book_request(call, args, mode=args.mode, count=common.parse_count(args.count),
                                     words=args.words)
+    return book_and_show(app, call, ctx, req, spec, command=args.command, quiet=args.quiet,
+                         verbose=args.verbose)
+
+
+def refuse_attached_command(ctx) -> None:
+    """``bk N DUR -- CMD`` (and ``bk p NAME --``) is not available yet."""
+    if "--" in ctx.argv:
+        raise UsageError("attaching a command to a booking (bk N DUR -- CMD) is not available yet",
+                         hint="book, then run your command with CUDA_VISIBLE_DEVICES from: bk g")
+
+
+def book_and_show(app, call, ctx, req, spec=None, *, command: str, quiet: bool = False,
+                  verbose: bool = False) -> Output:
+    """Book ``req`` and show the result as ``bk N DUR`` does, with its
+    "save it as a preset" hint.  ``spec``: the StartSpec of a ``-t`` word."""
     result = app.book(req, call=call)
-    now, tz = call.now, call.tz
-    r = result.reservation
-    capacity = call.policy.max_shared_users
     suggestion = None
-    if not (ctx.json or args.quiet or result.dry_run) and result.status in ("created", "queued"):
+    if not (ctx.json or quiet or result.dry_run) and result.status in ("created", "queued"):
         # Learned defaults: the third booking of one shape suggests a preset.
         from bk.service.presets import suggest_preset
 
-        suggestion = suggest_preset(app, r, call=call)
+        suggestion = suggest_preset(app, result.reservation, call=call)
+    return book_output(result, call, req=req, spec=spec, command=command, quiet=quiet, verbose=verbose,
+                       suggestion=suggestion)
+
+
+def book_output(result, call, *, req, spec=None, command: str = "book", quiet: bool = False,
+                verbose: bool = False, suggestion: dict | None = None) -> Output:
+    """What a booking shows, from its typed result: the same lines as
+    ``bk N DUR`` (``cmd_book.run``), the JSON from ``result.to_json()``."""
+    r = result.reservation
+    now, tz, capacity = call.now, call.tz, call.policy.max_shared_users
 
     def human(term) -> str:
-        if args.quiet:
+        if quiet:
             return r.short_id
         verb = {"exists": "already booked (same --op-id)"}.get(result.status, "booked")
         if result.dry_run:
@@ -82,21 +103,14 @@ def run(args, ctx) -> Output:
             head += " (tomorrow)"
         lines = [wrap(head, term.width, "", "  ")]
         if result.status == "queued":
-            asked = "now" if req.start is None else _local(req.start, tz, now)
-            lines.append(wrap(f"queued: starts at {_local(r.start, tz, now)}, the earliest start "
-                              f"that fits (asked for {asked})", term.width, "", "  "))
-        if args.verbose and result.placement:
+            asked = "now" if req.start is None else timegrid.format_local_short(req.start, tz, now)
+            lines.append(wrap(f"queued: starts at {timegrid.format_local_short(r.start, tz, now)}, the "
+                              f"earliest start that fits (asked for {asked})", term.width, "", "  "))
+        if verbose and result.placement:
             for g, why in result.placement.get("gpus", {}).items():
                 lines.append(wrap(f"GPU {g}: {why}", term.width, "  ", "      "))
         if suggestion:
             lines.append(wrap(f"hint: {suggestion['hint']}", term.width, "", "  "))
         return "\n".join(lines)
 
-    return Output(args.command, result.to_json(), human)
-
-
-def _local(t: int, tz, now: int) -> str:
-    from bk.core.timegrid import format_local_short
-
-    return format_local_short(t, tz, now)
-
+    return Output(command, result.to_json(), human)

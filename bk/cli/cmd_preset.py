@@ -174,7 +174,7 @@ def run_delete(args, ctx) -> Output:
 
 
 def run_use(args, ctx) -> Output:
-    from bk.cli.guided import book_and_show, refuse_attached_command
+    from bk.cli.cmd_book import book_and_show, refuse_attached_command
     from bk.service.presets import get_preset
 
     app, call = ctx.app(), ctx.call()

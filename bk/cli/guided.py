@@ -15,7 +15,7 @@ A flow never books by itself.  Its answers are typed values (seconds, MiB,
 a resolved start, GPU tuples); it hands them to the request builders
 (``bk.service.builders``) that ``bk N DUR`` and ``bk e ID`` use for their
 words, makes the same service call, and shows the result with the same
-renderer (``book_output`` here, ``cmd_edit.edit_output``), so the result
+renderer (``cmd_book.book_output``, ``cmd_edit.edit_output``), so the result
 looks exactly like the command's own.  Only the line to type next time is
 written out as words, for the person to read.
 
@@ -31,10 +31,10 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from bk.cli import common
-from bk.cli.render import Output, wrap
+from bk.cli import cmd_book, common
+from bk.cli.render import Output
 from bk.core import timegrid
-from bk.core.errors import BkError, InvalidInput, UsageError
+from bk.core.errors import BkError, InvalidInput
 from bk.core.models import EXCLUSIVE, SHARED
 from bk.service import builders
 
@@ -189,61 +189,6 @@ def require_terminal(ctx, args, what: str, hint: str) -> None:
 
 # ------------------------------------------------------------ a booking
 
-def refuse_attached_command(ctx) -> None:
-    """``bk N DUR -- CMD`` (and ``bk p NAME --``) is not available yet."""
-    if "--" in ctx.argv:
-        raise UsageError("attaching a command to a booking (bk N DUR -- CMD) is not available yet",
-                         hint="book, then run your command with CUDA_VISIBLE_DEVICES from: bk g")
-
-
-def book_and_show(app, call, ctx, req, spec=None, *, command: str, quiet: bool = False,
-                  verbose: bool = False) -> Output:
-    """Book ``req`` and show the result as ``bk N DUR`` does, with its
-    "save it as a preset" hint.  ``spec``: the StartSpec of a ``-t`` word."""
-    result = app.book(req, call=call)
-    suggestion = None
-    if not (ctx.json or quiet or result.dry_run) and result.status in ("created", "queued"):
-        # Learned defaults: the third booking of one shape suggests a preset.
-        from bk.service.presets import suggest_preset
-
-        suggestion = suggest_preset(app, result.reservation, call=call)
-    return book_output(result, call, req=req, spec=spec, command=command, quiet=quiet, verbose=verbose,
-                       suggestion=suggestion)
-
-
-def book_output(result, call, *, req, spec=None, command: str = "book", quiet: bool = False,
-                verbose: bool = False, suggestion: dict | None = None) -> Output:
-    """What a booking shows, from its typed result: the same lines as
-    ``bk N DUR`` (``cmd_book.run``), the JSON from ``result.to_json()``."""
-    r = result.reservation
-    now, tz, capacity = call.now, call.tz, call.policy.max_shared_users
-
-    def human(term) -> str:
-        if quiet:
-            return r.short_id
-        verb = {"exists": "already booked (same --op-id)"}.get(result.status, "booked")
-        if result.dry_run:
-            verb = "would book"
-        # A dry run's ID names nothing that exists, so it is not shown.
-        head = f"{verb} " + common.summary_line(r, capacity=capacity, tz=tz, now=now,
-                                                show_id=not result.dry_run)
-        if spec is not None and spec.rolled_to_tomorrow:
-            head += " (tomorrow)"
-        lines = [wrap(head, term.width, "", "  ")]
-        if result.status == "queued":
-            asked = "now" if req.start is None else timegrid.format_local_short(req.start, tz, now)
-            lines.append(wrap(f"queued: starts at {timegrid.format_local_short(r.start, tz, now)}, the "
-                              f"earliest start that fits (asked for {asked})", term.width, "", "  "))
-        if verbose and result.placement:
-            for g, why in result.placement.get("gpus", {}).items():
-                lines.append(wrap(f"GPU {g}: {why}", term.width, "  ", "      "))
-        if suggestion:
-            lines.append(wrap(f"hint: {suggestion['hint']}", term.width, "", "  "))
-        return "\n".join(lines)
-
-    return Output(command, result.to_json(), human)
-
-
 def _with_footer(out: Output, footer: str) -> Output:
     human = out.human
 
@@ -350,7 +295,10 @@ def run_add(args, ctx, dialog: Dialog | None = None) -> Output:
     # to tomorrow); a queued preview books the earliest fit after it.
     spec = answers["start"][1]
     req = add_request(answers, call, queue=not spec.is_now and answers.get("_queued_start") is not None)
-    out = book_and_show(app, call, ctx, req, command="exclusive" if answers["mode"] == EXCLUSIVE else "book")
+    # The booking is made now, however long the dialog stayed open ("now"
+    # answers leave the start to the write; others are the instants shown).
+    call = ctx.fresh_call()
+    out = cmd_book.book_and_show(app, call, ctx, req, command="exclusive" if answers["mode"] == EXCLUSIVE else "book")
     return _with_footer(out, "next time: " + shlex.join(["bk", *add_typed(answers)]))
 
 
@@ -476,7 +424,11 @@ def edit_flow(args, ctx, dialog: Dialog | None = None) -> Output:
                       exit_code=130 if isinstance(e, KeyboardInterrupt) else 0)
     import shlex
 
-    result = app.edit(edit_request(res, answers, call), call=call)
+    req = edit_request(res, answers, call)
+    # The answers are instants the user was shown; the write itself happens
+    # now, however long the dialog stayed open.
+    call = ctx.fresh_call()
+    result = app.edit(req, call=call)
     out = edit_output(result, call)
     return _with_footer(out, "next time: " + shlex.join(["bk", "e", res.short_id, *edit_typed(answers)]))
 
@@ -557,7 +509,8 @@ def edit_request(res, a: dict, call, *, dry_run: bool = False):
     "20:00" read again later), GPU indices, MiB or CLEAR_MEM."""
     return builders.edit_request(
         res, length=a.get("duration"), end=a["end"][1] if "end" in a else None,
-        start_at=a["start"][1].t if "start" in a else None, gpus=a.get("gpus"), mem=a.get("memory"),
+        start_at=a["start"][1].t if "start" in a else None, gpus=a.get("gpus"),
+        mem=None if a.get("memory") == CLEAR_MEM else a.get("memory"), clear_mem=a.get("memory") == CLEAR_MEM,
         share=a.get("share"), mode=a.get("mode"), dry_run=dry_run,
         policy=call.policy, now=call.now, tz=call.tz)
 

@@ -140,10 +140,10 @@ def edit_request(old: Reservation, *, policy, now: int, tz, length=None, end: in
                  at: str | None = None, start_iso: str | None = None, start_at: int | None = None,
                  gpus=None, exclude=None, mem=None, share: int | None = None, mode: str | None = None,
                  queue: bool = False, note: str | None = None, op_id: str | None = None,
-                 dry_run: bool = False) -> EditRequest:
+                 dry_run: bool = False, clear_mem: bool = False) -> EditRequest:
     """The typed change of booking ``old``.  ``length`` is ``-d``'s word (or
     seconds of total length); ``end`` an already resolved new end; ``mem``
-    a size, or ``auto`` to forget the figure."""
+    a size (or the word ``auto``), ``clear_mem`` forgets the figure."""
     slot = policy.slot_minutes
     new_length = new_end = None
     if length is not None:
@@ -155,10 +155,10 @@ def edit_request(old: Reservation, *, policy, now: int, tz, length=None, end: in
         when = spec.t      # "-t now" moves an upcoming booking to the current slice
     if start_at is not None:
         when = start_at
-    mem_mib, clear_mem = None, False
+    mem_mib = None
     if isinstance(mem, str) and mem.strip().lower() in CLEAR_MEM_WORDS:
         clear_mem = True
-    else:
+    elif not clear_mem:
         mem_mib = memory(mem)
     return EditRequest(ref=old.id, duration=new_length, start=when, end=new_end, mode=mode, share=share,
                        mem_mib=mem_mib, clear_mem=clear_mem, pinned=gpu_list(gpus, "-g"),

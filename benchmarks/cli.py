@@ -65,11 +65,12 @@ def seed(env: dict, n: int) -> None:
     from bk.store.ledger import Mutation
 
     app = open_app(env)
-    now = app.now()
-    slot = app.policy.slot_seconds
+    call = app.call()
+    now = call.now
+    slot = call.policy.slot_seconds
     first = now - now % slot + 3600
-    me = app.actor
-    gpus, lanes = app.policy.gpu_count, app.policy.max_shared_users
+    me = call.actor
+    gpus, lanes = call.policy.gpu_count, call.policy.max_shared_users
     own_every = max(1, n // OWN) if n else 1
 
     def apply(state):
@@ -87,7 +88,7 @@ def seed(env: dict, n: int) -> None:
         return Mutation(True, [{"action": "seed", "reservation": None, "op_id": None, "before": None,
                                 "after": {"count": n}, "result": "seeded"}], None)
     if n:
-        app.store.transact(apply, policy=app.policy.bound(), actor_uid=me.uid, actor=me.user)
+        app.store.transact(apply, policy=call.policy.bound(), actor_uid=me.uid, actor=me.user)
 
 
 def timed(argv: list[str], env: dict) -> float:

@@ -7,13 +7,15 @@
 #                writes and locks, the ledger, the audit log, archives.
 #   bk/gpu/      the one GPU gateway: backend protocol, simulated backend
 #                (NVML comes later).  Nothing else looks at GPUs.
-#   bk/service/  the application API every front end calls; returns result
-#                objects, never prints.
+#   bk/ipc/      the broker's wire: frames and the client, shared by both ends.
+#   bk/service/  the application API every front end calls: the operation
+#                table, the per-call context, typed results; never prints.
 #   bk/cli/      the command-line front end (argparse, rendering).
 #   bk/broker/   the shared-server daemon: Unix socket, SO_PEERCRED identity.
+#   bk/admin/    server set-up (bk admin init).
 #
-# Front ends (cli, broker handlers) never import bk.store or bk.gpu directly;
-# tests/test_layers.py enforces that and the purity of bk.core.
+# Which package may import which is the table in docs/ARCHITECTURE.md;
+# tests/test_layers.py enforces it, and the purity of bk.core.
 """gpubk: book GPUs on shared Linux servers."""
 
 __version__ = "0.1.0"

@@ -1,9 +1,21 @@
-"""The architecture, checked: imports are parsed with ``ast`` (also those
-inside functions, since lazy imports are still dependencies)."""
+"""The architecture, checked: every import of every module of ``bk`` is
+parsed with ``ast`` (also those inside functions, since lazy imports are
+still dependencies) and held against the dependency matrix below, the same
+table that the "Layers" section of docs/ARCHITECTURE.md writes down
+(``test_docs_table_is_the_matrix`` keeps the two equal).
+
+A *unit* is a top-level package of bk (``bk.core``, ``bk.cli``, ...), one of
+the top-level modules ``bk.clock`` and ``bk.buildinfo``, the entry point
+``bk.__main__``, or ``bk`` itself (``bk/__init__.py``: the version).  A unit
+may always import its own modules; anything else it imports must be in its
+row of ``LAYERS``, or in ``EXCEPTIONS`` for that one module.  A package with
+no row fails: a new package starts by saying where it sits.
+"""
 
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from pathlib import Path
 
@@ -11,14 +23,51 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / "bk"
+ARCHITECTURE = ROOT / "docs" / "ARCHITECTURE.md"
+
+BASE = frozenset({"bk.core", "bk.clock"})  # what everything above the store may use
+# unit -> the other units it may import (its own modules are always allowed).
+LAYERS: dict[str, frozenset[str]] = {
+    "bk": frozenset(),                           # bk/__init__.py: the version, nothing else
+    "bk.__main__": frozenset({"bk.cli"}),        # python -m bk
+    "bk.core": frozenset(),                      # pure; see IMPURE below
+    "bk.clock": frozenset({"bk.core"}),          # the clock seam: core's errors and ISO parser
+    "bk.buildinfo": frozenset({"bk"}),           # the version and the build record
+    "bk.store": frozenset({"bk.core"}),          # state files; the clock is an argument
+    "bk.gpu": frozenset({"bk.core"}),            # the one GPU gateway
+    "bk.ipc": frozenset({"bk.core"}),            # the broker's wire, shared by service and broker
+    "bk.service": BASE | {"bk", "bk.store", "bk.gpu", "bk.ipc"},
+    "bk.cli": BASE | {"bk", "bk.buildinfo", "bk.service"},
+    "bk.broker": BASE | {"bk.ipc", "bk.service"},
+    # Set-up runs before any configuration exists, so no service can be
+    # opened: it writes the config with the store's code and asks the GPU
+    # gateway how many GPUs there are.
+    "bk.admin": BASE | {"bk.store", "bk.gpu"},
+    # The packages to come.
+    "bk.monitor": BASE | {"bk.store", "bk.gpu", "bk.service"},
+    "bk.worker": BASE | {"bk.ipc", "bk.service"},
+    "bk.tui": BASE | {"bk.service"},
+    "bk.mcp": BASE | {"bk.service"},
+    "bk.cluster": BASE | {"bk.ipc", "bk.service"},
+}
+# module -> {unit: why}: single modules allowed one edge more than their unit.
+EXCEPTIONS: dict[str, dict[str, str]] = {
+    "bk.cli.cmd_broker": {
+        "bk.broker": "`bk broker` runs the daemon in this process; imported only when that command runs",
+    },
+    "bk.cli.cmd_admin": {
+        "bk.admin": "`bk admin init` runs the set-up in this process; imported only when that command runs",
+    },
+    "bk.broker.server": {
+        "bk.store": "the daemon's start-up: it loads the trusted config, checks the owner and mode of "
+                    "its directories with the store's rule and holds its single-instance lock",
+    },
+}
 
 # The pure core may not touch the outside world.
 IMPURE = {"os", "time", "socket", "fcntl", "subprocess", "curses", "select", "signal", "shutil",
           "threading", "multiprocessing", "pathlib", "tempfile", "io", "pwd", "grp", "random",
           "asyncio", "selectors", "mmap", "ctypes", "sqlite3", "urllib", "http", "zoneinfo"}
-# Front ends reach storage and GPUs only through the service layer.
-FRONT_ENDS = ("bk.cli", "bk.tui", "bk.mcp", "bk.broker.handlers")
-BACKDOORS = ("bk.store", "bk.gpu")
 OPTIONAL_THIRD_PARTY = {"pynvml": "bk.gpu.nvml"}
 
 
@@ -30,68 +79,244 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def imports_of(path: Path) -> list[str]:
-    tree = ast.parse(path.read_text(), filename=str(path))
-    mod = module_name(path)
+def _on_disk_units() -> set[str]:
+    units = {"bk"}
+    for p in PKG.iterdir():
+        if p.is_dir() and (p / "__init__.py").exists():
+            units.add(f"bk.{p.name}")
+        elif p.suffix == ".py" and p.name != "__init__.py":
+            units.add(f"bk.{p.stem}")
+    return units
+
+
+UNITS = _on_disk_units() | set(LAYERS)
+
+
+def unit_of(name: str) -> str:
+    """The unit a dotted module name belongs to: ``bk.store.ledger`` ->
+    ``bk.store``, ``bk`` -> ``bk``."""
+    parts = name.split(".")
+    return "bk" if len(parts) == 1 else f"bk.{parts[1]}"
+
+
+def _from_name(node: ast.ImportFrom, mod: str, is_package: bool) -> str:
+    """The module a ``from ... import`` reads from, relative ones resolved
+    against ``mod``."""
+    if not node.level:
+        return node.module or ""
+    base = mod.split(".")
+    if not is_package:
+        base = base[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def imports_of(source: str, mod: str, *, is_package: bool = False) -> list[tuple[str, int]]:
+    """Every module name ``source`` imports, with its line: ``import a.b``
+    gives ``a.b``; ``from a import b`` gives ``a`` and ``a.b`` (``b`` may be
+    a module)."""
     out = []
-    for node in ast.walk(tree):
+    for node in ast.walk(ast.parse(source, filename=mod)):
         if isinstance(node, ast.Import):
-            out.extend(a.name for a in node.names)
+            out.extend((a.name, node.lineno) for a in node.names)
         elif isinstance(node, ast.ImportFrom):
-            if node.level:  # relative import: resolve against this package
-                base = mod.split(".")
-                if path.name != "__init__.py":
-                    base = base[:-1]
-                base = base[: len(base) - (node.level - 1)]
-                name = ".".join(base + ([node.module] if node.module else []))
-            else:
-                name = node.module or ""
-            out.append(name)
-            out.extend(f"{name}.{a.name}" for a in node.names)
+            name = _from_name(node, mod, is_package)
+            out.append((name, node.lineno))
+            out.extend((f"{name}.{a.name}", node.lineno) for a in node.names)
     return out
+
+
+def bk_dependencies(source: str, mod: str, *, is_package: bool = False) -> list[tuple[str, str, int]]:
+    """The units of bk that ``source`` depends on: ``(unit, imported name, line)``.
+
+    ``from bk import clock`` depends on ``bk.clock`` only, not on ``bk``
+    itself (importing any bk module runs ``bk/__init__.py`` anyway); ``from bk
+    import __version__`` and ``import bk`` depend on ``bk``."""
+    out = []
+    for node in ast.walk(ast.parse(source, filename=mod)):
+        if isinstance(node, ast.Import):
+            out.extend((unit_of(a.name), a.name, node.lineno) for a in node.names if _is_bk(a.name))
+        elif isinstance(node, ast.ImportFrom):
+            name = _from_name(node, mod, is_package)
+            if name == "bk":
+                for a in node.names:
+                    sub = f"bk.{a.name}"
+                    out.append((sub if sub in UNITS else "bk", sub, node.lineno))
+            elif _is_bk(name):
+                out.append((unit_of(name), name, node.lineno))
+    return out
+
+
+def _is_bk(name: str) -> bool:
+    return name == "bk" or name.startswith("bk.")
+
+
+def problems_of(mod: str, source: str, *, is_package: bool = False) -> list[str]:
+    """Every rule that module ``mod`` with this ``source`` breaks."""
+    own = unit_of(mod)
+    problems = []
+    allowed = LAYERS.get(own)
+    if allowed is None:
+        problems.append(f"{own} has no row in LAYERS: add one here and in docs/ARCHITECTURE.md")
+        allowed = frozenset()
+    extra = EXCEPTIONS.get(mod, {})
+    for unit, name, line in bk_dependencies(source, mod, is_package=is_package):
+        if unit == own or unit in allowed or unit in extra:
+            continue
+        may = f"only {', '.join(sorted(allowed))}" if allowed else "nothing else in bk"
+        problems.append(f"line {line}: imports {name}, but {own} may import {may}")
+    for name, line in imports_of(source, mod, is_package=is_package):
+        top = name.split(".")[0]
+        if own == "bk.core" and top in IMPURE:
+            problems.append(f"line {line}: pure core imports {name}")
+        if top not in sys.stdlib_module_names and top not in ("bk", "__future__"):
+            if OPTIONAL_THIRD_PARTY.get(top) != mod:
+                problems.append(f"line {line}: imports third-party {name} "
+                                f"(only {OPTIONAL_THIRD_PARTY} allowed)")
+    return problems
 
 
 SOURCES = sorted(PKG.rglob("*.py"))
 
 
-def _is(name: str, prefix: str) -> bool:
-    return name == prefix or name.startswith(prefix + ".")
-
-
 @pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_layer_rules(path: Path):
     mod = module_name(path)
-    problems = []
-    for name in imports_of(path):
-        top = name.split(".")[0]
-        if _is(mod, "bk.core"):
-            if top in IMPURE:
-                problems.append(f"pure core imports {name}")
-            if top == "bk" and not _is(name, "bk.core") and name != "bk":
-                problems.append(f"pure core imports {name} (outside bk.core)")
-        if any(_is(mod, fe) for fe in FRONT_ENDS):
-            if any(_is(name, b) for b in BACKDOORS):
-                problems.append(f"front end imports {name}; go through bk.service")
-        if top not in sys.stdlib_module_names and top not in ("bk", "__future__"):
-            allowed = OPTIONAL_THIRD_PARTY.get(top)
-            if allowed != mod:
-                problems.append(f"imports third-party {name} (only {OPTIONAL_THIRD_PARTY} allowed)")
+    problems = problems_of(mod, path.read_text(), is_package=path.name == "__init__.py")
     assert not problems, f"{mod}: " + "; ".join(problems)
 
 
-def test_checker_catches_violations(tmp_path, monkeypatch):
-    """The rules above must be able to fail: feed them a bad module."""
-    bad_core = PKG / "core" / "_layer_probe_tmp.py"
-    bad_core.write_text("import os\nfrom bk.store import config\n")
-    try:
-        with pytest.raises(AssertionError, match="pure core imports os"):
-            test_layer_rules(bad_core)
-    finally:
-        bad_core.unlink()
-    bad_cli = PKG / "cli" / "_layer_probe_tmp.py"
-    bad_cli.write_text("def f():\n    from bk.store.ledger import Store\n    import numpy\n")
-    try:
-        with pytest.raises(AssertionError, match="front end imports bk.store"):
-            test_layer_rules(bad_cli)
-    finally:
-        bad_cli.unlink()
+def _check(mod: str, source: str, *, is_package: bool = False) -> str:
+    return "; ".join(problems_of(mod, source, is_package=is_package))
+
+
+@pytest.mark.parametrize(("mod", "source", "message"), [
+    ("bk.cli.x", "from bk.store.ledger import Store\n", "imports bk.store.ledger, but bk.cli may import only"),
+    ("bk.cli.x", "def f():\n    import bk.gpu\n", "line 2: imports bk.gpu, but bk.cli"),
+    ("bk.cli.x", "import bk.ipc.client\n", "imports bk.ipc.client"),
+    ("bk.cli.cmd_book", "from bk.broker import server\n", "imports bk.broker"),  # the exception is cmd_broker's
+    ("bk.cli.x", "from bk import broker\n", "imports bk.broker"),
+    ("bk.ipc.client", "from bk.service import app\n", "imports bk.service, but bk.ipc may import only bk.core"),
+    ("bk.ipc.client", "from ..service import app\n", "imports bk.service"),     # relative
+    ("bk.ipc", "from bk import __version__\n", "imports bk.__version__, but bk.ipc"),
+    ("bk.store.ledger", "def f():\n    from bk.service.app import Service\n", "imports bk.service.app"),
+    ("bk.store.ledger", "from bk import clock\n", "imports bk.clock, but bk.store may import only bk.core"),
+    ("bk.service.app", "from bk.broker import handlers\n", "imports bk.broker"),
+    ("bk.service.app", "from bk.cli import render\n", "imports bk.cli"),
+    ("bk.broker.handlers", "from bk.store.ledger import Mutation\n", "imports bk.store.ledger"),
+    ("bk.broker.handlers", "from bk.gpu import open_backend\n", "imports bk.gpu"),
+    ("bk.broker.server", "from bk.gpu import open_backend\n", "imports bk.gpu"),
+    ("bk.admin.init", "from bk.broker.server import check_owned_dir\n", "imports bk.broker.server"),
+    ("bk.gpu.sim", "from bk.store import fsutil\n", "imports bk.store"),
+    ("bk.core.models", "import os\n", "pure core imports os"),
+    ("bk.core.models", "def f():\n    from time import time\n", "pure core imports time"),
+    ("bk.core.models", "from bk import clock\n", "imports bk.clock, but bk.core may import nothing else in bk"),
+    ("bk.core.models", "from bk.store import config\n", "imports bk.store"),
+    ("bk.clock", "from bk.service import app\n", "imports bk.service"),
+    ("bk", "from bk.cli.main import main\n", "imports bk.cli.main, but bk may import nothing else in bk"),
+    ("bk.__main__", "from bk.service import open_app\n", "imports bk.service, but bk.__main__ may import only bk.cli"),
+    ("bk.tui.app", "from bk.store.ledger import Store\n", "imports bk.store.ledger, but bk.tui"),
+    ("bk.mcp.server", "from bk.ipc import client\n", "imports bk.ipc"),
+    ("bk.monitor.daemon", "from bk.cli import render\n", "imports bk.cli"),
+    ("bk.worker.run", "from bk.store import ledger\n", "imports bk.store"),
+    ("bk.cluster.ssh", "from bk.gpu import open_backend\n", "imports bk.gpu"),
+    ("bk.foo.bar", "from bk.core.errors import BkError\n", "bk.foo has no row in LAYERS"),
+    ("bk.foo", "import json\n", "bk.foo has no row in LAYERS"),
+    ("bk.service.app", "from bk.foo import bar\n", "imports bk.foo, but bk.service"),
+    ("bk.cli.x", "def f():\n    import numpy\n", "imports third-party numpy"),
+    ("bk.gpu.sim", "import pynvml\n", "imports third-party pynvml"),
+])
+def test_checker_catches_violations(mod, source, message):
+    """The rules above must be able to fail: synthetic modules, one broken rule each."""
+    assert message in _check(mod, source)
+
+
+@pytest.mark.parametrize(("mod", "source"), [
+    ("bk.cli.cmd_broker", "def run():\n    from bk.broker import server\n"),
+    ("bk.cli.cmd_admin", "def run():\n    from bk.admin import init\n"),
+    ("bk.broker.server", "from bk.store.fsutil import unsafe_ancestor\n"),
+    ("bk.broker.server", "from bk import clock\nfrom bk.ipc import protocol\nfrom bk.service.app import Service\n"),
+    ("bk.service.doctor", "from bk import __version__\nfrom bk.store.config import KEYS\n"),
+    ("bk.cli.version", "from bk import __version__\nfrom bk.buildinfo import build_info\n"),
+    ("bk.ipc.client", "from . import protocol\nfrom bk.core import errors\n"),
+    ("bk.tui.app", "from bk.service import open_app\nfrom bk import clock\n"),
+    ("bk.gpu.nvml", "import pynvml\n"),
+    ("bk.core.models", "from bk.core.record import dataclass\nimport re\n"),
+])
+def test_checker_allows_the_matrix(mod, source):
+    """...and must let through what the matrix and the exceptions allow."""
+    assert _check(mod, source) == ""
+
+
+def test_every_package_has_a_row():
+    assert _on_disk_units() - set(LAYERS) == set(), "add a row to LAYERS and to docs/ARCHITECTURE.md"
+
+
+def test_matrix_is_consistent():
+    for unit, allowed in LAYERS.items():
+        assert unit not in allowed, f"{unit} lists itself"
+        assert allowed <= set(LAYERS), f"{unit} may import units with no row: {allowed - set(LAYERS)}"
+    for mod, extra in EXCEPTIONS.items():
+        assert (PKG.parent / (mod.replace(".", "/") + ".py")).exists(), f"exception for a missing module {mod}"
+        assert set(extra) <= set(LAYERS) and unit_of(mod) not in extra
+        assert not set(extra) & LAYERS[unit_of(mod)], f"{mod}: exception already allowed by its row"
+
+
+def test_matrix_has_no_cycle():
+    """Layers, not a web: with the exceptions counted, no unit can reach
+    itself again."""
+    edges = {u: set(a) for u, a in LAYERS.items()}
+    for mod, extra in EXCEPTIONS.items():
+        edges[unit_of(mod)] |= set(extra)
+
+    def reach(start):
+        seen, todo = set(), list(edges[start])
+        while todo:
+            u = todo.pop()
+            if u not in seen:
+                seen.add(u)
+                todo.extend(edges[u])
+        return seen
+
+    assert [u for u in edges if u in reach(u)] == []
+
+
+def _doc_unit(cell: str) -> str:
+    """``bk/core/`` -> ``bk.core``, ``bk/clock.py`` -> ``bk.clock``,
+    ``bk/__init__.py`` -> ``bk``, ``bk.cli.cmd_broker`` stays."""
+    name = re.search(r"`([^`]+)`", cell).group(1).rstrip("/").removesuffix(".py").replace("/", ".")
+    return name.removesuffix(".__init__")
+
+
+def _doc_tables() -> dict[str, list[list[str]]]:
+    """The tables of the Layers section, by the first word of their header."""
+    text = ARCHITECTURE.read_text()
+    section = text.split("\n## Layers\n", 1)[1].split("\n## ", 1)[0]
+    tables: dict[str, list[list[str]]] = {}
+    current = None
+    for line in section.splitlines():
+        if not line.startswith("|"):
+            current = None
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if current is None:
+            current = tables.setdefault(cells[0], [])
+        elif not set(cells[0]) <= set("-: "):
+            current.append(cells)
+    return tables
+
+
+def _doc_names(cell: str) -> set[str]:
+    return {n for n in re.findall(r"`(bk[\w.]*)`", cell)}
+
+
+def test_docs_table_is_the_matrix():
+    """docs/ARCHITECTURE.md's Layers tables say exactly what LAYERS and
+    EXCEPTIONS say."""
+    tables = _doc_tables()
+    rows = {_doc_unit(r[0]): _doc_names(r[2]) for r in tables["package"]}
+    assert rows == {u: set(a) for u, a in LAYERS.items()}
+    extra = {}
+    for r in tables["module"]:
+        extra.setdefault(_doc_unit(r[0]), set()).update(_doc_names(r[1]))
+    assert extra == {m: set(e) for m, e in EXCEPTIONS.items()}

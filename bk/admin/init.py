@@ -336,8 +336,7 @@ def dry_run(p: Plan) -> Result:
 
 def verify(p: Plan) -> None:
     """What the broker and every client will check, checked now."""
-    from bk.broker.server import check_owned_dir
-    from bk.store.config import load
+    from bk.store.config import check_owned_dir, load
     from bk.store.paths import Locations
 
     o = p.options

@@ -63,7 +63,7 @@ from bk.core.envelope import failure
 from bk.core.errors import Busy, ConfigError, InvalidInput, WrongAccount
 from bk.core.record import dataclass
 from bk.ipc import protocol
-from bk.store.fsutil import unsafe_ancestor
+from bk.store.config import check_owned_dir  # noqa: F401  (the broker's start-up check; tests use it here)
 
 _PEERCRED = struct.Struct("3i")      # struct ucred { pid_t pid; uid_t uid; gid_t gid; }
 SUN_PATH_MAX = 107                   # sizeof(sockaddr_un.sun_path) - 1 on Linux
@@ -98,38 +98,6 @@ def _account(uid: int) -> str:
         return pwd.getpwuid(uid).pw_name
     except KeyError:
         return f"uid {uid}"
-
-
-def check_owned_dir(path: str, uid: int, what: str) -> os.stat_result:
-    """``path`` is a real directory owned by ``uid``, not writable by group
-    or others (the store's rule, ``unsafe_stat``), below directories that
-    only root or ``uid`` can change (a sticky directory such as /tmp is fine
-    above a safe one)."""
-    from bk.store.fsutil import unsafe_stat
-
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        raise ConfigError(f"the {what} {path} does not exist",
-                          hint="create it with: sudo bk admin init") from None
-    found = unsafe_stat(st, uid, want_dir=True)
-    if found is not None:
-        why, problem = found
-        if why == "kind":
-            raise ConfigError(f"the {what} {path} is not a real directory: {problem}",
-                              hint="point the config at a real directory")
-        if why == "owner":
-            raise ConfigError(f"the {what} {path} is owned by {_account(st.st_uid)}, not by the "
-                              f"service account {_account(uid)}", hint=f"sudo chown {_account(uid)} {path}")
-        raise ConfigError(f"the {what} {path} is {problem.removeprefix('it is ')}",
-                          hint=f"sudo chmod go-w {path}")
-    bad = unsafe_ancestor(os.path.dirname(path), (0, uid))
-    if bad is None:
-        return st
-    directory, dst, _why = bad
-    shown = f"owner {_account(dst.st_uid)}, mode {stat.S_IMODE(dst.st_mode):04o}" if dst else "unreadable"
-    raise ConfigError(f"the {what} {path} lies below {directory}, which others can change ({shown})",
-                      hint="move it below root-owned directories, e.g. /var/lib/gpubk")
 
 
 @dataclass(frozen=True)
@@ -500,29 +468,12 @@ class CheckResult:
 
 
 def open_service(env: dict, plan: Plan, settings, telemetry=None):
-    """The broker's one service: operations run here, on the shared ledger.
-    ``telemetry`` is shared across configuration reloads, so a reload does
-    not open the GPU backend again."""
-    from bk import clock
-    from bk.service.app import Service, user_name
-    from bk.service.context import Actor
+    """The broker's one service: operations run here, on the shared ledger
+    (``bk.service.open_host``).  ``telemetry`` is shared across configuration
+    reloads, so a reload does not open the GPU backend again."""
+    from bk.service import open_host
 
-    if telemetry is None:
-        telemetry = open_telemetry(env, settings)
-    actor = Actor(plan.service_uid, user_name(plan.service_uid))
-    return Service.local(settings, telemetry, actor=actor, owner_uid=plan.service_uid, clock_fn=clock.now)
-
-
-def open_telemetry(env: dict, settings):
-    from bk import clock
-    from bk.service.telemetry import Telemetry
-
-    def backend():
-        from bk.gpu import open_backend
-
-        return open_backend(env, settings["gpu_count"])
-    # No inventory cache: the broker lives for months and asks the backend itself.
-    return Telemetry(backend, clock=clock.now)
+    return open_host(env, settings, service_uid=plan.service_uid, telemetry=telemetry)
 
 
 def refresher(latest, stop: threading.Event, log: Callable[[str], None], every: float) -> threading.Thread:

@@ -106,7 +106,7 @@ def book_request(call, args, *, mode: str, count: int, words: list[str],
 def view(call, numbers: dict[str, int] | None = None):
     """How this call renders reservations: its instant, identity, policy,
     memory totals (the inventory: no live look) and list numbers."""
-    from bk.service.results import View
+    from bk.service.views import View
 
     return View.of(call, numbers)
 

@@ -32,3 +32,22 @@ def open_app(env: dict, *, actor=None, clock_fn=None, backend=None, connect=None
     if settings.mode == "shared":
         return Service.remote(settings, telemetry, actor=actor, clock_fn=clock_fn, connect=connect)
     return Service.local(settings, telemetry, actor=actor, clock_fn=clock_fn)
+
+
+def open_host(env: dict, settings, *, service_uid: int, telemetry=None):
+    """The broker's service: operations run on the shared ledger as the
+    service account.  Its telemetry has no inventory cache: the broker lives
+    for months and asks the backend itself, off the request path."""
+    from bk import clock
+    from bk.service.app import Service, user_name
+    from bk.service.context import Actor
+    from bk.service.telemetry import Telemetry
+
+    if telemetry is None:
+        def open_backend():
+            from bk.gpu import open_backend as open_
+
+            return open_(env, settings["gpu_count"])
+        telemetry = Telemetry(open_backend, clock=clock.now)
+    actor = Actor(service_uid, user_name(service_uid))
+    return Service.local(settings, telemetry, actor=actor, owner_uid=service_uid, clock_fn=clock.now)

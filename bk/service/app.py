@@ -105,7 +105,8 @@ class Service:
         self.actor = actor
         self._clock = clock_fn
         self._tz = tz_fn
-        self.gateway = gateway_for(self)
+        self._gateway_for = gateway_for
+        self._gateway = None
         self.id_source: Callable[[], str] | None = None    # tests: deterministic IDs
 
     @classmethod
@@ -114,12 +115,15 @@ class Service:
               policy=None) -> Service:
         """Operations run here, on ``settings.data_dir``: private mode, and
         the broker's own service."""
-        from bk.service.gateway import LocalGateway
+        def gateway(svc):
+            from bk.service.gateway import LocalGateway
+
+            return LocalGateway(store, svc)
 
         policy = policy or policy_of(settings, telemetry)
         store = make_store(settings, clock_fn=clock_fn, owner_uid=owner_uid, capacity=policy.max_shared_users)
         return cls(settings=settings, policy=policy, reader=LedgerReader(store),
-                   gateway_for=lambda svc: LocalGateway(store, svc), telemetry=telemetry,
+                   gateway_for=gateway, telemetry=telemetry,
                    actor=actor or process_actor(), clock_fn=clock_fn)
 
     @classmethod
@@ -127,7 +131,10 @@ class Service:
                clock_fn: Callable[[], int] = clock.now, connect: Callable[[], object] | None = None) -> Service:
         """A client of a shared server: reads from the committed file,
         operations through the broker."""
-        from bk.service.gateway import BrokerGateway
+        def gateway(svc):
+            from bk.service.gateway import BrokerGateway
+
+            return BrokerGateway(connect or default_connect)
 
         def default_connect():
             from bk.ipc.client import BrokerClient
@@ -138,7 +145,7 @@ class Service:
         store = make_store(settings, clock_fn=clock_fn, owner_uid=None, capacity=policy.max_shared_users)
         return cls(settings=settings, policy=policy,
                    reader=LedgerReader(store, shared=True, group=settings["group"]),
-                   gateway_for=lambda svc: BrokerGateway(connect or default_connect), telemetry=telemetry,
+                   gateway_for=gateway, telemetry=telemetry,
                    actor=actor or process_actor(), clock_fn=clock_fn)
 
     # -- the call ----------------------------------------------------------
@@ -151,6 +158,17 @@ class Service:
 
     def _call(self, call: Call | None) -> Call:
         return call if call is not None else self.call()
+
+    @property
+    def gateway(self):
+        """Where operations run; made on the first operation (reads never need it)."""
+        if self._gateway is None:
+            self._gateway = self._gateway_for(self)
+        return self._gateway
+
+    @gateway.setter
+    def gateway(self, value) -> None:
+        self._gateway = value
 
     @property
     def shared(self) -> bool:

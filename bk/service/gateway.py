@@ -8,7 +8,7 @@ call's context, and return the rendered typed result.
 from __future__ import annotations
 
 from bk.core.errors import BkError, PermissionDenied
-from bk.service.results import View
+from bk.service.views import View
 
 
 def authorize(op, call) -> None:

@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 from bk.core.errors import InvalidInput
 from bk.core.record import dataclass
-from bk.service import booking, fields, notices, requests, results
+from bk.service import booking, fields, notices, requests, results, specs
 from bk.service.requests import (
     AuditRequest,
     BookRequest,
@@ -90,23 +90,23 @@ def _serve_ping(service, req: Empty, call) -> results.PingResult:
 
 
 OPERATIONS: dict[str, Operation] = {op.name: op for op in (
-    Operation("book", "book GPUs, shared or exclusive, now or later", BookRequest, requests.BOOK_FIELDS,
+    Operation("book", "book GPUs, shared or exclusive, now or later", BookRequest, specs.BOOK_FIELDS,
               results.BookResult, WRITE, ANYONE, idempotent=False, destructive=False,
               apply=booking.apply_book, check=requests.check_request),
-    Operation("edit", "change one of your bookings", EditRequest, requests.EDIT_FIELDS,
+    Operation("edit", "change one of your bookings", EditRequest, specs.EDIT_FIELDS,
               results.EditResult, WRITE, OWNER, idempotent=False, destructive=False,
               apply=booking.apply_edit, check=requests.check_request),
     Operation("cancel", "cancel a booking (another user's: the administrator, with a reason)",
-              CancelRequest, requests.CANCEL_FIELDS, results.CancelResult, WRITE, OWNER,
+              CancelRequest, specs.CANCEL_FIELDS, results.CancelResult, WRITE, OWNER,
               idempotent=True, destructive=True, apply=booking.apply_cancel),
-    Operation("notice_publish", "publish announcements", NoticeRequest, requests.NOTICE_FIELDS,
+    Operation("notice_publish", "publish announcements", NoticeRequest, specs.NOTICE_FIELDS,
               results.NoticeResult, WRITE, ADMIN, idempotent=False, destructive=False,
               apply=notices.apply_publish, admin_hint="sudo bk admin notice publish TEXT"),
-    Operation("notice_archive", "archive notices", NoticeArchiveRequest, requests.NOTICE_ARCHIVE_FIELDS,
+    Operation("notice_archive", "archive notices", NoticeArchiveRequest, specs.NOTICE_ARCHIVE_FIELDS,
               results.NoticeResult, WRITE, ADMIN, idempotent=True, destructive=True,
               apply=notices.apply_archive, admin_hint="sudo bk admin notice archive ID"),
     Operation("audit", "read the audit trail (your own; everyone's for the administrator)",
-              AuditRequest, requests.AUDIT_FIELDS, results.AuditResult, READ, ANYONE,
+              AuditRequest, specs.AUDIT_FIELDS, results.AuditResult, READ, ANYONE,
               idempotent=True, destructive=False, serve=_serve_audit),
     Operation("probe", "try the writes a commit needs, for real", Empty, (), results.ProbeResult,
               READ, ANYONE, idempotent=True, destructive=False, serve=_serve_probe),

@@ -13,28 +13,9 @@ GPU snapshot.
 from __future__ import annotations
 
 from bk.core.errors import Internal
-from bk.core.models import Notice, Policy, Reservation
+from bk.core.models import Notice, Reservation
 from bk.core.record import dataclass, field, replace
-from bk.service.views import notice_json, reservation_json
-
-
-@dataclass(frozen=True)
-class View:
-    """What rendering needs, captured once per call."""
-
-    now: int
-    actor_uid: int
-    policy: Policy
-    gpu_mem: dict
-    numbers: dict = field(default_factory=dict)
-
-    @classmethod
-    def of(cls, call, numbers: dict | None = None) -> View:
-        return cls(call.now, call.actor.uid, call.policy, call.gpu_mem(), numbers or {})
-
-    def reservation(self, r: Reservation) -> dict:
-        return reservation_json(r, now=self.now, actor_uid=self.actor_uid, policy=self.policy,
-                                gpu_mem=self.gpu_mem, number=self.numbers.get(r.id))
+from bk.service.views import View, notice_json  # noqa: F401  (View: results are rendered with it)
 
 
 def _malformed(what: str, e: Exception) -> Internal:

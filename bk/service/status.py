@@ -172,7 +172,7 @@ class LoginView:
 
 
 def status_view(app, verbose: bool = False, *, call=None) -> StatusView:
-    from bk.service.results import View
+    from bk.service.views import View
 
     call = call or app.call()
     state, now = app.ledger(call=call), call.now
@@ -191,7 +191,7 @@ def status_view(app, verbose: bool = False, *, call=None) -> StatusView:
 
 def login_view(app, lookahead: int = LOGIN_LOOKAHEAD_S, *, call=None) -> LoginView:
     """``bk login``: notices, and the caller's bookings active now or starting soon."""
-    from bk.service.results import View
+    from bk.service.views import View
 
     call = call or app.call()
     state, now = app.ledger(call=call), call.now

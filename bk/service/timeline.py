@@ -163,7 +163,7 @@ def build(reservations, blackouts, *, capacity: int, gpus: list[int], disabled=f
 def timeline_view(app, *, frm: int, to: int, step: int, gpus: list[int] | None = None,
                   call=None) -> TimelineView:
     """The timeline of the live ledger, with the bookings it shows."""
-    from bk.service.results import View
+    from bk.service.views import View
 
     call = call or app.call()
     state, now, policy = app.ledger(call=call), call.now, call.policy

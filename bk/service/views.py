@@ -4,6 +4,7 @@ documented in bk(1) and docs/JSON.md and checked by contract tests."""
 from __future__ import annotations
 
 from bk.core.models import EXCLUSIVE, Notice, Policy, Reservation, iso
+from bk.core.record import dataclass, field
 
 
 def reservation_json(r: Reservation, *, now: int, actor_uid: int, policy: Policy,
@@ -34,3 +35,22 @@ def notice_json(n: Notice) -> dict:
     return {"id": n.id, "short_id": n.id[:8], "at": iso(n.at), "level": n.level, "text": n.text,
             "scope": "everyone" if n.uid is None else "you", "until": iso(n.until),
             "reservation": n.reservation, "archived": n.archived}
+
+
+@dataclass(frozen=True)
+class View:
+    """What rendering needs, captured once per call."""
+
+    now: int
+    actor_uid: int
+    policy: Policy
+    gpu_mem: dict
+    numbers: dict = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, call, numbers: dict | None = None) -> View:
+        return cls(call.now, call.actor.uid, call.policy, call.gpu_mem(), numbers or {})
+
+    def reservation(self, r: Reservation) -> dict:
+        return reservation_json(r, now=self.now, actor_uid=self.actor_uid, policy=self.policy,
+                                gpu_mem=self.gpu_mem, number=self.numbers.get(r.id))

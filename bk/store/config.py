@@ -280,3 +280,42 @@ def load(locations: Locations) -> Settings:
         data_dir = values["data_dir"] or locations.data_dir
         locations = Locations(locations.mode, data_dir, path, True, locations.state_dir, locations.cache_dir)
     return Settings(locations, values, source, explicit)
+
+
+def _account(uid: int) -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def check_owned_dir(path: str, uid: int, what: str) -> os.stat_result:
+    """``path`` is a real directory owned by ``uid``, not writable by group
+    or others (the store's rule, ``unsafe_stat``), below directories that
+    only root or ``uid`` can change (a sticky directory such as /tmp is fine
+    above a safe one)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        raise ConfigError(f"the {what} {path} does not exist",
+                          hint="create it with: sudo bk admin init") from None
+    found = unsafe_stat(st, uid, want_dir=True)
+    if found is not None:
+        why, problem = found
+        if why == "kind":
+            raise ConfigError(f"the {what} {path} is not a real directory: {problem}",
+                              hint="point the config at a real directory")
+        if why == "owner":
+            raise ConfigError(f"the {what} {path} is owned by {_account(st.st_uid)}, not by the "
+                              f"service account {_account(uid)}", hint=f"sudo chown {_account(uid)} {path}")
+        raise ConfigError(f"the {what} {path} is {problem.removeprefix('it is ')}",
+                          hint=f"sudo chmod go-w {path}")
+    bad = unsafe_ancestor(os.path.dirname(path), (0, uid))
+    if bad is None:
+        return st
+    directory, dst, _why = bad
+    shown = f"owner {_account(dst.st_uid)}, mode {stat.S_IMODE(dst.st_mode):04o}" if dst else "unreadable"
+    raise ConfigError(f"the {what} {path} lies below {directory}, which others can change ({shown})",
+                      hint="move it below root-owned directories, e.g. /var/lib/gpubk")

@@ -46,7 +46,6 @@ from contextlib import contextmanager
 from bk.core import ledgerdoc, utctime
 from bk.core.errors import BkError, ConfigError, Internal, IOFailure, WrongAccount
 from bk.core.models import LedgerState
-from bk.core.policy import policy_diff
 from bk.core.record import dataclass, field
 from bk.store import archive, audit
 from bk.store.fsutil import (
@@ -423,6 +422,8 @@ class Store:
         """Policy binding (SPEC 5, ``bk.core.policy``): the first write
         records the policy; a writer configured differently refuses.  Keys
         the ledger does not have yet are recorded, not treated as a conflict."""
+        from bk.core.policy import policy_diff  # writes only: reads never load it
+
         if policy is None:
             return
         diff = policy_diff(state.policy, policy)

@@ -1,0 +1,41 @@
+"""The field spec of each request type (``bk.service.fields``), named by
+the operation table.  Apart from ``requests`` so that a command that only
+reads (``bk l``) never loads them."""
+
+from __future__ import annotations
+
+from bk.core.models import MODES
+from bk.service.fields import Field
+
+MAX_NOTE = 1000
+MAX_NOTICE_TEXT = 2000
+MAX_AUDIT_LIMIT = 1000
+RESERVATION_ID = "[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+
+_WRITE = (Field("op_id", "text", max_len=200, help="idempotency key: a retry with it changes nothing"),
+          Field("dry_run", "bool", help="show what would happen; change nothing"))
+_PLACE = (Field("mode", "choice", choices=MODES), Field("share", "int", lo=1, hi=64),
+          Field("mem_mib", "int", lo=1, help="VRAM per GPU in MiB"),
+          Field("start", "int", help="start, epoch seconds (UTC)"),
+          Field("queue", "bool", help="take the earliest start at or after the one asked for"),
+          Field("pinned", "gpus", help="exactly these GPUs"),
+          Field("excluded", "gpus", help="never these GPUs"),
+          Field("note", "text", max_len=MAX_NOTE))
+
+BOOK_FIELDS = (Field("count", "int", lo=1, hi=64, help="number of GPUs"),
+               Field("duration", "int", lo=1, help="seconds"), *_PLACE, *_WRITE)
+EDIT_FIELDS = (Field("ref", "text", max_len=64, help="the reservation's full ID"),
+               Field("duration", "int", lo=1, help="new total length, seconds"),
+               Field("end", "int", help="new end, epoch seconds"),
+               Field("clear_mem", "bool", help="forget the memory figure"), *_PLACE, *_WRITE)
+CANCEL_FIELDS = (Field("ref", "text", max_len=64, help="the reservation's full ID"),
+                 Field("reason", "text", max_len=MAX_NOTE, help="required to cancel another user's"),
+                 *_WRITE)
+NOTICE_FIELDS = (Field("text", "text", max_len=MAX_NOTICE_TEXT),
+                 Field("level", "choice", choices=("info", "warning", "critical")),
+                 Field("until", "int", help="withdrawn at, epoch seconds"), _WRITE[1])
+NOTICE_ARCHIVE_FIELDS = (Field("ref", "text", max_len=36, pattern="[0-9a-f-]{4,36}",
+                               help="a notice ID or a prefix of at least 4 characters"), _WRITE[1])
+AUDIT_FIELDS = (Field("limit", "int", lo=1, hi=MAX_AUDIT_LIMIT),
+                Field("all", "bool", help="everyone's (the administrator only)"),
+                Field("reservation", "text", pattern=RESERVATION_ID, help="a full reservation ID"))

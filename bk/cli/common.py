@@ -13,7 +13,6 @@ from __future__ import annotations
 from bk.core import timegrid
 from bk.core.errors import InvalidInput, UsageError
 from bk.core.models import EXCLUSIVE, Reservation
-from bk.service import builders
 
 DEFAULT_DURATION = "1h"
 
@@ -57,10 +56,14 @@ def positive_int(text: str) -> int:
 # ------------------------------------------------------------------ words
 
 def parse_gpu_list(text: str | None, flag: str) -> tuple[int, ...] | None:
+    from bk.service import builders
+
     return builders.gpu_list(text, flag)
 
 
 def parse_count(text: str) -> int:
+    from bk.service import builders
+
     return builders.count(text)
 
 
@@ -89,6 +92,8 @@ def book_request(call, args, *, mode: str, count: int, words: list[str],
     dflag = getattr(args, "duration", None)
     if not words and dflag is None and default_duration is not None:
         dflag = default_duration
+    from bk.service import builders
+
     dur_text, mem_text = split_words(words, dflag, getattr(args, "mem", None))
     return builders.book_request(
         count_=count, duration_=dur_text, mem=mem_text, mode=mode, share=getattr(args, "share", None),

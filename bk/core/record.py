@@ -6,9 +6,7 @@ pulls in ``inspect``, ``ast``, ``dis`` and ``tokenize`` (about 6 ms here), and
 it compiles one code object per generated method: about 0.3 ms per class,
 10 ms for the ~30 classes a command loads.  This module compiles only each
 class's ``__init__`` (the other methods are shared functions that read the
-class's field list), about 0.07 ms a class, and imports nothing.  A frozen
-record's ``__init__`` stores into the instance ``__dict__`` directly, so a
-frozen record costs no more to make than a mutable one.
+class's field list), about 0.07 ms a class, and imports nothing.
 
 What it supports is exactly what bk uses: ``@dataclass`` and
 ``@dataclass(frozen=True)``; ``field(default=..., default_factory=...,
@@ -129,7 +127,7 @@ def _process(cls, frozen: bool):
         found[name] = f
     flist = tuple(found.values())
 
-    env: dict = {"MISSING": MISSING}
+    env: dict = {"MISSING": MISSING, "_set": object.__setattr__}
     params, body = [], []
     for f in flist:
         if f.default_factory is not MISSING:
@@ -140,16 +138,22 @@ def _process(cls, frozen: bool):
             env[f"_d_{f.name}"] = f.default
             params.append(f"{f.name}=_d_{f.name}")
             value = f.name
+            if frozen:
+                # The class attribute already holds the default: a frozen
+                # record stores only what differs (most fields of a booking
+                # are at their default, and each store is a call).
+                body.append(f"    if {f.name} is not _d_{f.name}: _set(self, {f.name!r}, {f.name})")
+                continue
         else:
             if any(p.count("=") for p in params):
                 raise TypeError(f"{cls.__name__}: field {f.name!r} without a default follows one with")
             params.append(f.name)
             value = f.name
-        # A frozen record fills its __dict__ directly: one store per field,
-        # no call, and no detour through the refusing __setattr__.
-        body.append(f"    _d[{f.name!r}] = {value}" if frozen else f"    self.{f.name} = {value}")
-    if frozen and body:
-        body.insert(0, "    _d = self.__dict__")
+        # A frozen record sets its fields with object.__setattr__, past the
+        # refusing __setattr__.  (Not through self.__dict__: touching it
+        # turns the instance's inline attribute values into a real dict, and
+        # every later attribute read gets slower.)
+        body.append(f"    _set(self, {f.name!r}, {value})" if frozen else f"    self.{f.name} = {value}")
     # Only __init__ is compiled per class (the cost every command pays at
     # import); __repr__, __eq__ and __hash__ are shared functions below.
     lines = [f"def __init__(self, {', '.join(params)}):", *(body or ["    pass"])]

@@ -36,6 +36,11 @@ class Backend:
         without asking (then an inventory is never taken from a cache)."""
         return None
 
+    def static_inventory(self) -> Inventory | None:
+        """The inventory when knowing it costs nothing (no I/O, no driver:
+        a count-only simulation); None otherwise."""
+        return None
+
     def inventory(self) -> Inventory:
         raise NotImplementedError
 

@@ -40,6 +40,9 @@ class CountBackend(Backend):
     def _gpus(self) -> tuple[GpuInfo, ...]:
         return tuple(GpuInfo(i, sim_uuid(i), "Simulated GPU") for i in range(self._n))
 
+    def static_inventory(self) -> Inventory:
+        return self.inventory()
+
     def inventory(self) -> Inventory:
         return Inventory(self.name, self._gpus(), True, self.reason)
 

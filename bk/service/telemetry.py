@@ -39,6 +39,10 @@ class Telemetry:
             self._inventory = _inventory_of(self._snapshot, self.backend)
             return self._inventory
         backend = self.backend
+        free = backend.static_inventory()
+        if free is not None:            # a count-only simulation: cheaper than any cache
+            self._inventory = free
+            return free
         print_ = backend.fingerprint() if self._cache_dir else None
         if print_ is not None:
             from bk.store import inventory as cache
@@ -57,8 +61,9 @@ class Telemetry:
             backend = self.backend
             self._snapshot = backend.snapshot(self._clock())
             if self._inventory is None:
-                print_ = backend.fingerprint() if self._cache_dir else None
-                self._remember(_inventory_of(self._snapshot, backend), print_)
+                free = backend.static_inventory()
+                print_ = backend.fingerprint() if self._cache_dir and free is None else None
+                self._remember(free or _inventory_of(self._snapshot, backend), print_)
         return self._snapshot
 
     def _remember(self, inv: Inventory, print_: str | None) -> None:
@@ -70,9 +75,11 @@ class Telemetry:
                 cache.save(self._cache_dir, print_, inv)
 
     def refresh(self) -> None:
-        """Forget the snapshot: the next question looks again."""
+        """Forget the snapshot: the next question looks again.  The
+        inventory is kept (it is stable for a boot), so a caller that needs
+        only it, such as the broker reloading its policy, never waits for
+        the next look."""
         self._snapshot = None
-        self._inventory = None
 
 
 class Fixed:

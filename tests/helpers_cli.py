@@ -69,6 +69,13 @@ class Result:
         return env["error"]
 
 
+def as_me(env: dict):
+    """The service as ``ada`` (uid 1000), whoever runs the tests."""
+    from bk.service import open_app
+
+    return open_app(env, actor=ME)
+
+
 class Bk:
     """``bk(...)`` runs one command in-process and returns its Result."""
 
@@ -81,7 +88,7 @@ class Bk:
         self.capsys.readouterr()
         full = dict(os.environ)
         full.update(env)
-        code = cli_app.run(list(argv), full)
+        code = cli_app.run(list(argv), full, opener=as_me)
         out, err = self.capsys.readouterr()
         return Result(code, out, err)
 
@@ -138,8 +145,7 @@ def bk_fixture(monkeypatch, capsys):
     for var, sub in (("XDG_CONFIG_HOME", "config"), ("XDG_STATE_HOME", "state"),
                      ("XDG_DATA_HOME", "share")):
         monkeypatch.setenv(var, str(root / sub))
-    # Deterministic whoever runs the tests, and never a question on a real tty.
-    monkeypatch.setattr("bk.service.app.process_actor", lambda: ME)
+    # Never a question on a real tty (the user is injected: see as_me).
     monkeypatch.setattr(cli_app, "_stdin_is_tty", lambda: False)
     clock.local_tz.cache_clear()
     try:

@@ -94,3 +94,24 @@ def test_methods_a_class_defines_are_kept():
             return "custom"
 
     assert repr(Custom(1)) == "custom" and Custom(1) == Custom(1)
+
+
+@dataclass(frozen=True)
+class Sized(Key):
+    unit: str = "MiB"
+
+
+def test_frozen_records_are_their_own_class_with_a_slot_per_field():
+    k = Key("a", 2)
+    assert type(k) is Key and isinstance(k, Key) and not hasattr(k, "__dict__")
+    assert record.replace(k, size=3) == Key("a", 3) and type(record.replace(k)) is Key
+    assert Key(name="b").size == 1 and Key.__match_args__ == ("name", "size")
+    s = Sized("x", 4)
+    assert (s.name, s.size, s.unit) == ("x", 4, "MiB") and type(s) is Sized and isinstance(s, Key)
+    assert s != Key("x", 4)                               # another class: never equal
+    with pytest.raises(FrozenInstanceError):
+        s.unit = "GiB"
+    with pytest.raises(TypeError):
+        Key()                                             # name is required
+    with pytest.raises(TypeError):
+        Key("a", bogus=1)

@@ -34,7 +34,7 @@ import os
 import stat
 
 from bk.core.errors import ConfigError, InvalidInput, PermissionDenied
-from bk.core.record import dataclass, field
+from bk.core.record import dataclass, field, replace
 from bk.store.fsutil import Safety, fsync_dir_at, open_dir, replace_file, unsafe_ancestor
 from bk.store.paths import DEFAULT_SHARED_DATA_DIR, DEFAULT_SOCKET, SYSTEM_CONFIG
 
@@ -239,10 +239,9 @@ def plan(options: Options, env: dict) -> Plan:
 
 
 def _plan(options: Options, env: dict) -> Plan:
-    options = Options(**{**options.__dict__,
-                         "data_dir": _absolute(options.data_dir, "--data-dir"),
-                         "socket": _absolute(options.socket, "--socket"),
-                         "config_file": _absolute(options.config_file, "--config-file")})
+    options = replace(options, data_dir=_absolute(options.data_dir, "--data-dir"),
+                      socket=_absolute(options.socket, "--socket"),
+                      config_file=_absolute(options.config_file, "--config-file"))
     if len(os.fsencode(options.socket)) > SUN_PATH_MAX:
         raise InvalidInput(f"--socket {options.socket} is longer than {SUN_PATH_MAX} bytes, the kernel's limit")
     if options.gpu_count is None:

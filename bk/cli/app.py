@@ -139,6 +139,9 @@ class Context:
     _app: object = None
     stdin_tty: bool = False
     _call: object = None
+    # How the service is opened: ``bk.service.open_app`` unless a caller
+    # (a test, an embedding front end) injects its own actor, clock or GPUs.
+    opener: object = None
 
     @property
     def interactive(self) -> bool:
@@ -160,9 +163,10 @@ class Context:
     def app(self):
         """The service-layer application for this process (opened lazily)."""
         if self._app is None:
-            from bk.service import open_app
-
-            self._app = open_app(self.env)
+            opener = self.opener
+            if opener is None:
+                from bk.service import open_app as opener
+            self._app = opener(self.env)
         return self._app
 
     def call(self):
@@ -248,7 +252,9 @@ def guess_command(argv: list[str], parser: argparse.ArgumentParser | None = None
     return word
 
 
-def run(argv: list[str], env: dict | None = None) -> int:
+def run(argv: list[str], env: dict | None = None, *, opener=None) -> int:
+    """Run one command; ``opener(env)`` returns the service (default:
+    ``bk.service.open_app``)."""
     env = dict(os.environ) if env is None else env
     argv, as_json = _strip_json(argv)
     argv = normalise(argv)
@@ -262,7 +268,7 @@ def run(argv: list[str], env: dict | None = None) -> int:
         except SystemExit as e:        # -h/--help and --version print and "exit"
             return int(e.code or 0)
         ctx = Context(env=env, json=as_json, argv=argv, term=Term.detect(env=env),
-                      stdin_tty=_stdin_is_tty())
+                      stdin_tty=_stdin_is_tty(), opener=opener)
         handler = getattr(args, "handler", None)
         if handler is None:
             if argv:

@@ -47,7 +47,7 @@ def dispatch_line(line: str, ctx) -> int:
     from bk.cli.app import run
 
     try:
-        return run(words, ctx.env)
+        return run(words, ctx.env, opener=ctx.opener)
     except SystemExit as e:          # nothing typed here may end the prompt
         return e.code if isinstance(e.code, int) else 2
 

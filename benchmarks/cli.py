@@ -115,13 +115,9 @@ def measure(python: str, pyz: str, env: dict, args: tuple, runs: int) -> tuple[l
 
 
 def write_cells(path: str, cells: dict, settings: dict) -> None:
-    """Write the ``--json PATH`` file (see the module docstring), atomically."""
-    doc = {"benchmark": "cli", "format": 1, "settings": settings, "cells": cells}
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(doc, f, indent=1)
-        f.write("\n")
-    os.replace(tmp, path)
+    from cells import write_cells as write
+
+    write(path, "cli", cells, settings)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,6 +30,13 @@ def _record(data: dict, key: str = "record") -> dict:
     return rec
 
 
+def _reservation(data: dict, key: str = "record") -> Reservation:
+    try:
+        return Reservation.from_dict(_record(data, key))
+    except (KeyError, TypeError, ValueError) as e:
+        raise _malformed("reservation", e) from None
+
+
 class _Rendered:
     """``to_json`` of a rendered result; a result that was never rendered is
     a bug in the service layer, said loudly."""
@@ -59,10 +66,7 @@ class BookResult(_Rendered):
 
     @classmethod
     def from_wire(cls, data: dict) -> BookResult:
-        try:
-            res = Reservation.from_dict(_record(data))
-        except (KeyError, TypeError, ValueError) as e:
-            raise _malformed("reservation", e) from None
+        res = _reservation(data)
         return cls(str(data.get("status", "created")), res, data.get("placement"),
                    bool(data.get("dry_run")), {k: v for k, v in data.items() if k != "record"})
 
@@ -87,11 +91,7 @@ class EditResult(_Rendered):
 
     @classmethod
     def from_wire(cls, data: dict) -> EditResult:
-        try:
-            res = Reservation.from_dict(_record(data))
-            before = Reservation.from_dict(_record(data, "before_record"))
-        except (KeyError, TypeError, ValueError) as e:
-            raise _malformed("reservation", e) from None
+        res, before = _reservation(data), _reservation(data, "before_record")
         return cls(str(data.get("status", "updated")), res, before, data.get("placement"),
                    bool(data.get("dry_run")),
                    {k: v for k, v in data.items() if k not in ("record", "before_record")})
@@ -113,10 +113,7 @@ class CancelResult(_Rendered):
 
     @classmethod
     def from_wire(cls, data: dict) -> CancelResult:
-        try:
-            res = Reservation.from_dict(_record(data))
-        except (KeyError, TypeError, ValueError) as e:
-            raise _malformed("reservation", e) from None
+        res = _reservation(data)
         return cls(str(data.get("status", "cancelled")), res, bool(data.get("dry_run")),
                    {k: v for k, v in data.items() if k != "record"})
 

@@ -183,3 +183,29 @@ def test_sim_count_inventory_and_snapshot_say_what_they_lack():
     snap = b.snapshot(5)
     assert snap.taken_at == 5 and snap.source == "sim-count" and "processes" in snap.gaps
     assert b.inventory().count == 2 and b.fingerprint() == "sim-count:2"
+
+
+def test_open_app_takes_injected_telemetry(tmp_path):
+    """A fixed snapshot stands in for the GPUs: no backend is ever opened."""
+    from bk.core.models import GpuInfo, GpuProcess
+    from bk.core.telemetry import Inventory, Snapshot
+    from bk.service import open_app
+    from bk.service.status import status_view
+    from bk.service.telemetry import Fixed
+
+    gpus = (GpuInfo(0, "GPU-a", "Test", mem_total_mib=1024, util=50,
+                    processes=[GpuProcess(7, mem_mib=100, uid=4321, user="eve", label="python")]),
+            GpuInfo(1, "GPU-b", "Test", mem_total_mib=1024, util=0, processes=[]))
+    fixed = Fixed(Snapshot(5, "test", gpus), Inventory("test", gpus, simulated=False))
+    env = {"BK_DATA_DIR": str(tmp_path / "d"), "HOME": str(tmp_path), "BK_GPU_SIM_FILE": "/nonexistent",
+           "XDG_CACHE_HOME": str(tmp_path / "c")}
+    app = open_app(env, telemetry=fixed, actor=BOB)
+    call = app.call()
+    got = app.book(BookRequest(count=1, duration=1800, pinned=(0,)), call=call)
+    assert got.reservation.gpus == (0,)
+    # One attribution for both: the booking warns about eve's process, and
+    # status calls it unreserved (eve has no booking).
+    assert call.warnings == ["GPU 0 is in use right now by a process of eve without a booking there (100 MiB)"]
+    view = status_view(app).to_json()
+    assert view["backend"] == {"name": "test", "simulated": True}
+    assert [p["state"] for p in view["gpus"][0]["processes"]] == ["unreserved"]

@@ -10,7 +10,10 @@ backend instead of patching.
 from __future__ import annotations
 
 
-def open_app(env: dict, *, actor=None, clock_fn=None, backend=None, connect=None):
+def open_app(env: dict, *, actor=None, clock_fn=None, backend=None, telemetry=None, connect=None):
+    """The service for this process.  Tests and embedding front ends may
+    inject the actor, the clock, the GPU backend (or the whole telemetry,
+    e.g. ``telemetry.Fixed`` with a snapshot) and the broker connection."""
     from bk import clock
     from bk.service.app import Service
     from bk.service.telemetry import Telemetry
@@ -28,7 +31,8 @@ def open_app(env: dict, *, actor=None, clock_fn=None, backend=None, connect=None
 
         return open_(env, settings["gpu_count"])
 
-    telemetry = Telemetry(open_backend, clock=clock_fn, cache_dir=where.cache_dir)
+    if telemetry is None:
+        telemetry = Telemetry(open_backend, clock=clock_fn, cache_dir=where.cache_dir)
     if settings.mode == "shared":
         return Service.remote(settings, telemetry, actor=actor, clock_fn=clock_fn, connect=connect)
     return Service.local(settings, telemetry, actor=actor, clock_fn=clock_fn)

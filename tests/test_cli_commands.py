@@ -293,10 +293,26 @@ def test_gpu_recommends_then_shows_current(bk):
     assert four["options"] and four["current"]
 
 
-def test_gpu_nothing_free_now_names_the_earliest(bk):
+def test_gpu_nothing_free_now_shows_the_earliest_and_succeeds(bk):
+    """bk g asks where to run: "not now, but at 12:40, with this command" is
+    an answer (exit 0), not an error; exit 3 only when nothing fits at all."""
     bk.ok("x", "1", "2h", "-g", "3")
-    r = bk.json("g", "4")
-    assert r.code == 3 and "12:40" in r.error["hint"] and "--start 2026-07-13T12:40:00Z" in r.error["hint"]
+    d = bk.data("g", "4")
+    assert d["free_now"] is False and d["options"][0]["start"] == "2026-07-13T12:40:00Z"
+    assert d["options"][0]["command"].endswith("--start 2026-07-13T12:40:00Z")     # exact, for programs
+    r = bk.ok("g", "4")
+    assert "nothing free now" in r.out and "12:40" in r.out
+    assert "bk 4 1h -g 0,1,2,3 -t '2026-07-13 12:40'" in r.out                  # local, for people
+    booked = bk.data("4", "1h", "-g", "0,1,2,3", "-t", "2026-07-13 12:40")      # and it books that slot
+    assert booked["reservation"]["start"] == "2026-07-13T12:40:00Z"
+    assert bk.json("g", "5").code == 3                                           # never fits here
+
+
+def test_gpu_exits_3_only_when_nothing_fits_within_the_search_window(bk):
+    bk.config(queue_search_hours=1)
+    bk.ok("x", "4", "3h")
+    r = bk.json("g", "1")
+    assert r.code == 3 and "queue_search_hours" in r.error["message"]
 
 
 # ------------------------------------------------------------------- notices, history, log

@@ -52,14 +52,14 @@ def register(sub) -> None:
     g.set_defaults(handler=run_gpu, command="gpu")
 
 
-def _option_lines(rec, term, tz, now: int) -> list[str]:
+def _option_lines(rec, term, tz, now: int, *, local: bool = False) -> list[str]:
     lines = []
     for i, p in enumerate(rec.options, 1):
         when = timegrid.format_span(p.start, p.end, tz, now)
         if p.start <= now:
             when += " (now)"
         lines.append(fit(f"{i}. {when}  GPU {common.gpus_text(p.gpus)}", term.width))
-        lines.append("   " + rec.command(p))
+        lines.append("   " + rec.command(p, tz if local else None))
     return lines
 
 
@@ -101,13 +101,21 @@ def run_gpu(args, ctx) -> Output:
     req, _ = common.book_request(call, args, mode=args.mode, count=count, words=[], write=False)
     rec = app.recommend(req, alternatives=DEFAULT_ALTERNATIVES, state=state, call=call)
     ready = rec.ready()
+    if not rec.options:
+        raise Conflict(f"nothing fits {advice.describe(req)} within the next "
+                       f"{call.policy.queue_search_hours} hours (queue_search_hours)",
+                       hint="ask for fewer GPUs, less memory or a shorter time")
     if not ready.options:
-        if rec.options:
+        # Not an error: the question was where to run, and the answer is
+        # "not now, but here is the earliest", with the command that books it.
+        found = advice.GpuAdvice(active, current, None, rec, free_now=False)
+
+        def human_later(term) -> str:
             first = rec.options[0]
-            raise Conflict(f"no {advice.describe(req)} free now",
-                           hint=f"the earliest is {timegrid.format_local_short(first.start, tz, now)}: "
-                                f"{rec.command(first)}")
-        raise Conflict(f"no {advice.describe(req)} free now", hint="see: bk slots")
+            head = (f"nothing free now for {advice.describe(req)}; the earliest is "
+                    f"{timegrid.format_local_short(first.start, tz, now)}:")
+            return "\n".join([wrap(head, term.width, "", "  "), *_option_lines(rec, term, tz, now, local=True)])
+        return Output("gpu", found.to_json(), human_later)
     found = advice.GpuAdvice(active, current, None, ready)
 
     def human(term) -> str:

@@ -31,6 +31,27 @@ def booking_command(req, p, now: int, slot_minutes: int) -> str:
     return shlex.join(words)
 
 
+def local_command(req, p, now: int, slot_minutes: int, tz) -> str:
+    """``booking_command`` for a person to copy: a later start as local time
+    (``-t "2026-07-13 20:00"``, which is exact like ``--start``).  A local
+    time that names two instants (a DST fold) stays ISO, which names one."""
+    from datetime import datetime
+
+    exact = booking_command(req, p, now, slot_minutes)
+    if "--start" not in exact:
+        return exact
+    local = datetime.fromtimestamp(p.start, tz)
+    twin = local.replace(fold=1 - local.fold)
+    if twin.utcoffset() != local.utcoffset():
+        return exact
+    import shlex
+
+    words = shlex.split(exact)
+    i = words.index("--start")
+    words[i:i + 2] = ["-t", local.strftime("%Y-%m-%d %H:%M")]
+    return shlex.join(words)
+
+
 def option_json(req, p, now: int, slot_minutes: int) -> dict:
     return {"gpus": list(p.gpus), "start": iso(p.start), "end": iso(p.end),
             "command": booking_command(req, p, now, slot_minutes), "queued": p.queued,
@@ -66,7 +87,11 @@ class Recommendation:
         return Recommendation(self.request, tuple(p for p in self.options if not p.queued), self.now,
                               self.slot_minutes)
 
-    def command(self, p) -> str:
+    def command(self, p, tz=None) -> str:
+        """The command that books option ``p``: exact ISO, or with ``tz`` the
+        local ``-t`` form a person copies."""
+        if tz is not None:
+            return local_command(self.request, p, self.now, self.slot_minutes, tz)
         return booking_command(self.request, p, self.now, self.slot_minutes)
 
     def options_json(self) -> list[dict]:
@@ -78,17 +103,19 @@ class Recommendation:
 
 @dataclass(frozen=True)
 class GpuAdvice:
-    """``bk g``: the caller's GPUs now (with the export line), or GPUs free now."""
+    """``bk g``: the caller's GPUs now (with the export line), GPUs free now,
+    or, when none are, the earliest options (``free_now`` False)."""
 
     current: tuple            # the caller's active bookings (Reservation)
     current_json: tuple       # their JSON rows
     export: str | None
     options: Recommendation | None = None
+    free_now: bool = True
 
     def to_json(self) -> dict:
         return {"current": list(self.current_json),
                 "options": self.options.options_json() if self.options is not None else [],
-                "export": self.export}
+                "export": self.export, "free_now": self.free_now}
 
 
 def export_line(gpus) -> str:

@@ -107,6 +107,18 @@ def test_list_numbers_all_and_history(bk):
     assert len(bk.data("l", "-n", "1")["reservations"]) == 1
 
 
+def test_a_cut_list_says_how_much_it_left_out(bk):
+    for at in ("12:00", "13:00", "14:00"):
+        bk.ok("1", "1h", "-t", at)
+    bk.service(BOB).book(BookRequest(count=1, duration=H))
+    d = bk.data("l", "-n", "2")
+    assert d["total"] == 3 and len(d["reservations"]) == 2
+    assert "showing 2 of 3 (bk l -n 3 for all)" in bk.ok("l", "-n", "2").out
+    assert "showing" not in bk.ok("l").out and bk.data("l")["total"] == 3
+    assert "showing 1 of 4 (bk l --all -n 4 for all)" in bk.ok("l", "--all", "-n", "1").out
+    assert bk.data("l", "--all", "-n", "1")["total"] == 4
+
+
 def test_list_empty(bk):
     assert "no current or upcoming bookings" in bk.ok("l").out
 

@@ -26,9 +26,11 @@ def register(sub) -> None:
 def run(args, ctx) -> Output:
     app, call = ctx.app(), ctx.call()
     scope = "all" if args.all else "history" if args.history else "mine"
-    items = app.list(scope, limit=args.limit, call=call)
+    every = app.list(scope, call=call)
+    total = len(every)
+    items = every[:args.limit] if args.limit else every
     if scope == "mine":         # the list *is* the numbering (one ledger read, not two)
-        numbers = {r.id: i for i, r in enumerate(items, 1)}
+        numbers = {r.id: i for i, r in enumerate(every, 1)}
     else:
         numbers = app.numbers(app.ledger(call=call), call=call) if scope == "all" else {}
     view = common.view(call, numbers)
@@ -39,6 +41,13 @@ def run(args, ctx) -> Output:
             return {"mine": "no current or upcoming bookings (book one: bk 1 30m)",
                     "all": "nobody has a current or upcoming booking",
                     "history": "no ended or cancelled bookings in the history"}[scope]
-        return common.reservations_table(items, view, term, tz=call.tz, show_user=scope == "all")
+        table = common.reservations_table(items, view, term, tz=call.tz, show_user=scope == "all")
+        if len(items) < total:   # a cut list says so: the rest exists
+            table += f"\nshowing {len(items)} of {total} (bk l{_flag(scope)} -n {total} for all)"
+        return table
 
-    return Output("list", {"scope": scope, "reservations": rows}, human)
+    return Output("list", {"scope": scope, "reservations": rows, "total": total}, human)
+
+
+def _flag(scope: str) -> str:
+    return {"mine": "", "all": " --all", "history": " --history"}[scope]

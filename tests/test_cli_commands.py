@@ -259,6 +259,17 @@ def test_timeline_marks_own_others_full_and_now(bk):
     assert "▼ now" in out and "a  yours:" in out
 
 
+def test_timeline_shows_every_own_booking_even_where_two_overlap(bk):
+    bk.ok("1", "1h", "-g", "0")
+    bk.ok("1", "30m", "-g", "0", "-t", "+20m")          # inside the first, same GPU
+    out = bk.ok("timeline", "--from", "now", "--window", "2h", "--step", "10m").out
+    row = next(line[6:] for line in out.splitlines() if line.startswith("GPU 0"))
+    assert row.startswith("aa&&&a·"), row                # the second is drawn, not hidden behind a
+    assert "&: two or more of yours" in " ".join(out.split())
+    d = bk.data("tl", "--from", "now", "--window", "2h", "--step", "10m")
+    assert len(d["gpus"][0]["cells"][2]["mine"]) == 2
+
+
 def test_timeline_window_word_gpus_and_limits(bk):
     d = bk.data("tl", "24h", "-g", "1,2")
     assert [g["index"] for g in d["gpus"]] == [1, 2]

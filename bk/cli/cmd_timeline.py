@@ -3,7 +3,9 @@
 One character per GPU and time step.  Your bookings are letters (``a``,
 ``b``, ... in the legend; upper case where the GPU is full), others' show
 how many share slots they hold (``1``, ``2``; ``█`` when full or exclusive),
-``#`` is a blackout, ``x`` a disabled GPU, ``·`` free.  A ``▼`` line marks now.
+``&`` two or more of yours in one cell (so none is hidden behind another's
+letter), ``#`` is a blackout, ``x`` a disabled GPU, ``·`` free.  A ``▼``
+line marks now.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ def register(sub) -> None:
         "timeline", aliases=["tl"], help="text timeline of every GPU",
         description="Draw bookings on every GPU over time. Your bookings are letters (upper "
         "case where the GPU is full), others' show the share slots they hold (█ when full or "
-        "exclusive), # is a blackout, · free.",
+        "exclusive), & is two or more of yours in one cell, # is a blackout, · free.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("window_word", nargs="?", metavar="WINDOW", help="how much time to show (12h, 2d)")
     p.add_argument("--from", dest="frm", metavar="TIME",
@@ -138,6 +140,7 @@ def render(tv, term, *, tz, now: int, label_w: int) -> str:
     if frm <= now < to:
         col = (now - frm) // step
         out.append(fit(pad + " " * col + "▼ now", term.width))
+    several = False
     for lane in grid.lanes:
         cells = []
         for c in lane.cells:
@@ -146,6 +149,10 @@ def render(tv, term, *, tz, now: int, label_w: int) -> str:
                 ch = "x"
             elif c.blackout:
                 ch, style = "#", ("yellow",)
+            elif len(c.mine) > 1:
+                # Two of yours in one cell: a letter would hide the other.
+                ch, style = "&", ("green", "bold")
+                several = True
             elif c.mine:
                 ch = letter.get(c.mine[0], "*")
                 ch, style = (ch.upper() if c.used >= cap else ch), ("green", "bold")
@@ -165,6 +172,7 @@ def render(tv, term, *, tz, now: int, label_w: int) -> str:
     digits = "1" if cap <= 2 else f"1-{min(cap - 1, 9)}"
     out.append(wrap(f"{digits}: share slots held by others (of {cap}) · █ full or exclusive · "
                     "# blackout · x disabled · · free"
-                    + (" · upper case: your booking on a full GPU" if mine else ""),
+                    + (" · upper case: your booking on a full GPU" if mine else "")
+                    + (" · &: two or more of yours" if several else ""),
                     term.width))
     return "\n".join(out)

@@ -31,10 +31,35 @@ socket directory has the wrong owner or mode (78), or another broker answers
 systemd's ExecStartPre.
 
 Concurrency.  The main thread only accepts; each client gets a thread, at
-most ``max_clients`` at once (the next is told ``busy`` and closed).  Service
-calls are serialised by the dispatcher.  Each connection has an idle timeout
-between frames and a deadline for each frame and each reply, so a stalled or
-malicious client holds one thread for a bounded time and nothing else.
+most ``max_clients`` at once.  Service calls are serialised by the
+dispatcher.  A connection costs the broker a thread and a slot whether or
+not it ever sends anything, and a kernel-reported UID is the only identity a
+connection has, so the limits below are per connection and per UID:
+
+- Slots per UID.  One UID holds at most ``max_per_uid`` of the slots
+  (default ``per_uid_limit(max_clients)``: ``max(4, max_clients // 8)``, 8 of
+  64).  Its next connection is answered ``busy`` naming that quota and
+  closed, before anything of it is read; other UIDs still get in.
+- The whole broker full (``max_clients``) is answered ``busy`` likewise.
+  Both refusals carry ``details.reason`` ``max_clients``: nothing was done,
+  so a client retries them at once (``bk.ipc.client``); ``details.quota``
+  says which limit it was (``per_uid`` or ``max_clients``).
+- Arrival.  A request must arrive promptly: its first byte within
+  ``arrival_timeout`` (default 5 s) of the connection opening, and a frame,
+  once started, whole within ``min(frame_timeout, arrival_timeout)``.  Our
+  own client connects, sends one frame at once and reads one reply, so only
+  a stalled or hostile client is ever cut off.  The service call itself is
+  not under this clock (it may wait ``lock_timeout_seconds`` for the ledger
+  lock); the reply must be taken within ``frame_timeout``.
+- Idle between requests.  After a reply a connection may wait up to
+  ``idle_timeout`` (default 30 s) for its next request, but only while the
+  broker has room: it looks every ``arrival_timeout`` and closes an idle
+  connection once fewer than ``max_per_uid`` slots are free, so idle
+  connections give way to callers who have something to ask.
+
+So one user cannot deny others by holding connections: at most
+``max_per_uid`` slots, each released within ``arrival_timeout`` unless it
+is sending or being served.
 
 Shutdown.  SIGTERM (what ``systemctl stop`` sends) and SIGINT set a flag and
 wake the accept loop through a pipe.  The broker stops accepting, removes its
@@ -48,6 +73,7 @@ from __future__ import annotations
 
 import grp
 import os
+import select
 import selectors
 import signal
 import socket
@@ -70,8 +96,26 @@ SUN_PATH_MAX = 107                   # sizeof(sockaddr_un.sun_path) - 1 on Linux
 DEFAULT_MAX_CLIENTS = 64
 DEFAULT_IDLE_TIMEOUT = 30.0
 DEFAULT_FRAME_TIMEOUT = 10.0
+DEFAULT_ARRIVAL_TIMEOUT = 5.0
 BACKLOG = 128
 FULL = "max_clients"                 # details.reason of the refusal a client may retry at once
+PER_UID = "per_uid"                  # details.quota of the refusal of a UID at its quota
+
+
+def per_uid_limit(max_clients: int) -> int:
+    """The default number of slots one UID may hold: well below the whole, so
+    that seven other users still get in when one holds all of its share."""
+    return min(max_clients, max(4, max_clients // 8))
+
+
+def _readable(conn: socket.socket, timeout: float) -> bool:
+    """Whether ``conn`` has a byte (or end-of-file) to read within ``timeout``.
+    ``poll`` reports POLLHUP/POLLERR even unasked, so a peer that left, and
+    our own SHUT_RD at shutdown, count as readable: the recv that follows
+    sees the end and the connection closes."""
+    p = select.poll()
+    p.register(conn, select.POLLIN)
+    return bool(p.poll(max(0, int(timeout * 1000))))
 
 
 def log_stderr(line: str) -> None:
@@ -202,6 +246,7 @@ class Stats:
     refused: int = 0
     requests: int = 0
     errors: int = 0
+    over_quota: int = 0      # of ``refused``: a UID at its ``max_per_uid``
 
 
 class Broker:
@@ -210,12 +255,17 @@ class Broker:
 
     def __init__(self, plan: Plan, dispatcher: Dispatcher, *, max_clients: int = DEFAULT_MAX_CLIENTS,
                  idle_timeout: float = DEFAULT_IDLE_TIMEOUT, frame_timeout: float = DEFAULT_FRAME_TIMEOUT,
+                 arrival_timeout: float = DEFAULT_ARRIVAL_TIMEOUT, max_per_uid: int | None = None,
                  drain_timeout: float = 30.0, log: Callable[[str], None] = log_stderr):
+        if max_per_uid is not None and max_per_uid < 1:
+            raise ValueError("max_per_uid must be at least 1")
         self.plan = plan
         self.dispatcher = dispatcher
         self.max_clients = max_clients
+        self.max_per_uid = min(max_clients, max_per_uid or per_uid_limit(max_clients))
         self.idle_timeout = idle_timeout
         self.frame_timeout = frame_timeout
+        self.arrival_timeout = arrival_timeout
         self.drain_timeout = drain_timeout
         self.log = log
         self.stats = Stats()
@@ -224,6 +274,7 @@ class Broker:
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._active: dict[socket.socket, threading.Thread] = {}
         self._active_lock = threading.Lock()
+        self._per_uid: dict[int, int] = {}         # slots held, by UID (under _active_lock)
         self._listener: socket.socket | None = None
         self._bound: tuple[int, int] | None = None
         self._lock_fd: int | None = None
@@ -351,26 +402,109 @@ class Broker:
             except OSError:
                 conn.close()
                 continue
-            if not self._slots.acquire(blocking=False):
+            # The UID's quota first: a user at it is told so, even when the
+            # broker as a whole is full too.
+            with self._active_lock:
+                held = self._per_uid.get(peer.uid, 0)
+                if held < self.max_per_uid:
+                    self._per_uid[peer.uid] = held + 1
+            if held >= self.max_per_uid:
                 self.stats.refused += 1
-                self._reply(conn, failure("broker", Busy(
+                self.stats.over_quota += 1
+                self._refuse(conn, Busy(
+                    f"uid {peer.uid} already has {held} connections open to the broker, the most one "
+                    f"user may hold (max_per_uid {self.max_per_uid} of max_clients {self.max_clients})",
+                    hint="wait for this user's other bk commands to finish, or close the programs that "
+                         "hold broker connections open", details={
+                        "reason": FULL, "quota": PER_UID, "limit": self.max_per_uid, "uid": peer.uid}))
+                continue
+            if not self._slots.acquire(blocking=False):
+                self._release_uid(peer.uid)
+                self.stats.refused += 1
+                self._refuse(conn, Busy(
                     f"the broker is serving its limit of {self.max_clients} clients",
-                    hint="retry in a moment", details={"reason": FULL})), timeout=0.2)
-                conn.close()
+                    hint="retry in a moment", details={"reason": FULL, "quota": FULL,
+                                                       "limit": self.max_clients}))
                 continue
             thread = threading.Thread(target=self._serve_conn, args=(conn, peer),
                                       name=f"bk-client-{peer.pid}", daemon=True)
             with self._active_lock:
                 self._active[conn] = thread
-            thread.start()
+            try:
+                thread.start()
+            except RuntimeError as e:        # no thread to be had: refuse this one, serve the rest
+                self.log(f"cannot start a client thread: {e}")
+                with self._active_lock:
+                    self._active.pop(conn, None)
+                self._slots.release()
+                self._release_uid(peer.uid)
+                self.stats.refused += 1
+                self._refuse(conn, Busy("the broker cannot take another client now", hint="retry in a moment",
+                                        details={"reason": FULL, "quota": "threads"}))
+
+    def _refuse(self, conn: socket.socket, error: Busy) -> None:
+        # Answered before the request is read, so a short send deadline: the
+        # accept loop must not wait on a client that does not read.
+        self._reply(conn, failure("broker", error), timeout=0.2)
+        conn.close()
+
+    def held(self) -> dict[int, int]:
+        """Slots held now, by UID."""
+        with self._active_lock:
+            return dict(self._per_uid)
+
+    def _release_uid(self, uid: int) -> None:
+        with self._active_lock:
+            left = self._per_uid.get(uid, 0) - 1
+            if left > 0:
+                self._per_uid[uid] = left
+            else:
+                self._per_uid.pop(uid, None)
+
+    def _crowded(self) -> bool:
+        """Fewer slots free than one user's quota: idle connections should go."""
+        with self._active_lock:
+            used = sum(self._per_uid.values())
+        return self.max_clients - used < self.max_per_uid
+
+    def _await_request(self, conn: socket.socket, first: bool) -> bool:
+        """Wait for the first byte of the next request; False: close the
+        connection.  A new connection gets ``arrival_timeout``; between
+        requests a connection may idle for ``idle_timeout``, looked at every
+        ``arrival_timeout`` and closed as soon as the broker is crowded."""
+        if first:
+            return _readable(conn, min(self.arrival_timeout, self.idle_timeout))
+        deadline = time.monotonic() + self.idle_timeout
+        while not self._stopping.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            if _readable(conn, min(left, self.arrival_timeout)):
+                return True
+            if self._crowded():
+                return False
+        return False
 
     def _reply(self, conn: socket.socket, envelope: dict, timeout: float | None = None) -> bool:
+        from bk.core.errors import Internal
+
+        # A reply is made after its commit: failing to send it must not read
+        # as "nothing happened".  protocol.encode escapes what UTF-8 cannot
+        # hold, so what is left is a reply over the frame limit or a bug
+        # (something that is not JSON), and each is named as what it is.
+        command = envelope.get("command", "broker")
+        check = "; check with bk l whether the change was made" if envelope.get("ok") else ""
         try:
             frame = protocol.encode(envelope)
-        except (protocol.FrameTooLarge, TypeError, ValueError) as e:
-            self.log(f"reply could not be encoded: {e}")
-            frame = protocol.encode(failure(envelope.get("command", "broker"), InvalidInput(
-                "the reply would exceed the frame limit")))
+        except protocol.FrameTooLarge as e:
+            self.log(f"reply to {command} not sent: {e}")
+            frame = protocol.encode(failure(command, Internal(
+                f"the broker's reply ({e.size} bytes) is over the frame limit of {e.limit} bytes" + check)))
+        except (TypeError, ValueError) as e:
+            self.log(f"reply to {command} could not be encoded (a bug): {type(e).__name__}: {e}")
+            frame = protocol.encode(failure(command, Internal(
+                "the broker could not encode its reply (a bug)" + check,
+                hint="the administrator can read: journalctl -u gpubk-broker")))
         try:
             protocol.send_frame(conn, frame, self.frame_timeout if timeout is None else timeout)
             return True
@@ -378,11 +512,17 @@ class Broker:
             return False           # the client left or stopped reading: its loss only
 
     def _serve_conn(self, conn: socket.socket, peer: Peer) -> None:
+        served = 0
+        frame_deadline = min(self.frame_timeout, self.arrival_timeout)
         try:
             while not self._stopping.is_set():
+                if not self._await_request(conn, first=served == 0):
+                    break
+                served += 1
                 try:
-                    body = protocol.recv_frame(conn, idle_timeout=self.idle_timeout,
-                                               frame_timeout=self.frame_timeout)
+                    # A byte (or the end) is waiting, so the first recv returns at once.
+                    body = protocol.recv_frame(conn, idle_timeout=self.arrival_timeout,
+                                               frame_timeout=frame_deadline)
                 except protocol.FrameTooLarge as e:
                     self._reply(conn, failure("broker", InvalidInput(
                         f"a frame of {e.size} bytes is over the limit of {e.limit} bytes")))
@@ -406,6 +546,7 @@ class Broker:
                 conn.close()
             except OSError:
                 pass
+            self._release_uid(peer.uid)
             self._slots.release()
 
     # -- stop --------------------------------------------------------------
@@ -438,7 +579,8 @@ class Broker:
             return f"{count} {word}" + ("" if count == 1 else "s")
 
         self.log(f"stopped after {n(s.connections, 'connection')}, {n(s.requests, 'request')} "
-                 f"({s.errors} answered with an error, {s.refused} refused as over the limit)")
+                 f"({s.errors} answered with an error, {s.refused} refused as over the limit, "
+                 f"{s.over_quota} of them over the per-user quota)")
 
     def _unlink_own_socket(self) -> None:
         # Remove the socket only if it is still the file we bound: a successor
@@ -570,7 +712,8 @@ class ConfigWatch:
 
 
 def run(env: dict, *, max_clients: int = DEFAULT_MAX_CLIENTS, idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
-        frame_timeout: float = DEFAULT_FRAME_TIMEOUT, log: Callable[[str], None] = log_stderr) -> Stats:
+        frame_timeout: float = DEFAULT_FRAME_TIMEOUT, arrival_timeout: float = DEFAULT_ARRIVAL_TIMEOUT,
+        max_per_uid: int | None = None, log: Callable[[str], None] = log_stderr) -> Stats:
     """Check, bind and serve until SIGTERM.  Raises BkError on refusal."""
     os.umask(0o022)
     settings = _load(env)
@@ -582,7 +725,7 @@ def run(env: dict, *, max_clients: int = DEFAULT_MAX_CLIENTS, idle_timeout: floa
     dispatcher = Dispatcher(service, log=log, reload=ConfigWatch(env, plan, settings, log, service.telemetry),
                             latest=latest)
     broker = Broker(plan, dispatcher, max_clients=max_clients, idle_timeout=idle_timeout,
-                    frame_timeout=frame_timeout,
+                    frame_timeout=frame_timeout, arrival_timeout=arrival_timeout, max_per_uid=max_per_uid,
                     drain_timeout=settings["lock_timeout_seconds"] + frame_timeout + 5, log=log)
     broker.start()
     stop = threading.Event()

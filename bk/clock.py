@@ -65,20 +65,85 @@ def _fake_now(text: str) -> int:
                            "unset it for the real time") from None
 
 
+class LocalZone:
+    """The zone this process shows local time in, and how it was found.
+
+    ``source`` is ``"TZ"``, the path of ``/etc/localtime``, ``"C library"``
+    (neither named a zone bk reads, but libc has one) or ``"UTC fallback"``;
+    ``warnings`` say when that fallback hides a mistake (an unknown ``TZ``).
+    """
+
+    __slots__ = ("tz", "name", "source", "warnings")
+
+    def __init__(self, tz: tzinfo, name: str, source: str, warnings: tuple[str, ...] = ()):
+        self.tz, self.name, self.source, self.warnings = tz, name, source, warnings
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "source": self.source}
+
+    def __repr__(self) -> str:
+        return f"LocalZone({self.name!r}, {self.source!r})"
+
+
 @functools.lru_cache(maxsize=1)
+def local_zone() -> LocalZone:
+    """The local zone and its provenance (cached for the process)."""
+    return find_local_zone(os.environ.get("TZ"), ETC_LOCALTIME)
+
+
 def local_tz() -> tzinfo:
     """The local time zone (cached for the process; ``local_tz.cache_clear()`` in tests)."""
-    return find_local_tz(os.environ.get("TZ"), ETC_LOCALTIME)
+    return local_zone().tz
+
+
+# One cache: clearing it through either name (tests do ``local_tz.cache_clear()``) resets both.
+local_tz.cache_clear = local_zone.cache_clear
+
+
+def zone_warnings(tz: object) -> tuple[str, ...]:
+    """What the user should hear about ``tz`` when it is this process's local
+    zone (an unknown ``TZ`` read as UTC); nothing for a zone given otherwise."""
+    zone = local_zone()
+    return zone.warnings if tz is zone.tz else ()
+
+
+def describe_zone(tz: object) -> dict:
+    """``{"name", "source"}`` of ``tz``: the local zone's provenance, or
+    ``"given"`` for a zone the caller chose (a test, a broker peer)."""
+    zone = local_zone()
+    if tz is zone.tz:
+        return zone.to_json()
+    return {"name": getattr(tz, "key", None) or str(tz), "source": "given"}
 
 
 def find_local_tz(tz_env: str | None, etc_localtime: str) -> tzinfo:
     """The uncached lookup behind ``local_tz``: ``TZ``, then ``/etc/localtime``, then libc, then UTC."""
+    return find_local_zone(tz_env, etc_localtime).tz
+
+
+def find_local_zone(tz_env: str | None, etc_localtime: str) -> LocalZone:
+    """``find_local_tz`` with the zone's name, where it came from and any warning.
+
+    When nothing bk or the C library can read names a zone, glibc quietly
+    uses UTC: ``TZ=Mars/Olympus`` shows every time an hour or more off with no
+    word said.  So a ``TZ`` that is neither a zone bk finds nor a POSIX rule
+    warns, as does an ``/etc/localtime`` that exists but is no zone file.  A
+    missing ``/etc/localtime`` does not: UTC is what such a system (most
+    containers) means.
+    """
     if tz_env is not None:
         name = tz_env[1:] if tz_env.startswith(":") else tz_env
         if not name:
-            return timezone.utc   # POSIX: TZ set but empty means UTC
+            return LocalZone(_utc(), "UTC", "TZ")   # POSIX: TZ set but empty means UTC
         zone = _zone_from_file(name) if name.startswith("/") else _zone_named(name)
-        return zone or _libc_zone()
+        if zone is not None:
+            return LocalZone(zone, _name_of(zone, name), "TZ")
+        libc = _libc_zone()
+        if libc is not None or _POSIX_RULE.fullmatch(name):
+            return LocalZone(libc or _utc(), name, "TZ")
+        return LocalZone(_utc(), "UTC", "UTC fallback", (
+            f"TZ={tz_env!r} is not a time zone bk knows; showing times in UTC "
+            "(set TZ to a zone name such as Europe/Berlin, or unset it)",))
     try:
         target = os.readlink(etc_localtime)
     except OSError:   # not a symlink, or missing
@@ -87,8 +152,36 @@ def find_local_tz(tz_env: str | None, etc_localtime: str) -> tzinfo:
         key = _key_of(target)
         zone = _zone_named(key) if key else None
         if zone:
-            return zone
-    return _zone_from_file(etc_localtime) or _libc_zone()
+            return LocalZone(zone, key, etc_localtime)
+    zone = _zone_from_file(etc_localtime)
+    if zone is not None:
+        return LocalZone(zone, _name_of(zone, etc_localtime), etc_localtime)
+    libc = _libc_zone()
+    if libc is not None:
+        return LocalZone(libc, time.tzname[0], "C library")
+    warnings = ()
+    if os.path.lexists(etc_localtime):
+        warnings = (f"{etc_localtime} is not a time zone bk can read; showing times in UTC "
+                    "(link it to a file in /usr/share/zoneinfo, or set TZ)",)
+    return LocalZone(_utc(), "UTC", "UTC fallback", warnings)
+
+
+# A POSIX TZ rule (``CET-1CEST,M3.5.0,M10.5.0/3``, ``UTC0``, ``<+0330>-3:30``):
+# standard name and offset, then optionally a DST name, offset and the two dates.
+_TZ_NAME = r"(?:[A-Za-z]{3,}|<[A-Za-z0-9+-]{3,}>)"
+_TZ_OFFSET = r"[+-]?\d{1,3}(?::\d{1,2}(?::\d{1,2})?)?"
+_TZ_DATE = rf"(?:J\d{{1,3}}|\d{{1,3}}|M\d{{1,2}}\.\d\.\d)(?:/{_TZ_OFFSET})?"
+_POSIX_RULE = re.compile(rf"{_TZ_NAME}{_TZ_OFFSET}(?:{_TZ_NAME}(?:{_TZ_OFFSET})?(?:,{_TZ_DATE},{_TZ_DATE})?)?")
+
+
+def _utc() -> tzinfo:
+    # Not the ``timezone.utc`` singleton: ``zone_warnings`` tells the local
+    # zone by identity, and a caller's own UTC must not inherit its warning.
+    return timezone(timedelta(0), "UTC")
+
+
+def _name_of(zone: tzinfo, fallback: str) -> str:
+    return getattr(zone, "key", None) or fallback
 
 
 def _key_of(path: str) -> str | None:
@@ -116,12 +209,14 @@ def _zone_from_file(path: str) -> tzinfo | None:
         return None
 
 
-def _libc_zone() -> tzinfo:
+def _libc_zone() -> tzinfo | None:
+    """The C library's local time, or None when it is plain UTC (which is also
+    what glibc falls back to for a ``TZ`` it cannot read)."""
     # time.localtime reads TZ only at tzset(); an environment changed since
     # start-up (a test, a caller that set TZ) must be seen.
     time.tzset()
     if time.timezone == 0 and not time.daylight:
-        return timezone.utc
+        return None
     return SystemLocalTime()
 
 

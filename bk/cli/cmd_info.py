@@ -52,6 +52,7 @@ def run_info(args, ctx) -> Output:
             ["mode", f"{data['mode']} ({'one ledger for everyone' if data['mode'] == 'shared' else 'your own ledger'})"],
             ["data", data["data_dir"]],
             ["config", data["config_file"] or "defaults (no file)"],
+            ["time zone", _zone_text(data["timezone"])],
             ["GPUs", f"{data['gpu_count']} ({data['backend']['name']}"
                      f"{', simulated' if data['backend']['simulated'] else ''})"],
             ["slices", f"{pol['slot_minutes']} minutes"],
@@ -65,6 +66,14 @@ def run_info(args, ctx) -> Output:
         return table(rows, ["", ""], term, shrink=1).split("\n", 1)[1]
 
     return Output("info", data, human)
+
+
+def _zone_text(zone: dict) -> str:
+    """``Europe/Berlin (from TZ)``, ``Etc/UTC (from /etc/localtime)``, ``UTC (fallback: no zone found)``."""
+    name, source = zone["name"], zone["source"]
+    if source == "UTC fallback":
+        return f"{name} (fallback: no zone found)"
+    return name if source == "given" else f"{name} (from {source})"
 
 
 def run_login(args, ctx) -> Output:

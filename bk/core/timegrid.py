@@ -313,29 +313,73 @@ def parse_end_change(text: str, start: int, end: int, now: int, tz: tzinfo, slot
 
 # --------------------------------------------------------- rendering
 
-def format_local(t: int, tz: tzinfo, *, now: int | None = None, compact: bool = False) -> str:
-    """``2026-07-13 20:00``, or compact ``07-13 20:00`` (with the year when ``now`` is another year)."""
+def format_local(t: int, tz: tzinfo, *, now: int | None = None, compact: bool = False,
+                 mark_fold: bool = False) -> str:
+    """``2026-07-13 20:00``, or compact ``07-13 20:00`` (with the year when ``now`` is another year).
+
+    The plain form is what ``parse_start`` reads back.  With ``mark_fold`` a
+    reading that happens twice (a DST fold) gets its zone: ``2026-10-25 02:30 CET``.
+    """
     dt = datetime.fromtimestamp(t, tz)
     if compact and (now is None or datetime.fromtimestamp(now, tz).year == dt.year):
-        return f"{dt.month:02d}-{dt.day:02d} {dt.hour:02d}:{dt.minute:02d}"
-    return f"{dt.year:04d}-{dt.month:02d}-{dt.day:02d} {dt.hour:02d}:{dt.minute:02d}"
+        text = f"{dt.month:02d}-{dt.day:02d} {dt.hour:02d}:{dt.minute:02d}"
+    else:
+        text = f"{dt.year:04d}-{dt.month:02d}-{dt.day:02d} {dt.hour:02d}:{dt.minute:02d}"
+    label = fold_label(t, tz) if mark_fold else None
+    return f"{text} {label}" if label else text
 
 
-def format_local_short(t: int, tz: tzinfo, now: int) -> str:
-    """``20:00`` on the local day of ``now``, else as ``format_local(compact=True)``."""
+def format_local_short(t: int, tz: tzinfo, now: int, *, mark_fold: bool = True) -> str:
+    """``20:00`` on the local day of ``now``, else as ``format_local(compact=True)``;
+    a time in a DST fold with its zone (``02:30 CEST``) unless ``mark_fold`` is false."""
     dt = datetime.fromtimestamp(t, tz)
-    if dt.date() == _local_date(now, tz):
-        return f"{dt.hour:02d}:{dt.minute:02d}"
-    return format_local(t, tz, now=now, compact=True)
+    if dt.date() != _local_date(now, tz):
+        return format_local(t, tz, now=now, compact=True, mark_fold=mark_fold)
+    label = fold_label(t, tz) if mark_fold else None
+    text = f"{dt.hour:02d}:{dt.minute:02d}"
+    return f"{text} {label}" if label else text
 
 
 def format_span(start: int, end: int, tz: tzinfo, now: int) -> str:
-    """``07-13 20:00–21:30`` on one local day, ``07-13 22:00–07-14 02:00`` across days."""
+    """``07-13 20:00–21:30`` on one local day, ``07-13 22:00–07-14 02:00`` across days.
+
+    An end that reads as a DST fold gets its zone, and so does a start that
+    does, once for both when they share it: ``10-25 02:30 CEST–02:30 CET``
+    (an hour across Berlin's fall-back), ``10-25 02:10–02:40 CET`` (inside
+    the repeated hour).  Every other span is unchanged.
+    """
     a = datetime.fromtimestamp(start, tz)
     b = datetime.fromtimestamp(end, tz)
+    head = format_local(start, tz, now=now, compact=True)
     tail = f"{b.hour:02d}:{b.minute:02d}" if a.date() == b.date() \
         else format_local(end, tz, now=now, compact=True)
-    return f"{format_local(start, tz, now=now, compact=True)}–{tail}"
+    first, last = fold_label(start, tz), fold_label(end, tz)
+    if first and first == last:
+        return f"{head}–{tail} {last}"
+    return f"{head}{' ' + first if first else ''}–{tail}{' ' + last if last else ''}"
+
+
+def fold_label(t: int, tz: tzinfo) -> str | None:
+    """What tells instant ``t`` from its twin when its local reading happens
+    twice (a DST fold), else None.
+
+    The zone abbreviation (``CEST``, ``CET``) when the two readings have
+    different ones, else the UTC offset (``+01:00``), which always differs.
+    A reading is in a fold when the other value of PEP 495's ``fold`` gives it
+    another offset: ``t`` came from ``fromtimestamp``, so its reading exists,
+    and a reading that exists with two offsets names two instants.
+    """
+    dt = datetime.fromtimestamp(t, tz)
+    twin = dt.replace(fold=1 - dt.fold)
+    offset = dt.utcoffset()
+    if offset is None or twin.utcoffset() == offset:
+        return None
+    name, other = dt.tzname(), twin.tzname()
+    if name and other and name != other:
+        return name
+    sign, rest = ("-", -offset) if offset < timedelta(0) else ("+", offset)
+    minutes = rest // timedelta(minutes=1)
+    return f"{sign}{minutes // 60:02d}:{minutes % 60:02d}"
 
 
 # ----------------------------------------------------------- helpers
@@ -420,7 +464,8 @@ def _hm(hms: tuple[int, int, int]) -> str:
 
 
 def _short_renderer(tz: tzinfo, now: int):
-    return lambda t: format_local_short(t, tz, now)
+    # Errors suggest times to type, so the plain form that parses back.
+    return lambda t: format_local_short(t, tz, now, mark_fold=False)
 
 
 def _pick_local(s: str, day: date, hms: tuple[int, int, int], tz: tzinfo, cur: int,

@@ -151,10 +151,16 @@ class Service:
     # -- the call ----------------------------------------------------------
 
     def call(self, actor: Actor | None = None, *, telemetry=None, peer_pid: int | None = None) -> Call:
-        """A fresh context: this service's defaults, the clock read once."""
-        return Call(actor or self.actor, self._clock(), self._tz(), self.policy,
+        """A fresh context: this service's defaults, the clock read once.  A
+        call for this process (no ``actor``) carries what the clock has to say
+        about its zone (an unknown ``TZ``); a broker's call for a peer does
+        not: the peer's zone is not the broker's."""
+        call = Call(actor or self.actor, self._clock(), self._tz(), self.policy,
                     telemetry if telemetry is not None else self.telemetry, peer_pid=peer_pid,
                     make_id=self.id_source)
+        if actor is None:
+            call.warn(*clock.zone_warnings(call.tz))
+        return call
 
     def _call(self, call: Call | None) -> Call:
         return call if call is not None else self.call()
@@ -227,6 +233,22 @@ class Service:
 
     def ping(self, *, call: Call | None = None) -> dict:
         return self.run("ping", Empty(), call=call).to_json()
+
+    def lost_data(self, *, call: Call | None = None):
+        """What the audit log records beyond the ledger (``data_lost``)."""
+        return self.run("data_lost", Empty(), call=call)
+
+    def recover_data(self, *, replay: bool = False, dry_run: bool = False, call: Call | None = None):
+        """Accept the loss the audit log witnesses now (replaying the lost
+        bookings first with ``replay``); a dry run only reports it."""
+        from bk.service.recovery import RecoverRequest
+
+        call = self._call(call)
+        lost = self.lost_data(call=call)
+        if dry_run or lost.status == "nothing_lost":
+            return lost
+        return self.run("data_recover", RecoverRequest(lost.ledger_seq, lost.audit_seq, replay=replay),
+                        call=call)
 
     # host-side halves of the read operations (LocalGateway serves them)
 

@@ -10,6 +10,7 @@ round trip) run only with ``bk doctor --probe``.
 
 from __future__ import annotations
 
+from bk import clock
 from bk.core.errors import BkError
 from bk.service.status import policy_summary
 
@@ -55,6 +56,7 @@ def info_view(app, *, call=None) -> dict:
         "gpu_count": call.policy.gpu_count,
         "backend": {"name": inv.source, "simulated": inv.simulated},
         "policy": policy_summary(call.policy),
+        "timezone": clock.describe_zone(call.tz),
     }
 
 

@@ -69,6 +69,12 @@ def parse_count(text: str) -> int:
 
 def split_words(words: list[str], duration_flag: str | None, mem_flag: str | None) -> tuple[str, str | None]:
     """``DUR [MEM]`` after the count; ``-d`` may replace DUR and ``-m`` MEM."""
+    from bk.service.builders import MAX_WORD
+
+    for w in (*words, duration_flag, mem_flag):
+        if w is not None and len(w) > MAX_WORD:
+            raise UsageError(f"the word {w[:20]!r}... is too long ({len(w)} characters)",
+                             hint="the form is: N DUR [MEM], e.g. bk 2 1h30m 12g")
     words = list(words)
     dur = duration_flag
     if dur is None:

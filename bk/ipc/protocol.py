@@ -61,8 +61,18 @@ class FrameTooLarge(Exception):
 # ------------------------------------------------------------- encoding
 
 def encode(obj: object, limit: int = MAX_FRAME) -> bytes:
-    """One frame: header plus compact UTF-8 JSON.  Raises FrameTooLarge."""
-    body = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+    """One frame: header plus compact UTF-8 JSON.  Raises FrameTooLarge.
+
+    A Python string may hold a lone surrogate (JSON's ``\\ud800`` escape
+    makes one, and so does ``surrogateescape``), which no UTF-8 encoder
+    writes.  Such text is refused at the edge, but a ledger written before
+    that rule may still hold it, and a reply that cannot be encoded after a
+    commit would tell the caller that a booking which exists failed.  So it
+    is written as the same JSON escape (``backslashreplace`` can only meet
+    it inside a JSON string, where ``\\udXXX`` is exactly that escape): the
+    frame is always valid UTF-8 and decodes to the same string."""
+    body = json.dumps(obj, ensure_ascii=False, separators=(",", ":"),
+                      allow_nan=False).encode("utf-8", "backslashreplace")
     if len(body) > limit:
         raise FrameTooLarge(len(body), limit)
     return HEADER.pack(len(body)) + body

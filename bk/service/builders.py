@@ -12,32 +12,61 @@ from __future__ import annotations
 from bk.core import timegrid
 from bk.core.errors import InvalidInput, UsageError
 from bk.core.models import EXCLUSIVE, SHARED, Reservation
+from bk.service import fields, specs
+from bk.service.fields import MAX_GPUS
 from bk.service.requests import BookRequest, EditRequest
 
 CLEAR_MEM_WORDS = ("auto", "none", "default")
 
 
-def gpu_list(value, flag: str) -> tuple[int, ...] | None:
-    """``0,1``, ``0-3``, ``2`` (or already a sequence of ints) -> GPU indices, sorted, unique."""
+# Every size a person types is checked against its limit before anything
+# is built from it: ``-g 0-99999999`` is refused by looking at its two
+# ends, never by expanding the range (which once took 47 s and 12 GB).
+MAX_WORD = 200            # no count, duration, size or GPU list is longer than this
+
+
+def _no_gpu(what: str, gpu_count: int | None) -> InvalidInput:
+    if gpu_count:
+        have = "GPU 0" if gpu_count == 1 else f"GPUs 0-{gpu_count - 1}"
+        return InvalidInput(f"no GPU {what}: this server has {have}", hint="list the GPUs with: bk st")
+    return InvalidInput(f"no GPU {what}: GPU indices are 0-{MAX_GPUS - 1}", hint="list the GPUs with: bk st")
+
+
+def gpu_list(value, flag: str, gpu_count: int | None = None) -> tuple[int, ...] | None:
+    """``0,1``, ``0-3``, ``2`` (or already a sequence of ints) -> GPU indices,
+    sorted, unique, each below ``gpu_count`` (the policy's; at most
+    ``MAX_GPUS`` when the caller does not know it)."""
     if value is None:
         return None
+    limit = gpu_count or MAX_GPUS
     if not isinstance(value, str):
-        out = {int(g) for g in value}
+        out = set()
+        for g in value:
+            if type(g) is not int or not 0 <= g < limit:
+                raise _no_gpu(str(g)[:20], gpu_count)
+            out.add(g)
         if not out:
             raise InvalidInput(f"{flag} names no GPU", hint="e.g. -g 0,1")
         return tuple(sorted(out))
     text = value
+    if len(text) > MAX_WORD:
+        raise InvalidInput(f"{flag} is too long ({len(text)} characters)", hint="e.g. -g 0,1 or -g 0-3")
     out = set()
     for part in text.replace(" ", "").split(","):
         if not part:
             continue
         lo, sep, hi = part.partition("-")
-        if not lo.isdigit() or (sep and not hi.isdigit()):
+        if not (lo.isascii() and lo.isdigit()) or (sep and not (hi.isascii() and hi.isdigit())):
             raise InvalidInput(f"{flag} wants GPU indices like 0,1 or 0-3, got {text!r}",
                                hint="list the GPUs with: bk st")
-        a, b = int(lo), int(hi) if sep else int(lo)
-        if b < a:
-            raise InvalidInput(f"{flag}: the range {part} runs backwards", hint=f"write {b}-{a}")
+        # Bounds first, on the digits: a 5,000-digit index is simply too big.
+        a = int(lo) if len(lo) <= 6 else limit
+        b = (int(hi) if len(hi) <= 6 else limit) if sep else a
+        if sep and b < a:
+            raise InvalidInput(f"{flag}: the range {part} runs backwards", hint=f"write {hi}-{lo}")
+        if b >= limit:
+            first, last = (lo if a >= limit else str(limit)), (hi if sep else lo)
+            raise _no_gpu(first if first == last else f"{first}-{last}", gpu_count)
         out.update(range(a, b + 1))
     if not out:
         raise InvalidInput(f"{flag} names no GPU", hint="e.g. -g 0,1")
@@ -46,14 +75,39 @@ def gpu_list(value, flag: str) -> tuple[int, ...] | None:
 
 def count(value) -> int:
     if isinstance(value, int) and not isinstance(value, bool):
-        if value < 1:
-            raise InvalidInput(f"the GPU count must be at least 1, got {value}")
+        if not 1 <= value <= MAX_GPUS:
+            raise InvalidInput(f"the GPU count must be 1-{MAX_GPUS}, got {value}")
         return value
     text = str(value)
-    if not text.isdigit() or int(text) < 1:
-        raise InvalidInput(f"the GPU count must be a whole number of at least 1, got {text!r}",
+    if not (text.isascii() and text.isdigit()) or int(text[:6]) < 1:
+        raise InvalidInput(f"the GPU count must be a whole number of at least 1, got {text[:40]!r}",
+                           hint="e.g. bk 2 1h books two GPUs for an hour")
+    if len(text) > 6 or int(text) > MAX_GPUS:
+        raise InvalidInput(f"the GPU count must be 1-{MAX_GPUS}, got {text[:40]}",
                            hint="e.g. bk 2 1h books two GPUs for an hour")
     return int(text)
+
+
+def _text(value, flag: str, field_name: str, spec) -> str | None:
+    """``value`` checked by the field spec's own rule (``fields.check_text``),
+    named by its flag, before any request is built."""
+    if value is None:
+        return None
+    f = next(f for f in spec if f.name == field_name)
+    return fields.check_text(value, flag, max_len=f.max_len, min_len=f.min_len, pattern=f.pattern,
+                             help=specs.OP_ID_HELP if field_name == "op_id" else f.help)
+
+
+def note_text(value, flag: str = "--note") -> str | None:
+    return _text(value, flag, "note", specs.BOOK_FIELDS)
+
+
+def op_id_text(value, flag: str = "--op-id") -> str | None:
+    return _text(value, flag, "op_id", specs.BOOK_FIELDS)
+
+
+def reason_text(value, flag: str = "--reason") -> str | None:
+    return _text(value, flag, "reason", specs.CANCEL_FIELDS)
 
 
 def duration(value, slot_minutes: int) -> int:
@@ -99,6 +153,8 @@ def book_request(*, count_: int | str, duration_: int | str, policy, now: int, t
     (a form's); ``at``/``start_iso`` the typed words.  Returns
     (BookRequest, StartSpec or None)."""
     slot = policy.slot_minutes
+    note, op_id = note_text(note), op_id_text(op_id)
+    n_gpus = policy.gpu_count
     if mode == EXCLUSIVE and share is not None:
         raise UsageError("--share applies to shared bookings; an exclusive booking takes the whole GPU",
                          hint="drop -s, or book shared: bk N DUR -s 2")
@@ -109,8 +165,8 @@ def book_request(*, count_: int | str, duration_: int | str, policy, now: int, t
         when = start_at
     req = BookRequest(
         count=count(count_), duration=duration(duration_, slot), mode=mode, share=share or 1,
-        mem_mib=memory(mem), start=when, queue=bool(queue), pinned=gpu_list(gpus, "-g"),
-        excluded=gpu_list(exclude, "-e") or (), note=note, op_id=op_id, dry_run=bool(dry_run))
+        mem_mib=memory(mem), start=when, queue=bool(queue), pinned=gpu_list(gpus, "-g", n_gpus),
+        excluded=gpu_list(exclude, "-e", n_gpus) or (), note=note, op_id=op_id, dry_run=bool(dry_run))
     return req, spec
 
 
@@ -145,6 +201,7 @@ def edit_request(old: Reservation, *, policy, now: int, tz, length=None, end: in
     seconds of total length); ``end`` an already resolved new end; ``mem``
     a size (or the word ``auto``), ``clear_mem`` forgets the figure."""
     slot = policy.slot_minutes
+    note, op_id = note_text(note), op_id_text(op_id)
     new_length = new_end = None
     if length is not None:
         new_length, new_end = length_or_end(length, old, now=now, tz=tz, slot_minutes=slot)
@@ -161,6 +218,6 @@ def edit_request(old: Reservation, *, policy, now: int, tz, length=None, end: in
     elif not clear_mem:
         mem_mib = memory(mem)
     return EditRequest(ref=old.id, duration=new_length, start=when, end=new_end, mode=mode, share=share,
-                       mem_mib=mem_mib, clear_mem=clear_mem, pinned=gpu_list(gpus, "-g"),
-                       excluded=gpu_list(exclude, "-e"), queue=bool(queue), note=note, op_id=op_id,
+                       mem_mib=mem_mib, clear_mem=clear_mem, pinned=gpu_list(gpus, "-g", policy.gpu_count),
+                       excluded=gpu_list(exclude, "-e", policy.gpu_count), queue=bool(queue), note=note, op_id=op_id,
                        dry_run=bool(dry_run))

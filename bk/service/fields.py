@@ -24,14 +24,47 @@ MAX_GPUS = 64
 # Text a user sends ends up on other users' terminals (``bk l --all``, the
 # TUI, notices).  C0/C1 control characters would let it carry terminal
 # escape sequences, and bidirectional overrides can make it read
-# differently from what it is, so neither may enter the shared ledger.
+# differently from what it is, so neither may enter the shared ledger.  A
+# lone surrogate is not a character at all: JSON's ``\ud800`` escape and
+# Python's ``surrogateescape`` (how argv holds bytes that are not UTF-8)
+# both make one, and no UTF-8 encoder will write it, so a reply or a
+# terminal line that held one would fail after the commit.
 _UNPRINTABLE = "[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]"
+_SURROGATE = "[\ud800-\udfff]"
 
 
 def unprintable(text: str) -> bool:
     import re
 
     return re.search(_UNPRINTABLE, text) is not None
+
+
+def check_text(value: object, label: str, *, max_len: int, min_len: int = 0,
+               pattern: str | None = None, help: str = "") -> str:
+    """THE rule for user text (notes, reasons, notice text, op-ids, refs),
+    for every front end and the broker alike: a string of ``min_len`` to
+    ``max_len`` characters, valid Unicode (no lone surrogates), no control
+    characters or bidi overrides, matching ``pattern`` if given.  The length
+    is checked first, so a megabyte of junk costs nothing more.  ``label``
+    names the value in the message (``field 'note'``, ``--note``)."""
+    import re
+
+    if not isinstance(value, str):
+        raise InvalidInput(f"{label} must be a string")
+    if len(value) > max_len:
+        raise InvalidInput(f"{label} is too long ({len(value)} characters; at most {max_len})")
+    if len(value) < min_len:
+        raise InvalidInput(f"{label} is empty" if not value else
+                           f"{label} is too short (at least {min_len} characters)")
+    if re.search(_SURROGATE, value):
+        raise InvalidInput(f"{label} is not valid text (bytes that are not UTF-8, or a lone surrogate)",
+                           hint="use UTF-8 text")
+    if unprintable(value):
+        raise InvalidInput(f"{label} contains control characters",
+                           hint="plain text only: no escape sequences, tabs or line breaks")
+    if pattern is not None and not re.fullmatch(pattern, value):
+        raise InvalidInput(f"{label} is malformed" + (f": {help}" if help else ""))
+    return value
 
 
 @dataclass(frozen=True)
@@ -47,6 +80,7 @@ class Field:
     lo: int = 0
     hi: int = MAX_WIRE_INT
     max_len: int = 1000
+    min_len: int = 0
     choices: tuple[str, ...] = ()
     pattern: str | None = None          # a regular expression the whole text must match
     help: str = ""
@@ -91,20 +125,10 @@ def _value(f: Field, v: object):
             raise InvalidInput(f"field {name!r} must be true or false")
         return v
     if f.kind in ("text", "choice"):
-        if not isinstance(v, str):
-            raise InvalidInput(f"field {name!r} must be a string")
-        if len(v) > f.max_len:
-            raise InvalidInput(f"field {name!r} is too long (at most {f.max_len} characters)")
-        if unprintable(v):
-            raise InvalidInput(f"field {name!r} contains control characters",
-                               hint="plain text only: no escape sequences, tabs or line breaks")
+        check_text(v, f"field {name!r}", max_len=f.max_len, min_len=f.min_len,
+                   pattern=f.pattern if f.kind == "text" else None, help=f.help)
         if f.kind == "choice" and v not in f.choices:
             raise InvalidInput(f"field {name!r} must be one of " + ", ".join(f.choices))
-        if f.pattern is not None:
-            import re
-
-            if not re.fullmatch(f.pattern, v):
-                raise InvalidInput(f"field {name!r} is malformed" + (f": {f.help}" if f.help else ""))
         return v
     if f.kind == "gpus":
         if not isinstance(v, list) or len(v) > MAX_GPUS or \
@@ -112,6 +136,17 @@ def _value(f: Field, v: object):
             raise InvalidInput(f"field {name!r} must be a list of GPU indices (0-{MAX_GPUS - 1})")
         return tuple(v)
     raise AssertionError(f"unknown field kind {f.kind}")
+
+
+def check(req, spec: tuple[Field, ...]) -> None:
+    """Check a typed request built in this process (the CLI, a preset, a
+    guided flow) against its field spec, exactly as ``decode`` checks one
+    from the wire: private mode and the broker refuse the same requests."""
+    for f in spec:
+        value = getattr(req, f.name)
+        if value is None:
+            continue
+        _value(f, list(value) if f.kind == "gpus" and isinstance(value, tuple) else value)
 
 
 def encode(req) -> dict:
@@ -143,6 +178,8 @@ def schema(cls, spec: tuple[Field, ...]) -> dict:
                  "maxItems": MAX_GPUS}
         else:
             p = {"type": "string", "maxLength": f.max_len}
+            if f.min_len:
+                p["minLength"] = f.min_len
             if f.pattern:
                 p["pattern"] = f"^(?:{f.pattern})$"
         if rf.default is record.MISSING and rf.default_factory is record.MISSING:

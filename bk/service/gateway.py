@@ -29,6 +29,7 @@ class LocalGateway:
     def run(self, op, req, call):
         if op.access != "write":
             authorize(op, call)
+            op.validate(req)
             return op.serve(self.service, req, call).rendered(View.of(call))
         outcome = self.write_batch([(op, req, call)])[0]
         if isinstance(outcome, BaseException):
@@ -50,8 +51,7 @@ class LocalGateway:
         for op, req, call in items:
             try:
                 authorize(op, call)
-                if op.check is not None:
-                    op.check(req)
+                op.validate(req)      # the broker's decode checks, for requests made here
                 ready.append((op, req, call, None))
             except BkError as e:
                 ready.append((op, req, call, e))

@@ -59,9 +59,18 @@ class Operation:
             self.check(req)
         return req
 
-    def encode(self, req) -> dict:
+    def validate(self, req) -> None:
+        """The same checks as ``decode`` for a request built in this process:
+        private mode (``LocalGateway``) and a broker client (``encode``) run
+        it, so a request is refused, or not, wherever it is made."""
         if type(req) is not self.request:
             raise InvalidInput(f"{self.name} takes a {self.request.__name__}, not {type(req).__name__}")
+        fields.check(req, self.fields)
+        if self.check is not None:
+            self.check(req)
+
+    def encode(self, req) -> dict:
+        self.validate(req)
         return fields.encode(req)
 
     def schema(self) -> dict:

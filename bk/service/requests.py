@@ -91,8 +91,8 @@ def check_request(req) -> None:
     if mode is not None and mode not in MODES:
         raise InvalidInput(f"mode must be {SHARED} or {EXCLUSIVE}, got {mode!r}")
     share = getattr(req, "share", None)
-    if share is not None and share < 1:
-        raise InvalidInput(f"--share must be at least 1, got {share}")
+    if share is not None and not 1 <= share <= 64:
+        raise InvalidInput(f"--share must be 1-64, got {share}")
     mem = getattr(req, "mem_mib", None)
     if mem is not None and mem <= 0:
         raise InvalidInput("memory must be positive", hint="example: -m 12g")

@@ -10,9 +10,15 @@ from bk.service.fields import Field
 MAX_NOTE = 1000
 MAX_NOTICE_TEXT = 2000
 MAX_AUDIT_LIMIT = 1000
+MAX_OP_ID = 128
+# An op-id is a key a script picks ("retry-7", a job id, a UUID): shown in
+# bk lg and matched byte for byte, so a narrow alphabet with no look-alikes.
+OP_ID = "[A-Za-z0-9._:-]+"
+OP_ID_HELP = f"1-{MAX_OP_ID} characters of A-Z a-z 0-9 . _ : -"
 RESERVATION_ID = "[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 
-_WRITE = (Field("op_id", "text", max_len=200, help="idempotency key: a retry with it changes nothing"),
+_WRITE = (Field("op_id", "text", min_len=1, max_len=MAX_OP_ID, pattern=OP_ID,
+                help="idempotency key: a retry with it changes nothing; " + OP_ID_HELP),
           Field("dry_run", "bool", help="show what would happen; change nothing"))
 _PLACE = (Field("mode", "choice", choices=MODES), Field("share", "int", lo=1, hi=64),
           Field("mem_mib", "int", lo=1, help="VRAM per GPU in MiB"),

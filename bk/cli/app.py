@@ -21,7 +21,7 @@ import argparse
 import os
 import sys
 
-from bk.cli.render import Output, Term, emit, emit_error
+from bk.cli.render import Output, Term, emit, emit_error, setup_streams
 from bk.core.errors import EXIT_INTERNAL, BkError, Internal, UsageError
 from bk.core.record import dataclass, field
 
@@ -74,7 +74,7 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
             else:
                 try:
                     width = os.get_terminal_size(sys.stdout.fileno()).columns
-                except (OSError, ValueError):
+                except (OSError, ValueError, AttributeError):   # no stdout at all: None
                     width = 80
             width -= 2
         super().__init__(prog, indent_increment, max_help_position, width)
@@ -93,6 +93,14 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         return "\n\n".join(out)
 
 
+class _HelpLost(Exception):
+    """Help or usage text argparse could not write (``exc``: why)."""
+
+    def __init__(self, exc: OSError):
+        super().__init__(exc)
+        self.exc = exc
+
+
 class Parser(argparse.ArgumentParser):
     """An ArgumentParser that raises UsageError instead of exiting, so that a
     usage error becomes the same JSON envelope as any other failure."""
@@ -104,6 +112,21 @@ class Parser(argparse.ArgumentParser):
                                              argparse.RawDescriptionHelpFormatter):
             kwargs["formatter_class"] = HelpFormatter
         super().__init__(*args, **kwargs)
+
+    def _print_message(self, message, file=None):
+        # argparse drops an OSError here, so help written to a full disk
+        # would be lost with exit 0; run() turns this into exit 74.
+        if message:
+            file = file or sys.stderr
+            try:
+                file.write(message)
+            except BrokenPipeError:
+                raise
+            except OSError as exc:
+                raise _HelpLost(exc) from None
+            except AttributeError:      # no stream at all (None)
+                if file is sys.stdout:
+                    raise _HelpLost(OSError("standard output is closed")) from None
 
     def error(self, message: str):  # noqa: D401 - argparse API
         cmd = self.prog.split(" ", 1)[1] if " " in self.prog else None
@@ -256,6 +279,7 @@ def run(argv: list[str], env: dict | None = None, *, opener=None) -> int:
     """Run one command; ``opener(env)`` returns the service (default:
     ``bk.service.open_app``)."""
     env = dict(os.environ) if env is None else env
+    setup_streams()
     argv, as_json = _strip_json(argv)
     argv = normalise(argv)
     command = guess_command(argv)
@@ -266,7 +290,11 @@ def run(argv: list[str], env: dict | None = None, *, opener=None) -> int:
         try:
             args = parse_argv(argv, parser)
         except SystemExit as e:        # -h/--help and --version print and "exit"
-            return int(e.code or 0)
+            return _flushed(int(e.code or 0))
+        except _HelpLost as lost:
+            from bk.cli.render import output_failed
+
+            return output_failed(lost.exc)
         ctx = Context(env=env, json=as_json, argv=argv, term=Term.detect(env=env),
                       stdin_tty=_stdin_is_tty(), opener=opener)
         handler = getattr(args, "handler", None)
@@ -285,7 +313,8 @@ def run(argv: list[str], env: dict | None = None, *, opener=None) -> int:
 
         return closed_pipe()
     except KeyboardInterrupt:
-        sys.stderr.write("\n")
+        if sys.stderr is not None:
+            sys.stderr.write("\n")
         return 130
     except Exception as exc:  # the one broad catch of this front end
         if env.get("BK_DEBUG") == "1":
@@ -294,6 +323,22 @@ def run(argv: list[str], env: dict | None = None, *, opener=None) -> int:
                        hint="run with BK_DEBUG=1 for details")
         emit_error(command, err, as_json, _warnings_of(ctx))
         return EXIT_INTERNAL
+
+
+def _flushed(code: int) -> int:
+    """``code``, once what argparse printed has reached stdout (or 74)."""
+    try:
+        if sys.stdout is not None:
+            sys.stdout.flush()
+    except BrokenPipeError:
+        from bk.cli.main import closed_pipe
+
+        return closed_pipe()
+    except (OSError, ValueError) as exc:
+        from bk.cli.render import output_failed
+
+        return output_failed(exc)
+    return code
 
 
 def _first_word(argv: list[str]) -> str | None:

@@ -13,7 +13,7 @@ import argparse
 import os
 
 from bk.cli import common
-from bk.cli.render import Output, wrap
+from bk.cli.render import Output, safe, wrap
 from bk.core.errors import EXIT_PARTIAL, PermissionDenied, UsageError
 from bk.service.requests import CancelRequest
 
@@ -173,7 +173,8 @@ def run_init(args, ctx) -> Output:
             data = init.dry_run(plan).to_json() | {"status": "declined"}
             return Output("admin init", data, "nothing changed", exit_code=EXIT_PARTIAL)
     result = init.apply(plan)
-    return Output("admin init", result.to_json(), lambda term: _plan_text(result, True))
+    done = "bk admin init applied its plan" if result.status == "created" else None
+    return Output("admin init", result.to_json(), lambda term: _plan_text(result, True), done=done)
 
 
 # ------------------------------------------------------------- cancel
@@ -185,11 +186,12 @@ def run_cancel(args, ctx) -> Output:
     app, call = ctx.app(), ctx.call()
     res = app.resolve(args.ref, any_owner=True, call=call)
     now, tz = call.now, call.tz
-    line = f"{res.user}'s " + common.summary_line(res, capacity=call.policy.max_shared_users, tz=tz, now=now)
+    who = safe(res.user)
+    line = f"{who}'s " + common.summary_line(res, capacity=call.policy.max_shared_users, tz=tz, now=now)
     if not args.yes and not args.dry_run:
         if not ctx.interactive:
             raise UsageError(f"confirm cancelling {line} with --yes", hint="add --yes (or -y)")
-        if not ctx.confirm(f"Cancel {line}? {res.user} will be told: {args.reason.strip()}"):
+        if not ctx.confirm(f"Cancel {line}? {who} will be told: {safe(args.reason.strip())}"):
             data = {"status": "kept", "reservation": common.view(call).reservation(res), "dry_run": False}
             return Output("admin cancel", data, f"kept {line}", exit_code=EXIT_PARTIAL)
     result = app.cancel(CancelRequest(ref=res.id, reason=args.reason.strip(), op_id=args.op_id,
@@ -201,10 +203,10 @@ def run_cancel(args, ctx) -> Output:
     def human(term) -> str:
         verb = "would cancel" if result.dry_run else \
             "already cancelled (same --op-id)" if result.status == "exists" else "cancelled"
-        told = "" if result.dry_run or res.uid == 0 else f"; {res.user} will see the reason in bk n"
+        told = "" if result.dry_run or res.uid == 0 else f"; {who} will see the reason in bk n"
         return wrap(f"{verb} {line}{told}", term.width, "", "  ")
 
-    return Output("admin cancel", data, human)
+    return Output("admin cancel", data, human, done=None if result.dry_run else f"cancelled {res.short_id}")
 
 
 # ------------------------------------------------------------- notice
@@ -228,10 +230,11 @@ def run_notice_publish(args, ctx) -> Output:
 
     def human(term) -> str:
         verb = "would publish" if args.dry_run else "published"
-        return wrap(f"{verb} {notice.level} announcement {notice.id[:8]}{shown_until}: {notice.text}",
+        return wrap(f"{verb} {notice.level} announcement {notice.id[:8]}{shown_until}: {safe(notice.text)}",
                     term.width, "", "  ")
 
-    return Output("admin notice publish", result.to_json(), human)
+    done = None if args.dry_run else f"published notice {notice.id[:8]}"
+    return Output("admin notice publish", result.to_json(), human, done=done)
 
 
 def run_notice_archive(args, ctx) -> Output:
@@ -244,6 +247,7 @@ def run_notice_archive(args, ctx) -> Output:
     verb = "would archive" if args.dry_run else "archived"
 
     def human(term) -> str:
-        return wrap(f"{verb} {notice.level} notice {notice.id[:8]}: {notice.text}", term.width, "", "  ")
+        return wrap(f"{verb} {notice.level} notice {notice.id[:8]}: {safe(notice.text)}", term.width, "", "  ")
 
-    return Output("admin notice archive", result.to_json(), human)
+    done = None if args.dry_run or result.status == "unchanged" else f"archived notice {notice.id[:8]}"
+    return Output("admin notice archive", result.to_json(), human, done=done)

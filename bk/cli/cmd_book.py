@@ -113,4 +113,5 @@ def book_output(result, call, *, req, spec=None, command: str = "book", quiet: b
             lines.append(wrap(f"hint: {suggestion['hint']}", term.width, "", "  "))
         return "\n".join(lines)
 
-    return Output(command, result.to_json(), human)
+    done = None if result.dry_run else f"booked {r.short_id}"
+    return Output(command, result.to_json(), human, done=done)

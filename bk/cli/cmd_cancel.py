@@ -51,4 +51,4 @@ def run(args, ctx) -> Output:
             "already cancelled (same --op-id)" if result.status == "exists" else "cancelled"
         return wrap(f"{verb} {line}", term.width, "", "  ")
 
-    return Output("cancel", data, human)
+    return Output("cancel", data, human, done=None if result.dry_run else f"cancelled {res.short_id}")

@@ -85,7 +85,8 @@ def edit_output(result, call, *, quiet: bool = False) -> Output:
                             term.width, "", "  "))
         return "\n".join(out)
 
-    return Output("edit", result.to_json(), human)
+    done = None if result.dry_run or result.status == "unchanged" else f"updated {new.short_id}"
+    return Output("edit", result.to_json(), human, done=done)
 
 
 def _guided(args, ctx) -> Output:

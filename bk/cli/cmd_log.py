@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from bk.cli import common
-from bk.cli.render import Output, wrap
+from bk.cli.render import Output, safe, wrap
 from bk.core import timegrid
 from bk.core.errors import PermissionDenied
 from bk.core.models import iso, parse_iso
@@ -53,7 +53,7 @@ def _field(k: str, v, tz, now: int) -> str:
         return common.gpus_text(v)
     if k == "mem_mib":
         return timegrid.format_memory(v)
-    return str(v)
+    return safe(v)
 
 
 def change_text(before: dict | None, after: dict | None, tz, now: int) -> str:
@@ -71,14 +71,15 @@ def change_text(before: dict | None, after: dict | None, tz, now: int) -> str:
 def _span_of(summary: dict | None, tz, now: int) -> str:
     if not summary or summary.get("start") is None:
         return ""
-    return (f"GPU {common.gpus_text(summary.get('gpus') or [])} {summary.get('mode', '')} "
+    return (f"GPU {common.gpus_text(summary.get('gpus') or [])} {safe(summary.get('mode', ''))} "
             f"{timegrid.format_span(_t(summary['start']), _t(summary['end']), tz, now)}")
 
 
 def describe(e: dict, tz, now: int) -> str:
-    """One audit entry in words."""
-    action = e.get("action") or "?"
-    who = e.get("user") or e.get("uid")
+    """One audit entry in words (whatever the log holds is shown escaped:
+    ``safe``)."""
+    action = safe(e.get("action") or "?")
+    who = safe(e.get("user") or e.get("uid"))
     if action == "create":
         text = f"booked by {who}: {_span_of(e.get('after'), tz, now)}"
         if e.get("result") == "queued":
@@ -86,11 +87,11 @@ def describe(e: dict, tz, now: int) -> str:
     elif action == "edit":
         text = f"edited by {who}: {change_text(e.get('before'), e.get('after'), tz, now) or 'no change'}"
     elif action in ("cancel", "admin_cancel"):
-        text = f"cancelled by {who}" + (f": {e['reason']}" if e.get("reason") else "")
+        text = f"cancelled by {who}" + (f": {safe(e['reason'])}" if e.get("reason") else "")
     else:
-        text = f"{action} by {who}" + (f": {e['result']}" if e.get("result") else "")
+        text = f"{action} by {who}" + (f": {safe(e['result'])}" if e.get("result") else "")
     if e.get("op_id"):
-        text += f" [op-id {e['op_id']}]"
+        text += f" [op-id {safe(e['op_id'])}]"
     return text
 
 
@@ -124,7 +125,7 @@ def run_history(args, ctx) -> Output:
 
     def human(term) -> str:
         head = (f"{common.summary_line(res, capacity=call.policy.max_shared_users, tz=tz, now=now)}, "
-                f"{res.status(now)}, booked by {res.user}")
+                f"{res.status(now)}, booked by {safe(res.user)}")
         lines = [wrap(head, term.width, "", "  ")]
         for e in events:
             when = timegrid.format_local(_t(e["time"]), tz, now=now, compact=True) if e.get("time") else "?"
@@ -152,7 +153,7 @@ def run_log(args, ctx) -> Output:
         lines = []
         for e in tail.entries:
             when = timegrid.format_local(_t(e["time"]), tz, now=now, compact=True) if e.get("time") else "?"
-            rid = (e.get("reservation") or "")[:8] or "-"
+            rid = safe((e.get("reservation") or "")[:8] or "-")
             lines.append(wrap(f"{when}  {rid:<8}  {describe(e, tz, now)}", term.width, "", " " * 23))
         return "\n".join(lines)
 

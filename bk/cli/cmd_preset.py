@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 
 from bk.cli import common
-from bk.cli.render import Output, table
+from bk.cli.render import Output, safe, table
 from bk.core import timegrid
 from bk.core.models import EXCLUSIVE, SHARED
 from bk.service import builders
@@ -114,7 +114,7 @@ def run_list(args, ctx) -> Output:
     def human(term) -> str:
         if not presets:
             return "no presets yet; save one with: bk p save NAME N DUR [MEM], e.g. bk p save train 2 1h"
-        rows = [[x.name, " ".join(x.words()), x.note or ""] for x in presets]
+        rows = [[safe(x.name), safe(" ".join(x.words())), safe(x.note or "")] for x in presets]
         headers = ["NAME", "BOOKS", "NOTE"]
         if not any(x.note for x in presets):
             headers.pop()
@@ -128,7 +128,8 @@ def run_show(args, ctx) -> Output:
 
     x = get_preset(ctx.app(), args.name)
     mem = timegrid.format_memory(x.mem_mib) if x.mem_mib else "not given"
-    lines = [f"preset {x.name}: {x.count} GPU{'s' if x.count != 1 else ''}, {x.mode}, "
+    name = safe(x.name)
+    lines = [f"preset {name}: {x.count} GPU{'s' if x.count != 1 else ''}, {x.mode}, "
              f"{timegrid.format_duration(x.duration)}, memory per GPU {mem}"]
     if x.share != 1:
         lines.append(f"  share slots: {x.share}")
@@ -137,9 +138,9 @@ def run_show(args, ctx) -> Output:
     if x.excluded:
         lines.append(f"  never GPUs: {common.gpus_text(x.excluded)}")
     if x.note:
-        lines.append(f"  note: {x.note}")
-    lines.append(f"  the same as: {x.book_command()}")
-    lines.append(f"  book it: bk p {x.name}")
+        lines.append(f"  note: {safe(x.note)}")
+    lines.append(f"  the same as: {safe(x.book_command())}")
+    lines.append(f"  book it: bk p {name}")
     return Output("preset", {"preset": preset_json(x)}, "\n".join(lines))
 
 
@@ -159,9 +160,11 @@ def run_save(args, ctx) -> Output:
     verb = {"created": "saved", "replaced": "replaced", "unchanged": "unchanged:"}[status]
     if args.dry_run:
         verb = f"would be {status}:"
-    text = f"{verb} preset {saved.name} ({saved.book_command()})\nbook it with: bk p {saved.name}"
+    name = safe(saved.name)
+    text = f"{verb} preset {name} ({safe(saved.book_command())})\nbook it with: bk p {name}"
+    done = None if args.dry_run or status == "unchanged" else f"saved preset {name}"
     return Output("preset", {"status": status, "preset": preset_json(saved), "dry_run": args.dry_run},
-                  text)
+                  text, done=done)
 
 
 def run_delete(args, ctx) -> Output:
@@ -170,7 +173,8 @@ def run_delete(args, ctx) -> Output:
     gone = delete_preset(ctx.app(), args.name, dry_run=args.dry_run)
     verb = "would delete" if args.dry_run else "deleted"
     return Output("preset", {"status": "deleted", "preset": preset_json(gone), "dry_run": args.dry_run},
-                  f"{verb} preset {gone.name} ({gone.book_command()})")
+                  f"{verb} preset {safe(gone.name)} ({safe(gone.book_command())})",
+                  done=None if args.dry_run else f"deleted preset {safe(gone.name)}")
 
 
 def run_use(args, ctx) -> Output:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from bk.cli import common
-from bk.cli.render import Output, table, wrap
+from bk.cli.render import Output, safe, table, wrap
 from bk.core.timegrid import format_local_short
 from bk.service.status import status_view
 
@@ -67,7 +67,7 @@ def gpu_table(gpus, term, *, tz, now: int) -> str:
             free = "never"
         else:
             free = "now" if g.next_free <= now else format_local_short(g.next_free, tz, now)
-        body.append([str(g.index), g.name or "?", util, vram, procs, g.state,
+        body.append([str(g.index), safe(g.name or "?"), util, vram, procs, g.state,
                      f"{g.share_used}/{g.capacity}", free])
     return table(body, ["GPU", "MODEL", "UTIL", "VRAM", "PROCS", "STATE", "SHARE", "NEXT FREE"],
                  term, shrink=1)
@@ -77,10 +77,10 @@ def process_lines(gpus, term) -> str:
     lines = []
     for g in gpus:
         for p in g.processes or ():
-            who = p.user or (f"uid {p.uid}" if p.uid is not None else "unknown user")
+            who = safe(p.user) if p.user else (f"uid {p.uid}" if p.uid is not None else "unknown user")
             mem = f", {_mem(p.mem_mib)}G" if p.mem_mib is not None else ""
-            lines.append(wrap(f"GPU {g.index}: pid {p.pid} {who} {p.label or '?'}{mem} "
-                              f"[{p.state}]", term.width, "  ", "    "))
+            lines.append(wrap(f"GPU {g.index}: pid {p.pid} {who} {safe(p.label or '?')}{mem} "
+                              f"[{safe(p.state)}]", term.width, "  ", "    "))
     return "\n".join(lines)
 
 
@@ -91,9 +91,9 @@ def notice_lines(notices, term, *, tz, now: int, ids: bool = False) -> str:
     lines = []
     for n in notices:
         when = format_local_short(n.at, tz, now)
-        level = "" if n.level == "info" else f"{n.level.upper()}: "
+        level = "" if n.level == "info" else f"{safe(n.level.upper())}: "
         tag = ""
         if ids:
             tag = f"[{n.id[:8]}{', archived' if n.archived else ''}] "
-        lines.append(wrap(f"{when}  {tag}{level}{n.text}", term.width, "  ", "    "))
+        lines.append(wrap(f"{when}  {tag}{level}{safe(n.text)}", term.width, "  ", "    "))
     return "\n".join(lines)

@@ -5,7 +5,9 @@ One character per GPU and time step.  Your bookings are letters (``a``,
 how many share slots they hold (``1``, ``2``; ``█`` when full or exclusive),
 ``&`` two or more of yours in one cell (so none is hidden behind another's
 letter), ``#`` is a blackout, ``x`` a disabled GPU, ``·`` free.  A ``▼``
-line marks now.
+line marks now.  Where the terminal cannot show those (``LC_ALL=C``), ``@``,
+``.`` and ``v`` stand in, and the legend says so (``█`` would otherwise fall
+back to ``#``, the blackout's glyph).
 """
 
 from __future__ import annotations
@@ -25,6 +27,10 @@ from bk.service.timeline import MAX_COLUMNS, plan, timeline_view
 # step and leaves room for a 5-character label is used.
 LABEL_EVERY_MIN = (15, 30, 60, 120, 180, 240, 360, 720, 1440, 2880, 10080)
 LABEL_W = 5
+
+# (full or exclusive, free, now, legend separator): Unicode, then ASCII.
+GLYPHS = ("█", "·", "▼", " · ")
+ASCII_GLYPHS = ("@", ".", "v", "; ")
 
 EPILOG = """Examples:
   bk tl                    fits the terminal, starting just before now
@@ -133,13 +139,14 @@ def render(tv, term, *, tz, now: int, label_w: int) -> str:
     cap = grid.capacity
     mine = [r for r in tv.reservations if r.uid == tv.view.actor_uid]
     letter = {r.short_id: (ascii_lowercase[i] if i < 26 else "*") for i, r in enumerate(mine)}
+    full, free, mark, sep = GLYPHS if term.unicode else ASCII_GLYPHS
     pad = " " * (label_w + 1)
     out = [fit(f"{timegrid.format_span(frm, to, tz, now)}, one column = {timegrid.format_duration(step)}",
                term.width),
            pad + _labels(frm, n, step, tz)]
     if frm <= now < to:
         col = (now - frm) // step
-        out.append(fit(pad + " " * col + "▼ now", term.width))
+        out.append(fit(pad + " " * col + f"{mark} now", term.width))
     several = False
     for lane in grid.lanes:
         cells = []
@@ -157,9 +164,9 @@ def render(tv, term, *, tz, now: int, label_w: int) -> str:
                 ch = letter.get(c.mine[0], "*")
                 ch, style = (ch.upper() if c.used >= cap else ch), ("green", "bold")
             elif c.used == 0:
-                ch, style = "·", ("dim",)
+                ch, style = free, ("dim",)
             elif c.used >= cap:
-                ch, style = "█", ("red",)
+                ch, style = full, ("red",)
             else:
                 ch, style = (str(c.used) if c.used < 10 else "+"), ("cyan",)
             cells.append(term.style(ch, *style))
@@ -170,9 +177,9 @@ def render(tv, term, *, tz, now: int, label_w: int) -> str:
         out.append(fit(f"{letter[r.short_id]}  yours: {r.short_id} {span} "
                        f"GPU {common.gpus_text(r.gpus)} {r.mode}", term.width))
     digits = "1" if cap <= 2 else f"1-{min(cap - 1, 9)}"
-    out.append(wrap(f"{digits}: share slots held by others (of {cap}) · █ full or exclusive · "
-                    "# blackout · x disabled · · free"
-                    + (" · upper case: your booking on a full GPU" if mine else "")
-                    + (" · &: two or more of yours" if several else ""),
+    out.append(wrap(sep.join([f"{digits}: share slots held by others (of {cap})", f"{full} full or exclusive",
+                              "# blackout", "x disabled", f"{free} free",
+                              *(["upper case: your booking on a full GPU"] if mine else []),
+                              *(["&: two or more of yours"] if several else [])]),
                     term.width))
     return "\n".join(out)

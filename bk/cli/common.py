@@ -174,16 +174,16 @@ def reservations_table(items, view, term, *, tz, show_user: bool) -> str:
     """The aligned list every command prints (``bk l``, ``bk st``, ``bk login``),
     drawn from the typed reservations with the call's ``View`` (list
     numbers, capacity), the same facts the JSON rows carry."""
-    from bk.cli.render import table
+    from bk.cli.render import safe, table
 
     now, capacity = view.now, view.policy.max_shared_users
     headers = ["#", "ID", *(["USER"] if show_user else []), "GPUS", "MODE", "MEM", "WHEN", "STATUS", "NOTE"]
     body = []
     for r in items:
         mem = timegrid.format_memory(r.mem_mib) if r.mem_mib else "-"
-        body.append([str(view.numbers.get(r.id) or ""), r.short_id, *([r.user] if show_user else []),
+        body.append([str(view.numbers.get(r.id) or ""), r.short_id, *([safe(r.user)] if show_user else []),
                      gpus_text(r.gpus), mode_text(r, capacity), mem, timegrid.format_span(r.start, r.end, tz, now),
-                     _status_words(r.status(now), r.start, r.end, now), r.note or ""])
+                     _status_words(r.status(now), r.start, r.end, now), safe(r.note or "")])
     if not any(r.note for r in items):
         headers.pop()
         body = [b[:-1] for b in body]

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bk.cli import cmd_book, common
-from bk.cli.render import Output
+from bk.cli.render import Output, safe_lines
 from bk.core import timegrid
 from bk.core.errors import BkError, InvalidInput
 from bk.core.models import EXCLUSIVE, SHARED
@@ -117,9 +117,10 @@ class Dialog:
         return cls(ask, say)
 
     def error(self, err: BkError) -> None:
-        self.say(f"error: {err.message}")
+        # Messages may quote what was typed: shown escaped, like stored text.
+        self.say(f"error: {safe_lines(err.message)}")
         if err.hint:
-            self.say(f"hint: {err.hint}")
+            self.say(f"hint: {safe_lines(err.hint)}")
 
     def run(self, questions: list[Question], answers: dict | None = None) -> dict:
         """Ask until every question that applies has a valid answer.

@@ -26,6 +26,10 @@ def main(argv: list[str] | None = None) -> int:
             return code
         except BrokenPipeError:
             return closed_pipe()
+        except (OSError, ValueError, AttributeError) as exc:   # a full disk; no stdout (None)
+            from bk.cli.render import output_failed
+
+            return output_failed(exc)
     from bk.cli.app import run
 
     return run(argv)
@@ -34,10 +38,7 @@ def main(argv: list[str] | None = None) -> int:
 def closed_pipe() -> int:
     """The reader went away (``bk l | head``): point stdout at /dev/null so
     the interpreter's final flush does not raise again, and exit quietly."""
-    import os
+    from bk.cli.render import park_stdout
 
-    try:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    except OSError:
-        pass
+    park_stdout()
     return 0

@@ -5,10 +5,29 @@ decides how it reaches the terminal: exactly one JSON envelope with
 ``--json``; otherwise human text, coloured only on a TTY, never with
 ``NO_COLOR`` or ``TERM=dumb``.  Diagnostics go to stderr as ``error:``,
 ``warning:`` and ``hint:`` lines.
+
+Two promises hold whatever the terminal and whatever the ledger holds:
+
+* Stored text cannot drive the terminal.  Notes, notice texts, user names,
+  process labels, reasons and preset names are written by other people;
+  an ESC byte in one could move the cursor, clear the screen or retitle the
+  window of everyone who lists the bookings, and a bidi override can make
+  text read backwards.  Every view passes such strings through ``safe``,
+  which shows those characters as visible escapes (``\x1b``, ``\u202e``).
+  JSON keeps the stored strings: its encoder escapes them itself.
+* Printing cannot undo or hide a write.  A terminal that cannot encode
+  ``–`` (``LC_ALL=C``, ``PYTHONIOENCODING=ascii``) gets ASCII stand-ins
+  (``_FALLBACK``), not a UnicodeEncodeError after the booking was made; and
+  when stdout cannot be written at all (a full disk, a closed descriptor)
+  the command says on stderr what it did (``booked a1b2c3d4, but the output
+  could not be written``) and exits 74, never 70 with a traceback.  A reader
+  that goes away (EPIPE, ``bk l | head``) stays quiet, as before.
 """
 
 from __future__ import annotations
 
+import codecs
+import errno
 import json
 import os
 import re
@@ -16,7 +35,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from bk.core.envelope import failure, success
-from bk.core.errors import BkError
+from bk.core.errors import EXIT_IO, BkError
 from bk.core.record import dataclass, field
 
 _CODES = {"bold": "1", "dim": "2", "red": "31", "green": "32", "yellow": "33", "blue": "34",
@@ -29,14 +48,21 @@ class Term:
 
     width: int = 80
     color: bool = False
+    # Can the output device show the drawing characters (– ▼ █ · …)?
+    # Views that draw (the timeline) pick ASCII glyphs when it cannot.
+    unicode: bool = True
 
     @classmethod
     def detect(cls, stream=None, env=None) -> Term:
         stream = stream or sys.stdout
         env = os.environ if env is None else env
-        tty = hasattr(stream, "isatty") and stream.isatty()
+        try:
+            tty = hasattr(stream, "isatty") and stream.isatty()
+        except (OSError, ValueError):       # a closed stream
+            tty = False
         color = tty and "NO_COLOR" not in env and env.get("TERM", "") != "dumb"
-        return cls(width=max(40, _width(stream, env, tty)), color=color)
+        return cls(width=max(40, _width(stream, env, tty)), color=color,
+                   unicode=_encodes(stream, "–▼█·…"))
 
     def style(self, text: str, *names: str) -> str:
         if not self.color or not names:
@@ -68,9 +94,134 @@ class Output:
     human: str | Callable[[Term], str] | None = None
     warnings: list[str] = field(default_factory=list)
     exit_code: int = 0
+    # What a write changed, in its own short words ("booked a1b2c3d4"), for
+    # when its output cannot be shown; None for reads and dry runs.
+    done: str | None = None
 
 
 _ANSI = re.compile(r"\033\[[0-9;]*m")
+
+# ------------------------------------------------------------ safe display
+
+# What a stored string may not carry to the terminal: C0 controls (ESC, CR,
+# BS, BEL, newline and tab included: a note is one line), DEL and the C1
+# controls (0x9b is a one-byte CSI to many terminals), the line and
+# paragraph separators, the bidi embeddings, overrides and isolates, and
+# lone surrogates (a JSON ledger can hold "\ud800"; no encoder can write it).
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+_NAMED = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
+
+
+def _escape(m: re.Match) -> str:
+    c = m.group()
+    n = ord(c)
+    return _NAMED.get(c) or (f"\\x{n:02x}" if n < 0x100 else f"\\u{n:04x}")
+
+
+def safe(text) -> str:
+    """``text`` (a note, a name, a label: anything a person stored) with the
+    characters that could steer the terminal shown as escapes: ``\x1b``,
+    ``\x9b``, ``\n``, ``\u202e``, ``\ud800``.  Printable text, any script,
+    is unchanged."""
+    text = text if isinstance(text, str) else str(text)
+    if text.isascii() and text.isprintable():
+        return text
+    return _UNSAFE.sub(_escape, text)
+
+
+# ------------------------------------------------------ encodings, failures
+
+# Stand-ins for the characters bk itself prints, where the output encoding
+# has no room for them; anything else becomes a backslash escape.
+_FALLBACK = {"–": "-", "—": "-", "▼": "v", "█": "#", "·": ".", "…": "...", "→": "->",
+             "≥": ">=", "≤": "<=", "×": "x", "‘": "'", "’": "'", "“": '"', "”": '"'}
+FALLBACK_ERRORS = "bk-fallback"
+
+
+def _fallback(err: UnicodeError):
+    if not isinstance(err, UnicodeEncodeError):
+        raise err
+    chunk = err.object[err.start:err.end]
+    return "".join(_FALLBACK.get(c) or c.encode("ascii", "backslashreplace").decode("ascii")
+                   for c in chunk), err.end
+
+
+codecs.register_error(FALLBACK_ERRORS, _fallback)
+
+
+def _encodes(stream, sample: str) -> bool:
+    encoding = getattr(stream, "encoding", None)
+    if not encoding:
+        return True
+    try:
+        sample.encode(encoding)
+    except (UnicodeError, LookupError):
+        return False
+    return True
+
+
+def setup_streams() -> None:
+    """Let stdout and stderr write any text: what their encoding cannot
+    hold becomes an ASCII stand-in or an escape instead of an exception
+    (help, dialogs and the prompt write to them directly)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None and stream.errors != FALLBACK_ERRORS:
+                stream.reconfigure(errors=FALLBACK_ERRORS)
+        except (AttributeError, ValueError, OSError):
+            pass                    # not a TextIOWrapper: _write still copes
+
+
+def _write(stream, text: str) -> None:
+    if stream is None:              # the process started with the descriptor closed
+        raise OSError(errno.EBADF, "standard output is closed")
+    try:
+        stream.write(text)
+    except UnicodeEncodeError:      # a stream setup_streams could not adjust
+        enc = stream.encoding or "ascii"
+        stream.write(text.encode(enc, FALLBACK_ERRORS).decode(enc))
+
+
+def _say(text: str) -> None:
+    """A line on stderr that may fail silently: it is the last channel left."""
+    try:
+        _write(sys.stderr, text)
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
+def park_stdout() -> None:
+    """Point stdout's descriptor at /dev/null, so that the interpreter's
+    final flush of what is still buffered cannot fail again (it would print
+    "Exception ignored" and exit 120).  Not when Python started without a
+    stdout: its descriptor number may now belong to a file bk opened."""
+    stream = sys.stdout
+    if stream is None:
+        return
+    try:
+        fd = stream.fileno()
+        null = os.open(os.devnull, os.O_WRONLY)
+    except (OSError, ValueError, AttributeError):
+        return
+    try:
+        os.dup2(null, fd)
+    except OSError:
+        pass
+    finally:
+        os.close(null)
+
+
+def output_failed(exc: BaseException, done: str | None = None) -> int:
+    """stdout could not take the output: say so on stderr in one line (with
+    what the command did, when it changed something) and exit 74."""
+    reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+    if sys.stdout is None:
+        reason = "standard output is closed"
+    what = f"{done}, but the output could not be written" if done else "the output could not be written"
+    _say(f"error: {what} ({reason})\n")
+    park_stdout()
+    return EXIT_IO
 
 
 def visible_len(text: str) -> int:
@@ -86,6 +237,7 @@ def table(rows: Sequence[Sequence[str]], headers: Sequence[str], term: Term,
     cells = [list(map(str, headers))] + [list(map(str, r)) for r in rows]
     widths = [max(visible_len(r[i]) for r in cells) for i in range(len(headers))]
     order = [shrink] if isinstance(shrink, int) else list(shrink or ())
+    ell = "…" if term.unicode else "..."
     for i in order:
         excess = sum(widths) + 2 * (len(widths) - 1) - term.width
         if excess <= 0:
@@ -96,7 +248,7 @@ def table(rows: Sequence[Sequence[str]], headers: Sequence[str], term: Term,
         parts = []
         for i, c in enumerate(row):
             if visible_len(c) > widths[i]:
-                c = _ANSI.sub("", c)[: max(1, widths[i] - 1)] + "…"
+                c = _ANSI.sub("", c)[: max(1, widths[i] - len(ell))] + ell
             pad = widths[i] - visible_len(c)
             parts.append(c + " " * pad if i < len(row) - 1 else c)
         line = "  ".join(parts).rstrip()
@@ -121,27 +273,60 @@ def fit(line: str, width: int) -> str:
 
 
 def emit(out: Output, as_json: bool, term: Term | None = None) -> int:
+    """Print ``out`` once.  A closed pipe (EPIPE) propagates, for the
+    caller's quiet exit; any other failure to write is ``output_failed``."""
     if as_json:
-        sys.stdout.write(json.dumps(success(out.command, out.data, out.warnings)) + "\n")
+        text = json.dumps(success(out.command, out.data, out.warnings)) + "\n"
     else:
         for w in out.warnings:
-            sys.stderr.write(f"warning: {w}\n")
+            _say(f"warning: {safe_lines(w)}\n")
         term = term or Term.detect()
-        text = out.human(term) if callable(out.human) else out.human
+        text = _human_text(out, term)
+    try:
         if text:
-            sys.stdout.write(text.rstrip("\n") + "\n")
-    sys.stdout.flush()
+            _write(sys.stdout, text)
+        if sys.stdout is not None:
+            sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except (OSError, ValueError) as exc:    # ValueError: a closed file object
+        return output_failed(exc, out.done)
     return out.exit_code
+
+
+def _human_text(out: Output, term: Term) -> str:
+    try:
+        text = out.human(term) if callable(out.human) else out.human
+    except Exception as exc:
+        # A view's bug must not make a committed write look failed: show the
+        # write's own words, and the bug on stderr.
+        if out.done is None or os.environ.get("BK_DEBUG") == "1":
+            raise
+        _say(f"warning: the full output could not be shown ({type(exc).__name__}: {exc})\n")
+        text = out.done
+    return text.rstrip("\n") + "\n" if text else ""
+
+
+def safe_lines(text: str) -> str:
+    """``safe`` for a message that may span lines (a warning, an error)."""
+    return "\n".join(safe(line) for line in str(text).split("\n"))
 
 
 def emit_error(command: str, err: BkError, as_json: bool, warnings: list[str] | None = None) -> int:
     if as_json:
-        sys.stdout.write(json.dumps(failure(command, err, warnings)) + "\n")
-        sys.stdout.flush()
+        try:
+            _write(sys.stdout, json.dumps(failure(command, err, warnings)) + "\n")
+            sys.stdout.flush()
+        except BrokenPipeError:
+            park_stdout()
+        except (OSError, ValueError) as exc:
+            # The envelope is lost: the error itself must still be said.
+            _say(f"error: {safe_lines(err.message)}\n")
+            output_failed(exc)
     else:
         for w in warnings or []:
-            sys.stderr.write(f"warning: {w}\n")
-        sys.stderr.write(f"error: {err.message}\n")
+            _say(f"warning: {safe_lines(w)}\n")
+        _say(f"error: {safe_lines(err.message)}\n")
         if err.hint:
-            sys.stderr.write(f"hint: {err.hint}\n")
+            _say(f"hint: {safe_lines(err.hint)}\n")
     return err.exit_code

@@ -13,7 +13,7 @@ Two promises hold whatever the terminal and whatever the ledger holds:
   an ESC byte in one could move the cursor, clear the screen or retitle the
   window of everyone who lists the bookings, and a bidi override can make
   text read backwards.  Every view passes such strings through ``safe``,
-  which shows those characters as visible escapes (``\x1b``, ``\u202e``).
+  which shows those characters as visible escapes (``\\x1b``, ``\\u202e``).
   JSON keeps the stored strings: its encoder escapes them itself.
 * Printing cannot undo or hide a write.  A terminal that cannot encode
   ``–`` (``LC_ALL=C``, ``PYTHONIOENCODING=ascii``) gets ASCII stand-ins
@@ -108,7 +108,7 @@ _ANSI = re.compile(r"\033\[[0-9;]*m")
 # controls (0x9b is a one-byte CSI to many terminals), the line and
 # paragraph separators, the bidi embeddings, overrides and isolates, and
 # lone surrogates (a JSON ledger can hold "\ud800"; no encoder can write it).
-_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+_UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
 _NAMED = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
 
 
@@ -120,8 +120,8 @@ def _escape(m: re.Match) -> str:
 
 def safe(text) -> str:
     """``text`` (a note, a name, a label: anything a person stored) with the
-    characters that could steer the terminal shown as escapes: ``\x1b``,
-    ``\x9b``, ``\n``, ``\u202e``, ``\ud800``.  Printable text, any script,
+    characters that could steer the terminal shown as escapes: ``\\x1b``,
+    ``\\x9b``, ``\\n``, ``\\u202e``, ``\\ud800``.  Printable text, any script,
     is unchanged."""
     text = text if isinstance(text, str) else str(text)
     if text.isascii() and text.isprintable():

@@ -408,3 +408,33 @@ def test_the_broker_replies_with_the_json_the_private_service_returns(base, tmp_
                 rid.setdefault(name, result.reservation.id)
             assert got["broker"] == got["private"], f"step {i}"
         assert remote.list("mine") == private.list("mine") != []
+
+
+def test_lost_commits_through_the_broker_refuse_writes_until_the_administrator_recovers(base):
+    from bk.broker.handlers import Peer
+    from bk.core.errors import LostCommits
+
+    with Running(base) as r:
+        remote = r.remote()
+        first = remote.book(BookRequest(count=1, duration=1800)).reservation
+        second = remote.book(BookRequest(count=1, duration=1800, note="lost")).reservation
+        data = r.settings.data_dir
+        backups = os.path.join(data, "backups")
+        with open(os.path.join(data, "ledger.json"), "w") as f:
+            f.write("{")
+        os.unlink(os.path.join(backups, sorted(os.listdir(backups))[-1]))
+        with pytest.raises(LostCommits) as e:
+            remote.book(BookRequest(count=1, duration=600))
+        assert second.id in e.value.details["reservations"] and e.value.exit_code == 74
+        # Only the administrator (a HOST row on a shared server) may look or accept.
+        nobody = Peer(pid=1, uid=4242, gid=4242)
+        for op in ("data_lost", "data_recover"):
+            fields = {} if op == "data_lost" else {"ledger_seq": 1, "audit_seq": 2}
+            reply = r.broker.dispatcher.dispatch({"op": op, "fields": fields}, nobody)
+            assert reply["error"]["code"] == "permission_denied", op
+        lost = remote.lost_data()
+        assert (lost.ledger_seq, lost.audit_seq) == (1, 2)
+        done = remote.recover_data(replay=True)
+        assert done.status == "recovered" and done.replayed == (second.id,)
+        assert {x.id for x in remote.list("all")} == {first.id, second.id}
+        assert remote.book(BookRequest(count=1, duration=600)).status == "created"

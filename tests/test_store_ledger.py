@@ -11,7 +11,16 @@ import uuid
 import pytest
 
 from bk.core import ledgerdoc, utctime
-from bk.core.errors import EXIT_CONFIG, EXIT_IO, EXIT_TEMPFAIL, Busy, ConfigError, Internal, IOFailure
+from bk.core.errors import (
+    EXIT_CONFIG,
+    EXIT_IO,
+    EXIT_TEMPFAIL,
+    Busy,
+    ConfigError,
+    Internal,
+    IOFailure,
+    LostCommits,
+)
 from bk.core.models import Policy, Reservation
 from bk.store.ledger import Mutation, Store
 
@@ -285,8 +294,19 @@ def test_invalid_ledger_falls_back_to_newest_backup(store, how):
     assert got.source == "backup:ledger-0000000001.json"
     assert [r.id for r in got.state.reservations] == [a.id]
     assert len(got.warnings) == 1 and "THE LEDGER" in got.warnings[0] and "is invalid" in got.warnings[0]
+    # The audit log witnesses commit 2 (booking b): a write on top of the
+    # backup would forget it for good, so it is refused until the loss is
+    # accepted explicitly; nothing is written meanwhile.
+    with pytest.raises(LostCommits) as e:
+        store.transact(add(), policy=POLICY, actor_uid=0, actor="root")
+    assert "commits 2-2" in e.value.message and b.id[:8] in e.value.message and e.value.exit_code == EXIT_IO
+    assert e.value.details["reservations"] == [b.id] and ledger_bytes(store) == bad
+    assert store.lost_commits()[:2] == (1, 2)
     warnings = []
-    store.transact(add(), policy=POLICY, actor_uid=0, actor="root", warnings=warnings)
+    with pytest.raises(LostCommits):          # accepting another loss than the one witnessed
+        store.transact(add(), policy=POLICY, actor_uid=0, actor="root", accept_loss=(0, 2))
+    store.transact(add(), policy=POLICY, actor_uid=0, actor="root", warnings=warnings, accept_loss=(1, 2))
+    assert store.lost_commits() is None
     assert any("damaged ledger was kept" in w for w in warnings)
     got = store.read()
     assert got.source == "ledger" and got.state.seq == 3    # past the log's newest commit
@@ -325,7 +345,9 @@ def test_no_valid_copy_refuses_with_restore_hint(store):
     os.rename(store.paths.ledger, store.paths.ledger + ".damaged")
     os.rename(store.paths.backups_dir, store.paths.backups_dir + ".damaged")
     assert store.read().source == "empty"
-    commit(store, add())
+    with pytest.raises(LostCommits, match="the ledger is missing, and so is every backup"):
+        commit(store, add())                    # the audit log says two commits happened
+    store.transact(add(), policy=POLICY, actor_uid=0, actor="root", accept_loss=(0, 2))
     assert store.read().state.seq == 3          # the audit log's numbering continues
 
 
@@ -369,3 +391,26 @@ def test_shared_restore_hint_runs_as_the_owner(tmp_path):
         store.read()
     owner = f"sudo -u '#{os.geteuid()}' "
     assert f"`{owner}cp COPY {store.paths.ledger}.new && {owner}mv " in e.value.hint
+
+
+def test_check_reports_lost_commits_invalid_backups_and_a_damaged_audit_head(store):
+    a, b = two_commits(store)
+    checks = {name: (ok, detail) for name, ok, detail in store.check()}
+    assert checks["audit log"][0] and checks["backups"][0]
+    os.unlink(os.path.join(store.paths.backups_dir, "ledger-0000000002.json"))
+    damage(store, "garbage")
+    checks = {name: (ok, detail) for name, ok, detail in store.check()}
+    assert not checks["audit log"][0] and "audit log has commits the ledger lacks (2-2)" in checks["audit log"][1]
+    assert b.id[:8] in checks["audit log"][1]
+    with open(os.path.join(store.paths.backups_dir, "ledger-0000000001.json"), "wb") as f:
+        f.write(b"{}")
+    checks = {name: (ok, detail) for name, ok, detail in store.check()}
+    assert not checks["backups"][0] and "invalid: ledger-0000000001.json" in checks["backups"][1]
+
+
+def test_check_reports_a_damaged_audit_head(store):
+    two_commits(store)
+    with open(store.paths.audit, "r+b") as f:
+        f.write(b"\x00garbage")
+    checks = {name: (ok, detail) for name, ok, detail in store.check()}
+    assert not checks["audit log"][0] and "does not start with a whole record" in checks["audit log"][1]

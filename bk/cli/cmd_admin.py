@@ -105,6 +105,28 @@ def register(sub) -> None:
     arc.add_argument("--dry-run", action="store_true", help="show the notice; change nothing")
     arc.set_defaults(handler=run_notice_archive, command="admin notice archive")
 
+    data = actions.add_parser("data", help="the ledger's data: recover lost commits",
+                              description="Look after the ledger's data.")
+    data.set_defaults(handler=_missing_action, command="admin data")
+    dacts = data.add_subparsers(dest="data_action", metavar="ACTION", parser_class=type(p))
+    rec = dacts.add_parser(
+        "recover", help="accept (or replay) commits the audit log has but the ledger lost",
+        description="When the ledger was restored from an older backup, or lost with every backup, "
+        "the audit log still records the newer commits and bk refuses to write over them. This "
+        "shows what is missing (commit numbers, bookings, owners) and, confirmed, accepts that "
+        "loss; with --replay it first rebuilds the lost bookings from the audit records (their "
+        "GPUs, mode, share, memory and times; notes are not in the audit log). Put a newer copy "
+        "of the ledger back instead if you have one. In private mode it is yours to run; on a "
+        "shared server, the administrator's.",
+        epilog="Examples:\n  bk admin data recover --dry-run       what is missing\n"
+               "  bk admin data recover --replay -y     rebuild the lost bookings and go on\n"
+               "  sudo bk admin data recover            on a shared server",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    rec.add_argument("--replay", action="store_true", help="rebuild the lost bookings from the audit log")
+    rec.add_argument("-y", "--yes", action="store_true", help="do not ask")
+    rec.add_argument("--dry-run", action="store_true", help="show what is missing; change nothing")
+    rec.set_defaults(handler=run_data_recover, command="admin data recover")
+
 
 def _missing_action(args, ctx) -> Output:
     raise UsageError("which action?", hint="see: bk help admin")
@@ -251,3 +273,40 @@ def run_notice_archive(args, ctx) -> Output:
 
     done = None if args.dry_run or result.status == "unchanged" else f"archived notice {notice.id[:8]}"
     return Output("admin notice archive", result.to_json(), human, done=done)
+
+
+# ------------------------------------------------------------- data
+
+def run_data_recover(args, ctx) -> Output:
+    app, call = ctx.app(), ctx.call()
+    lost = app.lost_data(call=call)
+    what = _lost_text(lost)
+    if lost.status == "nothing_lost" or args.dry_run:
+        return Output("admin data recover", lost.to_json(), what)
+    if not args.yes:
+        if not ctx.interactive:
+            raise UsageError("confirm accepting the loss with --yes", hint="add -y, or --dry-run to look first")
+        verb = "replay what the audit log holds and accept the rest" if args.replay else "accept this loss"
+        if not ctx.confirm(f"{what}\n{verb}?"):
+            return Output("admin data recover", lost.to_json(), "nothing changed", exit_code=EXIT_PARTIAL)
+    done = app.recover_data(replay=args.replay, call=call)
+
+    def human(term) -> str:
+        head = f"recovered: writes go on from commit {done.audit_seq + 1}"
+        if done.replayed:
+            head += f"; replayed {len(done.replayed)} booking{'s' if len(done.replayed) != 1 else ''}"
+        left = [b for b in done.bookings if b.reservation not in done.replayed]
+        if left:
+            head += f"; lost for good: {', '.join(b.reservation[:8] for b in left)}"
+        return wrap(head, term.width, "", "  ")
+
+    return Output("admin data recover", done.to_json(), human)
+
+
+def _lost_text(lost) -> str:
+    if lost.status == "nothing_lost":
+        return f"nothing is lost: the ledger has every commit the audit log records ({lost.audit_seq})"
+    books = ", ".join(f"{b.reservation[:8]} ({b.user or b.owner}, last {b.action})"
+                      for b in lost.bookings) or "no bookings"
+    return (f"the ledger reads at commit {lost.ledger_seq}; the audit log records commits "
+            f"{lost.ledger_seq + 1}-{lost.audit_seq}: {books}")

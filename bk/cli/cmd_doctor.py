@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from bk.cli.render import Output, table
+from bk.cli.render import Output, table, wrap
 from bk.core.errors import EXIT_PARTIAL
 from bk.service.doctor import doctor
 
@@ -37,7 +37,24 @@ def run(args, ctx) -> Output:
                 for c in report["checks"]]
         verdict = "all checks passed" if report["ok"] else \
             f"{sum(not c['ok'] for c in report['checks'])} check(s) failed"
+        if not _to_terminal():
+            # A report read later (a ticket, a log, a mail) needs every word
+            # of the details: no table cut to a width nobody sees.
+            # Wrapped to the width, never cut.
+            w = max(len(r[0]) for r in rows) if rows else 5
+            pad = " " * (w + 8)
+            return "\n".join(wrap(f"{r[0]:<{w}}  {r[1]:<4}  {r[2]}", term.width, "", pad)
+                             for r in rows) + "\n" + verdict
         return table(rows, ["CHECK", "RESULT", "DETAIL"], term, shrink=2) + "\n" + verdict
 
     code = EXIT_PARTIAL if args.strict and not report["ok"] else 0
     return Output("doctor", report, human, exit_code=code)
+
+
+def _to_terminal() -> bool:
+    import sys
+
+    try:
+        return sys.stdout.isatty()
+    except (OSError, ValueError):
+        return False

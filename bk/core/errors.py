@@ -115,6 +115,15 @@ class IOFailure(BkError):
     exit_code = EXIT_IO
 
 
+class LostCommits(BkError):
+    """The audit log witnesses commits the ledger no longer has (it was
+    restored from an older backup, or lost): writing on top would forget
+    acknowledged bookings for good, so writes stop until someone decides."""
+
+    code = "lost_commits"
+    exit_code = EXIT_IO
+
+
 class Busy(BkError):
     code = "busy"
     exit_code = EXIT_TEMPFAIL
@@ -137,7 +146,7 @@ class ConfigError(BkError):
 # "invalid input" (exit 2); only the CLI's own parser tells them apart.
 BY_CODE: dict[str, type[BkError]] = {cls.code: cls for cls in (
     InvalidInput, Conflict, PolicyRefused, NotFound, Ambiguous, PermissionDenied, Unavailable,
-    Internal, IOFailure, Busy, WrongAccount, ConfigError,
+    Internal, IOFailure, LostCommits, Busy, WrongAccount, ConfigError,
 )}
 
 ERROR_CODES = tuple(BY_CODE)

@@ -234,6 +234,22 @@ class Service:
     def ping(self, *, call: Call | None = None) -> dict:
         return self.run("ping", Empty(), call=call).to_json()
 
+    def lost_data(self, *, call: Call | None = None):
+        """What the audit log records beyond the ledger (``data_lost``)."""
+        return self.run("data_lost", Empty(), call=call)
+
+    def recover_data(self, *, replay: bool = False, dry_run: bool = False, call: Call | None = None):
+        """Accept the loss the audit log witnesses now (replaying the lost
+        bookings first with ``replay``); a dry run only reports it."""
+        from bk.service.recovery import RecoverRequest
+
+        call = self._call(call)
+        lost = self.lost_data(call=call)
+        if dry_run or lost.status == "nothing_lost":
+            return lost
+        return self.run("data_recover", RecoverRequest(lost.ledger_seq, lost.audit_seq, replay=replay),
+                        call=call)
+
     # host-side halves of the read operations (LocalGateway serves them)
 
     def local_audit(self, req: AuditRequest, call: Call):

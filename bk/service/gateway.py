@@ -18,6 +18,12 @@ def authorize(op, call) -> None:
         raise PermissionDenied(f"only the administrator (root) may {op.summary}", hint=op.admin_hint)
 
 
+def authorize_host(op, call, private: bool) -> None:
+    """HOST rows: the data's owner, which in private mode is the caller."""
+    if op.who == "host" and not (private or call.actor.is_admin):
+        raise PermissionDenied(f"only the administrator (root) may {op.summary}", hint=op.admin_hint)
+
+
 class LocalGateway:
     """Runs operations against a local ``Store``: writes in one transaction
     each (or one for a batch), host-side reads directly."""
@@ -27,6 +33,9 @@ class LocalGateway:
         self.service = service
 
     def run(self, op, req, call):
+        authorize_host(op, call, self.store.private)
+        if op.accepts_loss:
+            return self._accepting_loss(op, req, call)
         if op.access != "write":
             authorize(op, call)
             op.validate(req)
@@ -47,6 +56,8 @@ class LocalGateway:
         result or ``BkError`` per item, in order."""
         from bk.store.ledger import Mutation
 
+        if any(op.accepts_loss for op, _, _ in items):      # never batched with others
+            return [self._outcome(self.run, *item) for item in items]
         ready = []
         for op, req, call in items:
             try:
@@ -91,6 +102,31 @@ class LocalGateway:
             call.warn(*warnings)
             out.append(o if isinstance(o, BaseException) else o.rendered(View.of(call)))
         return out
+
+
+    @staticmethod
+    def _outcome(fn, *args):
+        try:
+            return fn(*args)
+        except BkError as e:
+            return e
+
+    def _accepting_loss(self, op, req, call):
+        """A row that may commit over lost commits: it gets the witnessed
+        loss, and the store accepts exactly the loss its request names."""
+        import functools
+
+        op.validate(req)
+        lost = self.store.lost_commits()
+        apply = functools.partial(op.apply, req=req, call=call, lost=lost)
+        warnings: list[str] = []
+        try:
+            result = self.store.transact(lambda state: apply(state), policy=call.policy.bound(),
+                                         actor_uid=call.actor.uid, actor=call.actor.user, warnings=warnings,
+                                         accept_loss=(req.ledger_seq, req.audit_seq))
+        finally:
+            call.warn(*warnings)
+        return result.rendered(View.of(call))
 
 
 class BrokerGateway:

@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 from bk.core.errors import InvalidInput
 from bk.core.record import dataclass
-from bk.service import booking, fields, notices, requests, results, specs
+from bk.service import booking, fields, notices, recovery, requests, results, specs
 from bk.service.requests import (
     AuditRequest,
     BookRequest,
@@ -34,6 +34,7 @@ from bk.service.requests import (
 
 READ, WRITE = "read", "write"
 ANYONE, OWNER, ADMIN = "anyone", "owner", "admin"
+HOST = "host"       # whoever owns the data: you in private mode, root on a shared server
 
 
 @dataclass(frozen=True)
@@ -44,13 +45,14 @@ class Operation:
     fields: tuple
     result: type
     access: str                       # READ | WRITE
-    who: str                          # ANYONE | OWNER (the apply checks ownership) | ADMIN (checked here)
+    who: str                          # ANYONE | OWNER (the apply checks ownership) | ADMIN | HOST (checked here)
     idempotent: bool                  # a retry of the same request changes nothing more
     destructive: bool                 # it removes or stops something
     apply: Callable | None = None     # WRITE: (state, request, call) -> Mutation
     serve: Callable | None = None     # READ on the host: (service, request, call) -> result
     check: Callable | None = None     # shape rules beyond the field spec, every front end
     admin_hint: str | None = None     # for ADMIN rows: the command that does it with sudo
+    accepts_loss: bool = False        # WRITE: may commit over commits only the audit log has (recovery)
 
     def decode(self, wire: object):
         """The typed request from untrusted JSON, shape-checked."""
@@ -114,6 +116,12 @@ OPERATIONS: dict[str, Operation] = {op.name: op for op in (
     Operation("notice_archive", "archive notices", NoticeArchiveRequest, specs.NOTICE_ARCHIVE_FIELDS,
               results.NoticeResult, WRITE, ADMIN, idempotent=True, destructive=True,
               apply=notices.apply_archive, admin_hint="sudo bk admin notice archive ID"),
+    Operation("data_lost", "show the commits the audit log records but the ledger lacks", Empty, (),
+              recovery.LostResult, READ, HOST, idempotent=True, destructive=False,
+              serve=recovery.serve_lost, admin_hint="sudo bk admin data recover --dry-run"),
+    Operation("data_recover", "accept (or replay) the commits the ledger lost", recovery.RecoverRequest,
+              specs.RECOVER_FIELDS, recovery.LostResult, WRITE, HOST, idempotent=False, destructive=True,
+              apply=recovery.apply_recover, admin_hint="sudo bk admin data recover", accepts_loss=True),
     Operation("audit", "read the audit trail (your own; everyone's for the administrator)",
               AuditRequest, specs.AUDIT_FIELDS, results.AuditResult, READ, ANYONE,
               idempotent=True, destructive=False, serve=_serve_audit),

@@ -45,3 +45,7 @@ NOTICE_ARCHIVE_FIELDS = (Field("ref", "text", max_len=36, pattern="[0-9a-f-]{4,3
 AUDIT_FIELDS = (Field("limit", "int", lo=1, hi=MAX_AUDIT_LIMIT),
                 Field("all", "bool", help="everyone's (the administrator only)"),
                 Field("reservation", "text", pattern=RESERVATION_ID, help="a full reservation ID"))
+RECOVER_FIELDS = (Field("ledger_seq", "int", help="the commit the ledger reads at"),
+                  Field("audit_seq", "int", help="the newest commit the audit log records"),
+                  Field("replay", "bool", help="rebuild the lost bookings from the audit records"),
+                  _WRITE[1])

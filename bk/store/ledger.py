@@ -44,7 +44,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 
 from bk.core import ledgerdoc, utctime
-from bk.core.errors import BkError, ConfigError, Internal, IOFailure, WrongAccount
+from bk.core.errors import BkError, ConfigError, Internal, IOFailure, LostCommits, WrongAccount
 from bk.core.models import LedgerState
 from bk.core.record import dataclass, field
 from bk.store import archive, audit
@@ -308,22 +308,28 @@ class Store:
     # --- writing -----------------------------------------------------------
 
     def transact(self, apply: Callable[[LedgerState], Mutation], *, policy: dict | None,
-                 actor_uid: int, actor: str, warnings: list[str] | None = None) -> object:
+                 actor_uid: int, actor: str, warnings: list[str] | None = None,
+                 accept_loss: tuple[int, int] | None = None) -> object:
         """Run ``apply`` on a fresh copy of the ledger under the lock and
         commit what it changed; returns ``Mutation.result``.  If ``apply``
         raises, nothing is written.  Problems that do not undo the commit
-        (a backup that could not be written) are added to ``warnings``."""
+        (a backup that could not be written) are added to ``warnings``.
+
+        When the audit log records commits newer than the ledger that was
+        read, the transaction is refused (``LostCommits``) unless
+        ``accept_loss`` is exactly (the seq read, the newest audited seq):
+        the caller saw that loss and accepts it, and no other."""
         if self._active == threading.get_ident():
             raise Internal("nested ledger transaction (apply() called transact())")
         with self._tlock:
             self._active = threading.get_ident()
             try:
                 return self._transact(apply, policy, actor_uid, actor,
-                                      warnings if warnings is not None else [])
+                                      warnings if warnings is not None else [], accept_loss)
             finally:
                 self._active = None
 
-    def _transact(self, apply, policy, actor_uid, actor, warnings):
+    def _transact(self, apply, policy, actor_uid, actor, warnings, accept_loss=None):
         if os.geteuid() != self.safety.uid:
             raise WrongAccount(
                 f"{self.paths.data_dir} belongs to uid {self.safety.uid}; this process runs as "
@@ -336,11 +342,11 @@ class Store:
                             sleep=self.sleep)
             with lock, _gc_paused():
                 self._step("locked")
-                return self._commit(dirfd, apply, policy, actor_uid, actor, warnings)
+                return self._commit(dirfd, apply, policy, actor_uid, actor, warnings, accept_loss)
         finally:
             os.close(dirfd)
 
-    def _commit(self, dirfd, apply, policy, actor_uid, actor, warnings):
+    def _commit(self, dirfd, apply, policy, actor_uid, actor, warnings, accept_loss=None):
         p = self.paths
         now = self.clock()
         self._remove_temps(dirfd)
@@ -355,6 +361,11 @@ class Store:
             except OSError as e:
                 raise io_error(e, "repairing", p.audit) from None
             self._step("repaired")
+            if last_seq > got.meta.seq and accept_loss != (got.meta.seq, last_seq):
+                # The audit log is the witness: it holds commits newer than
+                # what was read (an older backup, or nothing at all).  A
+                # commit on top would make their bookings unrecoverable.
+                raise self._lost(got, last_seq)
             state = got.state
             self._bind(state, policy)
             movable = archive.committed(state, now=now, archive_after=self.archive_after)
@@ -436,6 +447,31 @@ class Store:
                 details={"differences": diff.conflicts})
         if diff.additions or state.policy is None:
             state.policy = {**(state.policy or {}), **diff.additions}
+
+    def lost_commits(self) -> tuple[int, int, list[dict]] | None:
+        """What the audit log records beyond the ledger that reads now:
+        (seq read, newest audited seq, the records of the missing commits),
+        or None when nothing is missing."""
+        got = self.read()
+        tail = self.audit_tail(limit=5000, include_pending=False)
+        newest = max((e.get("seq", 0) for e in tail.entries), default=0)
+        if newest <= got.state.seq:
+            return None
+        return got.state.seq, newest, [e for e in tail.entries if e.get("seq", 0) > got.state.seq]
+
+    def _lost(self, got, last_seq: int) -> LostCommits:
+        tail = self.audit_tail(limit=5000, include_pending=False)
+        lost = [e for e in tail.entries if e.get("seq", 0) > got.meta.seq]
+        where = {"empty": "is missing, and so is every backup"}.get(
+            got.source, f"was read from {got.source.removeprefix('backup:')}" if got.source != "ledger"
+            else f"is at commit {got.meta.seq}")
+        return LostCommits(
+            f"the audit log records commits {got.meta.seq + 1}-{last_seq} that the ledger lacks "
+            f"(the ledger {where}); " + describe_lost(lost) + "; refusing to write over them",
+            hint="put the newer ledger back if you have one; else accept the loss, which the audit "
+                 "log keeps: bk admin data recover (sudo on a shared server)",
+            details={"ledger_seq": got.meta.seq, "audit_seq": last_seq,
+                     "reservations": sorted({e["reservation"] for e in lost if e.get("reservation")})})
 
     def _archive(self, dirfd: int, groups: dict[str, bytes], now: int) -> None:
         p = self.paths
@@ -618,17 +654,54 @@ class Store:
         names, good = self._in_dir(scan, ([], []))
         if not names:
             return True, "none yet"
-        return bool(good), f"{len(good)} of {len(names)} valid, newest {names[0]}"
+        bad = [n for n in names if n not in good]
+        detail = f"{len(good)} of {len(names)} valid, newest {names[0]}"
+        if bad:   # a backup that cannot be read is no backup: say which
+            detail += "; invalid: " + ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+        return not bad, detail
 
     def _check_audit(self):
         tail = self.audit_tail(limit=1, include_pending=False)
         seq = self.read().state.seq
         last = tail.entries[-1]["seq"] if tail.entries else 0
+        if last > seq:
+            lost = self.lost_commits()
+            records = lost[2] if lost else []
+            return False, (f"audit log has commits the ledger lacks ({seq + 1}-{last}): "
+                           f"{describe_lost(records)}; writes are refused until they are restored "
+                           "or the loss is accepted (bk admin data recover)")
         agree = (f"agrees with the ledger (commit {seq})" if last == seq else
-                 f"commit {seq}'s records are in the ledger's journal; the next write adds them"
-                 if last < seq else f"has commit {last}, newer than the ledger's {seq}")
+                 f"commit {seq}'s records are in the ledger's journal; the next write adds them")
+        # Only a torn last line is harmless (the next writer cuts it and the
+        # ledger's journal holds its records); any other damage is a problem.
         torn_only = all("incomplete" in p for p in tail.problems)
-        return torn_only, "; ".join([agree] + tail.problems[:3])
+        start = self._audit_start()
+        problems = list(tail.problems[:3]) + ([start] if start else [])
+        return torn_only and not start, "; ".join([agree] + problems)
+
+    def _audit_start(self) -> str | None:
+        """The log must start at commit 1 (or where retention trimmed it, at a
+        line that is a whole record); None when it does."""
+        def first(dirfd):
+            fd = open_file(dirfd, AUDIT, self.paths.audit, self.safety)
+            if fd is None:
+                return None
+            try:
+                return os.pread(fd, 4096, 0)
+            finally:
+                os.close(fd)
+        head = self._in_dir(first)
+        if not head:
+            return None
+        import json
+
+        line = head.split(b"\n", 1)[0]
+        try:
+            rec = json.loads(line)
+            ok = isinstance(rec, dict) and isinstance(rec.get("seq"), int)
+        except ValueError:
+            ok = False
+        return None if ok else "the audit log does not start with a whole record (its head is damaged)"
 
     def _check_lock(self):
         state, pid = self._in_dir(lambda fd: lock_probe(fd, LOCK, self.paths.lock, self.safety),
@@ -689,6 +762,21 @@ class Store:
     def _step(self, step: str) -> None:
         if self._hit(step):
             _die()
+
+
+def describe_lost(records: list[dict]) -> str:
+    """``bookings a1b2c3d4 (ada: create), ...`` from lost audit records."""
+    seen: dict[str, str] = {}
+    for e in records:
+        rid = e.get("reservation")
+        if rid:
+            who = e.get("user") or str(e.get("uid"))
+            seen.setdefault(rid, f"{str(rid)[:8]} ({who}: {e.get('action')})")
+    if not seen:
+        return f"{len(records)} audit record{'s' if len(records) != 1 else ''} and no booking"
+    shown = list(seen.values())
+    more = f" and {len(shown) - 10} more" if len(shown) > 10 else ""
+    return "bookings " + ", ".join(shown[:10]) + more
 
 
 def _crash_point(spec: str | None) -> tuple[str, int] | None:

@@ -532,3 +532,16 @@ def test_the_administrators_all_view_lists_notices_to_users(bk):
     assert [n.uid for n in root.notices()] == []                        # not addressed to root
     assert [n.uid for n in root.notices(include_archived=True)] == [ME.uid]
     assert [n.uid for n in bk.service().notices(include_archived=True)] == []   # bob: not his
+
+
+def test_a_machine_with_fewer_gpus_than_the_ledger_warns_and_shows_every_booked_gpu(bk):
+    bk.ok("1", "1h", "-g", "6", BK_GPU_COUNT="8")     # the ledger is bound to 8 GPUs
+    r = bk.json("st")                                 # now the machine shows 4
+    assert any("this machine has 4 GPUs but the ledger was made for 8" in w for w in r.envelope["warnings"])
+    rows = {g["index"]: g for g in r.data["gpus"]}
+    assert sorted(rows) == [0, 1, 2, 3, 6] and rows[6]["state"] == "absent" and rows[6]["share_used"] == 1
+    assert "this machine has 4 GPUs" in bk.ok("l").err
+    tl = bk.data("tl", "--from", "now", "--window", "1h", "--step", "10m")
+    assert [g["index"] for g in tl["gpus"]] == [0, 1, 2, 3, 6] and tl["gpus"][4]["cells"][0]["mine"]
+    assert "GPU 6" in bk.ok("tl", "--from", "now", "--window", "1h", "--step", "10m").out
+    assert bk.json("1", "30m").code == 78             # writes refuse the mismatch (policy binding)

@@ -97,7 +97,12 @@ def run(args, ctx) -> Output:
         if bad:
             raise InvalidInput(f"no GPU {', '.join(map(str, bad))} here (GPUs 0 to {policy.gpu_count - 1})",
                                hint="see the GPUs with: bk st")
-    shown = list(gpus) if gpus is not None else list(range(policy.gpu_count))
+    if gpus is not None:
+        shown = list(gpus)
+    else:   # this machine's GPUs, and any other a live booking holds
+        from bk.service.status import shown_gpus
+
+        shown = shown_gpus(app.ledger(call=call).reservations, now, policy.gpu_count)
     label_w = len(f"GPU {max(shown)}") if shown else 5
     columns = max(10, ctx.term.width - label_w - 1)
     frm, to, step = plan(columns, now, slot, frm=frm, window=window, step=step)

@@ -188,6 +188,12 @@ class Service:
         call = self._call(call)
         read = self.reader.read()
         call.warn(*read.warnings)
+        bound = (read.state.policy or {}).get("gpu_count")
+        if isinstance(bound, int) and bound != call.policy.gpu_count:
+            # Writes refuse this (policy binding); reads go on, but say why
+            # the picture may not match the machine.
+            call.warn(f"this machine has {call.policy.gpu_count} GPUs but the ledger was made for "
+                      f"{bound}: writes are refused until they agree (bk doctor says more)")
         return read.state
 
     # -- operations (bk.service.ops) ----------------------------------------

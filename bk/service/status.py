@@ -40,14 +40,22 @@ def policy_summary(policy: Policy) -> dict:
     }
 
 
+def shown_gpus(reservations, now: int, gpu_count: int) -> list[int]:
+    """The GPUs a view shows: this machine's, and any other a live booking
+    holds (the machine lost a GPU, or the ledger came from a bigger one), so
+    that no booking disappears from the picture."""
+    extra = {g for r in reservations if r.cancelled_at is None and r.end > now for g in r.gpus
+             if g >= gpu_count}
+    return [*range(gpu_count), *sorted(extra)]
+
+
 def holds_by_gpu(reservations, now: int, gpu_count: int) -> dict[int, list[Reservation]]:
     """Bookings that still hold capacity, per GPU, sorted by start (one pass)."""
-    per: dict[int, list[Reservation]] = {g: [] for g in range(gpu_count)}
+    per: dict[int, list[Reservation]] = {g: [] for g in shown_gpus(reservations, now, gpu_count)}
     for r in reservations:
         if r.cancelled_at is None and r.end > now:
             for g in r.gpus:
-                if g in per:
-                    per[g].append(r)
+                per[g].append(r)
     for lst in per.values():
         lst.sort(key=lambda r: (r.start, r.end))
     return per
@@ -123,8 +131,13 @@ def gpu_rows(state, snapshot, policy, now: int) -> list[GpuRow]:
     dark = [(b.start, b.end) for b in state.blackouts if b.end > now]
     active = telemetry.active_gpus_by_uid(state.reservations, now)
     rows = []
-    for g in range(policy.gpu_count):
+    for g in per:
         gi = info.get(g)
+        if g >= policy.gpu_count:        # booked, but not a GPU of this machine (any more)
+            rows.append(GpuRow(g, None, None, None, None, None, None, "absent",
+                               share_used(per[g], now, policy.max_shared_users), policy.max_shared_users,
+                               None, None))
+            continue
         disabled = g in policy.disabled_gpus
         procs = None
         if gi is not None and gi.processes is not None:

@@ -168,7 +168,9 @@ def timeline_view(app, *, frm: int, to: int, step: int, gpus: list[int] | None =
     call = call or app.call()
     state, now, policy = app.ledger(call=call), call.now, call.policy
     if gpus is None:
-        gpus = list(range(policy.gpu_count))
+        from bk.service.status import shown_gpus
+
+        gpus = shown_gpus(state.reservations, now, policy.gpu_count)
     grid = build(state.reservations, state.blackouts, capacity=policy.max_shared_users, gpus=gpus,
                  disabled=policy.disabled_gpus, frm=frm, to=to, step=step, actor_uid=call.actor.uid)
     wanted = set(gpus)

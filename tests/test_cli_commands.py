@@ -61,6 +61,10 @@ def test_full_now_is_queued_but_an_exact_time_is_a_conflict(bk):
     assert d["status"] == "queued" and d["reservation"]["start"] == "2026-07-13T11:40:00Z"
     r = bk.json("1", "30m", "-t", "11:00")
     assert r.code == 3 and r.error["code"] == "conflict"
+    # The refusal names the nearest start that fits, with the command.
+    assert "the nearest start that fits is 11:40" in r.error["hint"]
+    assert "-t '2026-07-13 11:40'" in r.error["hint"]
+    assert r.error["details"]["nearest_start"] == "2026-07-13T11:40:00Z"
     q = bk.data("1", "30m", "-t", "11:00", "--queue")
     assert q["status"] == "queued" and q["reservation"]["start"] >= "2026-07-13T11:40:00Z"
 

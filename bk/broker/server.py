@@ -37,8 +37,8 @@ not it ever sends anything, and a kernel-reported UID is the only identity a
 connection has, so the limits below are per connection and per UID:
 
 - Slots per UID.  One UID holds at most ``max_per_uid`` of the slots
-  (default ``per_uid_limit(max_clients)``: ``max(4, max_clients // 8)``, 8 of
-  64).  Its next connection is answered ``busy`` naming that quota and
+  (default ``per_uid_limit(max_clients)``: ``max(4, max_clients // 4)``, 16
+  of 64).  Its next connection is answered ``busy`` naming that quota and
   closed, before anything of it is read; other UIDs still get in.
 - The whole broker full (``max_clients``) is answered ``busy`` likewise.
   Both refusals carry ``details.reason`` ``max_clients``: nothing was done,
@@ -103,9 +103,11 @@ PER_UID = "per_uid"                  # details.quota of the refusal of a UID at 
 
 
 def per_uid_limit(max_clients: int) -> int:
-    """The default number of slots one UID may hold: well below the whole, so
-    that seven other users still get in when one holds all of its share."""
-    return min(max_clients, max(4, max_clients // 8))
+    """The default number of slots one UID may hold: a quarter of the whole,
+    so that three other users still get in when one holds all of its share,
+    while one user's parallel scripts (16 at once with the default 64) are
+    not turned away."""
+    return min(max_clients, max(4, max_clients // 4))
 
 
 def _readable(conn: socket.socket, timeout: float) -> bool:

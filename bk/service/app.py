@@ -19,7 +19,7 @@ import os
 from collections.abc import Callable
 
 from bk import clock
-from bk.core.errors import Ambiguous, InvalidInput, IOFailure, NotFound, PermissionDenied
+from bk.core.errors import Ambiguous, BkError, Conflict, InvalidInput, IOFailure, NotFound, PermissionDenied
 from bk.core.models import ACTIVE, CANCELLED, ENDED, UPCOMING, LedgerState, Notice, Reservation
 from bk.service.context import Actor, Call
 from bk.service.requests import (
@@ -211,7 +211,33 @@ class Service:
         return self.gateway.write_batch([(ops.get(name), req, call) for name, req, call in items])
 
     def book(self, req: BookRequest, *, call: Call | None = None):
-        return self.run("book", req, call=call)
+        call = self._call(call)
+        try:
+            return self.run("book", req, call=call)
+        except Conflict as e:
+            raise self._with_nearest(e, req, call) from None
+
+    def _with_nearest(self, e: Conflict, req: BookRequest, call: Call) -> Conflict:
+        """An exact start that is taken: name the nearest start that fits,
+        with the command that books it, rather than leave the user guessing."""
+        if req.start is None or req.queue or e.details.get("rule") not in ("capacity", "memory"):
+            return e
+        from bk.core.record import replace
+        from bk.core.timegrid import format_local_short
+
+        try:
+            found = self.recommend(replace(req, queue=True, op_id=None, dry_run=False), alternatives=1,
+                                   call=call)
+        except BkError:
+            return e
+        if not found.options:
+            return e
+        p = found.options[0]
+        hint = (f"the nearest start that fits is {format_local_short(p.start, call.tz, call.now)}: "
+                f"{found.command(p, call.tz)} (or add --queue to take it)")
+        from bk.core.models import iso
+
+        return Conflict(e.message, hint, details={**e.details, "nearest_start": iso(p.start)})
 
     def edit(self, req: EditRequest, *, call: Call | None = None):
         return self.run("edit", req, call=call)

@@ -222,7 +222,7 @@ def test_three_users_thirty_concurrent_bookings_each(srv):
     for user in srv.users:
         for _ in range(30):
             procs.append((user, subprocess.Popen(
-                [SYSTEM_PYTHON, str(srv.pyz), "--json", "1", "30m"], stdout=subprocess.PIPE,
+                [SYSTEM_PYTHON, str(srv.pyz), "--json", "1", "30m", "--again"], stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE, text=True, env=srv.env(user), cwd=srv.base,
                 **srv.popen_args(user))))
     acked = {}

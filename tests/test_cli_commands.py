@@ -57,7 +57,7 @@ def test_full_now_is_queued_but_an_exact_time_is_a_conflict(bk):
     bk.ok("x", "4", "1h")
     r = bk.ok("1", "30m")
     assert "queued: starts at 11:40" in r.out
-    d = bk.data("1", "30m")
+    d = bk.data("1", "30m", "--again")
     assert d["status"] == "queued" and d["reservation"]["start"] == "2026-07-13T11:40:00Z"
     r = bk.json("1", "30m", "-t", "11:00")
     assert r.code == 3 and r.error["code"] == "conflict"
@@ -65,7 +65,7 @@ def test_full_now_is_queued_but_an_exact_time_is_a_conflict(bk):
     assert "the nearest start that fits is 11:40" in r.error["hint"]
     assert "-t '2026-07-13 11:40'" in r.error["hint"]
     assert r.error["details"]["nearest_start"] == "2026-07-13T11:40:00Z"
-    q = bk.data("1", "30m", "-t", "11:00", "--queue")
+    q = bk.data("1", "30m", "-t", "11:00", "--queue", "--again")   # else: the same as the last one
     assert q["status"] == "queued" and q["reservation"]["start"] >= "2026-07-13T11:40:00Z"
 
 
@@ -193,7 +193,7 @@ def test_cancel_active_asks_at_a_terminal_only(bk):
     assert r.code == 1 and r.out.startswith("kept") and "stop it now" in r.err
     assert len(bk.data("l")["reservations"]) == 1       # --json never asks
     bk.stdin_tty("y")
-    bk.ok("1", "1h")
+    bk.ok("1", "1h", "--again")
     assert bk.ok("d", "1").out.startswith("cancelled")
     assert bk.ok("d", "1", "-y").out.startswith("cancelled")
 

@@ -225,7 +225,8 @@ def test_damaged_preset_record(env, capsys):
 # ------------------------------------------------------------- learning
 
 def _book(app, count, dur, **kw):
-    return app.book(BookRequest(count=count, duration=dur, **kw)).reservation
+    # again: the same shape booked in one instant on purpose, not a repeat.
+    return app.book(BookRequest(count=count, duration=dur, again=True, **kw)).reservation
 
 
 def test_suggest_after_the_third_matching_booking(env, capsys):

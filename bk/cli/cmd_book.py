@@ -25,6 +25,23 @@ EXAMPLES = {
 }
 
 
+# The rule lives in bk.service.booking.repeat_of; this is its wording for
+# bk(1).  The window is the service's (the CLI imports no service module to
+# register its flags: that keeps ``bk --help`` cheap).
+REPEAT_MINUTES = 5
+REPEAT_RULE = f"""
+The same booking twice:
+  The same booking made again within {REPEAT_MINUTES} minutes is not a second booking:
+  bk answers 'exists' with the first booking's ID (exit 0). "The same" means
+  the same mode, GPU count, share, memory, note and length, the pinned GPUs
+  if -g is given, and the same start: where this one would start if the
+  first had not been made (a bare booking a slice later still counts). The
+  GPUs each would get are not compared. Add --again to book another on
+  purpose. Bookings with --op-id follow the op-id rule alone (the same key
+  and request answer 'exists'; a new key books), and --dry-run never repeats.
+"""
+
+
 def register(sub) -> None:
     for name, aliases, mode, what in (
             ("book", ["s"], SHARED, "book N GPUs, shared (bk N DUR [MEM])"),
@@ -34,7 +51,7 @@ def register(sub) -> None:
             description=what[0].upper() + what[1:] + ". A bare booking starts now (the current "
             "slice); if that is full it is queued to the earliest start that fits. An explicit "
             "-t/--start is exact: a conflict is an error unless --queue.",
-            epilog=EXAMPLES[mode], formatter_class=argparse.RawDescriptionHelpFormatter)
+            epilog=EXAMPLES[mode] + REPEAT_RULE, formatter_class=argparse.RawDescriptionHelpFormatter)
         p.add_argument("count", metavar="N", help="number of GPUs")
         p.add_argument("words", nargs="*", metavar="DUR [MEM]",
                        help="duration (30m, 2h, 1h30m, 1d) and optional VRAM per GPU (12g)")
@@ -47,6 +64,9 @@ def register(sub) -> None:
         p.add_argument("-y", "--yes", action="store_true", help="never ask (booking does not ask; "
                        "accepted so scripts can pass it to every write)")
         p.add_argument("-q", "--quiet", action="store_true", help="print only the booking ID")
+        p.add_argument("--again", action="store_true",
+                       help="book a second one even if you made the same booking in the last "
+                       f"{REPEAT_MINUTES} minutes (without it that answers 'exists' with the first)")
         p.add_argument("-v", "--verbose", action="store_true", help="show why each GPU was or was not chosen")
         common.add_write_flags(p)
         p.set_defaults(handler=run, command=name, mode=mode)

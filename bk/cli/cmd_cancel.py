@@ -33,7 +33,8 @@ def register(sub) -> None:
 
 def run(args, ctx) -> Output:
     app, call = ctx.app(), ctx.call()
-    res = app.resolve(args.ref, call=call)
+    # An op-id used before names its booking, whatever "1" means by now.
+    res = app.op_reservation(args.op_id, "cancel", call=call) or app.resolve(args.ref, call=call)
     now, tz = call.now, call.tz
     capacity = call.policy.max_shared_users
     line = common.summary_line(res, capacity=capacity, tz=tz, now=now)

@@ -57,7 +57,9 @@ def run(args, ctx) -> Output:
     if not any(getattr(args, f) is not None for f in CHANGE_FLAGS):
         return _guided(args, ctx)
     app, call = ctx.app(), ctx.call()
-    old = app.resolve(args.ref, call=call)
+    # An op-id used before names its booking as that edit found it, so the
+    # retry builds the same request (and gets "exists"), whatever "1" means now.
+    old = app.op_reservation(args.op_id, "edit", call=call) or app.resolve(args.ref, call=call)
     req = builders.edit_request(
         old, length=args.duration, at=args.at, start_iso=args.start, gpus=args.gpu, exclude=args.exclude,
         mem=args.mem, share=args.share, mode=args.mode, queue=args.queue, note=args.note,

@@ -109,6 +109,7 @@ def book_request(call, args, *, mode: str, count: int, words: list[str],
         note=getattr(args, "note", None) if write else None,
         op_id=getattr(args, "op_id", None) if write else None,
         dry_run=bool(getattr(args, "dry_run", False)) if write else False,
+        again=bool(getattr(args, "again", False)) if write else False,
         policy=call.policy, now=call.now, tz=call.tz)
 
 

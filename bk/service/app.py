@@ -368,6 +368,26 @@ class Service:
                             details={"candidates": [r.id for r in hits]})
         return hits[0]
 
+    def op_reservation(self, op_id: str | None, operation: str, *, state: LedgerState | None = None,
+                       call: Call | None = None) -> Reservation | None:
+        """The reservation that ``op_id`` already produced for the caller with
+        ``operation`` (``edit``, ``cancel``, ``book``), as that operation
+        found it; None when the op-id is new (``booking.op_target``).
+
+        A front end asks this *before* it resolves a list number or an ID
+        prefix, and takes that reservation when there is one: a retried
+        ``bk d 1 --op-id K`` then names the booking the first run cancelled
+        (numbers move once it is gone) and the operation answers ``exists``,
+        here and through the broker alike.  The op records are in the
+        committed ledger, which every user may read."""
+        if not op_id:
+            return None
+        from bk.service import booking
+
+        call = self._call(call)
+        state = state or self.ledger(call=call)
+        return booking.op_target(state, call.actor, op_id, booking.OP_ACTIONS[operation])
+
     def history(self, ref: str, *, call: Call | None = None) -> tuple[Reservation, list[dict]]:
         """One booking's lifecycle: the record and its audit entries."""
         call = self._call(call)

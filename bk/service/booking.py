@@ -7,12 +7,14 @@ commit.  They do no I/O themselves; the store commits or discards.  Each is
 one row of ``bk.service.ops``.
 Idempotency lives here: an ``op_id`` seen before returns the original
 result without a change, and the same key with another request is refused.
+A booking typed again by hand, exactly the same, a few minutes later is a
+repeat, not a second booking (``repeat_of``).
 """
 
 from __future__ import annotations
 
 from bk.core import scheduler, telemetry
-from bk.core.errors import Conflict, InvalidInput, NotFound, PermissionDenied, PolicyRefused
+from bk.core.errors import BkError, Conflict, InvalidInput, NotFound, PermissionDenied, PolicyRefused
 from bk.core.models import (
     ACTIVE,
     ADMIN_CANCEL,
@@ -39,6 +41,17 @@ from bk.store.ledger import Mutation
 # stays in `bk n` and at login.  Long enough to be seen after a week away.
 USER_NOTICE_DAYS = 7
 
+# A booking that repeats one the same user made at most this long ago is
+# answered with the first one (``repeat_of``).  Five minutes covers the
+# second Enter, the command run again from the shell's history because its
+# output scrolled away, and the user who was unsure it worked; it is short
+# enough that a booking made on purpose later is never swallowed.
+REPEAT_WINDOW = 5 * 60
+
+# The operation names of the table (bk.service.ops) to the action an op-id
+# records for them.
+OP_ACTIONS = {"book": CREATE, "edit": EDIT, "cancel": CANCEL}
+
 
 def summary(r: Reservation) -> dict:
     """The compact before/after picture an audit record carries."""
@@ -62,10 +75,97 @@ def _replay(state: LedgerState, actor: Actor, op_id: str | None, action: str, di
     return None
 
 
+def op_target(state: LedgerState, actor: Actor, op_id: str | None, action: str) -> Reservation | None:
+    """The reservation that ``op_id`` already produced or changed for this
+    actor with ``action``, as that operation found it; None when the op-id
+    is new, was used for another action (the apply refuses that), or its
+    reservation has left the ledger.
+
+    A front end asks this before it resolves a list number or an ID prefix:
+    ``bk d 1 --op-id K`` retried after the first run must name the booking
+    the first run cancelled, not whichever booking is number 1 now.  For an
+    edit the reservation is rebuilt as the edit found it (its recorded edits
+    from that one on undone), so a retried ``bk e 1 -d +30m --op-id K``
+    builds the same request, and the apply answers ``exists``."""
+    if not op_id:
+        return None
+    op = next((o for o in state.ops if o.op_id == op_id and o.uid == actor.uid), None)
+    if op is None or op.action != action:
+        return None
+    res = state.find(op.reservation)
+    if res is None or action != EDIT:
+        return res
+    edits = list(res.edits)
+    mark = op.extra.get("edit")
+    if type(mark) is not int or not 0 <= mark < len(edits):
+        # Recorded before ops named their edit: the newest one made then, by them.
+        mark = next((i for i in range(len(edits) - 1, -1, -1)
+                     if edits[i].at == op.at and edits[i].actor_uid == actor.uid), None)
+    if mark is None:
+        return res
+    before = res
+    for e in reversed(edits[mark:]):
+        undo = {k: (tuple(v) if k == "gpus" else v) for k, v in e.before.items()
+                if k in ("gpus", "mode", "share", "mem_mib", "start", "end")}
+        before = before.replace(**undo)
+    return before.replace(edits=edits[:mark])
+
+
+def repeat_of(state: LedgerState, req: BookRequest, call: Call) -> Reservation | None:
+    """The booking that ``req`` repeats, or None.
+
+    The rule: a new booking (no ``--op-id``, no ``--again``, not a dry run)
+    repeats booking B when
+      1. B is the same user's, made without an op-id, not cancelled, not
+         yet ended, and made at most ``REPEAT_WINDOW`` seconds ago;
+      2. the request has B's shape: mode, GPU count, share (shared
+         bookings), memory figure, note, and length (B's end minus its start);
+         GPUs only where the request names them: pinned GPUs must be B's,
+         excluded GPUs must not hold B;
+      3. and B's start is where the request would start if B had not been
+         made (placed now with B ignored), or the request starts now and B
+         started in the slice it was made in (the clock has moved to the
+         next slice since: ``bk 1 30m`` at 10:04 and again at 10:06 is one
+         booking).
+    So the GPUs B was given are not compared: a second ``bk 1 30m`` that
+    would land on another GPU only because B took the first one is still a
+    repeat, and a bare booking that B pushed into the queue too.  A
+    different length, memory, count, mode, share or start is a new booking.
+    A different note says it is for something else.  Bookings with an
+    ``--op-id`` are governed by the op-id rules only, as the request and as
+    the earlier booking alike (a script's retry key says what a retry is);
+    ``--again`` books a second on purpose."""
+    if req.op_id or req.again or req.dry_run:
+        return None
+    now, slot = call.now, call.policy.slot_minutes
+    for b in reversed(state.reservations):
+        if (b.uid != call.actor.uid or b.op_id or b.note != req.note or not b.is_live(now) or not 0 <= now - b.created <= REPEAT_WINDOW
+                or b.mode != req.mode or len(b.gpus) != req.count or b.mem_mib != req.mem_mib
+                or b.end - b.start != req.duration or (req.mode != EXCLUSIVE and b.share != req.share)
+                or (req.pinned and tuple(b.gpus) != tuple(req.pinned))
+                or set(b.gpus) & set(req.excluded)):
+            continue
+        try:
+            p = _place(state, _sched_request(req, ignore_id=b.id), call)
+        except BkError:
+            continue
+        if p.start == b.start or (req.start is None and b.start == floor_slice(b.created, slot)
+                                  and p.start == floor_slice(now, slot)):
+            return b
+    return None
+
+
+def _repeat_hint(b: Reservation, now: int) -> str:
+    ago = max(0, now - b.created)
+    when = f"{ago} seconds" if ago < 120 else f"{ago // 60} minutes"
+    return (f"you made this same booking {when} ago: {b.short_id} is that one, not a second; "
+            "to book another on purpose, run the command again with --again")
+
+
 def _record_op(state: LedgerState, actor: Actor, op_id: str | None, action: str, digest: str,
-               rid: str, now: int) -> None:
+               rid: str, now: int, extra: dict | None = None) -> None:
     if op_id:
-        state.ops.append(OpRecord(op_id, actor.uid, action, digest, rid, now))
+        state.ops.append(OpRecord(op_id, actor.uid, action, digest, rid, now, dict(extra or {})))
 
 
 def _sched_request(req: BookRequest, ignore_id: str | None = None) -> scheduler.Request:
@@ -112,6 +212,10 @@ def apply_book(state: LedgerState, req: BookRequest, call: Call) -> Mutation:
     earlier = _replay(state, actor, req.op_id, CREATE, digest)
     if earlier is not None:
         return Mutation(False, [], BookResult("exists", earlier))
+    first = repeat_of(state, req, call)
+    if first is not None:
+        call.warn(_repeat_hint(first, now))
+        return Mutation(False, [], BookResult("exists", first, {"repeat_of": first.id}))
     p = _place(state, _sched_request(req), call)
     share = policy.max_shared_users if req.mode == EXCLUSIVE else req.share
     res = Reservation(id=call.new_id("reservation"), uid=actor.uid, user=actor.user, mode=req.mode, gpus=tuple(p.gpus),
@@ -166,7 +270,8 @@ def apply_edit(state: LedgerState, req: EditRequest, call: Call) -> Mutation:
     if req.dry_run:
         return Mutation(False, [], result)
     state.reservations[state.reservations.index(old)] = new
-    _record_op(state, actor, req.op_id, EDIT, digest, new.id, now)
+    # "edit": which of the booking's edits this op made (op_target undoes from it).
+    _record_op(state, actor, req.op_id, EDIT, digest, new.id, now, {"edit": len(old.edits)})
     return Mutation(True, [AuditEntry(EDIT, "updated", new.id, req.op_id, before, after, new.uid)], result)
 
 

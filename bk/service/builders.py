@@ -147,11 +147,11 @@ def book_request(*, count_: int | str, duration_: int | str, policy, now: int, t
                  mode: str = SHARED, share: int | None = None, at: str | None = None,
                  start_iso: str | None = None, start_at: int | None = None, queue: bool = False,
                  gpus=None, exclude=None, note: str | None = None, op_id: str | None = None,
-                 dry_run: bool = False):
+                 dry_run: bool = False, again: bool = False):
     """The typed request for ``bk N DUR [MEM]`` and its read-only cousins
     (``bk slots``, ``bk g``).  ``start_at`` is an already resolved start
-    (a form's); ``at``/``start_iso`` the typed words.  Returns
-    (BookRequest, StartSpec or None)."""
+    (a form's); ``at``/``start_iso`` the typed words; ``again`` books even
+    a repeat of a booking just made.  Returns (BookRequest, StartSpec or None)."""
     slot = policy.slot_minutes
     note, op_id = note_text(note), op_id_text(op_id)
     n_gpus = policy.gpu_count
@@ -166,7 +166,8 @@ def book_request(*, count_: int | str, duration_: int | str, policy, now: int, t
     req = BookRequest(
         count=count(count_), duration=duration(duration_, slot), mode=mode, share=share or 1,
         mem_mib=memory(mem), start=when, queue=bool(queue), pinned=gpu_list(gpus, "-g", n_gpus),
-        excluded=gpu_list(exclude, "-e", n_gpus) or (), note=note, op_id=op_id, dry_run=bool(dry_run))
+        excluded=gpu_list(exclude, "-e", n_gpus) or (), note=note, op_id=op_id, dry_run=bool(dry_run),
+        again=bool(again))
     return req, spec
 
 

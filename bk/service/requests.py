@@ -34,6 +34,7 @@ class BookRequest:
     note: str | None = None
     op_id: str | None = None
     dry_run: bool = False
+    again: bool = False               # book even if it repeats a booking just made (booking.repeat_of)
 
 
 @dataclass(frozen=True)
@@ -70,10 +71,13 @@ class CancelRequest:
 def canonical(action: str, req: object) -> str:
     """A stable digest of what a request asks for (op-id and dry-run excluded),
     so that a retry with the same op-id can be told apart from a different
-    request that reuses the key."""
+    request that reuses the key.  ``again`` is excluded too: with an op-id
+    the op-id rules alone decide, and digests recorded before the field
+    existed stay valid."""
     d = record.asdict(req)
     d.pop("op_id", None)
     d.pop("dry_run", None)
+    d.pop("again", None)
     import hashlib
 
     blob = json.dumps([action, d], sort_keys=True, separators=(",", ":"), default=list)

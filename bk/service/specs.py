@@ -29,7 +29,9 @@ _PLACE = (Field("mode", "choice", choices=MODES), Field("share", "int", lo=1, hi
           Field("note", "text", max_len=MAX_NOTE))
 
 BOOK_FIELDS = (Field("count", "int", lo=1, hi=64, help="number of GPUs"),
-               Field("duration", "int", lo=1, help="seconds"), *_PLACE, *_WRITE)
+               Field("duration", "int", lo=1, help="seconds"), *_PLACE, *_WRITE,
+               Field("again", "bool", help="book even if the same booking was made a few minutes ago "
+                     "(without it, that repeat answers exists with the first booking)"))
 EDIT_FIELDS = (Field("ref", "text", max_len=64, help="the reservation's full ID"),
                Field("duration", "int", lo=1, help="new total length, seconds"),
                Field("end", "int", help="new end, epoch seconds"),

@@ -300,3 +300,158 @@ def test_add_in_process_requires_memory_when_the_policy_does(tmp_path, monkeypat
     r = result.data["reservation"]
     assert (r["mem_mib"], r["start"]) == (8192, "2026-07-13T11:40:00Z")
     assert "next time: bk 1 1h 8g -t +1h" in result.human(ctx.term)
+
+
+# ------------------------------------------- refusals at the preview or the write
+
+def test_a_failing_preview_returns_to_the_question_it_blames():
+    def preview(a):
+        if a["a"] == 0:
+            raise InvalidInput("a zero first answer does not fit")
+        return "OK?"
+    qs = [QUESTIONS[0], QUESTIONS[1],
+          Question("ok", preview, parse_yes, "y", blame=lambda a, err: "a")]
+    d, out = dialog("0\n4\n3\n\n")            # a=0 fails the preview: First? again, Second kept
+    assert d.run(qs) == {"a": 3, "b": 4, "ok": True}
+    assert "error: a zero first answer does not fit\nFirst? [1] OK? [y] " in out.getvalue()
+
+
+def test_a_refused_write_asks_the_blamed_question_again_keeping_the_rest():
+    from bk.core.errors import Conflict
+
+    tried = []
+
+    def submit(a):
+        tried.append(dict(a))
+        if len(tried) == 1:
+            raise Conflict("taken meanwhile", hint="pick another")
+        return "done"
+    qs = [QUESTIONS[0], QUESTIONS[1],
+          Question("ok", "OK?", parse_yes, "y", blame=lambda a, err: "a")]
+    d, out = dialog("1\n2\ny\n5\ny\n")
+    assert d.converse(qs, submit) == "done"
+    assert tried[1] == {"a": 5, "b": 2, "ok": True}
+    assert "error: taken meanwhile\nhint: pick another\nFirst? [1] " in out.getvalue()
+    assert out.getvalue().count("Second?") == 1
+
+
+def test_a_refused_write_without_blame_asks_the_last_answer_again():
+    from bk.core.errors import PolicyRefused
+
+    def submit(a):
+        if a["b"] == 2:
+            raise PolicyRefused("two is not allowed")
+        return a["b"]
+    qs = [QUESTIONS[0], QUESTIONS[1], Question("ok", "OK?", parse_yes, "y")]
+    d, out = dialog("1\n2\ny\n4\ny\n")
+    assert d.converse(qs, submit) == 4
+    assert "error: two is not allowed\nSecond? " in out.getvalue()
+
+
+def test_a_write_failing_for_another_reason_ends_the_dialog():
+    from bk.core.errors import Busy
+
+    def submit(a):
+        raise Busy("the ledger is busy")
+    d, out = dialog("1\n2\ny\n")
+    with pytest.raises(Busy):
+        d.converse([QUESTIONS[0], QUESTIONS[1], Question("ok", "OK?", parse_yes, "y")], submit)
+
+
+@pytest.fixture
+def inproc(tmp_path, monkeypatch):
+    """Run a guided flow in this process against a data directory that other
+    (real) bk processes also write; ``ask`` may book from one of them."""
+    from bk import clock
+    from bk.cli import guided
+
+    env = bk_env(tmp_path)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    clock.local_tz.cache_clear()
+    monkeypatch.setattr(guided, "require_terminal", lambda *a: None)
+    yield env
+    clock.local_tz.cache_clear()
+
+
+def _scripted(answers: list, out: io.StringIO) -> Dialog:
+    """A dialog whose answers are strings or callables run at that prompt."""
+    feed = iter(answers)
+
+    def ask(prompt: str) -> str:
+        out.write(prompt)
+        nxt = next(feed, None)
+        if nxt is None:
+            raise EOFError
+        if callable(nxt):
+            nxt = nxt(prompt)
+        out.write(nxt + "\n")
+        return nxt
+
+    return Dialog(ask, lambda text: out.write(text + "\n"))
+
+
+def _edit(env, ref: str, answers: list):
+    import argparse
+
+    from bk.cli import guided
+    from bk.cli.app import Context
+
+    ctx = Context(env=env, json=False, argv=["e", ref], stdin_tty=True)
+    out = io.StringIO()
+    result = guided.edit_flow(argparse.Namespace(ref=ref, yes=False), ctx,
+                              dialog=_scripted(answers, out))
+    return result, out.getvalue(), ctx
+
+
+def test_guided_edit_goes_back_to_the_field_that_collides(inproc, tmp_path):
+    assert run_bk(tmp_path, "x", "4", "1h", "-t", "13:00")["ok"]
+    rid = run_bk(tmp_path, "1", "1h", "-t", "11:00")["data"]["reservation"]["id"][:8]
+    # Start 11:30 is fine; 3h from it hits the exclusive booking at 13:00.
+    result, text, ctx = _edit(inproc, rid, ["duration,start", "3h", "11:30", "1h", "y"])
+    assert "error: 1 GPU (shared, 1 slot) for 3h not free" in text
+    after = text.split("for 3h not free", 1)[1]
+    assert after.index("New duration? [1h] ") < after.index("would update")
+    assert "New start?" not in after                      # the start answer was kept
+    assert result.data["status"] == "updated"
+    [r] = [r for r in run_bk(tmp_path, "l")["data"]["reservations"] if r["id"].startswith(rid)]
+    assert (r["start"], r["end"]) == ("2026-07-13T11:30:00Z", "2026-07-13T12:30:00Z")
+
+
+def test_guided_edit_asks_again_when_the_time_is_taken_before_the_save(inproc, tmp_path):
+    rid = run_bk(tmp_path, "1", "1h", "-t", "15:00")["data"]["reservation"]["id"][:8]
+
+    def someone_books_it(prompt: str) -> str:
+        # Between the preview and the "y", another process takes 16:00-17:00.
+        assert "Save the change?" in prompt
+        assert run_bk(tmp_path, "x", "4", "1h", "-t", "16:00")["ok"]
+        return "y"
+    result, text, ctx = _edit(inproc, rid, ["start", "16:00", someone_books_it, "18:00", "y"])
+    assert "would update 1 GPU (0) shared 07-13 16:00–17:00" in text
+    refused = text.split("Save the change? [Y/n] y\n", 1)[1]
+    assert refused.startswith("error: ") and "not free" in refused.splitlines()[0]
+    assert "\nNew start? [07-13 15:00] 18:00\n" in refused
+    assert result.data["status"] == "updated"
+    assert "next time: bk e" in result.human(ctx.term) and "-t 18:00" in result.human(ctx.term)
+    [r] = [r for r in run_bk(tmp_path, "l")["data"]["reservations"] if r["id"].startswith(rid)]
+    assert (r["start"], r["end"]) == ("2026-07-13T18:00:00Z", "2026-07-13T19:00:00Z")
+
+
+def test_guided_add_asks_the_start_again_when_it_is_taken_before_the_confirmation(inproc, tmp_path):
+    from bk.cli import guided
+    from bk.cli.app import Context
+
+    def someone_books_it(prompt: str) -> str:
+        assert "Book it?" in prompt
+        assert run_bk(tmp_path, "x", "4", "2h", "-t", "20:00")["ok"]
+        return "y"
+    out = io.StringIO()
+    ctx = Context(env=inproc, json=False, argv=["a"], stdin_tty=True)
+    d = _scripted(["1", "x", "1h", "20:00", someone_books_it, "22:00", "y"], out)
+    result = guided.run_add(None, ctx, dialog=d)
+    text = out.getvalue()
+    refused = text.split("Book it? [Y/n] y\n", 1)[1]
+    assert refused.startswith("error: ") and "Start when? [now] 22:00\n" in refused
+    assert "How many GPUs?" not in refused                 # the other answers were kept
+    r = result.data["reservation"]
+    assert (r["gpus"], r["start"], r["end"]) == ([0], "2026-07-13T22:00:00Z", "2026-07-13T23:00:00Z")

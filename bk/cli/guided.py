@@ -8,8 +8,12 @@ conversation words: Enter takes the ``[default]``, ``back`` returns to the
 previous question, ``cancel`` (or Ctrl-D) leaves with nothing changed, ``?``
 explains the question.  A question's text may be computed from the answers
 so far (the preview before the confirmation); if computing it fails, the
-error is shown and the user is taken one question back to change the answer
-that caused it.
+error is shown and the user is taken back to the question whose answer
+caused it (the question's ``blame`` names it; else the one asked last).
+The write after the confirmation can still be refused (another booking took
+the time meanwhile, the clock passed the start): ``Dialog.converse`` shows
+that error too and asks the blamed question again, with every other answer
+kept, instead of ending the dialog.
 
 A flow never books by itself.  Its answers are typed values (seconds, MiB,
 a resolved start, GPU tuples); it hands them to the request builders
@@ -34,7 +38,7 @@ from typing import Any
 from bk.cli import cmd_book, common
 from bk.cli.render import Output, safe_lines
 from bk.core import timegrid
-from bk.core.errors import BkError, InvalidInput
+from bk.core.errors import BkError, Conflict, InvalidInput, PolicyRefused
 from bk.core.models import EXCLUSIVE, SHARED
 from bk.service import builders
 
@@ -47,6 +51,9 @@ CANCELLED_TEXT = "cancelled, nothing booked"
 # The guided edit's answer "forget the memory figure"; builders.edit_request
 # reads it (one of its CLEAR_MEM_WORDS) as ``-m none`` on the command line.
 CLEAR_MEM = "none"
+# Refusals that another answer can cure; any other error (busy, I/O, not
+# found, permission) ends the dialog as it ends the command.
+ANSWER_ERRORS = (InvalidInput, Conflict, PolicyRefused)
 
 
 class Cancelled(Exception):
@@ -57,15 +64,18 @@ class Question:
     """One question.  ``text`` may be computed from the answers so far (and
     may raise BkError, e.g. a preview that does not fit); ``parse`` turns the
     answer into a value or raises BkError; ``when`` says whether to ask at
-    all; ``shown`` is how the default appears in brackets (``Y/n``)."""
+    all; ``shown`` is how the default appears in brackets (``Y/n``);
+    ``blame(answers, err)`` names the key of the question to ask again when
+    ``text`` (or the write after this question) fails with ``err``."""
 
     # A plain class, not a dataclass: this module is imported by every bk
     # command (the parser registers ``bk a``), and start-up time counts.
     def __init__(self, key: str, text: str | Callable[[dict], str], parse: Callable[[str], Any],
                  default: str | Callable[[dict], str | None] | None = None, *,
-                 when: Callable[[dict], bool] | None = None, help: str = "", shown: str | None = None):
+                 when: Callable[[dict], bool] | None = None, help: str = "", shown: str | None = None,
+                 blame: Callable[[dict, BkError], str | None] | None = None):
         self.key, self.text, self.parse, self.default = key, text, parse, default
-        self.when, self.help, self.shown = when, help, shown
+        self.when, self.help, self.shown, self.blame = when, help, shown, blame
 
 
 class Dialog:
@@ -122,16 +132,46 @@ class Dialog:
         if err.hint:
             self.say(f"hint: {safe_lines(err.hint)}")
 
-    def run(self, questions: list[Question], answers: dict | None = None) -> dict:
+    @staticmethod
+    def _applies(q: Question, answers: dict) -> bool:
+        return q.when is None or q.when(answers)
+
+    def _blamed(self, questions: list[Question], q: Question, answers: dict, err: BkError,
+                asked: list[int]) -> int | None:
+        """The index of an answered question that ``q.blame`` names, if any."""
+        key = q.blame(answers, err) if q.blame is not None else None
+        for j in asked:
+            if questions[j].key == key:
+                return j
+        return None
+
+    def run(self, questions: list[Question], answers: dict | None = None, *,
+            resume: str | None = None) -> dict:
         """Ask until every question that applies has a valid answer.
+        ``resume``: start at the question with that key, the answers before
+        it kept (``back`` still walks them), and then go on to the last
+        question, asking only those that apply and have no answer yet.
         Raises ``Cancelled`` when the user leaves."""
         answers = dict(answers or {})
         asked: list[int] = []      # indices answered, for `back`
         i = 0
+        # After going back to a blamed question, the answers between it and
+        # the question that failed stand: those strictly between ``redo``
+        # (the one asked again) and ``keep_to`` (the one that failed).
+        redo = keep_to = -1
+        if resume is not None:
+            i = next(j for j, q in enumerate(questions) if q.key == resume)
+            asked = [j for j, q in enumerate(questions[:i])
+                     if q.key in answers and self._applies(q, answers)]
+            redo, keep_to = i, len(questions) - 1
         while i < len(questions):
             q = questions[i]
             if q.when is not None and not q.when(answers):
                 answers.pop(q.key, None)
+                i += 1
+                continue
+            if redo < i < keep_to and q.key in answers:
+                asked.append(i)
                 i += 1
                 continue
             try:
@@ -140,7 +180,10 @@ class Dialog:
                 self.error(err)
                 if not asked:
                     raise Cancelled from None
-                i = asked.pop()
+                j = self._blamed(questions, q, answers, err, asked)
+                keep_to = i
+                i = redo = asked.pop() if j is None else j
+                del asked[asked.index(i) if i in asked else len(asked):]
                 continue
             default = q.default(answers) if callable(q.default) else q.default
             head, _, last = text.rpartition("\n")
@@ -157,6 +200,7 @@ class Dialog:
             if low in CANCEL_WORDS:
                 raise Cancelled
             if low in BACK_WORDS:
+                keep_to = -1
                 if asked:
                     i = asked.pop()
                 else:
@@ -177,6 +221,26 @@ class Dialog:
             asked.append(i)
             i += 1
         return answers
+
+    def converse(self, questions: list[Question], submit: Callable[[dict], Any]) -> Any:
+        """``run``, then ``submit(answers)``; when the submit is refused for
+        a reason an answer can cure (``ANSWER_ERRORS``), show why and ask the
+        question the last question's ``blame`` names (else the one answered
+        last before it) again, keeping the other answers."""
+        answers: dict = {}
+        resume = None
+        while True:
+            answers = self.run(questions, answers, resume=resume)
+            try:
+                return submit(answers)
+            except ANSWER_ERRORS as err:
+                self.error(err)
+                asked = [j for j, q in enumerate(questions[:-1])
+                         if q.key in answers and self._applies(q, answers)]
+                if not asked:
+                    raise
+                j = self._blamed(questions, questions[-1], answers, err, asked)
+                resume = questions[asked[-1] if j is None else j].key
 
 
 def require_terminal(ctx, args, what: str, hint: str) -> None:
@@ -286,21 +350,22 @@ def run_add(args, ctx, dialog: Dialog | None = None) -> Output:
              else f"from your last {n} bookings")
     dialog.say(f"Book GPUs step by step. Enter takes the [default] ({where}); "
                "back, cancel and ? work at every question.")
-    try:
-        answers = dialog.run(add_questions(app, call, defaults))
-    except (Cancelled, KeyboardInterrupt) as e:
-        return _cancelled("add", 130 if isinstance(e, KeyboardInterrupt) else 0)
     import shlex
 
-    # The exact instant the preview used ("20:00" read again later could roll
-    # to tomorrow); a queued preview books the earliest fit after it.
-    spec = answers["start"][1]
-    req = add_request(answers, call, queue=not spec.is_now and answers.get("_queued_start") is not None)
-    # The booking is made now, however long the dialog stayed open ("now"
-    # answers leave the start to the write; others are the instants shown).
-    call = ctx.fresh_call()
-    out = cmd_book.book_and_show(app, call, ctx, req, command="exclusive" if answers["mode"] == EXCLUSIVE else "book")
-    return _with_footer(out, "next time: " + shlex.join(["bk", *add_typed(answers)]))
+    def submit(answers: dict) -> Output:
+        # The exact instant the preview used ("20:00" read again later could
+        # roll to tomorrow); a queued preview books the earliest fit after it.
+        spec = answers["start"][1]
+        req = add_request(answers, call, queue=not spec.is_now and answers.get("_queued_start") is not None)
+        # The booking is made now, however long the dialog stayed open ("now"
+        # answers leave the start to the write; others are the instants shown).
+        out = cmd_book.book_and_show(app, ctx.fresh_call(), ctx, req,
+                                     command="exclusive" if answers["mode"] == EXCLUSIVE else "book")
+        return _with_footer(out, "next time: " + shlex.join(["bk", *add_typed(answers)]))
+    try:
+        return dialog.converse(add_questions(app, call, defaults), submit)
+    except (Cancelled, KeyboardInterrupt) as e:
+        return _cancelled("add", 130 if isinstance(e, KeyboardInterrupt) else 0)
 
 
 def add_questions(app, call, defaults: dict) -> list[Question]:
@@ -418,20 +483,20 @@ def edit_flow(args, ctx, dialog: Dialog | None = None) -> Output:
                f"({common.status_text(res, now=now)})")
     if status == "active":
         dialog.say("It has started: only its end can move.")
+    import shlex
+
+    def submit(answers: dict) -> Output:
+        req = edit_request(res, answers, call)
+        # The answers are instants the user was shown; the write itself
+        # happens now, however long the dialog stayed open.
+        write = ctx.fresh_call()
+        out = edit_output(app.edit(req, call=write), write)
+        return _with_footer(out, "next time: " + shlex.join(["bk", "e", res.short_id, *edit_typed(answers)]))
     try:
-        answers = dialog.run(edit_questions(app, call, res, ctx, active=status == "active"))
+        return dialog.converse(edit_questions(app, call, res, ctx, active=status == "active"), submit)
     except (Cancelled, KeyboardInterrupt) as e:
         return Output("edit", {"status": "cancelled"}, "cancelled, nothing changed",
                       exit_code=130 if isinstance(e, KeyboardInterrupt) else 0)
-    import shlex
-
-    req = edit_request(res, answers, call)
-    # The answers are instants the user was shown; the write itself happens
-    # now, however long the dialog stayed open.
-    call = ctx.fresh_call()
-    result = app.edit(req, call=call)
-    out = edit_output(result, call)
-    return _with_footer(out, "next time: " + shlex.join(["bk", "e", res.short_id, *edit_typed(answers)]))
 
 
 def edit_questions(app, call, res, ctx, *, active: bool) -> list[Question]:
@@ -472,7 +537,21 @@ def edit_questions(app, call, res, ctx, *, active: bool) -> list[Question]:
         text = out.human(ctx.term) if callable(out.human) else (out.human or "")
         return text.rstrip("\n") + "\nSave the change?"
 
-    confirm = Question("confirm", preview, parse_yes, "y", shown="Y/n",
+    def blame(a: dict, err: BkError) -> str | None:
+        # Which answer made the change fail: the first field that fails on
+        # its own (a dry run of that field alone); when only the combination
+        # fails, the dialog goes back to the field asked last.
+        fields = [k for k in ("end", *EDIT_FIELDS) if k in a and (k == "end" or k in a.get("what", ()))]
+        if len(fields) < 2:
+            return fields[0] if fields else None
+        for k in fields:
+            try:
+                app.edit(edit_request(res, {k: a[k]}, call, dry_run=True), call=call)
+            except BkError:
+                return k
+        return None
+
+    confirm = Question("confirm", preview, parse_yes, "y", shown="Y/n", blame=blame,
                        help="y saves the change; n leaves with nothing changed; back changes the answers")
     if active:
         return [Question("end", "New end? (+30m, -15m, 20:00, total 2h)", parse_end, "+30m",

@@ -103,12 +103,24 @@ def test_timeout_zero_tries_once_and_the_caller_words_the_refusal(held):
     assert t.sleeps == []
 
 
-def test_an_unmarked_lock_says_another_process(held):
+def test_an_unmarked_lock_still_names_its_holder(held):
     path, holder, waiter = held
     os.pwrite(holder, b" " * 32, 0)
-    with pytest.raises(Busy, match="another process has held") as e:
+    # The kernel names the holder (this process, through another open file
+    # description) even when nothing was written into the file.
+    with pytest.raises(Busy, match=f"process {os.getpid()} has held") as e:
         lock.take(waiter, path, timeout=0)
-    assert e.value.details["holder_pid"] is None
+    assert e.value.details["holder_pid"] == os.getpid()
+
+
+def test_an_unmarked_lock_with_no_known_holder_says_another_process(held, tmp_path):
+    path, holder, waiter = held
+    os.pwrite(holder, b" " * 32, 0)
+    blind = tmp_path / "no-locks"
+    blind.write_text("")
+    with pytest.raises(Busy, match="another process has held") as e:
+        lock.take(waiter, path, timeout=0, proc_locks=str(blind))
+    assert e.value.details["holder_pid"] is None and "last written" not in e.value.message
 
 
 def test_errors_other_than_held_are_io_failures(tmp_path):

@@ -24,8 +24,16 @@ How the kernel behaves, and what follows:
 * Readers never take the ledger's lock: they rely on the atomic rename of
   the ledger instead, so a stuck writer cannot stop anyone from reading.
 
-After locking, the holder writes its pid into the file.  It is advice for
-the ``Busy`` message only: a stale pid in an unlocked file means nothing.
+Who holds it.  The kernel lists every lock in ``/proc/locks``, one line
+each: ``ID: FLOCK ADVISORY WRITE PID MAJ:MIN:INODE 0 EOF`` (the device
+numbers in hex; ``->`` marks a waiter, not a holder).  For ``flock`` the pid
+is the process that took the lock, shown in the reader's pid namespace (0 or
+missing when the holder is outside it).  So the ``Busy`` message names the
+pid that holds a lock on *this inode* right now.  After locking, the holder
+also writes its pid into the file; that is only a fallback, worded "last
+written by pid N", for when ``/proc/locks`` cannot say (no ``/proc``, the
+holder in another pid namespace, or the lock released a moment ago): a pid
+in the file outlives its writer, so it never passes for the holder.
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ from bk.core.errors import Busy
 from bk.store.fsutil import Safety, io_error, open_file
 
 PAUSE_FIRST, PAUSE_MAX = 0.001, 0.05
+PROC_LOCKS = "/proc/locks"
 
 
 def _jitter() -> float:
@@ -47,12 +56,38 @@ def _jitter() -> float:
     return 0.5 + int.from_bytes(os.urandom(2), "big") / 65535
 
 
-def holder(fd: int) -> int | None:
-    """The pid the holder wrote into the lock file, if any (advice only)."""
+def written_pid(fd: int) -> int | None:
+    """The pid the last holder wrote into the lock file, if any: advice
+    only, it may have exited long ago."""
     try:
-        return int(os.pread(fd, 32, 0).split()[0])
+        pid = int(os.pread(fd, 32, 0).split()[0])
     except (OSError, ValueError, IndexError):
         return None
+    return pid if pid > 0 else None
+
+
+def holder(fd: int, proc_locks: str = PROC_LOCKS) -> int | None:
+    """The pid that holds an ``flock`` on ``fd``'s inode now, from
+    ``/proc/locks``; None when nobody does or the kernel cannot say."""
+    try:
+        st = os.fstat(fd)
+        with open(proc_locks, encoding="ascii", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    want = (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
+    for line in lines:
+        parts = line.split()
+        if len(parts) < 6 or parts[1] != "FLOCK":      # waiters ("->") and POSIX locks
+            continue
+        try:
+            major, minor, ino = parts[5].split(":")
+            pid = int(parts[4])
+            if (int(major, 16), int(minor, 16), int(ino)) == want and pid > 0:
+                return pid
+        except ValueError:
+            continue
+    return None
 
 
 def mark(fd: int) -> None:
@@ -68,10 +103,12 @@ def mark(fd: int) -> None:
 def take(fd: int, path: str, *, timeout: float, what: str = "the lock",
          monotonic: Callable[[], float] = time.monotonic,
          sleep: Callable[[float], None] = time.sleep, jitter: Callable[[], float] = _jitter,
-         busy: Callable[[int | None], Busy] | None = None) -> None:
+         busy: Callable[[int | None], Busy] | None = None, proc_locks: str = PROC_LOCKS) -> None:
     """``flock(LOCK_EX)`` on ``fd`` within ``timeout`` seconds of ``monotonic``,
-    or raise ``Busy`` (exit 75) naming the holder's pid: ``busy(pid)`` when
-    given, else "WHAT is busy: process N has held PATH for more than T s".
+    or raise ``Busy`` (exit 75) naming the holder's pid from ``/proc/locks``
+    (None when unknown): ``busy(pid)`` when given, else "WHAT is busy:
+    process N has held PATH for more than T s", or, holder unknown, "another
+    process ... (last written by pid N)" from the file.
 
     Every bk lock is taken here.  The first try is immediate; then pauses of
     1 ms doubling up to 50 ms, each times ``jitter()`` and never past the
@@ -88,18 +125,25 @@ def take(fd: int, path: str, *, timeout: float, what: str = "the lock",
                 raise io_error(e, "locking", path) from None
         left = deadline - monotonic()
         if left <= 0:
-            pid = holder(fd)
-            raise busy(pid) if busy is not None else _busy(what, path, timeout, pid)
+            pid = holder(fd, proc_locks)
+            if busy is not None:
+                raise busy(pid)
+            raise _busy(what, path, timeout, pid, None if pid else written_pid(fd))
         sleep(min(left, pause * jitter()))
         pause = min(pause * 2, PAUSE_MAX)
 
 
-def _busy(what: str, path: str, timeout: float, pid: int | None) -> Busy:
-    who = f"process {pid}" if pid else "another process"
-    return Busy(f"{what} is busy: {who} has held {path} for more than {timeout:g} s",
-                "retry in a moment" + (f"; if it stays busy, see what it is doing: "
-                                       f"ps -o pid,etime,args -p {pid}" if pid else ""),
-                details={"path": path, "holder_pid": pid})
+def _busy(what: str, path: str, timeout: float, pid: int | None, written: int | None) -> Busy:
+    if pid:
+        return Busy(f"{what} is busy: process {pid} has held {path} for more than {timeout:g} s",
+                    f"retry in a moment; if it stays busy, see what it is doing: "
+                    f"ps -o pid,etime,args -p {pid}", details={"path": path, "holder_pid": pid})
+    # The kernel did not name a holder: the lock was let go a moment ago, or
+    # its holder is out of our sight (another pid namespace, no /proc).
+    last = f" (last written by pid {written})" if written else ""
+    return Busy(f"{what} is busy: another process has held {path} for more than {timeout:g} s{last}",
+                "retry in a moment; to see who holds it: fuser -v " + path,
+                details={"path": path, "holder_pid": None, "last_written_pid": written})
 
 
 class FileLock:
@@ -145,7 +189,8 @@ class FileLock:
 
 def probe(dirfd: int, name: str, path: str, safety: Safety) -> tuple[str, int | None]:
     """For doctor: ("free", None) after taking and dropping the lock at once,
-    ("held", pid or None) when a writer holds it, ("missing", None)."""
+    ("held", pid or None) when a writer holds it (the pid from ``/proc/locks``,
+    else the one written in the file), ("missing", None)."""
     fd = open_file(dirfd, name, path, safety, os.O_RDONLY)
     if fd is None:
         return "missing", None
@@ -153,6 +198,6 @@ def probe(dirfd: int, name: str, path: str, safety: Safety) -> tuple[str, int | 
         take(fd, path, timeout=0)
         return "free", None
     except Busy as e:
-        return "held", e.details.get("holder_pid")
+        return "held", e.details.get("holder_pid") or e.details.get("last_written_pid")
     finally:
         os.close(fd)

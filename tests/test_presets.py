@@ -47,7 +47,8 @@ def bk_json(env, capsys, *argv):
 
 
 def state_dir(env) -> str:
-    return os.path.join(env["XDG_STATE_HOME"], "bk")
+    # BK_DATA_DIR is set: the presets live beside that data, not in XDG_STATE_HOME.
+    return os.path.join(env["BK_DATA_DIR"], "state")
 
 
 # ------------------------------------------------------------- the command

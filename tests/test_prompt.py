@@ -172,7 +172,7 @@ def test_prompt_runs_commands_and_survives_errors(term, tmp_path):
     t.expect(r"bk> ")
     t.line("exit")
     assert t.wait() == 0
-    history = tmp_path / "state" / "bk" / "prompt_history"
+    history = tmp_path / "data" / "state" / "prompt_history"     # beside BK_DATA_DIR's data
     assert history.read_text().splitlines() == ["1 30m", "bk l", "nonsense words", "l -h",
                                                 '1 30m --note "unclosed']
     assert stat.S_IMODE(history.stat().st_mode) == 0o600

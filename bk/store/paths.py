@@ -16,6 +16,9 @@ from bk.core.record import dataclass
 SYSTEM_CONFIG = "/etc/gpubk/config.json"
 DEFAULT_SHARED_DATA_DIR = "/var/lib/gpubk"
 DEFAULT_SOCKET = "/run/gpubk/broker.sock"
+# With BK_DATA_DIR set, the per-user state (presets, prompt history) lives in
+# this directory inside it instead of $XDG_STATE_HOME/bk.
+STATE_SUBDIR = "state"
 
 
 def _absolute(value: str | None) -> str | None:
@@ -50,7 +53,8 @@ class Locations:
 def locate(env: dict | None = None) -> Locations:
     """Decide the mode and the locations from the environment.
 
-    Order: ``BK_DATA_DIR`` forces private mode; else ``BK_CONFIG_FILE`` or the
+    Order: ``BK_DATA_DIR`` forces private mode, with the state directory
+    ``$BK_DATA_DIR/state`` (a trial run leaves the real presets alone); else ``BK_CONFIG_FILE`` or the
     system file ``/etc/gpubk/config.json`` means shared mode (its data dir is
     read from the file later, by the config loader); else private mode under
     ``$XDG_DATA_HOME/bk``.
@@ -68,7 +72,11 @@ def locate(env: dict | None = None) -> Locations:
             raise ConfigError(f"BK_DATA_DIR must be an absolute path, got {data_env!r}",
                               hint="export BK_DATA_DIR=$(mktemp -d)")
         cfg = cfg_env if cfg_env else user_cfg
-        return Locations("private", data_env, cfg, False, state, cache)
+        # A trial run (``BK_DATA_DIR=/tmp/gpubk-demo bk ...``) keeps its
+        # presets and prompt history beside its data, in STATE_SUBDIR: it
+        # must not change the user's real ones, and deleting the directory
+        # deletes the whole trial.  This wins over XDG_STATE_HOME.
+        return Locations("private", data_env, cfg, False, os.path.join(data_env, STATE_SUBDIR), cache)
     if cfg_env:
         return Locations("shared", DEFAULT_SHARED_DATA_DIR, cfg_env, True, state, cache)
     if os.path.exists(SYSTEM_CONFIG):

@@ -1,6 +1,7 @@
 """The user's private state files: booking presets and the prompt history.
 
-Both live in the per-user state directory (``$XDG_STATE_HOME/bk``, see
+Both live in the per-user state directory (``$XDG_STATE_HOME/bk``; with
+``BK_DATA_DIR`` set, a trial run, ``$BK_DATA_DIR/state``, see
 ``bk.store.paths``), never in the shared data directory: a preset or a
 command history is nobody else's business, and in shared mode the user
 cannot write the data directory anyway.
@@ -64,6 +65,18 @@ class StateDir:
         self.fd: int | None = None
 
     def __enter__(self) -> StateDir:
+        if self.create:
+            # With BK_DATA_DIR set the state directory is inside the data
+            # directory (``bk.store.paths``), which a first ``bk p save`` may
+            # have to create: 0700, as the ledger wants it, whatever the umask
+            # (makedirs applies the mode to the last component only).
+            parent = os.path.dirname(os.path.abspath(self.path))
+            if not os.path.isdir(parent):
+                try:
+                    os.makedirs(parent, DIR_MODE, exist_ok=True)
+                    os.chmod(parent, DIR_MODE, follow_symlinks=False)
+                except OSError as e:
+                    raise io_error(e, "creating", parent) from None
         self.fd = open_dir(self.path, self.safety, create_mode=DIR_MODE if self.create else None)
         return self
 

@@ -107,7 +107,40 @@ def _config_check(app, call) -> dict:
 
 def _ledger_checks(app, call) -> list[dict]:
     store = app.store
-    return [_check(name, ok, detail) for name, ok, detail in store.check()]
+    checks = [_check(name, ok, detail) for name, ok, detail in store.check()]
+    for c in checks:
+        if c["name"] == "data directory" and c["ok"]:
+            problem = _unwritable(app, store.paths.data_dir)
+            if problem:
+                c.update(ok=False, detail=c["detail"] + "; " + problem)
+    return checks
+
+
+def _unwritable(app, data_dir: str) -> str | None:
+    """Why the next write into ``data_dir`` would fail although the
+    directory looks right: its file system is mounted read-only (statvfs's
+    ST_RDONLY, for the directory or, before the first write, its nearest
+    existing parent), or, where this user is the writer (private mode), the
+    directory is not writable by them.  Only ``--probe`` writes; this is
+    the read-only way to see the same thing."""
+    import os
+
+    from bk.store.fsutil import mount_point
+
+    where = data_dir
+    while not os.path.exists(where) and os.path.dirname(where) != where:
+        where = os.path.dirname(where)
+    try:
+        if os.statvfs(where).f_flag & os.ST_RDONLY:
+            mount = mount_point(where)
+            return (f"read-only file system: {mount} is mounted read-only; remount it "
+                    f"read-write (mount -o remount,rw {mount}) or point BK_DATA_DIR at a "
+                    "writable directory")
+    except OSError as e:
+        return f"cannot inspect {where}: {e.strerror}"
+    if app.settings.mode == "private" and not os.access(where, os.W_OK | os.X_OK):
+        return f"{where} is not writable by you (ls -ld {where})"
+    return None
 
 
 def _policy_check(app, call) -> dict:

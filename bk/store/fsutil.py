@@ -116,12 +116,48 @@ def io_error(e: OSError, doing: str, path: str) -> IOFailure:
                          f"free space on the file system that holds {os.path.dirname(path)} "
                          f"(df -h {os.path.dirname(path)}); nothing was changed",
                          details={"path": path, "errno": e.errno})
-    if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+    if e.errno == errno.EROFS:
+        # Not a permission problem: no owner or mode change helps.
+        mount = mount_point(os.path.dirname(path) or path)
+        return IOFailure(f"read-only file system while {doing} {path}",
+                         f"{mount} is mounted read-only: remount it read-write "
+                         f"(mount -o remount,rw {mount}) or point BK_DATA_DIR at a writable "
+                         "directory; nothing was changed",
+                         details={"path": path, "errno": e.errno, "mount": mount})
+    if e.errno in (errno.EACCES, errno.EPERM):
         return IOFailure(f"permission denied while {doing} {path}: {e.strerror}",
                          "check the owner and mode of the data directory (bk doctor)",
                          details={"path": path, "errno": e.errno})
     return IOFailure(f"I/O error while {doing} {path}: {e.strerror or e}",
                      details={"path": path, "errno": e.errno})
+
+
+def mount_point(path: str) -> str:
+    """The mount point of the file system holding ``path`` (or its nearest
+    existing ancestor): the last directory up the tree on the same device."""
+    path = os.path.abspath(path)
+    while not os.path.exists(path) and path != "/":
+        path = os.path.dirname(path)
+    try:
+        dev = os.stat(path).st_dev
+        while path != "/":
+            up = os.path.dirname(path)
+            if os.stat(up).st_dev != dev:
+                break
+            path = up
+    except OSError:
+        pass
+    return path
+
+
+def _not_a_dir_hint(path: str, st: os.stat_result | None) -> str:
+    if st is not None and stat.S_ISLNK(st.st_mode):
+        return "bk does not follow links for its data directory; point BK_DATA_DIR at the real directory"
+    if st is not None:
+        return (f"move it away (mv {path} {path}.old) and retry, or point BK_DATA_DIR "
+                "at a directory")
+    return (f"a component of {path} is not a directory; point BK_DATA_DIR at a directory "
+            "whose parents are directories")
 
 
 def open_dir(path: str, safety: Safety, *, create_mode: int | None = None) -> int | None:
@@ -148,10 +184,9 @@ def open_dir(path: str, safety: Safety, *, create_mode: int | None = None) -> in
     except OSError as e:
         if e.errno in (errno.ELOOP, errno.ENOTDIR):
             st = _lstat(path)
-            raise safety.refuse(path, f"it is {kind(st.st_mode) if st else 'not a directory'}, "
-                                "not a directory",
-                                "bk does not follow links for its data directory; point "
-                                "BK_DATA_DIR at the real directory") from None
+            problem = (f"it is {kind(st.st_mode)}, not a directory" if st
+                       else "a component of the path is not a directory")
+            raise safety.refuse(path, problem, _not_a_dir_hint(path, st)) from None
         raise io_error(e, "opening", path) from None
     return _checked_dir(fd, path, safety)
 

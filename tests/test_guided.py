@@ -209,8 +209,8 @@ def test_guided_add_cancel_books_nothing(term, tmp_path):
 
 
 def test_guided_add_learns_defaults_and_queues(term, tmp_path):
-    for _ in range(2):
-        assert run_bk(tmp_path, "x", "2", "2h")["ok"]
+    for _ in range(2):       # --again: the same booking twice in one instant, on purpose
+        assert run_bk(tmp_path, "x", "2", "2h", "--again")["ok"]
     t = term("a")
     t.expect(r"from your last 2 bookings")
     t.expect(r"How many GPUs\? \[2\] ")

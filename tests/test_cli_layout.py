@@ -94,7 +94,7 @@ def _on_a_tty(bk, monkeypatch, argv, **env) -> str:
 def test_colour_only_on_a_tty_and_never_with_no_color_or_dumb(bk, monkeypatch, argv):
     assert "\x1b" in _on_a_tty(bk, monkeypatch, argv)              # the control: colour works
     assert "\x1b" not in _on_a_tty(bk, monkeypatch, argv, NO_COLOR="1")
-    assert "\x1b" not in _on_a_tty(bk, monkeypatch, argv, NO_COLOR="")
+    assert "\x1b" in _on_a_tty(bk, monkeypatch, argv, NO_COLOR="")  # no-color.org: empty keeps it
     assert "\x1b" not in _on_a_tty(bk, monkeypatch, argv, TERM="dumb")
     plain = bk(*argv)                                              # not a tty
     assert plain.out and "\x1b" not in plain.out

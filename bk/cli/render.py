@@ -60,7 +60,8 @@ class Term:
             tty = hasattr(stream, "isatty") and stream.isatty()
         except (OSError, ValueError):       # a closed stream
             tty = False
-        color = tty and "NO_COLOR" not in env and env.get("TERM", "") != "dumb"
+        # no-color.org: only a non-empty NO_COLOR turns colour off; NO_COLOR= keeps it.
+        color = tty and not env.get("NO_COLOR") and env.get("TERM", "") != "dumb"
         return cls(width=max(40, _width(stream, env, tty)), color=color,
                    unicode=_encodes(stream, "–▼█·…"))
 

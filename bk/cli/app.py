@@ -57,6 +57,57 @@ _MODULE_OF = {w: m for m, words in COMMAND_WORDS.items() for w in words}
 # Words that are not commands but may stand first: `bk 1 30m` is `bk book 1 30m`.
 BOOK_SHORTHAND = "book"
 
+# Commands the product promises (SPEC 6.1, the seed README) that this release
+# does not have yet: (words, what it will be, what to use meanwhile).  Typing
+# one says so and exits 2 rather than guessing a neighbour ("bk run" is not
+# "bk rm"); ``bk help`` lists them under the same table.
+PLANNED: tuple[tuple[tuple[str, ...], str, str], ...] = (
+    (("t", "tui"), "the full-screen timeline", "bk tl (the text timeline)"),
+    (("u", "usage"), "usage summaries", "bk st -v (live use), bk lg (your history)"),
+    (("m", "monitor"), "the GPU monitor", "bk st -v (a live sample of every GPU)"),
+    (("run", "j", "jobs", "w", "worker"), "scheduled commands",
+     "bk g (the CUDA_VISIBLE_DEVICES line for your booking)"),
+    (("update",), "in-place upgrades", "python3 build.py, or pip install --upgrade"),
+    (("c", "cluster", "@NODE"), "cluster mode", "ssh HOST bk ... on each server"),
+    (("mcp", "agent"), "MCP tools and agent commands", "bk ... --json (one JSON envelope)"),
+)
+_PLANNED = {word: row for row in PLANNED for word in row[0]}
+
+
+def planned(word: str) -> UsageError | None:
+    """The error for a promised command this release lacks, or None."""
+    row = _PLANNED.get("@NODE" if word.startswith("@") and len(word) > 1 else word)
+    if row is None:
+        return None
+    _, what, instead = row
+    return UsageError(f"bk {word} ({what}) is not in this release", hint=f"meanwhile use {instead}")
+
+
+def planned_table() -> str:
+    """The planned commands and their stand-ins, for help."""
+    lines = ["Planned, not in this release (and what to use meanwhile):"]
+    for words, what, instead in PLANNED:
+        lines += [f"  {', '.join(words)}: {what}", f"      {instead}"]
+    return "\n".join(lines)
+
+
+CHEAT_SHEET = """Book GPUs on a shared Linux server.
+
+Everyday commands:
+  bk 1 30m               book one GPU for 30 minutes, starting now
+  bk 2 1h30m 12g         two GPUs for 90 minutes, 12 GiB each
+  bk l                   list your bookings, numbered 1, 2, ...
+  bk d 1                 cancel booking 1
+  bk e 1 -d +30m         extend booking 1 by 30 minutes
+  bk st                  every GPU, its use and your bookings
+  bk tl                  text timeline of every GPU
+  bk slots 2 1h          where and when two GPUs are free for an hour
+  bk g                   which GPU can I use now?
+  bk p save train 2 1h   save a preset; bk p train books it
+  bk doctor              check that bk works here
+
+All commands:"""
+
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     """Descriptions are folded to the terminal like any prose; a paragraph
@@ -143,6 +194,9 @@ class Parser(argparse.ArgumentParser):
 
         m = re.search(r"invalid choice: '([^']*)'", message)
         word = m.group(1) if m else "?"
+        promised = planned(word)
+        if promised is not None:
+            return promised
         sub = next((a for a in self._actions if isinstance(a, argparse._SubParsersAction)), None)
         names = sorted(sub.choices) if sub else []
         close = difflib.get_close_matches(word, names, n=1)
@@ -217,8 +271,9 @@ def build_parser(only: str | None = None) -> Parser:
 
     from bk import __version__
 
-    parser = Parser(prog=PROG, description="Book GPUs on a shared Linux server.",
-                    epilog="Run 'bk help COMMAND' for one command, 'bk tutorial' for a walkthrough.",
+    parser = Parser(prog=PROG, description=CHEAT_SHEET,
+                    epilog=planned_table() + "\n\nRun 'bk help COMMAND' for one command, "
+                    "'bk help preset save' for a sub-command, 'bk tutorial' for a walkthrough.",
                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", "-V", action="version", version=f"bk {__version__}")
     parser.add_argument("--json", action="store_true", help="print one JSON envelope on stdout")
@@ -241,6 +296,79 @@ def _rewrite_shorthand(argv: list[str]) -> list[str]:
     if argv and argv[0].isdigit() and "bk.cli.cmd_book" in COMMAND_MODULES:
         return [BOOK_SHORTHAND, *argv]
     return argv
+
+
+# Options of bk itself: they stay in front of the command word.
+_TOP_OPTIONS = ("-h", "--help", "-V", "--version")
+
+
+def _split_leading(argv: list[str]) -> tuple[list[str], list[str]]:
+    """``(options, rest)``: the command options typed before the command
+    word (``bk --dry-run 1 30m``, ``bk -t 20:00 1 1h``), each with its value,
+    and the words from the command on.  Nothing is split off when bk's own
+    options stand there (``bk -h``) or nothing does."""
+    if not argv or not argv[0].startswith("-") or argv[0] == "--":
+        return [], argv
+    takes_value = _value_options()
+    i = 0
+    while i < len(argv) and argv[i].startswith("-") and argv[i] != "--":
+        if argv[i].split("=", 1)[0] in _TOP_OPTIONS:
+            return [], argv
+        i += 2 if argv[i] in takes_value and i + 1 < len(argv) else 1
+    return argv[:i], argv[i:]
+
+
+_VALUE_OPTIONS: frozenset[str] | None = None
+
+
+def _value_options() -> frozenset[str]:
+    """Every option of any command that takes a value (``-t``, ``--op-id``):
+    read from the whole tree, so it cannot drift from what commands accept.
+    Only a command line that opens with an option pays for building it."""
+    global _VALUE_OPTIONS
+    if _VALUE_OPTIONS is None:
+        _VALUE_OPTIONS = frozenset(o for _path, p in _all_parsers() for a in p._actions
+                                   if a.option_strings and a.nargs != 0 for o in a.option_strings)
+    return _VALUE_OPTIONS
+
+
+def _all_parsers(parser: argparse.ArgumentParser | None = None, path: tuple[str, ...] = ()):
+    """``(command path, parser)`` for every command and sub-command, each
+    once (aliases share their parser)."""
+    parser = parser or build_parser()
+    sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+    if sub is None:
+        return
+    seen: set[int] = set()
+    for word, child in sub.choices.items():
+        if id(child) in seen:
+            continue
+        seen.add(id(child))
+        yield (*path, word), child
+        yield from _all_parsers(child, (*path, word))
+
+
+def _hoist_options(argv: list[str]) -> list[str]:
+    """``bk --dry-run 1 30m`` -> ``bk book 1 30m --dry-run``: command options
+    typed before the command word move after its words (before ``--``), where
+    the command, or the sub-command they belong to, reads them."""
+    lead, rest = _split_leading(argv)
+    if not lead or not rest:
+        return argv
+    rest = _rewrite_shorthand(rest)
+    cut = rest.index("--") if "--" in rest else len(rest)
+    return rest[:cut] + lead + rest[cut:]
+
+
+def _misplaced(option: str, command: str | None) -> UsageError:
+    """An option typed before a command that does not take it (or before no
+    command at all): say which commands do, and that it goes after them."""
+    takers = [" ".join(path) for path, p in _all_parsers() if option in p._option_string_actions]
+    where = (f"it goes after the command word of: bk {', bk '.join(takers)} "
+             f"(e.g. bk {takers[0]} ... {option})" if takers else "no command takes it")
+    if command is None:
+        return UsageError(f"{option} needs a command", hint=where)
+    return UsageError(f"bk {command} takes no {option}", hint=f"{where}; see: bk help {command}")
 
 
 # Flags whose value may start with "-" (``bk e 1 -d -15m``, ``bk tl --from -2h``).  argparse would
@@ -280,15 +408,21 @@ def run(argv: list[str], env: dict | None = None, *, opener=None) -> int:
     ``bk.service.open_app``)."""
     env = dict(os.environ) if env is None else env
     setup_streams()
-    argv, as_json = _strip_json(argv)
-    argv = normalise(argv)
+    typed, as_json = _strip_json(argv)
+    if typed in (["--version"], ["-V"]):            # bk --json --version, in-process too
+        from bk.cli.main import version
+
+        return version(as_json)
+    argv = normalise(typed)
+    if as_json and _asks_help(argv):
+        argv = typed = ["help", *_help_path(argv)]     # -h --json: help as an envelope
     command = guess_command(argv)
     ctx = None
     try:
         parser = build_parser(_first_word(argv))
         command = guess_command(argv, parser)
         try:
-            args = parse_argv(argv, parser)
+            args = parse_argv(typed, parser)
         except SystemExit as e:        # -h/--help and --version print and "exit"
             return _flushed(int(e.code or 0))
         except _HelpLost as lost:
@@ -325,6 +459,27 @@ def run(argv: list[str], env: dict | None = None, *, opener=None) -> int:
         return EXIT_INTERNAL
 
 
+def _asks_help(argv: list[str]) -> bool:
+    head = argv[: argv.index("--")] if "--" in argv else argv
+    return "-h" in head or "--help" in head
+
+
+def _help_path(argv: list[str]) -> list[str]:
+    """The command words before ``-h`` (``bk p save -h`` -> ``p save``)."""
+    path, node = [], build_parser(_first_word(argv))
+    for word in argv:
+        if word in ("-h", "--help"):
+            break
+        sub = next((a for a in node._actions if isinstance(a, argparse._SubParsersAction)), None)
+        if word.startswith("-") or sub is None or word not in sub.choices:
+            if not word.startswith("-"):
+                break
+            continue
+        path.append(word)
+        node = sub.choices[word]
+    return path
+
+
 def _flushed(code: int) -> int:
     """``code``, once what argparse printed has reached stdout (or 74)."""
     try:
@@ -342,13 +497,19 @@ def _flushed(code: int) -> int:
 
 
 def _first_word(argv: list[str]) -> str | None:
+    """The command word, which decides the one group whose parser is built;
+    None (every group) when bk's own options come first (``bk -h l`` is the
+    help of all of bk, which must list every command)."""
+    if argv and argv[0] in _TOP_OPTIONS:
+        return None
     return next((a for a in argv if not a.startswith("-")), None)
 
 
 def normalise(argv: list[str]) -> list[str]:
-    """The rewrites every command line gets: ``bk 1 30m`` -> ``bk book 1 30m``
-    and ``-d -15m`` -> ``-d-15m``.  Idempotent."""
-    return _glue_signed_values(_rewrite_shorthand(argv))
+    """The rewrites every command line gets: ``bk 1 30m`` -> ``bk book 1 30m``,
+    ``bk -q 1 30m`` -> ``bk book 1 30m -q`` and ``-d -15m`` -> ``-d-15m``.
+    Idempotent."""
+    return _glue_signed_values(_rewrite_shorthand(_hoist_options(argv)))
 
 
 def parse_argv(argv: list[str], parser: argparse.ArgumentParser | None = None) -> argparse.Namespace:
@@ -356,11 +517,28 @@ def parse_argv(argv: list[str], parser: argparse.ArgumentParser | None = None) -
     exactly as ``bk`` itself reads them.  The prompt and the guided flows
     use this so a command typed there means what it means in a shell.
     Raises UsageError; ``-h`` raises SystemExit after printing help."""
+    lead, _rest = _split_leading(argv)
     argv = normalise(argv)
     parser = parser or build_parser(_first_word(argv))
     args, extra = parser.parse_known_args(argv)
+    hoisted = {a.split("=", 1)[0] for a in lead if a.startswith("-")}
+    stray = next((a.split("=", 1)[0] for a in extra if a.split("=", 1)[0] in hoisted), None)
+    if stray is not None:
+        raise _misplaced(stray, _command_path(args, parser))
     _take_extra_words(args, extra)
     return args
+
+
+def _command_path(args, parser) -> str | None:
+    """The command the words named (``preset save``), as typed in help."""
+    path, node = [], parser
+    while True:
+        sub = next((a for a in node._actions if isinstance(a, argparse._SubParsersAction)), None)
+        word = getattr(args, sub.dest, None) if sub is not None else None
+        if word is None or word not in sub.choices:
+            return " ".join(path) or None
+        path.append(word)
+        node = sub.choices[word]
 
 
 def _merge(first: list[str], second: list[str]) -> list[str]:

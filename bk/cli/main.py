@@ -10,29 +10,39 @@ from __future__ import annotations
 import sys
 
 
-def _json_flag(argv: list[str]) -> bool:
-    head = argv[: argv.index("--")] if "--" in argv else argv
-    return "--json" in head
+def _version_words(argv: list[str]) -> bool | None:
+    """``bk --version`` / ``-V``, with ``--json`` before or after it (and
+    nothing else): whether JSON was asked for; None for any other line."""
+    rest = [a for a in argv if a != "--json"]
+    if rest not in (["--version"], ["-V"]):
+        return None
+    return len(rest) < len(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] in ("--version", "-V") and all(a == "--json" for a in argv[1:]):
-        from bk.cli.version import print_version
-
-        try:
-            code = print_version(_json_flag(argv))
-            sys.stdout.flush()
-            return code
-        except BrokenPipeError:
-            return closed_pipe()
-        except (OSError, ValueError, AttributeError) as exc:   # a full disk; no stdout (None)
-            from bk.cli.render import output_failed
-
-            return output_failed(exc)
+    as_json = _version_words(argv)
+    if as_json is not None:
+        return version(as_json)
     from bk.cli.app import run
 
     return run(argv)
+
+
+def version(as_json: bool) -> int:
+    """Print the version (or its JSON envelope); a failed write exits 74."""
+    from bk.cli.version import print_version
+
+    try:
+        code = print_version(as_json)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        return closed_pipe()
+    except (OSError, ValueError, AttributeError) as exc:   # a full disk; no stdout (None)
+        from bk.cli.render import output_failed
+
+        return output_failed(exc)
 
 
 def closed_pipe() -> int:

@@ -120,6 +120,7 @@ def test_the_same_booking_again_answers_exists_with_a_hint(bk):
     assert any("--again" in w and first[:8] in w for w in env["warnings"])
     human = bk("1", "30m")
     assert human.code == 0 and "--again" in human.err and first[:8] in human.out
+    assert "already booked (the same booking, made moments ago)" in human.out and "--op-id" not in human.out
     assert len(live(bk)) == 1
 
 

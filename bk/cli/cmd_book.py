@@ -113,7 +113,8 @@ def book_output(result, call, *, req, spec=None, command: str = "book", quiet: b
     def human(term) -> str:
         if quiet:
             return r.short_id
-        verb = {"exists": "already booked (same --op-id)"}.get(result.status, "booked")
+        why = "same --op-id" if req.op_id else "the same booking, made moments ago"
+        verb = f"already booked ({why})" if result.status == "exists" else "booked"
         if result.dry_run:
             verb = "would book"
         # A dry run's ID names nothing that exists, so it is not shown.

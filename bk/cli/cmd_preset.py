@@ -30,7 +30,8 @@ EPILOG = """Examples:
   bk p delete train
 
 Presets are private: they are kept in your state directory
-($XDG_STATE_HOME/bk, default ~/.local/state/bk), not in the shared ledger."""
+($XDG_STATE_HOME/bk, default ~/.local/state/bk; $BK_DATA_DIR/state for a
+trial run with BK_DATA_DIR), not in the shared ledger."""
 
 
 def register(sub) -> None:

@@ -270,7 +270,7 @@ demos only.
 Set to 1 to show the traceback of an unexpected error instead of one line.
 .TP
 .B NO_COLOR
-When set, never colour the output.
+When set to a non\-empty value, never colour the output.
 .TP
 .B TERM
 \fBdumb\fR turns off colours and other escape sequences.
@@ -285,7 +285,8 @@ Private mode reads \fI$XDG_CONFIG_HOME/bk/config.json\fR (default
 .TP
 .B XDG_STATE_HOME
 Presets and the prompt history live in \fI$XDG_STATE_HOME/bk\fR (default
-\fI~/.local/state/bk\fR).
+\fI~/.local/state/bk\fR); with \fBBK_DATA_DIR\fR set (a trial run), in
+\fI$BK_DATA_DIR/state\fR instead, so a demo leaves your real presets alone.
 .SH FILES
 .TP
 .I /etc/gpubk/config.json

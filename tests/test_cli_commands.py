@@ -549,3 +549,9 @@ def test_a_machine_with_fewer_gpus_than_the_ledger_warns_and_shows_every_booked_
     assert [g["index"] for g in tl["gpus"]] == [0, 1, 2, 3, 6] and tl["gpus"][4]["cells"][0]["mine"]
     assert "GPU 6" in bk.ok("tl", "--from", "now", "--window", "1h", "--step", "10m").out
     assert bk.json("1", "30m").code == 78             # writes refuse the mismatch (policy binding)
+
+
+def test_info_shows_the_admin_contact_escaped(bk):
+    bk.config(admin_contact="Ada \x1b]0;owned\x07 <ada@lab>")
+    out = bk.ok("info").out
+    assert "\x1b" not in out and "\x07" not in out and "\\x1b]0;owned\\x07" in out

@@ -8,7 +8,7 @@ import json
 
 from bk.cli import common
 from bk.cli.cmd_status import notice_lines
-from bk.cli.render import Output, table, wrap
+from bk.cli.render import Output, safe, table, wrap
 from bk.service.doctor import config_view, info_view
 from bk.service.status import login_view
 
@@ -46,12 +46,14 @@ def run_info(args, ctx) -> Output:
 
     def human(term) -> str:
         a, pol = data["admin"], data["policy"]
-        contact = a["contact"] or "unknown (set admin_contact in the configuration)"
+        # The contact comes from the configuration or an account's GECOS
+        # field, text someone typed: shown escaped like every stored string.
+        contact = safe(a["contact"]) if a["contact"] else "unknown (set admin_contact in the configuration)"
         rows = [
             ["administrator", contact],
             ["mode", f"{data['mode']} ({'one ledger for everyone' if data['mode'] == 'shared' else 'your own ledger'})"],
-            ["data", data["data_dir"]],
-            ["config", data["config_file"] or "defaults (no file)"],
+            ["data", safe(data["data_dir"])],
+            ["config", safe(data["config_file"]) if data["config_file"] else "defaults (no file)"],
             ["time zone", _zone_text(data["timezone"])],
             ["GPUs", f"{data['gpu_count']} ({data['backend']['name']}"
                      f"{', simulated' if data['backend']['simulated'] else ''})"],

@@ -63,8 +63,11 @@ from bk.store.config import KEYS, Settings  # noqa: E402
 from bk.store.paths import Locations  # noqa: E402
 
 GPUS = 8
-REQUEST = BookRequest(count=1, duration=300)
-WIRE = {"count": 1, "duration": 300}
+# ``again``: every booking is a real one.  Without it the second identical
+# booking within five minutes is answered "exists" with the first (the
+# repeat rule) and nothing would be committed, or measured.
+REQUEST = BookRequest(count=1, duration=300, again=True)
+WIRE = {"count": 1, "duration": 300, "again": True}
 
 
 def settings(base: str, mode: str) -> Settings:

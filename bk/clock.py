@@ -139,7 +139,7 @@ def find_local_zone(tz_env: str | None, etc_localtime: str) -> LocalZone:
         if zone is not None:
             return LocalZone(zone, _name_of(zone, name), "TZ")
         libc = _libc_zone()
-        if libc is not None or _POSIX_RULE.fullmatch(name):
+        if libc is not None or _posix_rule().fullmatch(name):
             return LocalZone(libc or _utc(), name, "TZ")
         return LocalZone(_utc(), "UTC", "UTC fallback", (
             f"TZ={tz_env!r} is not a time zone bk knows; showing times in UTC "
@@ -171,7 +171,14 @@ def find_local_zone(tz_env: str | None, etc_localtime: str) -> LocalZone:
 _TZ_NAME = r"(?:[A-Za-z]{3,}|<[A-Za-z0-9+-]{3,}>)"
 _TZ_OFFSET = r"[+-]?\d{1,3}(?::\d{1,2}(?::\d{1,2})?)?"
 _TZ_DATE = rf"(?:J\d{{1,3}}|\d{{1,3}}|M\d{{1,2}}\.\d\.\d)(?:/{_TZ_OFFSET})?"
-_POSIX_RULE = re.compile(rf"{_TZ_NAME}{_TZ_OFFSET}(?:{_TZ_NAME}(?:{_TZ_OFFSET})?(?:,{_TZ_DATE},{_TZ_DATE})?)?")
+_POSIX_RULE_TEXT = rf"{_TZ_NAME}{_TZ_OFFSET}(?:{_TZ_NAME}(?:{_TZ_OFFSET})?(?:,{_TZ_DATE},{_TZ_DATE})?)?"
+
+
+@functools.lru_cache(maxsize=1)
+def _posix_rule() -> re.Pattern:
+    # Compiled only when a TZ value is not a zone we found: most commands
+    # never need it, and the pattern costs a few hundred microseconds.
+    return re.compile(_POSIX_RULE_TEXT)
 
 
 def _utc() -> tzinfo:

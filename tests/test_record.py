@@ -96,22 +96,37 @@ def test_methods_a_class_defines_are_kept():
     assert repr(Custom(1)) == "custom" and Custom(1) == Custom(1)
 
 
-@dataclass(frozen=True)
-class Sized(Key):
+@dataclass(frozen=True, bulk=True)
+class BulkKey:
+    name: str
+    size: int = 1
+
+
+@dataclass(frozen=True, bulk=True)
+class Sized(BulkKey):
     unit: str = "MiB"
 
 
-def test_frozen_records_are_their_own_class_with_a_slot_per_field():
-    k = Key("a", 2)
-    assert type(k) is Key and isinstance(k, Key) and not hasattr(k, "__dict__")
-    assert record.replace(k, size=3) == Key("a", 3) and type(record.replace(k)) is Key
-    assert Key(name="b").size == 1 and Key.__match_args__ == ("name", "size")
+@pytest.mark.parametrize("cls", [Key, BulkKey])
+def test_both_kinds_of_frozen_record_behave_alike(cls):
+    k = cls("a", 2)
+    assert type(k) is cls and record.replace(k, size=3) == cls("a", 3) and type(record.replace(k)) is cls
+    assert cls(name="b").size == 1 and cls.__match_args__ == ("name", "size")
+    assert hash(k) == hash(cls("a", 2)) and k != (Key if cls is BulkKey else BulkKey)("a", 2)
+    with pytest.raises(FrozenInstanceError):
+        k.size = 3
+    with pytest.raises(FrozenInstanceError):
+        del k.name
+    with pytest.raises(TypeError):
+        cls()                                             # name is required
+    with pytest.raises(TypeError):
+        cls("a", bogus=1)
+
+
+def test_bulk_records_have_a_slot_per_field_and_inherit():
+    assert not hasattr(BulkKey("a"), "__dict__")
     s = Sized("x", 4)
-    assert (s.name, s.size, s.unit) == ("x", 4, "MiB") and type(s) is Sized and isinstance(s, Key)
-    assert s != Key("x", 4)                               # another class: never equal
+    assert (s.name, s.size, s.unit) == ("x", 4, "MiB") and type(s) is Sized and isinstance(s, BulkKey)
+    assert s != BulkKey("x", 4)                           # another class: never equal
     with pytest.raises(FrozenInstanceError):
         s.unit = "GiB"
-    with pytest.raises(TypeError):
-        Key()                                             # name is required
-    with pytest.raises(TypeError):
-        Key("a", bogus=1)

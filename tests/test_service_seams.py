@@ -129,7 +129,7 @@ def test_every_service_write_is_a_row(tmp_path):
         def run(self, op, req, call):
             seen.append((op.name, type(req)))
             if op.name == "data_lost":
-                from bk.service.recovery import LostResult
+                from bk.service.results import LostResult
 
                 return LostResult(0, 0, (), "nothing_lost")
     app.gateway = Recorder()

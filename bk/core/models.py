@@ -39,7 +39,7 @@ def parse_iso(text: str) -> int:
     return parse_utc(text)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, bulk=True)
 class Edit:
     """One change to a reservation: who, when, and the fields before/after."""
 
@@ -65,7 +65,7 @@ class Edit:
                    {k: v for k, v in d.items() if k not in cls.NAMES})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, bulk=True)
 class Job:
     """A command attached to a booking, as the shared ledger may know it: a
     state and a short safe summary, never the command line (that stays in
@@ -89,7 +89,7 @@ class Job:
         return cls(d["status"], d.get("summary"), {k: v for k, v in d.items() if k not in cls.NAMES})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, bulk=True)
 class Reservation:
     id: str
     uid: int
@@ -165,7 +165,7 @@ class Reservation:
         )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, bulk=True)
 class Blackout:
     """An administrator window in which no booking may run (all GPUs)."""
 
@@ -254,7 +254,7 @@ class GpuInfo:
         return "idle"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, bulk=True)
 class Notice:
     """A message for users: an announcement (``uid`` None, everyone) or a
     notice to one user (an administrator cancelled their booking)."""
@@ -288,7 +288,7 @@ class Notice:
                    int(d.get("created_by", 0)), bool(d.get("archived", False)), extra)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, bulk=True)
 class OpRecord:
     """What an ``--op-id`` key did, so a retry returns the original result."""
 

@@ -7,8 +7,9 @@ it compiles one code object per generated method: about 0.3 ms per class,
 10 ms for the ~30 classes a command loads.  This module compiles only each
 class's ``__init__`` (the other methods are shared functions that read the
 class's field list), about 0.07 ms a class, and imports nothing.  Frozen
-records have a slot per field (see ``_frozen``), so they cost what a
-mutable record costs to make and less to read.
+records made in bulk (``bulk=True``: the ledger's) have a slot per field
+(see ``_frozen``), so they cost what a mutable record costs to make and less
+to read.
 
 What it supports is exactly what bk uses: ``@dataclass`` and
 ``@dataclass(frozen=True)``; ``field(default=..., default_factory=...,
@@ -45,9 +46,12 @@ def field(*, default=MISSING, default_factory=MISSING, compare: bool = True) -> 
     return Field(None, default, default_factory, compare)
 
 
-def dataclass(cls=None, /, *, frozen: bool = False):
+def dataclass(cls=None, /, *, frozen: bool = False, bulk: bool = False):
+    """``bulk`` (frozen records made by the thousand, such as the ledger's
+    bookings): a slot per field, filled by plain stores (see ``_frozen``);
+    costs a second class at import, saves a call per field per instance."""
     def wrap(c):
-        return _process(c, frozen)
+        return _process(c, frozen, bulk)
     return wrap if cls is None else wrap(cls)
 
 
@@ -109,7 +113,7 @@ def _refuse_del(self, name):
     raise FrozenInstanceError(f"cannot delete field {name!r}")
 
 
-def _process(cls, frozen: bool):
+def _process(cls, frozen: bool, bulk: bool = False):
     found: dict[str, Field] = {}
     for base in reversed(cls.__mro__[1:]):
         for f in getattr(base, "__record_fields__", ()):
@@ -148,20 +152,28 @@ def _process(cls, frozen: bool):
     cls.__record_fields__ = flist
     cls.__record_compare__ = tuple(f.name for f in flist if f.compare)
     cls.__match_args__ = tuple(f.name for f in flist)
-    if frozen:
+    if frozen and bulk:
         return _frozen(cls, flist, env, params, values)
     # Only __init__ is compiled per class (the cost every command pays at
-    # import); __repr__, __eq__ and __hash__ are shared functions above.
-    body = [f"    self.{name} = {value}" for name, value in values]
+    # import); __repr__, __eq__ and __hash__ are shared functions above.  A
+    # frozen record made a few times per command sets its fields past the
+    # refusing __setattr__ (a call per field: nothing at that count).
+    if frozen:
+        env["_set"] = object.__setattr__
+        body = [f"    _set(self, {name!r}, {value})" for name, value in values]
+    else:
+        body = [f"    self.{name} = {value}" for name, value in values]
     lines = [f"def __init__(self, {', '.join(params)}):", *(body or ["    pass"])]
     made: dict = {}
     exec("\n".join(lines), env, made)
     made["__init__"].__qualname__ = f"{cls.__qualname__}.__init__"
     made.update(__repr__=_repr, __eq__=_eq)
+    if frozen:
+        made.update(__setattr__=_refuse_set, __delattr__=_refuse_del, __hash__=_hash)
     for name, fn in made.items():
         if name not in cls.__dict__:
             setattr(cls, name, fn)
-    if "__hash__" not in cls.__dict__:
+    if not frozen and "__hash__" not in cls.__dict__:
         cls.__hash__ = None          # mutable and compared by value: not hashable
     return cls
 

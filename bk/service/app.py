@@ -273,7 +273,7 @@ class Service:
     def recover_data(self, *, replay: bool = False, dry_run: bool = False, call: Call | None = None):
         """Accept the loss the audit log witnesses now (replaying the lost
         bookings first with ``replay``); a dry run only reports it."""
-        from bk.service.recovery import RecoverRequest
+        from bk.service.requests import RecoverRequest
 
         call = self._call(call)
         lost = self.lost_data(call=call)

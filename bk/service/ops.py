@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 from bk.core.errors import InvalidInput
 from bk.core.record import dataclass
-from bk.service import booking, fields, notices, recovery, requests, results, specs
+from bk.service import booking, fields, notices, requests, results, specs
 from bk.service.requests import (
     AuditRequest,
     BookRequest,
@@ -100,6 +100,19 @@ def _serve_ping(service, req: Empty, call) -> results.PingResult:
                                "admin": actor.is_admin})
 
 
+# Recovery is rare: its module loads only when one of its rows runs.
+def _serve_lost(service, req, call):
+    from bk.service import recovery
+
+    return recovery.serve_lost(service, req, call)
+
+
+def _apply_recover(state, req, call, *, lost):
+    from bk.service import recovery
+
+    return recovery.apply_recover(state, req, call, lost=lost)
+
+
 OPERATIONS: dict[str, Operation] = {op.name: op for op in (
     Operation("book", "book GPUs, shared or exclusive, now or later", BookRequest, specs.BOOK_FIELDS,
               results.BookResult, WRITE, ANYONE, idempotent=False, destructive=False,
@@ -117,11 +130,11 @@ OPERATIONS: dict[str, Operation] = {op.name: op for op in (
               results.NoticeResult, WRITE, ADMIN, idempotent=True, destructive=True,
               apply=notices.apply_archive, admin_hint="sudo bk admin notice archive ID"),
     Operation("data_lost", "show the commits the audit log records but the ledger lacks", Empty, (),
-              recovery.LostResult, READ, HOST, idempotent=True, destructive=False,
-              serve=recovery.serve_lost, admin_hint="sudo bk admin data recover --dry-run"),
-    Operation("data_recover", "accept (or replay) the commits the ledger lost", recovery.RecoverRequest,
-              specs.RECOVER_FIELDS, recovery.LostResult, WRITE, HOST, idempotent=False, destructive=True,
-              apply=recovery.apply_recover, admin_hint="sudo bk admin data recover", accepts_loss=True),
+              results.LostResult, READ, HOST, idempotent=True, destructive=False,
+              serve=_serve_lost, admin_hint="sudo bk admin data recover --dry-run"),
+    Operation("data_recover", "accept (or replay) the commits the ledger lost", requests.RecoverRequest,
+              specs.RECOVER_FIELDS, results.LostResult, WRITE, HOST, idempotent=False, destructive=True,
+              apply=_apply_recover, admin_hint="sudo bk admin data recover", accepts_loss=True),
     Operation("audit", "read the audit trail (your own; everyone's for the administrator)",
               AuditRequest, specs.AUDIT_FIELDS, results.AuditResult, READ, ANYONE,
               idempotent=True, destructive=False, serve=_serve_audit),

@@ -20,22 +20,12 @@ from __future__ import annotations
 
 from bk.core.errors import InvalidInput
 from bk.core.models import ADMIN_CANCEL, CANCEL, CREATE, EDIT, RECOVER, AuditEntry, LedgerState, Reservation
-from bk.core.record import dataclass, field, replace
+from bk.core.record import replace
 from bk.core.utctime import parse_utc
 from bk.service.context import Call
+from bk.service.requests import RecoverRequest
+from bk.service.results import LostBooking, LostResult
 from bk.store.ledger import Mutation
-
-
-@dataclass(frozen=True)
-class LostBooking:
-    reservation: str
-    owner: int | None
-    user: str | None
-    action: str                # the last recorded change: create, edit, cancel, admin_cancel
-
-    def to_json(self) -> dict:
-        return {"reservation": self.reservation, "owner": self.owner, "user": self.user,
-                "last_action": self.action}
 
 
 def lost_bookings(records: list[dict]) -> list[LostBooking]:
@@ -78,48 +68,6 @@ def replay(state: LedgerState, records: list[dict]) -> list[str]:
                 have, cancelled_at=when, cancelled_by=e.get("uid"), cancel_reason=e.get("reason"))
             done.append(rid)
     return list(dict.fromkeys(done))
-
-
-@dataclass(frozen=True)
-class RecoverRequest:
-    ledger_seq: int            # the commit the ledger reads at, as the caller saw it
-    audit_seq: int             # the newest commit the audit log records: the loss accepted is between
-    replay: bool = False
-    dry_run: bool = False
-
-
-@dataclass(frozen=True)
-class LostResult:
-    ledger_seq: int
-    audit_seq: int
-    bookings: tuple = ()
-    status: str = "lost"       # lost | nothing_lost | recovered | dry_run
-    replayed: tuple = ()
-    json: dict | None = field(default=None, compare=False)
-
-    def rendered(self, view) -> LostResult:
-        return replace(self, json={
-            "status": self.status, "ledger_seq": self.ledger_seq, "audit_seq": self.audit_seq,
-            "lost_commits": list(range(self.ledger_seq + 1, self.audit_seq + 1)),
-            "bookings": [b.to_json() for b in self.bookings], "replayed": list(self.replayed)})
-
-    def to_json(self) -> dict:
-        return self.json
-
-    def to_wire(self) -> dict:
-        return self.to_json()
-
-    @classmethod
-    def from_wire(cls, data: dict) -> LostResult:
-        try:
-            books = tuple(LostBooking(str(b["reservation"]), b.get("owner"), b.get("user"), str(b["last_action"]))
-                          for b in data["bookings"])
-            return cls(int(data["ledger_seq"]), int(data["audit_seq"]), books, str(data["status"]),
-                       tuple(str(r) for r in data.get("replayed", ())), dict(data))
-        except (KeyError, TypeError, ValueError) as e:
-            from bk.service.results import _malformed
-
-            raise _malformed("recovery report", e) from None
 
 
 def serve_lost(service, req, call: Call) -> LostResult:

@@ -126,3 +126,11 @@ class AuditRequest:
 @dataclass(frozen=True)
 class Empty:
     """The request of an operation that takes no fields (ping, probe)."""
+
+
+@dataclass(frozen=True)
+class RecoverRequest:
+    ledger_seq: int            # the commit the ledger reads at, as the caller saw it
+    audit_seq: int             # the newest commit the audit log records: the loss accepted is between
+    replay: bool = False
+    dry_run: bool = False

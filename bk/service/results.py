@@ -210,3 +210,47 @@ class PingResult(_Rendered):
         if not isinstance(data.get("broker"), dict) or not isinstance(data.get("peer"), dict):
             raise _malformed("ping reply", ValueError("no broker or peer"))
         return cls(dict(data["broker"]), dict(data["peer"]), dict(data))
+
+
+@dataclass(frozen=True)
+class LostBooking:
+    reservation: str
+    owner: int | None
+    user: str | None
+    action: str                # the last recorded change: create, edit, cancel, admin_cancel
+
+    def to_json(self) -> dict:
+        return {"reservation": self.reservation, "owner": self.owner, "user": self.user,
+                "last_action": self.action}
+
+
+@dataclass(frozen=True)
+class LostResult:
+    ledger_seq: int
+    audit_seq: int
+    bookings: tuple = ()
+    status: str = "lost"       # lost | nothing_lost | recovered | dry_run
+    replayed: tuple = ()
+    json: dict | None = field(default=None, compare=False)
+
+    def rendered(self, view) -> LostResult:
+        return replace(self, json={
+            "status": self.status, "ledger_seq": self.ledger_seq, "audit_seq": self.audit_seq,
+            "lost_commits": list(range(self.ledger_seq + 1, self.audit_seq + 1)),
+            "bookings": [b.to_json() for b in self.bookings], "replayed": list(self.replayed)})
+
+    def to_json(self) -> dict:
+        return self.json
+
+    def to_wire(self) -> dict:
+        return self.to_json()
+
+    @classmethod
+    def from_wire(cls, data: dict) -> LostResult:
+        try:
+            books = tuple(LostBooking(str(b["reservation"]), b.get("owner"), b.get("user"), str(b["last_action"]))
+                          for b in data["bookings"])
+            return cls(int(data["ledger_seq"]), int(data["audit_seq"]), books, str(data["status"]),
+                       tuple(str(r) for r in data.get("replayed", ())), dict(data))
+        except (KeyError, TypeError, ValueError) as e:
+            raise _malformed("recovery report", e) from None

@@ -142,14 +142,6 @@ def _bk_limited(pyz: Path, tmp: Path, *argv: str) -> tuple[subprocess.CompletedP
     return p, time.monotonic() - t0
 
 
-@pytest.fixture(scope="module")
-def pyz(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("pyz") / "bk.pyz"
-    subprocess.run([sys.executable, str(REPO / "build.py"), "--output", str(out)], check=True,
-                   capture_output=True, timeout=120)
-    return out
-
-
 @pytest.mark.parametrize("argv, message", [
     (("1", "30m", "-g", "0-99999999"), "no GPU 4-99999999: this server has GPUs 0-3"),
     (("1", "30m", "-e", "2-99999999999999"), "no GPU 4-99999999999999: this server has GPUs 0-3"),

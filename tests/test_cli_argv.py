@@ -22,14 +22,6 @@ from bk.cli import app as cli_app
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def pyz(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("pyz") / "bk.pyz"
-    subprocess.run([sys.executable, str(ROOT / "build.py"), "--output", str(out)], check=True,
-                   capture_output=True, timeout=120)
-    return out
-
-
 @pytest.fixture
 def run(pyz, tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("BK_", "XDG_"))}

@@ -21,14 +21,6 @@ NOW_ISO = "2026-07-13T10:41:30Z"
 FULL = "/dev/full"
 
 
-@pytest.fixture(scope="module")
-def pyz(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("outfail") / "bk.pyz"
-    subprocess.run([sys.executable, str(ROOT / "build.py"), "--output", str(out)], check=True,
-                   capture_output=True, timeout=120)
-    return out
-
-
 @pytest.fixture
 def bk(pyz, tmp_path):
     base = {k: v for k, v in os.environ.items()

@@ -13,14 +13,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def pyz(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("pipe") / "bk.pyz"
-    subprocess.run([sys.executable, str(ROOT / "build.py"), "--output", str(out)], check=True,
-                   capture_output=True, timeout=120)
-    return out
-
-
 @pytest.mark.parametrize("argv", [["l"], ["l", "--json"], ["st"], ["help"], ["tl"], ["--version"],
                                   ["tutorial"]], ids=" ".join)
 def test_a_closed_pipe_is_quiet(pyz, tmp_path, argv):

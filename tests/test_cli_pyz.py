@@ -17,14 +17,6 @@ ROOT = Path(__file__).resolve().parents[1]
 NOW_ISO = "2026-07-13T10:41:30Z"
 
 
-@pytest.fixture(scope="session")
-def pyz(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("pyz") / "bk.pyz"
-    subprocess.run([sys.executable, str(ROOT / "build.py"), "--output", str(out)], check=True,
-                   capture_output=True, timeout=120)
-    return out
-
-
 @pytest.fixture
 def run(pyz, tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("BK_", "XDG_"))}

@@ -20,14 +20,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def pyz(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("pyz") / "bk.pyz"
-    subprocess.run([sys.executable, str(ROOT / "build.py"), "--output", str(out)], check=True,
-                   capture_output=True, timeout=120)
-    return out
-
-
 def bk_env(tmp: Path, data: Path) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("BK_", "XDG_"))}
     env.update(HOME=str(tmp), BK_DATA_DIR=str(data), BK_GPU_COUNT="4", TZ="UTC", NO_COLOR="1",

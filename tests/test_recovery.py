@@ -30,17 +30,6 @@ def env(tmp_path, pyz):
     return e
 
 
-@pytest.fixture(scope="module")
-def pyz(tmp_path_factory):
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
-    out = tmp_path_factory.mktemp("pyz") / "bk.pyz"
-    subprocess.run([sys.executable, str(root / "build.py"), "--output", str(out)], check=True,
-                   capture_output=True, timeout=120)
-    return out
-
-
 def booked_id(env, *argv):
     return json.loads(bk(env, *argv, "--json", code=0).stdout)["data"]["reservation"]["id"]
 

@@ -267,14 +267,6 @@ def test_retries_and_repeats_through_a_real_broker(base, capsys, monkeypatch):
 
 # ------------------------------------------------- through the archive
 
-@pytest.fixture(scope="module")
-def pyz(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("pyz") / "bk.pyz"
-    subprocess.run([sys.executable, str(ROOT / "build.py"), "--output", str(out)], check=True,
-                   capture_output=True, timeout=120)
-    return out
-
-
 def test_retries_and_repeats_through_the_built_archive(pyz, tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("BK_", "XDG_"))}
     env.update(BK_DATA_DIR=str(tmp_path / "data"), BK_GPU_COUNT="4", BK_NOW="2026-07-13T10:41:30Z",

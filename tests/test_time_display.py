@@ -277,14 +277,6 @@ def test_cli_booking_across_the_berlin_fold(bk):
 
 # ------------------------------------------------------------ the built archive
 
-@pytest.fixture(scope="module")
-def pyz(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("pyz") / "bk.pyz"
-    subprocess.run([sys.executable, str(ROOT / "build.py"), "--output", str(out)], check=True,
-                   capture_output=True, timeout=120)
-    return out
-
-
 def _pyz(pyz: Path, tmp_path: Path, tz: str, *argv: str, now: str = "2026-10-24T22:00:00Z"):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("BK_", "XDG_"))}
     env.update(BK_DATA_DIR=str(tmp_path / "data"), BK_GPU_COUNT="4", BK_NOW=now, TZ=tz,

@@ -26,14 +26,6 @@ def test_locate_puts_the_state_inside_bk_data_dir():
     assert locate(env).state_dir == "/home/ada/st/bk"          # the real one, without a trial
 
 
-@pytest.fixture(scope="module")
-def pyz(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("pyz") / "bk.pyz"
-    subprocess.run([sys.executable, str(ROOT / "build.py"), "--output", str(out)], check=True,
-                   capture_output=True, timeout=120)
-    return out
-
-
 @pytest.mark.parametrize("xdg", [False, True])
 def test_a_demo_leaves_the_real_presets_alone(pyz, tmp_path, xdg):
     home = tmp_path / "home"

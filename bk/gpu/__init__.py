@@ -13,7 +13,11 @@ Opening a backend does no I/O; the first question does.
 Choice of backend (``open_backend``):
   1. ``BK_GPU_SIM_FILE=path.json``: simulated GPUs with live data (docs/SIMULATION.md);
   2. ``BK_GPU_COUNT=N``: N simulated GPUs with unknown live data;
-  3. NVML (``pynvml``), when importable and a driver answers (a later issue);
+  3. NVML (``bk.gpu.nvml``), when the NVIDIA driver is loaded (its
+     /proc/driver/nvidia/version exists) and ``pynvml`` can be found; nothing
+     is imported or initialised until the first question, and when NVML does
+     not answer then, that backend stands in for the simulation below with
+     the reason "no NVML driver answered";
   4. a simulation of ``fallback_count`` GPUs, reported as such.
 """
 
@@ -48,7 +52,7 @@ class Backend:
         raise NotImplementedError
 
 
-def open_backend(env: dict, fallback_count: int | None = None) -> Backend:
+def open_backend(env: dict, fallback_count: int | None = None, *, proc_root: str = "/proc") -> Backend:
     from bk.gpu import sim
 
     path = env.get("BK_GPU_SIM_FILE")
@@ -64,4 +68,23 @@ def open_backend(env: dict, fallback_count: int | None = None) -> Backend:
             raise ConfigError(f"BK_GPU_COUNT must be a whole number from 1 to 64, got {count!r}",
                               hint="export BK_GPU_COUNT=4")
         return sim.CountBackend(n)
+    if _nvml_possible(proc_root):
+        from bk.gpu.nvml import NvmlBackend
+
+        return NvmlBackend(fallback_count or 4, proc_root=proc_root)
     return sim.CountBackend(fallback_count or 4, reason="no GPU backend available; simulating")
+
+
+def _nvml_possible(proc_root: str) -> bool:
+    """A driver is loaded and pynvml is installed: two cheap looks, no import
+    of pynvml and no NVML call."""
+    import os
+
+    if not os.path.exists(os.path.join(proc_root, "driver/nvidia/version")):
+        return False
+    from importlib.util import find_spec
+
+    try:
+        return find_spec("pynvml") is not None
+    except (ImportError, ValueError):
+        return False

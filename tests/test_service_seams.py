@@ -216,3 +216,28 @@ def test_open_app_takes_injected_telemetry(tmp_path):
     view = status_view(app).to_json()
     assert view["backend"] == {"name": "test", "simulated": True}
     assert [p["state"] for p in view["gpus"][0]["processes"]] == ["unreserved"]
+
+
+def test_a_fallback_inventory_is_never_cached(tmp_path):
+    """When the driver does not answer, the stand-in must not outlive it."""
+    from bk.core.telemetry import Inventory, Snapshot
+    from bk.service.telemetry import Telemetry
+    from bk.store import inventory as cache
+
+    class Flaky:
+        name, simulated, reason = "nvml", False, None
+
+        def fingerprint(self):
+            return "nvml:driver-1:boot-1"
+
+        def static_inventory(self):
+            return None
+
+        def inventory(self):
+            return Inventory("sim-count", (), True, "no NVML driver answered")
+
+        def snapshot(self, now):
+            return Snapshot(now, "sim-count", (), ("gpus",))
+
+    t = Telemetry(lambda: Flaky(), clock=lambda: 0, cache_dir=str(tmp_path))
+    assert t.inventory().reason and cache.load(str(tmp_path), "nvml:driver-1:boot-1") is None

@@ -68,7 +68,10 @@ class Telemetry:
 
     def _remember(self, inv: Inventory, print_: str | None) -> None:
         self._inventory = inv
-        if print_ is not None:
+        # A fallback (the driver did not answer this time) is not the
+        # hardware's inventory: caching it under the driver's fingerprint
+        # would keep the stand-in until the next reboot.
+        if print_ is not None and inv.reason is None:
             from bk.store import inventory as cache
 
             if cache.load(self._cache_dir, print_) != inv:

@@ -37,7 +37,7 @@ def run(args, ctx) -> Output:
                 for c in report["checks"]]
         verdict = "all checks passed" if report["ok"] else \
             f"{sum(not c['ok'] for c in report['checks'])} check(s) failed"
-        if not _to_terminal():
+        if not term.tty:
             # A report read later (a ticket, a log, a mail) needs every word
             # of the details: no table cut to a width nobody sees.
             # Wrapped to the width, never cut.
@@ -49,12 +49,3 @@ def run(args, ctx) -> Output:
 
     code = EXIT_PARTIAL if args.strict and not report["ok"] else 0
     return Output("doctor", report, human, exit_code=code)
-
-
-def _to_terminal() -> bool:
-    import sys
-
-    try:
-        return sys.stdout.isatty()
-    except (OSError, ValueError):
-        return False

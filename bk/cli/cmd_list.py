@@ -26,13 +26,14 @@ def register(sub) -> None:
 def run(args, ctx) -> Output:
     app, call = ctx.app(), ctx.call()
     scope = "all" if args.all else "history" if args.history else "mine"
-    every = app.list(scope, call=call)
+    state = app.ledger(call=call)        # one read: the list and the numbering
+    every = app.list(scope, call=call, state=state)
     total = len(every)
     items = every[:args.limit] if args.limit else every
     if scope == "mine":         # the list *is* the numbering (one ledger read, not two)
         numbers = {r.id: i for i, r in enumerate(every, 1)}
     else:
-        numbers = app.numbers(app.ledger(call=call), call=call) if scope == "all" else {}
+        numbers = app.numbers(state, call=call) if scope == "all" else {}
     view = common.view(call, numbers)
     rows = [view.reservation(r) for r in items]
 

@@ -97,12 +97,13 @@ def run(args, ctx) -> Output:
         if bad:
             raise InvalidInput(f"no GPU {', '.join(map(str, bad))} here (GPUs 0 to {policy.gpu_count - 1})",
                                hint="see the GPUs with: bk st")
+    state = app.ledger(call=call)        # one read serves the GPU rows and the grid
     if gpus is not None:
         shown = list(gpus)
     else:   # this machine's GPUs, and any other a live booking holds
         from bk.service.status import shown_gpus
 
-        shown = shown_gpus(app.ledger(call=call).reservations, now, policy.gpu_count)
+        shown = shown_gpus(state.reservations, now, policy.gpu_count)
     label_w = len(f"GPU {max(shown)}") if shown else 5
     columns = max(10, ctx.term.width - label_w - 1)
     frm, to, step = plan(columns, now, slot, frm=frm, window=window, step=step)
@@ -110,7 +111,7 @@ def run(args, ctx) -> Output:
     if ncols > MAX_COLUMNS or (ncols > columns and not ctx.json):
         raise InvalidInput(f"{ncols} columns do not fit a {ctx.term.width}-column terminal",
                            hint="use a larger --step, a shorter --window, or --step auto")
-    tv = timeline_view(app, frm=frm, to=to, step=step, gpus=shown, call=call)
+    tv = timeline_view(app, frm=frm, to=to, step=step, gpus=shown, call=call, state=state)
 
     def human(term) -> str:
         return render(tv, term, tz=tz, now=now, label_w=label_w)

@@ -51,6 +51,7 @@ class Term:
     # Can the output device show the drawing characters (– ▼ █ · …)?
     # Views that draw (the timeline) pick ASCII glyphs when it cannot.
     unicode: bool = True
+    tty: bool = False        # a person reads it now (not a file, a pipe, a log)
 
     @classmethod
     def detect(cls, stream=None, env=None) -> Term:
@@ -62,7 +63,7 @@ class Term:
             tty = False
         # no-color.org: only a non-empty NO_COLOR turns colour off; NO_COLOR= keeps it.
         color = tty and not env.get("NO_COLOR") and env.get("TERM", "") != "dumb"
-        return cls(width=max(40, _width(stream, env, tty)), color=color,
+        return cls(width=max(40, _width(stream, env, tty)), color=color, tty=tty,
                    unicode=_encodes(stream, "–▼█·…"))
 
     def style(self, text: str, *names: str) -> str:

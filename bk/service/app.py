@@ -320,9 +320,10 @@ class Service:
         """List numbers of the caller's current bookings: the same in every command."""
         return {r.id: i for i, r in enumerate(self.own_current(state, call=call), 1)}
 
-    def list(self, scope: str = "mine", *, limit: int | None = None, call: Call | None = None) -> list[Reservation]:
+    def list(self, scope: str = "mine", *, limit: int | None = None, call: Call | None = None,
+             state: LedgerState | None = None) -> list[Reservation]:
         call = self._call(call)
-        state, now = self.ledger(call=call), call.now
+        state, now = state or self.ledger(call=call), call.now
         if scope == "mine":
             out = self.own_current(state, call=call)
         elif scope == "all":

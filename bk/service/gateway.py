@@ -114,14 +114,12 @@ class LocalGateway:
     def _accepting_loss(self, op, req, call):
         """A row that may commit over lost commits: it gets the witnessed
         loss, and the store accepts exactly the loss its request names."""
-        import functools
-
         op.validate(req)
         lost = self.store.lost_commits()
-        apply = functools.partial(op.apply, req=req, call=call, lost=lost)
         warnings: list[str] = []
         try:
-            result = self.store.transact(lambda state: apply(state), policy=call.policy.bound(),
+            result = self.store.transact(lambda state: op.apply(state, req, call, lost=lost),
+                                         policy=call.policy.bound(),
                                          actor_uid=call.actor.uid, actor=call.actor.user, warnings=warnings,
                                          accept_loss=(req.ledger_seq, req.audit_seq))
         finally:

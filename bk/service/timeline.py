@@ -161,12 +161,14 @@ def build(reservations, blackouts, *, capacity: int, gpus: list[int], disabled=f
 
 
 def timeline_view(app, *, frm: int, to: int, step: int, gpus: list[int] | None = None,
-                  call=None) -> TimelineView:
-    """The timeline of the live ledger, with the bookings it shows."""
+                  call=None, state=None) -> TimelineView:
+    """The timeline of the live ledger (or of ``state``, a read the caller
+    already made), with the bookings it shows."""
     from bk.service.views import View
 
     call = call or app.call()
-    state, now, policy = app.ledger(call=call), call.now, call.policy
+    state = state if state is not None else app.ledger(call=call)
+    now, policy = call.now, call.policy
     if gpus is None:
         from bk.service.status import shown_gpus
 

@@ -55,6 +55,10 @@ KEYS: dict[str, Key] = {k.name: k for k in (
         1, 3650),
     Key("archive_after_hours", "int", 24, "Ended and cancelled bookings leave the hot ledger after "
         "this many hours (into the archive).", 1, 8784),
+    Key("usage_raw_days", "int", 14, "Days of usage history kept per minute; older days are rolled "
+        "up into hourly records.", 1, 3650),
+    Key("usage_retention_days", "int", 400, "Usage history older than this many days is deleted.",
+        1, 36500),
     Key("backup_keep", "int", 10, "Rotated ledger backups to keep.", 0, 1000),
     Key("lock_timeout_seconds", "float", 10.0, "Longest wait for the ledger lock before 'busy'.", 0.1, 600),
     Key("admin_contact", "str", None, "Who to ask about this server (shown by bk info).", nullable=True),

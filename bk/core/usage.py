@@ -1,0 +1,535 @@
+"""Usage history, the pure half: folding samples into period records, and sums.
+
+The facts: the monitor samples every GPU every ``interval_s`` (2 s) and each
+sample is a ``Snapshot`` plus the attribution of each process (contract A:
+``(gpu, pid) -> Attribution`` with ``.state``, ``.identity``, ``.uid``; a plain
+state string from the older ``telemetry.attribute`` is accepted too).  A
+sample is an instant; what it stands for is the time since the previous one.
+Samples are late when the machine is loaded and missing while the monitor is
+down, so a sample counts the seconds since the previous sample, but at most
+``3 x interval_s`` (the freshness rule of the snapshot); the first sample
+after a gap counts one interval.  Nothing is invented for a gap.
+
+The decision: one ``MinuteRecord`` per (period start, GPU), ``period_s`` = 60
+for raw history and 3600 for roll-ups.  It carries the GPU's own readings
+(samples, seconds covered, average utilisation, peak memory, seconds without
+a process list) and one ``Use`` per (uid, reservation) seen on that GPU:
+
+* a booking active on the GPU (start <= t < end, not cancelled) gets
+  ``booked_s`` for every sample, and ``active_s`` for the samples in which a
+  process of its owner was attributed ``ok`` there (for a container process
+  the attributed uid, the booker, counts as the owner);
+* a process attributed ``unreserved`` or ``wrong-gpu`` gives its uid a Use
+  with ``reservation`` None and ``unreserved_s``;
+* each Use keeps the SM average over the samples where an SM reading existed
+  (``sm_avg`` with its weight ``sm_n``) and the peak of the summed memory of
+  those processes.
+
+Averages carry their weights so that roll-ups and totals stay exact: a
+roll-up is the weighted mean of the minutes, not the mean of means.  No
+command line, label or user name is ever in a record: only uids, reservation
+ids, GPU indices and numbers, because the monitor writes them to files that
+every user can read.
+"""
+
+from __future__ import annotations
+
+from bk.core.record import dataclass, field
+from bk.core.telemetry import OK, SYSTEM, UNKNOWN, UNRESERVED, WRONG_GPU, active_gpus_by_uid, attribute
+
+VERSION = 1
+RAW_PERIOD = 60
+ROLLUP_PERIOD = 3600
+DAY = 86400
+
+
+@dataclass(frozen=True)
+class Use:
+    """One user's use of one GPU in one period, under one booking or none."""
+
+    uid: int
+    reservation: str | None = None       # None: use without a booking on this GPU
+    mode: str | None = None              # the booking's mode (shared/exclusive)
+    booked_s: int = 0
+    active_s: int = 0
+    unreserved_s: int = 0
+    sm_avg: float | None = None          # mean SM % over the sm_n samples that had one
+    sm_n: int = 0
+    mem_peak_mib: int | None = None
+
+    def to_dict(self) -> dict:
+        return {"uid": self.uid, "reservation": self.reservation, "mode": self.mode,
+                "booked_s": self.booked_s, "active_s": self.active_s,
+                "unreserved_s": self.unreserved_s, "sm_avg": self.sm_avg, "sm_n": self.sm_n,
+                "mem_peak_mib": self.mem_peak_mib}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Use:
+        return cls(int(d["uid"]), d.get("reservation"), d.get("mode"), int(d.get("booked_s", 0)),
+                   int(d.get("active_s", 0)), int(d.get("unreserved_s", 0)), d.get("sm_avg"),
+                   int(d.get("sm_n", 0)), d.get("mem_peak_mib"))
+
+
+@dataclass(frozen=True)
+class MinuteRecord:
+    """One GPU over one period ``[t, t + period_s)``."""
+
+    t: int                                # period start, epoch seconds, a multiple of period_s
+    gpu: int
+    period_s: int = RAW_PERIOD
+    samples: int = 0
+    covered_s: int = 0                    # seconds the samples stand for
+    util_avg: float | None = None         # mean GPU utilisation % over util_n samples
+    util_n: int = 0
+    mem_peak_mib: int | None = None       # peak memory used on the GPU
+    blind_s: int = 0                      # seconds without a process list (a gap, not idle)
+    uses: tuple[Use, ...] = field(default=())
+
+    @property
+    def end(self) -> int:
+        return self.t + self.period_s
+
+    def to_dict(self) -> dict:
+        # "t" first: the store reads a line's period from its first bytes.
+        return {"t": self.t, "gpu": self.gpu, "v": VERSION, "period_s": self.period_s,
+                "samples": self.samples, "covered_s": self.covered_s, "util_avg": self.util_avg,
+                "util_n": self.util_n, "mem_peak_mib": self.mem_peak_mib, "blind_s": self.blind_s,
+                "uses": [u.to_dict() for u in self.uses]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> MinuteRecord:
+        return cls(int(d["t"]), int(d["gpu"]), int(d.get("period_s", RAW_PERIOD)),
+                   int(d.get("samples", 0)), int(d.get("covered_s", 0)), d.get("util_avg"),
+                   int(d.get("util_n", 0)), d.get("mem_peak_mib"), int(d.get("blind_s", 0)),
+                   tuple(Use.from_dict(u) for u in d.get("uses") or ()))
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 1)
+
+
+def _max(a: int | None, b: int | None) -> int | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return max(a, b)
+
+
+class _Acc:
+    """A use being accumulated: sums, not means."""
+
+    __slots__ = ("mode", "booked", "active", "unres", "sm_sum", "sm_n", "mem")
+
+    def __init__(self, mode=None):
+        self.mode = mode
+        self.booked = self.active = self.unres = self.sm_n = 0
+        self.sm_sum = 0.0
+        self.mem = None
+
+    def take(self, sm_sum: float, sm_n: int, mem: int | None) -> None:
+        self.sm_sum += sm_sum
+        self.sm_n += sm_n
+        self.mem = _max(self.mem, mem)
+
+
+class _GpuAcc:
+    __slots__ = ("samples", "covered", "util_sum", "util_n", "mem", "blind", "uses")
+
+    def __init__(self):
+        self.samples = self.covered = self.util_n = self.blind = 0
+        self.util_sum = 0.0
+        self.mem = None
+        self.uses: dict[tuple[int, str | None], _Acc] = {}
+
+    def record(self, t: int, gpu: int, period_s: int) -> MinuteRecord:
+        uses = tuple(
+            Use(uid, rid, a.mode, a.booked, a.active, a.unres,
+                _round(a.sm_sum / a.sm_n) if a.sm_n else None, a.sm_n, a.mem)
+            for (uid, rid), a in sorted(self.uses.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")))
+        return MinuteRecord(t, gpu, period_s, self.samples, self.covered,
+                            _round(self.util_sum / self.util_n) if self.util_n else None,
+                            self.util_n, self.mem, self.blind, uses)
+
+
+def _state_and_uid(att, p) -> tuple[str, int | None]:
+    if isinstance(att, str):
+        return att, p.uid
+    uid = getattr(att, "uid", None)
+    return att.state, (p.uid if uid is None else uid)
+
+
+class Folder:
+    """Folds samples into ``MinuteRecord``s, one open period at a time.
+
+    ``add`` returns the records of the period that the sample closed (empty
+    while the period is still open); ``flush`` returns the open period as it
+    stands (on SIGTERM), marked by fewer seconds covered.  The clock is the
+    samples' own ``t``: a sample older than the open period (the clock went
+    back) closes it too, so no record ever mixes two periods."""
+
+    def __init__(self, period_s: int = RAW_PERIOD, interval_s: int = 2):
+        if period_s <= 0 or interval_s <= 0:
+            raise ValueError("period_s and interval_s must be positive")
+        self.period_s = period_s
+        self.interval_s = interval_s
+        self._start: int | None = None
+        self._last: int | None = None
+        self._gpus: dict[int, _GpuAcc] = {}
+
+    def _dt(self, t: int) -> int:
+        last = self._last
+        if last is None or t <= last or t - last > 3 * self.interval_s:
+            return self.interval_s
+        return t - last
+
+    def add(self, t: int, snapshot, attributions, reservations) -> list[MinuteRecord]:
+        t = int(t)
+        start = t - t % self.period_s
+        out: list[MinuteRecord] = []
+        if self._start is not None and start != self._start:
+            out = self.flush()
+        dt = self._dt(t)
+        self._last = t
+        self._start = start
+        attributions = attributions or {}
+        booked_now = [r for r in reservations if r.cancelled_at is None and r.start <= t < r.end]
+        active_map = None
+        for g in snapshot.gpus:
+            acc = self._gpus.get(g.index)
+            if acc is None:
+                acc = self._gpus[g.index] = _GpuAcc()
+            acc.samples += 1
+            acc.covered += dt
+            if g.util is not None:
+                acc.util_sum += g.util
+                acc.util_n += 1
+            acc.mem = _max(acc.mem, g.mem_used_mib)
+            here = [r for r in booked_now if g.index in r.gpus]
+            for r in here:
+                u = acc.uses.get((r.uid, r.id))
+                if u is None:
+                    u = acc.uses[(r.uid, r.id)] = _Acc(r.mode)
+                u.booked += dt
+            if g.processes is None:
+                acc.blind += dt
+                continue
+            # Per uid this sample: (SM sum, SM known?, memory sum, state).
+            seen: dict[tuple[int, str], list] = {}
+            for p in g.processes:
+                att = attributions.get((g.index, p.pid))
+                if att is None:
+                    if active_map is None:
+                        active_map = active_gpus_by_uid(booked_now, t)
+                    att = attribute(p, g.index, active_map)
+                state, uid = _state_and_uid(att, p)
+                if uid is None or state in (SYSTEM, UNKNOWN):
+                    continue
+                kind = OK if state == OK else (UNRESERVED if state in (UNRESERVED, WRONG_GPU) else None)
+                if kind is None:
+                    continue
+                s = seen.get((uid, kind))
+                if s is None:
+                    s = seen[(uid, kind)] = [0.0, False, None]
+                if p.sm is not None:
+                    s[0] += p.sm
+                    s[1] = True
+                if p.mem_mib is not None:
+                    s[2] = (s[2] or 0) + p.mem_mib
+            for (uid, kind), (sm, sm_known, mem) in seen.items():
+                if kind == OK:
+                    owned = [r for r in here if r.uid == uid]
+                    if not owned:
+                        # ok without a booking here: the attribution knew of
+                        # one the reservations given to us do not; count it
+                        # as use, not as a booking.
+                        owned = None
+                    for r in owned or ():
+                        u = acc.uses[(uid, r.id)]
+                        u.active += dt
+                        u.take(sm, int(sm_known), mem)
+                    if owned is not None:
+                        continue
+                u = acc.uses.get((uid, None))
+                if u is None:
+                    u = acc.uses[(uid, None)] = _Acc()
+                u.unres += dt
+                u.take(sm, int(sm_known), mem)
+        return out
+
+    def flush(self) -> list[MinuteRecord]:
+        """The open period's records (possibly partial); the folder is then empty."""
+        if self._start is None:
+            return []
+        out = [acc.record(self._start, gpu, self.period_s) for gpu, acc in sorted(self._gpus.items())]
+        self._gpus = {}
+        self._start = None
+        return out
+
+    def pending(self) -> list[MinuteRecord]:
+        """The open period as it stands, without closing it (live views)."""
+        if self._start is None:
+            return []
+        return [acc.record(self._start, gpu, self.period_s) for gpu, acc in sorted(self._gpus.items())]
+
+
+# ---------------------------------------------------------------- roll-ups
+
+def rollup(records, period_s: int = ROLLUP_PERIOD) -> list[MinuteRecord]:
+    """Coarser records: one per (period, GPU), sums added, averages weighted,
+    peaks kept.  Rolling up a roll-up with the same period changes nothing."""
+    groups: dict[tuple[int, int], list[MinuteRecord]] = {}
+    for r in records:
+        groups.setdefault((r.t - r.t % period_s, r.gpu), []).append(r)
+    out = []
+    for (t, gpu), rs in sorted(groups.items()):
+        acc = _GpuAcc()
+        for r in rs:
+            acc.samples += r.samples
+            acc.covered += r.covered_s
+            acc.blind += r.blind_s
+            if r.util_n:
+                acc.util_sum += (r.util_avg or 0.0) * r.util_n
+                acc.util_n += r.util_n
+            acc.mem = _max(acc.mem, r.mem_peak_mib)
+            for u in r.uses:
+                a = acc.uses.get((u.uid, u.reservation))
+                if a is None:
+                    a = acc.uses[(u.uid, u.reservation)] = _Acc(u.mode)
+                a.booked += u.booked_s
+                a.active += u.active_s
+                a.unres += u.unreserved_s
+                a.take((u.sm_avg or 0.0) * u.sm_n, u.sm_n, u.mem_peak_mib)
+        out.append(acc.record(t, gpu, period_s))
+    return out
+
+
+# ---------------------------------------------------------------- totals
+
+@dataclass
+class Totals:
+    """Sums over a set of records for one user, GPU or booking.
+
+    ``idle_s`` is booked time in which no process of the booker was seen;
+    ``sm_avg`` is SM % for users and bookings, GPU utilisation for GPUs."""
+
+    booked_s: int = 0
+    active_s: int = 0
+    unreserved_s: int = 0
+    sm_sum: float = 0.0
+    sm_n: int = 0
+    mem_peak_mib: int | None = None
+    covered_s: int = 0
+    first: int | None = None          # first period start with something counted
+    last: int | None = None           # end of the last such period
+
+    @property
+    def idle_s(self) -> int:
+        return max(self.booked_s - self.active_s, 0)
+
+    @property
+    def idle_share(self) -> float | None:
+        return None if not self.booked_s else round(self.idle_s / self.booked_s, 4)
+
+    @property
+    def sm_avg(self) -> float | None:
+        return _round(self.sm_sum / self.sm_n) if self.sm_n else None
+
+    def add_use(self, u: Use, t: int, end: int) -> None:
+        self.booked_s += u.booked_s
+        self.active_s += u.active_s
+        self.unreserved_s += u.unreserved_s
+        if u.sm_n:
+            self.sm_sum += (u.sm_avg or 0.0) * u.sm_n
+            self.sm_n += u.sm_n
+        self.mem_peak_mib = _max(self.mem_peak_mib, u.mem_peak_mib)
+        self.first = t if self.first is None else min(self.first, t)
+        self.last = end if self.last is None else max(self.last, end)
+
+    def merge(self, o: Totals) -> None:
+        self.booked_s += o.booked_s
+        self.active_s += o.active_s
+        self.unreserved_s += o.unreserved_s
+        self.sm_sum += o.sm_sum
+        self.sm_n += o.sm_n
+        self.covered_s += o.covered_s
+        self.mem_peak_mib = _max(self.mem_peak_mib, o.mem_peak_mib)
+        if o.first is not None:
+            self.first = o.first if self.first is None else min(self.first, o.first)
+            self.last = o.last if self.last is None else max(self.last, o.last)
+
+    def to_dict(self) -> dict:
+        return {"booked_s": self.booked_s, "active_s": self.active_s, "idle_s": self.idle_s,
+                "idle_share": self.idle_share, "unreserved_s": self.unreserved_s,
+                "sm_avg": self.sm_avg, "sm_n": self.sm_n, "mem_peak_mib": self.mem_peak_mib,
+                "covered_s": self.covered_s, "first": self.first, "last": self.last}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Totals:
+        sm_n = int(d.get("sm_n", 0))
+        return cls(int(d.get("booked_s", 0)), int(d.get("active_s", 0)), int(d.get("unreserved_s", 0)),
+                   (d.get("sm_avg") or 0.0) * sm_n if d.get("sm_sum") is None else float(d["sm_sum"]),
+                   sm_n, d.get("mem_peak_mib"), int(d.get("covered_s", 0)), d.get("first"), d.get("last"))
+
+    def to_store(self) -> dict:
+        """The exact form (the SM sum, not its rounded mean) kept in seals."""
+        d = self.to_dict()
+        d["sm_sum"] = self.sm_sum
+        del d["idle_s"], d["idle_share"], d["sm_avg"]
+        return d
+
+
+@dataclass
+class Summary:
+    """Totals by user, by GPU and by booking (the reservation's Totals also
+    record its owner and GPUs)."""
+
+    by_uid: dict = field(default_factory=dict)            # uid -> Totals
+    by_gpu: dict = field(default_factory=dict)            # gpu -> Totals
+    by_reservation: dict = field(default_factory=dict)    # rid -> Totals
+    owners: dict = field(default_factory=dict)            # rid -> uid
+    booking_gpus: dict = field(default_factory=dict)      # rid -> set of gpus
+    records: int = 0
+
+    def add(self, r: MinuteRecord) -> None:
+        self.records += 1
+        g = self.by_gpu.get(r.gpu)
+        if g is None:
+            g = self.by_gpu[r.gpu] = Totals()
+        g.covered_s += r.covered_s
+        if r.util_n:
+            g.sm_sum += (r.util_avg or 0.0) * r.util_n
+            g.sm_n += r.util_n
+        g.mem_peak_mib = _max(g.mem_peak_mib, r.mem_peak_mib)
+        end = r.t + r.period_s
+        if g.first is None or r.t < g.first:
+            g.first = r.t
+        if g.last is None or end > g.last:
+            g.last = end
+        for u in r.uses:
+            g.booked_s += u.booked_s
+            g.active_s += u.active_s
+            g.unreserved_s += u.unreserved_s
+            t = self.by_uid.get(u.uid)
+            if t is None:
+                t = self.by_uid[u.uid] = Totals()
+            t.add_use(u, r.t, end)
+            if u.reservation is not None:
+                b = self.by_reservation.get(u.reservation)
+                if b is None:
+                    b = self.by_reservation[u.reservation] = Totals()
+                    self.owners[u.reservation] = u.uid
+                    self.booking_gpus[u.reservation] = set()
+                b.add_use(u, r.t, end)
+                self.booking_gpus[u.reservation].add(r.gpu)
+
+    def merge(self, o: Summary) -> None:
+        self.records += o.records
+        for mine, theirs in ((self.by_uid, o.by_uid), (self.by_gpu, o.by_gpu),
+                             (self.by_reservation, o.by_reservation)):
+            for k, v in theirs.items():
+                t = mine.get(k)
+                if t is None:
+                    t = mine[k] = Totals()
+                t.merge(v)
+        self.owners.update(o.owners)
+        for k, v in o.booking_gpus.items():
+            self.booking_gpus.setdefault(k, set()).update(v)
+
+    def to_store(self) -> dict:
+        return {"records": self.records,
+                "by_uid": {str(k): v.to_store() for k, v in sorted(self.by_uid.items())},
+                "by_gpu": {str(k): v.to_store() for k, v in sorted(self.by_gpu.items())},
+                "by_reservation": {k: dict(v.to_store(), uid=self.owners[k],
+                                           gpus=sorted(self.booking_gpus[k]))
+                                   for k, v in sorted(self.by_reservation.items())}}
+
+    @classmethod
+    def from_store(cls, d: dict) -> Summary:
+        s = cls(records=int(d.get("records", 0)))
+        s.by_uid = {int(k): Totals.from_dict(v) for k, v in (d.get("by_uid") or {}).items()}
+        s.by_gpu = {int(k): Totals.from_dict(v) for k, v in (d.get("by_gpu") or {}).items()}
+        for k, v in (d.get("by_reservation") or {}).items():
+            s.by_reservation[k] = Totals.from_dict(v)
+            s.owners[k] = int(v["uid"])
+            s.booking_gpus[k] = set(v.get("gpus") or ())
+        return s
+
+
+def summarise(records) -> Summary:
+    s = Summary()
+    for r in records:
+        s.add(r)
+    return s
+
+
+# ---------------------------------------------------------------- events
+
+@dataclass(frozen=True)
+class Event:
+    """A derived episode: ``unreserved`` (a user ran on a GPU without a
+    booking there) or ``idle-booking`` (booked time with no process of the
+    booker, at least ``min_idle_s`` in a row)."""
+
+    kind: str
+    uid: int
+    gpu: int
+    start: int
+    end: int
+    seconds: int
+    reservation: str | None = None
+    mem_peak_mib: int | None = None
+    sm_avg: float | None = None
+
+
+UNRESERVED_EVENT = "unreserved"
+IDLE_EVENT = "idle-booking"
+
+
+def events(records, *, min_idle_s: int = 1800, min_unreserved_s: int = 0) -> list[Event]:
+    """Episodes from records: consecutive periods (one ending where the next
+    starts) of the same (kind, uid, GPU, booking) join into one."""
+    runs: dict[tuple, list] = {}
+    done: list[Event] = []
+
+    def close(key, run):
+        kind, uid, gpu, rid = key
+        start, end, secs, mem, sm_sum, sm_n = run
+        if kind == IDLE_EVENT and secs < min_idle_s:
+            return
+        if kind == UNRESERVED_EVENT and secs <= min_unreserved_s:
+            return
+        done.append(Event(kind, uid, gpu, start, end, secs, rid, mem,
+                          _round(sm_sum / sm_n) if sm_n else None))
+
+    for r in sorted(records, key=lambda r: (r.t, r.gpu)):
+        end = r.t + r.period_s
+        for u in r.uses:
+            if u.reservation is None and u.unreserved_s > 0:
+                key, secs = (UNRESERVED_EVENT, u.uid, r.gpu, None), u.unreserved_s
+            elif u.reservation is not None and u.booked_s > 0 and u.active_s == 0 and r.blind_s == 0:
+                key, secs = (IDLE_EVENT, u.uid, r.gpu, u.reservation), u.booked_s
+            else:
+                continue
+            run = runs.get(key)
+            if run is not None and run[1] < r.t:
+                close(key, run)
+                run = None
+            if run is None:
+                runs[key] = [r.t, end, secs, u.mem_peak_mib, (u.sm_avg or 0.0) * u.sm_n, u.sm_n]
+            else:
+                run[1] = end
+                run[2] += secs
+                run[3] = _max(run[3], u.mem_peak_mib)
+                run[4] += (u.sm_avg or 0.0) * u.sm_n
+                run[5] += u.sm_n
+        # A run not continued by this period's start is over; closing lazily
+        # (above) is enough because records come in time order.
+    for key, run in runs.items():
+        close(key, run)
+    done.sort(key=lambda e: (e.start, e.gpu, e.uid, e.kind))
+    return done
+
+
+def day_start(t: int) -> int:
+    return t - t % DAY

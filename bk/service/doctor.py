@@ -1,11 +1,22 @@
 """What this installation is and whether it is healthy: ``bk info``,
 ``bk config`` and ``bk doctor``, as data for every front end.
 
-Everything here only reads.  ``doctor`` runs each check on its own and turns
-any ``BkError`` into a failed check, so one broken part (an unreadable
-ledger, an untrusted config) never hides the verdict on the others.  The
-checks that write or talk to the broker (atomic replace, locking, the broker
-round trip) run only with ``bk doctor --probe``.
+Everything here only reads, except ``bk doctor --probe``.  ``doctor`` runs
+each check on its own and turns any ``BkError`` into a failed check, so one
+broken part (an unreadable ledger, an untrusted config, a broker that does
+not answer) never hides the verdict on the others.
+
+A check is ``ok``, ``warn`` or ``fail``, with a ``detail`` (what was found)
+and, unless it is ok, a ``fix`` (the command or the change that repairs
+it).  A warning is something a working installation can live with for a
+while (a monitor that stopped, a broker socket missing because the broker
+is down when nobody asked for ``--probe``); ``--strict`` counts warnings as
+failures, so ``bk doctor --probe --require-monitor --strict`` is the
+deployment check: exit 1 unless every part a shared server needs is there
+and works.  Which parts are required is the caller's to say: a private
+ledger has no monitor and no broker, and the scheduled-command worker does
+not exist in this release at all (``--require-worker`` then fails, saying so,
+rather than passing a check that checks nothing).
 """
 
 from __future__ import annotations
@@ -14,9 +25,14 @@ from bk import clock
 from bk.core.errors import BkError
 from bk.service.status import policy_summary
 
+OK, WARN, FAIL = "ok", "warn", "fail"
 
-def _check(name: str, ok: bool, detail: str) -> dict:
-    return {"name": name, "ok": bool(ok), "detail": detail}
+
+def _check(name: str, ok: bool, detail: str, *, fix: str | None = None, status: str | None = None) -> dict:
+    """One check's record.  ``status`` (ok/warn/fail) wins over ``ok`` when given."""
+    status = status or (OK if ok else FAIL)
+    return {"name": name, "ok": status != FAIL, "status": status, "detail": detail,
+            "fix": None if status == OK else fix}
 
 
 # ----------------------------------------------------------------- info
@@ -93,6 +109,48 @@ def config_view(app, *, call=None) -> dict:
 
 # --------------------------------------------------------------- doctor
 
+def _split_hint(detail: str) -> tuple[str, str | None]:
+    """The store words a refusal as "message (hint: how to fix)"; doctor
+    keeps the two apart (detail, fix)."""
+    if detail.endswith(")") and " (hint: " in detail:
+        head, _, hint = detail.rpartition(" (hint: ")
+        return head, hint[:-1]
+    return detail, None
+
+
+def _failed(name: str, e: BkError) -> dict:
+    return _check(name, False, e.message, fix=e.hint)
+
+
+def _account(uid: int | None) -> str:
+    import pwd
+
+    if uid is None:
+        return "nobody"
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _trust_chain(path: str) -> str:
+    """"path (owner, mode)" for the file and every directory above it: what
+    the trust rule looked at, so the administrator sees it was all of it."""
+    import os
+    import stat
+
+    parts = []
+    here = os.path.abspath(path)
+    while True:
+        st = os.lstat(here)
+        mode = stat.S_IMODE(st.st_mode)
+        parts.append(f"{here} {_account(st.st_uid)} {mode:04o}" + (" sticky" if mode & stat.S_ISVTX else ""))
+        parent = os.path.dirname(here)
+        if parent == here:
+            return ", ".join(parts)
+        here = parent
+
+
 def _config_check(app, call) -> dict:
     s = app.settings
     if s.mode == "private":
@@ -102,27 +160,55 @@ def _config_check(app, call) -> dict:
 
     path = s.locations.config_file
     check_trusted(path)
-    return _check("config", True, f"shared mode; {path} is root-owned and not writable by others")
+    return _check("config", True, f"shared mode; {path} and every directory above it are root-owned and "
+                                  f"writable by nobody else: {_trust_chain(path)}")
 
 
 def _ledger_checks(app, call) -> list[dict]:
     store = app.store
-    checks = [_check(name, ok, detail) for name, ok, detail in store.check()]
+    checks = []
+    for name, ok, detail in store.check():
+        detail, fix = _split_hint(detail)
+        checks.append(_check(name, ok, detail, fix=fix))
     for c in checks:
         if c["name"] == "data directory" and c["ok"]:
-            problem = _unwritable(app, store.paths.data_dir)
+            problem = _unwritable(app, store.paths.data_dir) or _not_owned(app, store.paths.data_dir)
             if problem:
-                c.update(ok=False, detail=c["detail"] + "; " + problem)
+                # The remedy stays in the detail too, as it always was: a
+                # report pasted without its fixes still says what to do.
+                c.update(ok=False, status=FAIL, fix=problem[1],
+                         detail=c["detail"] + "; " + "; ".join(p for p in problem if p))
     return checks
 
 
-def _unwritable(app, data_dir: str) -> str | None:
+def _not_owned(app, data_dir: str) -> tuple[str, str | None] | None:
+    """On a shared server: the data directory must belong to the service
+    account and lie below directories only root or that account can change
+    (the broker's own start-up rule, ``check_owned_dir``)."""
+    import os
+
+    s = app.settings
+    if s.mode != "shared" or not os.path.lexists(data_dir):
+        return None
+    if s["service_uid"] is None:
+        return (f"{s.source} names no service_uid, so nobody may own it",
+                "sudo bk admin init --service-user ACCOUNT")
+    from bk.store.config import check_owned_dir
+
+    try:
+        check_owned_dir(data_dir, s["service_uid"], "data directory")
+    except BkError as e:
+        return e.message, e.hint
+    return None
+
+
+def _unwritable(app, data_dir: str) -> tuple[str, str] | None:
     """Why the next write into ``data_dir`` would fail although the
-    directory looks right: its file system is mounted read-only (statvfs's
-    ST_RDONLY, for the directory or, before the first write, its nearest
-    existing parent), or, where this user is the writer (private mode), the
-    directory is not writable by them.  Only ``--probe`` writes; this is
-    the read-only way to see the same thing."""
+    directory looks right, as (problem, fix): its file system is mounted
+    read-only (statvfs's ST_RDONLY, for the directory or, before the first
+    write, its nearest existing parent), or, where this user is the writer
+    (private mode), the directory is not writable by them.  Only
+    ``--probe`` writes; this is the read-only way to see the same thing."""
     import os
 
     from bk.store.fsutil import mount_point
@@ -133,14 +219,72 @@ def _unwritable(app, data_dir: str) -> str | None:
     try:
         if os.statvfs(where).f_flag & os.ST_RDONLY:
             mount = mount_point(where)
-            return (f"read-only file system: {mount} is mounted read-only; remount it "
-                    f"read-write (mount -o remount,rw {mount}) or point BK_DATA_DIR at a "
+            return (f"read-only file system: {mount} is mounted read-only",
+                    f"remount it read-write (mount -o remount,rw {mount}) or point BK_DATA_DIR at a "
                     "writable directory")
     except OSError as e:
-        return f"cannot inspect {where}: {e.strerror}"
+        return f"cannot inspect {where}: {e.strerror}", f"ls -ld {where}"
     if app.settings.mode == "private" and not os.access(where, os.W_OK | os.X_OK):
-        return f"{where} is not writable by you (ls -ld {where})"
+        return f"{where} is not writable by you", f"ls -ld {where}; chown it to yourself or set BK_DATA_DIR"
     return None
+
+
+def _socket_check(app, call) -> dict:
+    """The broker's socket directory and socket: owned by the service
+    account, the modes ``access`` asks for.  A missing directory or socket
+    only means the broker is not running (systemd creates the directory at
+    start, RuntimeDirectory=), so without ``--probe`` that is a warning."""
+    import os
+    import stat
+
+    from bk.store.config import check_owned_dir
+
+    s = app.settings
+    path, uid = s["socket"], s["service_uid"]
+    directory = os.path.dirname(path)
+    start = "sudo systemctl start gpubk-broker"
+    if uid is None:
+        return _check("socket directory", False, f"{s.source} names no service_uid",
+                      fix="sudo bk admin init --service-user ACCOUNT")
+    if not os.path.lexists(directory):
+        return _check("socket directory", True, f"{directory} does not exist: the broker is not running "
+                      "(its unit creates the directory at start)", status=WARN, fix=start)
+    st = check_owned_dir(directory, uid, "socket directory")
+    mode = stat.S_IMODE(st.st_mode)
+    detail = f"{directory}: {_account(st.st_uid)}, mode {mode:04o}"
+    if s["access"] == "group":
+        import grp
+
+        try:
+            gid = grp.getgrnam(s["group"]).gr_gid
+        except KeyError:
+            return _check("socket directory", False, detail + f"; group {s['group']!r} does not exist",
+                          fix=f"groupadd {s['group']}, or fix 'group' in {s.source}")
+        if st.st_gid != gid or mode & 0o007 or not mode & stat.S_ISGID or not mode & 0o010:
+            return _check("socket directory", False, detail + f"; access is 'group': it must be "
+                          f"{_account(uid)}:{s['group']}, mode 2750, so only members reach the socket",
+                          fix=f"sudo chgrp {s['group']} {directory} && sudo chmod 2750 {directory}")
+        want = 0o660
+    else:
+        if mode & 0o001 == 0:
+            return _check("socket directory", False, detail + "; access is 'all', but others cannot "
+                          "enter it, so nobody else reaches the socket", fix=f"sudo chmod 755 {directory}")
+        want = 0o666
+    try:
+        sst = os.lstat(path)
+    except FileNotFoundError:
+        return _check("socket directory", True, detail + f"; no socket at {path}: the broker is not "
+                      "running", status=WARN, fix=f"{start} (by hand: sudo -u {_account(uid)} bk broker)")
+    smode = stat.S_IMODE(sst.st_mode)
+    if not stat.S_ISSOCK(sst.st_mode):
+        return _check("socket directory", False, detail + f"; {path} is not a socket",
+                      fix=f"move {path} away; the broker binds its own socket there")
+    if sst.st_uid != uid or smode != want:
+        return _check("socket directory", False, detail + f"; the socket is {_account(sst.st_uid)}'s, "
+                      f"mode {smode:04o}, not {_account(uid)}'s, mode {want:04o}",
+                      fix="sudo systemctl restart gpubk-broker (the broker binds the socket with the "
+                          "right owner and mode)")
+    return _check("socket directory", True, detail + f"; socket {path}: {_account(sst.st_uid)}, mode {smode:04o}")
 
 
 def _policy_check(app, call) -> dict:
@@ -153,7 +297,9 @@ def _policy_check(app, call) -> dict:
         return _check("policy", True, "not bound yet; the first booking records it")
     diff = policy_diff(state.policy, call.policy.bound())
     if diff.conflicts:
-        return _check("policy", False, "configuration disagrees with the ledger's policy: " + diff.describe())
+        return _check("policy", False, "configuration disagrees with the ledger's policy: " + diff.describe(),
+                      fix=f"put the ledger's values back in {app.settings.source or 'the configuration'} "
+                          "(man 5 gpubk-config, Policy binding)")
     detail = "configuration agrees with the policy bound in the ledger"
     if diff.additions:
         detail += f"; the ledger lacks {diff.describe_additions()}, which the next write adds"
@@ -185,53 +331,187 @@ def _gpu_check(app, call) -> dict:
     return _check("gpu_backend", ok, detail)
 
 
-CHECKS = (("config", _config_check), ("ledger", _ledger_checks),
-          ("policy", _policy_check), ("gpu_backend", _gpu_check))
-
-
 def _broker_check(app, call) -> dict:
-    """The broker answers, runs as the service account, and sees us as who we are."""
+    """The broker answers, runs as the service account, and authenticates
+    us: the uid it read from SO_PEERCRED for this very connection is ours."""
     import os
 
     from bk import __version__
 
     got = app.ping(call=call)
     broker, peer = got.get("broker", {}), got.get("peer", {})
-    problems = []
+    problems, fixes = [], []
     if broker.get("uid") != app.settings["service_uid"]:
         problems.append(f"it runs as uid {broker.get('uid')}, not the service account "
                         f"{app.settings['service_uid']}")
+        fixes.append(f"run it as {_account(app.settings['service_uid'])} (User= in gpubk-broker.service)")
     if peer.get("uid") != os.getuid():
         problems.append(f"it sees you as uid {peer.get('uid')}, but you are uid {os.getuid()}")
+        fixes.append(f"something else answers at {app.settings['socket']}: find it (ss -xlp) and stop it")
     if broker.get("version") != __version__:
         problems.append(f"it runs bk {broker.get('version')}, this is bk {__version__} "
                         "(restart it after an upgrade)")
+        fixes.append("sudo systemctl restart gpubk-broker")
     detail = (f"{app.settings['socket']}: bk {broker.get('version')}, pid {broker.get('pid')}, "
               f"uid {broker.get('uid')}; it knows you as {peer.get('user')} (uid {peer.get('uid')})")
-    return _check("broker", not problems, "; ".join([detail, *problems]))
+    return _check("broker", not problems, "; ".join([detail, *problems]), fix="; ".join(fixes) or None)
 
 
 def _probe_checks(app, call) -> list[dict]:
+    """Atomic replace and the writers' lock, tried for real in the data
+    directory by its writer: this process in private mode, the broker (as
+    the service account) on a shared server."""
     checks = []
-    if app.settings.mode == "shared":
-        checks.append(_broker_check(app, call))
-    return checks + [_check(n, ok, d) for n, ok, d in app.probe(call=call)]
+    for name, ok, detail in app.probe(call=call):
+        detail, fix = _split_hint(detail)
+        checks.append(_check(name, ok, detail, fix=fix))
+    return checks
 
 
-def doctor(app, probe: bool = False, *, call=None) -> dict:
-    """Run every read-only check, and with ``probe`` the ones that write
-    (atomic replace and locking in the data directory, done by the broker on
-    a shared server) -> ``{"ok": bool, "checks": [{name, ok, detail}]}``."""
+def _monitor_check(app, call, required: bool) -> tuple[dict, dict | None]:
+    """The monitor's heartbeat (contract B, ``bk.store.snapshot``): the
+    check and the heartbeat's JSON."""
+    try:
+        from bk.store.snapshot import monitor_dir, read_heartbeat
+    except ImportError:         # DEV ONLY: until bk.store.snapshot lands (contract B)
+        if required:
+            return _check("monitor", False, "this build has no monitor (bk m)", fix="upgrade bk"), None
+        return _check("monitor", True, "this build has no monitor (bk m)"), None
+
+    directory = monitor_dir(app.settings)
+    hb = read_heartbeat(directory, call.now)
+    got = hb.to_json()
+    state = hb.state
+    where = f"pid {hb.pid}" if hb.pid else "no pid"
+    age = got.get("age_s")
+    seen = f", last heard from {age:.0f} s ago" if isinstance(age, (int, float)) else ""
+    every = f", sampling every {hb.interval_s:g} s" if hb.interval_s else ""
+    detail = f"{state} ({where}{seen}{every})" + (f": {hb.detail}" if hb.detail else "")
+    start = ("sudo systemctl start gpubk-monitor" if app.settings.mode == "shared"
+             else "run bk m in another terminal (or leave out --require-monitor)")
+    if state == "running":
+        return _check("monitor", True, detail), got
+    if state == "absent":
+        if not required:
+            return _check("monitor", True, f"no monitor has run here ({directory}); each command "
+                                           "samples the GPUs itself"), got
+        return _check("monitor", False, f"no monitor has run here ({directory})", fix=start), got
+    fixes = {"degraded": "the GPU backend reports gaps: journalctl -u gpubk-monitor, nvidia-smi",
+             "stale": "it stopped answering; sudo systemctl restart gpubk-monitor"
+                      if app.settings.mode == "shared" else "it stopped answering; restart bk m",
+             "stopped": start,
+             "topology-mismatch": "the GPUs differ from the ones the ledger schedules: check nvidia-smi "
+                                  "and gpu_count (man 5 gpubk-config), then restart the monitor"}
+    # A degraded monitor runs and samples; what it reports has gaps.  That
+    # stays a warning even when a monitor is required (--strict fails it).
+    status = FAIL if required and state != "degraded" else WARN
+    return _check("monitor", True, detail, status=status, fix=fixes.get(state, start)), got
+
+
+def _worker_check() -> dict:
+    return _check("worker", False, "not built in this release: bk has no scheduled-command worker "
+                  "(bk w) yet, so there is nothing to check", fix="leave out --require-worker until a "
+                  "release with the worker (bk w start, the bk-worker user unit)")
+
+
+# What to do when a check fails and its own error named no fix.
+FIXES = {
+    "config": "sudo bk admin init, or correct the file (man 5 gpubk-config)",
+    "data directory": "ls -ld DIR: it must be a real directory owned by its writer (you in private mode, "
+                      "the service account on a server), not writable by group or others",
+    "ledger": "see docs/GUIDE.md section 5.9 (backups, validation and recovery)",
+    "backups": "move the invalid backups aside (they are never used); the next writes make new ones",
+    "audit log": "sudo bk admin data recover --dry-run shows what the ledger lacks",
+    "lock": "see who holds it: ls -l /proc/*/fd 2>/dev/null | grep ledger.lock",
+    "gpu_backend": "set gpu_count in the configuration (sudo bk admin init --gpu-count N); install "
+                   "nvidia-ml-py for live data",
+    "ledger_read": "sudo bk doctor shows what the service account sees; docs/GUIDE.md section 5.9",
+    "broker": "systemctl status gpubk-broker",
+    "probe": "fix the broker first (systemctl status gpubk-broker)",
+    "atomic replace": "the data directory's file system refuses a write, an fsync or a rename: "
+                      "check it (df, mount, dmesg)",
+    "locking": "the file system refuses flock (a network mount?): keep the data directory on a local disk",
+}
+
+CHECKS = (("config", _config_check), ("ledger", _ledger_checks),
+          ("policy", _policy_check), ("gpu_backend", _gpu_check))
+
+
+def _run(name: str, fn, *args) -> list[dict]:
+    try:
+        got = fn(*args)
+    except BkError as e:
+        got = _failed(name, e)
+    except OSError as e:
+        got = _check(name, False, f"{e.filename or name}: {e.strerror}")
+    return got if isinstance(got, list) else [got]
+
+
+def unusable(error: BkError, *, probe: bool = False, strict: bool = False, require_monitor: bool = False,
+             require_worker: bool = False) -> dict:
+    """The report when the configuration itself cannot be used (untrusted,
+    unreadable, a bad value): every other check depends on it, so there is
+    one failed check, ``config``, saying why and how to fix it, instead of
+    the refusal every other command gives (exit 78)."""
+    check = _failed("config", error)
+    check["fix"] = check["fix"] or FIXES["config"]
+    check["detail"] += "; nothing else can be checked until bk can read its configuration"
+    return {"ok": False, "strict": strict, "probe": probe, "require_monitor": require_monitor,
+            "require_worker": require_worker, "failed": ["config"], "warnings": 0, "monitor": None,
+            "checks": [check]}
+
+
+def doctor(app, probe: bool = False, *, strict: bool = False, require_monitor: bool = False,
+           require_worker: bool = False, call=None) -> dict:
+    """Run every read-only check, and with ``probe`` the ones that try for
+    real (the broker's answer and identity; atomic replace and locking in
+    the data directory, done by the broker on a shared server).
+
+    -> ``{"ok", "strict", "probe", "require_monitor", "require_worker",
+    "failed": [name], "warnings": n, "monitor": heartbeat or None,
+    "checks": [{name, ok, status, detail, fix}]}``.  With ``strict`` a
+    warning is not ok: the check's ``ok`` and the verdict say so."""
     call = call or app.call()
+    shared = app.settings.mode == "shared"
     checks: list[dict] = []
-    for name, fn in CHECKS + ((("probe", _probe_checks),) if probe else ()):
-        try:
-            got = fn(app, call)
-        except BkError as e:
-            got = _check(name, False, e.message + (f" ({e.hint})" if e.hint else ""))
-        except OSError as e:
-            got = _check(name, False, f"{e.filename or name}: {e.strerror}")
-        checks.extend(got if isinstance(got, list) else [got])
+    for name, fn in CHECKS:
+        checks += _run(name, fn, app, call)
+    if shared:
+        checks += _run("socket directory", _socket_check, app, call)
+    heartbeat = None
+    try:
+        monitor, heartbeat = _monitor_check(app, call, require_monitor)
+        checks.append(monitor)
+    except BkError as e:
+        checks.append(_failed("monitor", e))
+    except OSError as e:
+        checks.append(_check("monitor", False, f"{e.filename or 'heartbeat'}: {e.strerror}"))
+    if require_worker:
+        checks.append(_worker_check())
+    if probe:
+        answered = True
+        if shared:
+            try:
+                checks.append(_broker_check(app, call))
+            except BkError as e:
+                answered = False
+                checks.append(_failed("broker", e))
+            except OSError as e:
+                answered = False
+                checks.append(_check("broker", False, f"{e.filename or app.settings['socket']}: {e.strerror}"))
+        if answered:
+            checks += _run("probe", _probe_checks, app, call)
+        else:
+            checks.append(_check("probe", False, "atomic replace and locking not tried: the broker, "
+                                 "which tries them on a shared server, did not answer"))
     for w in call.warnings:
         checks.append(_check("ledger_read", False, w))
-    return {"ok": all(c["ok"] for c in checks), "checks": checks}
+    for c in checks:
+        if c["status"] != OK and not c["fix"]:
+            c["fix"] = FIXES.get(c["name"])
+        if strict and c["status"] == WARN:
+            c["ok"] = False
+    failed = [c["name"] for c in checks if not c["ok"]]
+    return {"ok": not failed, "strict": strict, "probe": probe, "require_monitor": require_monitor,
+            "require_worker": require_worker, "failed": failed,
+            "warnings": sum(c["status"] == WARN for c in checks), "monitor": heartbeat, "checks": checks}

@@ -1,0 +1,336 @@
+"""The monitor's two files: the latest GPU snapshot and its heartbeat.
+
+Both live in ``<data_dir>/monitor`` (``monitor_dir``), written only by the
+one running ``bk m`` (it holds ``monitor.lock`` there, see
+``bk.monitor.daemon``) and read by every client without a lock.
+
+The facts this module is built on:
+
+* Readers never lock.  Each file is replaced whole with ``rename(2)``
+  (``bk.store.fsutil.replace_file``): an opener sees the previous version or
+  the new one, never half of either.  So a reader needs no coordination with
+  the writer, and a monitor stuck in a driver call cannot stall ``bk st``.
+* The snapshot is rewritten every sample (2 s).  It is fsync-ed like every
+  state file, so after a power loss it is a whole, old version; the
+  heartbeat is not (a lost heartbeat after a crash reads as ``stale``, which
+  is the truth), except the final ``stopped`` one.
+* Files are 0644 in a 0755 directory: every user's ``bk st`` reads them.  A
+  reader checks them with the store's one owner/mode rule (``Safety``)
+  against the account that should run the monitor (``monitor_owner``), so a
+  snapshot planted by someone else (to steer placement) is not believed.
+* What a reader cannot use is a miss, never an error: missing, damaged,
+  foreign, from another schema, or older than three sample intervals
+  (``FRESH_INTERVALS``).  The client then asks the GPUs itself, as if no
+  monitor ran.
+* Every field of ``GpuInfo`` and ``GpuProcess`` is written by name from the
+  record's own field list (``bk.core.record.fields``), and read back the
+  same way, ignoring names the reader does not know: a field added later
+  rides along without a change here, and an older reader is not confused.
+
+Heartbeat states (``heartbeat_state``, pure, the clock passed in):
+``running`` (fresh, last sample fine), ``degraded`` (fresh, but the backend
+failed or reported a lost driver, or the ledger could not be read),
+``topology-mismatch`` (fresh, but the GPUs seen differ from the ledger's
+count), ``stale`` (no update for more than three intervals, or its process
+is gone), ``stopped`` (it recorded a clean stop), ``absent`` (no monitor
+ever wrote one here).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from bk.core.errors import BkError
+from bk.core.models import GpuInfo, GpuProcess, iso
+from bk.core.record import dataclass, fields
+from bk.core.telemetry import Snapshot
+from bk.store.fsutil import Safety, open_dir, open_file, read_all, replace_file
+
+SNAPSHOT_SCHEMA = "gpubk.snapshot.v1"
+HEARTBEAT_SCHEMA = "gpubk.heartbeat.v1"
+SNAPSHOT_FILE = "snapshot.json"
+HEARTBEAT_FILE = "heartbeat.json"
+LOCK_FILE = "monitor.lock"
+SUBDIR = "monitor"
+DIR_MODE = 0o755
+FILE_MODE = 0o644
+FRESH_INTERVALS = 3              # a file is fresh while younger than this many intervals
+MAX_BYTES = 8 << 20              # 64 GPUs with hundreds of processes is well under 1 MiB
+
+RUNNING, DEGRADED, STALE, STOPPED, MISMATCH, ABSENT = (
+    "running", "degraded", "stale", "stopped", "topology-mismatch", "absent")
+STATES = (RUNNING, DEGRADED, STALE, STOPPED, MISMATCH, ABSENT)
+# What the monitor itself may record; stale and absent are only ever read.
+RECORDED = (RUNNING, DEGRADED, MISMATCH, STOPPED)
+
+
+def monitor_dir(settings) -> str:
+    return os.path.join(settings.data_dir, SUBDIR)
+
+
+def monitor_owner(settings) -> int:
+    """The account whose files a reader believes: the monitor account on a
+    shared server (``monitor_uid``, else ``service_uid``), the user in
+    private mode."""
+    if settings.mode == "shared":
+        uid = settings["monitor_uid"]
+        if uid is None:
+            uid = settings["service_uid"]
+        if uid is not None:
+            return uid
+    return os.geteuid()
+
+
+# ------------------------------------------------------------- the snapshot
+
+@dataclass(frozen=True)
+class SnapshotFile:
+    """A snapshot as read back, with what the monitor said about it."""
+
+    snapshot: Snapshot
+    fingerprint: str | None
+    interval_s: float
+    pid: int | None
+
+
+def _record_dict(obj) -> dict:
+    return {f.name: getattr(obj, f.name) for f in fields(obj)}
+
+
+def _from_dict(cls, d: dict, skip: tuple[str, ...] = ()):
+    names = {f.name for f in fields(cls)}
+    return cls(**{k: v for k, v in d.items() if k in names and k not in skip})
+
+
+def snapshot_doc(snapshot: Snapshot, *, interval_s: float, inventory_fingerprint: str | None,
+                 attributions: dict | None = None, pid: int | None = None) -> dict:
+    """The JSON document of a snapshot.  ``attributions`` ((gpu, pid) ->
+    an object with ``state``, ``identity`` and ``uid``) adds each process's
+    judgement as ``attribution``, for readers such as ``jq``; bk's own
+    clients judge again against the ledger they read."""
+    gpus = []
+    for g in snapshot.gpus:
+        d = _record_dict(g)
+        if g.processes is not None:
+            procs = []
+            for p in g.processes:
+                pd = _record_dict(p)
+                a = (attributions or {}).get((g.index, p.pid))
+                if a is not None:
+                    pd["attribution"] = {"state": getattr(a, "state", a if isinstance(a, str) else None),
+                                         "identity": getattr(a, "identity", None),
+                                         "uid": getattr(a, "uid", None)}
+                procs.append(pd)
+            d["processes"] = procs
+        gpus.append(d)
+    doc = _record_dict(snapshot)          # taken_at, source, gaps, simulated, and what comes later
+    doc.update({"schema": SNAPSHOT_SCHEMA, "taken_at_iso": iso(snapshot.taken_at), "gpus": gpus,
+                "fingerprint": inventory_fingerprint, "interval_s": interval_s, "pid": pid})
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in doc.items()}
+
+
+def parse_snapshot(doc: object) -> SnapshotFile:
+    """The inverse of ``snapshot_doc``; raises ValueError/TypeError/KeyError
+    on anything that is not one."""
+    if not isinstance(doc, dict) or doc.get("schema") != SNAPSHOT_SCHEMA:
+        raise ValueError("not a gpubk snapshot")
+    gpus = []
+    for g in doc["gpus"]:
+        if not isinstance(g, dict):
+            raise TypeError("gpu is not an object")
+        procs = g.get("processes")
+        info = _from_dict(GpuInfo, g, skip=("processes",))
+        if not isinstance(info.index, int) or not isinstance(info.uuid, str):
+            raise TypeError("gpu index/uuid")
+        if procs is not None:
+            plist = []
+            for p in procs:
+                proc = _from_dict(GpuProcess, p)
+                if not isinstance(proc.pid, int):
+                    raise TypeError("process pid")
+                plist.append(proc)
+            info.processes = plist
+        gpus.append(info)
+    taken = doc["taken_at"]
+    interval = doc["interval_s"]
+    if not isinstance(taken, int) or not isinstance(interval, (int, float)) or interval <= 0:
+        raise TypeError("taken_at/interval_s")
+    own = {f.name: f for f in fields(Snapshot)}
+    kw = {k: tuple(v) if isinstance(v, list) else v for k, v in doc.items() if k in own and k != "gpus"}
+    snap = Snapshot(**kw, gpus=tuple(gpus))
+    if not isinstance(snap.source, str) or not all(isinstance(x, str) for x in snap.gaps):
+        raise TypeError("source/gaps")
+    fp = doc.get("fingerprint")
+    pid = doc.get("pid")
+    return SnapshotFile(snap, fp if isinstance(fp, str) else None, float(interval),
+                        pid if isinstance(pid, int) else None)
+
+
+def _dir(directory: str, owner: int | None, create: bool) -> int | None:
+    safety = Safety(os.geteuid() if owner is None else owner)
+    return open_dir(directory, safety, create_mode=DIR_MODE if create else None)
+
+
+def _write(directory: str, name: str, doc: dict, *, sync: bool) -> None:
+    data = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode() + b"\n"
+    dirfd = _dir(directory, None, True)
+    try:
+        replace_file(dirfd, name, directory, data, FILE_MODE, sync=sync)
+    finally:
+        os.close(dirfd)
+
+
+def write_snapshot(directory: str, snapshot: Snapshot, *, interval_s: float,
+                   inventory_fingerprint: str | None, attributions: dict | None = None) -> None:
+    """Replace ``snapshot.json`` (atomic, fsync-ed, 0644).  Raises
+    ``IOFailure``/``ConfigError`` like every store write."""
+    _write(directory, SNAPSHOT_FILE, snapshot_doc(
+        snapshot, interval_s=interval_s, inventory_fingerprint=inventory_fingerprint,
+        attributions=attributions, pid=os.getpid()), sync=True)
+
+
+def _read_doc(directory: str, name: str, owner: int | None) -> object | None:
+    """The parsed JSON of ``name``, or None for anything unusable."""
+    try:
+        dirfd = _dir(directory, owner, False)
+    except (BkError, OSError):
+        return None
+    if dirfd is None:
+        return None
+    try:
+        fd = open_file(dirfd, name, os.path.join(directory, name), Safety(
+            os.fstat(dirfd).st_uid if owner is None else owner))
+        if fd is None:
+            return None
+        try:
+            if os.fstat(fd).st_size > MAX_BYTES:
+                return None
+            return json.loads(read_all(fd))
+        finally:
+            os.close(fd)
+    except (BkError, OSError, ValueError):
+        return None
+    finally:
+        os.close(dirfd)
+
+
+def fresh(taken_at: float, now: float, interval_s: float, max_age_s: float | None = None) -> bool:
+    """Younger than ``max_age_s``, by default three sample intervals.  A
+    time ahead of ``now`` (a clock stepped back) is not fresh either."""
+    limit = FRESH_INTERVALS * interval_s if max_age_s is None else max_age_s
+    return 0 <= now - taken_at < limit
+
+
+def read_snapshot_file(directory: str, now: int, *, max_age_s: float | None = None,
+                       owner: int | None = None) -> SnapshotFile | None:
+    """The fresh snapshot with its fingerprint; None when missing, stale,
+    damaged or not written by ``owner`` (default: the directory's owner)."""
+    doc = _read_doc(directory, SNAPSHOT_FILE, owner)
+    if doc is None:
+        return None
+    try:
+        got = parse_snapshot(doc)
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None
+    if not fresh(got.snapshot.taken_at, now, got.interval_s, max_age_s):
+        return None
+    return got
+
+
+def read_snapshot(directory: str, now: int, *, max_age_s: float | None = None,
+                  owner: int | None = None) -> Snapshot | None:
+    got = read_snapshot_file(directory, now, max_age_s=max_age_s, owner=owner)
+    return None if got is None else got.snapshot
+
+
+# ------------------------------------------------------------- the heartbeat
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """The monitor as a reader sees it now (``read_heartbeat``)."""
+
+    state: str
+    pid: int | None = None
+    updated_at: int | None = None
+    started_at: int | None = None
+    interval_s: float | None = None
+    detail: str | None = None
+    age_s: int | None = None
+    samples: int | None = None
+
+    def to_json(self) -> dict:
+        return {"state": self.state, "pid": self.pid, "updated_at": iso(self.updated_at),
+                "started_at": iso(self.started_at), "interval_s": self.interval_s,
+                "age_s": self.age_s, "detail": self.detail, "samples": self.samples}
+
+
+ABSENT_HEARTBEAT = Heartbeat(ABSENT, detail="no monitor has run here (bk m)")
+
+
+def heartbeat_doc(*, status: str, pid: int, started_at: int, updated_at: int, interval_s: float,
+                  detail: str | None, samples: int) -> dict:
+    if status not in RECORDED:
+        raise ValueError(f"a monitor cannot record {status!r}")
+    return {"schema": HEARTBEAT_SCHEMA, "status": status, "pid": pid, "started_at": started_at,
+            "updated_at": updated_at, "updated_at_iso": iso(updated_at), "interval_s": interval_s,
+            "detail": detail, "samples": samples}
+
+
+def write_heartbeat(directory: str, doc: dict, *, sync: bool = False) -> None:
+    _write(directory, HEARTBEAT_FILE, doc, sync=sync)
+
+
+def heartbeat_state(doc: dict | None, now: int, *, alive: bool | None) -> str:
+    """The state a reader reports for a heartbeat document at ``now``.
+    ``alive``: whether its pid still runs (None: cannot tell).  Pure."""
+    if doc is None:
+        return ABSENT
+    status = doc["status"]
+    if status == STOPPED:
+        return STOPPED
+    if alive is False or not fresh(doc["updated_at"], now, doc["interval_s"]):
+        return STALE
+    return status
+
+
+def _valid_heartbeat(doc: object) -> bool:
+    if not isinstance(doc, dict) or doc.get("schema") != HEARTBEAT_SCHEMA:
+        return False
+    ints = ("pid", "started_at", "updated_at", "samples")
+    return (doc.get("status") in RECORDED and all(isinstance(doc.get(k), int) for k in ints)
+            and isinstance(doc.get("interval_s"), (int, float)) and doc["interval_s"] > 0
+            and (doc.get("detail") is None or isinstance(doc["detail"], str)))
+
+
+def pid_alive(pid: int) -> bool | None:
+    """Whether ``pid`` runs (signal 0 checks existence and permission, sends
+    nothing; EPERM means it exists under another account)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except OSError:
+        return None
+    return True
+
+
+def read_heartbeat(directory: str, now: int, *, owner: int | None = None,
+                   alive=pid_alive) -> Heartbeat:
+    """The monitor's state now; ``absent`` when none ever wrote here, and
+    for a damaged or foreign file (with a detail saying so)."""
+    doc = _read_doc(directory, HEARTBEAT_FILE, owner)
+    if doc is None:
+        return ABSENT_HEARTBEAT
+    if not _valid_heartbeat(doc):
+        return Heartbeat(ABSENT, detail=f"{os.path.join(directory, HEARTBEAT_FILE)} is not a heartbeat bk can read")
+    live = alive(doc["pid"]) if doc["status"] != STOPPED else None
+    state = heartbeat_state(doc, now, alive=live)
+    detail = doc.get("detail")
+    if state == STALE:
+        detail = (f"process {doc['pid']} is gone" if live is False
+                  else f"no update for {now - doc['updated_at']} s") + (f" (last: {detail})" if detail else "")
+    return Heartbeat(state, doc["pid"], doc["updated_at"], doc["started_at"], doc["interval_s"], detail,
+                     max(0, now - doc["updated_at"]), doc["samples"])

@@ -6,10 +6,13 @@ their help.  This module walks ``bk.cli.app.build_parser()`` and writes:
 * ``man/bk.1``: every command (with its aliases, synopsis, description,
   arguments, options and examples), wrapped in hand-written sections
   (DESCRIPTION, ENVIRONMENT, FILES, EXIT STATUS from
-  ``bk.core.errors.EXIT_TABLE``, JSON OUTPUT, EXAMPLES, SEE ALSO);
+  ``bk.core.errors.EXIT_TABLE``, JSON OUTPUT, EXAMPLES, SEE ALSO); the
+  administrator's commands get a short entry pointing to
+* ``man/bk-admin.8`` (``bk/cli/manpage_admin.py``): every ``bk admin``
+  action at any depth, ``bk update`` and the daemons, in full;
 * ``install/completion/bk.bash`` and ``install/completion/_bk`` (zsh).
 
-``python3 tools/gen_docs.py`` regenerates all three; ``tests/test_manpage.py``
+``python3 tools/gen_docs.py`` regenerates all four; ``tests/test_manpage.py``
 fails when the committed files differ from what the tree generates, so a
 new option cannot ship undocumented.
 
@@ -347,7 +350,8 @@ BK_DATA_DIR=$(mktemp \-d) BK_GPU_COUNT=4 bk 1 30m   # try it without GPUs
 .RE
 .fi
 .SH SEE ALSO
-.BR gpubk\-config (5)
+.BR gpubk\-config (5),
+.BR bk\-admin (8)
 .PP
 \fBbk help\fR \fICOMMAND\fR, \fBbk tutorial\fR, and the guides in \fIdocs/\fR.
 """
@@ -363,8 +367,14 @@ def manpage(parser=None) -> str:
         out += [".TP", _flag_roff(o), line(o.help)]
     out.append(".SH COMMANDS")
     out.append("Each command is listed with its aliases in parentheses.")
-    for c in flatten(walk(parser)):
-        out += command_section(c)
+    from bk.cli.manpage_admin import ADMIN_WORDS, short_entry
+
+    for top in walk(parser):
+        if top.path[0] in ADMIN_WORDS:
+            out += short_entry(top)      # the whole sub-tree is in bk-admin(8)
+            continue
+        for c in flatten([top]):
+            out += command_section(c)
     out.append(ENVIRONMENT.rstrip("\n"))
     out.append(".SH EXIT STATUS")
     out.append("The same for every command:")
@@ -508,8 +518,15 @@ def zsh_completion(parser=None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def admin_manpage(parser=None) -> str:
+    from bk.cli.manpage_admin import admin_page
+
+    return admin_page(parser or _parser())
+
+
 GENERATED = {
     "man/bk.1": manpage,
+    "man/bk-admin.8": admin_manpage,
     "install/completion/bk.bash": bash_completion,
     "install/completion/_bk": zsh_completion,
 }

@@ -224,12 +224,19 @@ class Policy:
 
 @dataclass
 class GpuProcess:
+    """One process on one GPU.  The backend gives pid, memory and SM; the
+    rest comes from /proc (``bk.gpu.procinfo``) or the simulation file, and
+    is None where it could not be read."""
+
     pid: int
     mem_mib: int | None = None
     sm: int | None = None          # SM utilisation percent, None when unknown
-    uid: int | None = None
+    uid: int | None = None         # the process's real UID (None: /proc unreadable)
     user: str | None = None
-    label: str | None = None
+    label: str | None = None       # a safe short label, never the arguments
+    since: int | None = None       # process start, epoch seconds
+    container: str | None = None   # "docker:3f2a9c1b12ab" when it runs in a container
+    identity: str | None = None    # set by whoever attributed it (a monitor snapshot)
 
 
 @dataclass

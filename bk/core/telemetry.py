@@ -8,9 +8,20 @@ instant, with where it came from and what it could not see (``gaps``).  A
 snapshot is taken only by the commands that show or use live data (status,
 placement); ``bk l`` and friends never take one.
 
-``attribute`` is the one judgement of a GPU process against the bookings
-(status rows and booking warnings both use it).  Pure: callers pass the
-active bookings in.
+``attribute_all`` is the one judgement of the GPU processes against the
+bookings (status rows, placement and booking warnings all use it).  Pure:
+callers pass the bookings and ``now`` in.
+
+Who runs a process is read from /proc: its real UID.  That is the truth for
+an ordinary process (``verified``).  A container started through a daemon
+(Docker, containerd, CRI-O, rootful Podman) runs as root whoever asked for
+it, so UID 0 inside a container says nothing about the user.  The decision:
+such a process on GPU g is credited to the one user whose booking holds g
+now (``inferred``; that user could have started it), ``ambiguous`` when
+several bookings hold g (the state is then ``unknown``: bk will not pick
+one), and ``unreserved`` with UID 0 when nobody holds g.  The identity is
+always reported next to the state, so an inference is never passed off as a
+fact.
 """
 
 from __future__ import annotations
@@ -25,6 +36,23 @@ UNRESERVED = "unreserved"    # its owner has no booking running now
 UNKNOWN = "unknown"          # owner not known (no /proc access, another container)
 SYSTEM = "system"            # display server, persistence daemon, monitoring
 STATES = (OK, WRONG_GPU, UNRESERVED, UNKNOWN, SYSTEM)
+
+# How sure the UID of an attribution is (SPEC 8), part of the JSON contract.
+VERIFIED = "verified"        # the process's own UID, read from /proc
+INFERRED = "inferred"        # a root container process credited to the one booker of its GPU
+AMBIGUOUS = "ambiguous"      # a root container process on a GPU several users hold
+IDENTITIES = (VERIFIED, INFERRED, AMBIGUOUS)
+
+# What a source can see, in the order humans read it.  A backend states the
+# ones it offers (``Snapshot.capabilities``); ``gaps`` names the ones a look
+# missed (or that the source never has).
+CAPABILITIES = ("uuid", "memory", "utilisation", "temperature", "processes", "process_sm",
+                "process_owner", "mig")
+GAP_WORDS = {"utilisation": "no utilisation", "memory": "no memory readings",
+             "processes": "no process list", "temperature": "no temperature",
+             "process_sm": "no per-process SM", "uuid": "some UUIDs missing",
+             "mig": "MIG: whole-GPU readings", "nvml": "the driver failed during this look",
+             "gpus": "no GPUs seen"}
 
 
 @dataclass(frozen=True)
@@ -67,6 +95,8 @@ class Snapshot:
     gpus: tuple[GpuInfo, ...] = ()
     gaps: tuple[str, ...] = ()
     simulated: bool = True
+    reason: str | None = None            # why this source, when it is a fallback
+    capabilities: tuple[str, ...] = ()   # what this source can see at best (CAPABILITIES)
 
     def by_index(self) -> dict[int, GpuInfo]:
         return {g.index: g for g in self.gpus}
@@ -74,6 +104,22 @@ class Snapshot:
     def load(self) -> dict[int, float]:
         """Each GPU's load for placement, 0..1: the utilisation seen now."""
         return {g.index: g.util / 100 for g in self.gpus if g.util is not None}
+
+    def describe(self) -> str | None:
+        """One line for humans when the view is incomplete ("telemetry:
+        nvidia-smi; no process list"), None when nothing is missing."""
+        if not self.gaps and not self.reason:
+            return None
+        parts = [f"telemetry: {self.source}" + (" (simulated)" if self.simulated and
+                                                 not self.source.startswith("sim") else "")]
+        if self.reason:
+            parts.append(self.reason)
+        parts.extend(GAP_WORDS.get(g, f"no {g}") for g in self.gaps)
+        return "; ".join(parts)
+
+    def telemetry_json(self) -> dict:
+        return {"source": self.source, "simulated": self.simulated, "reason": self.reason,
+                "gaps": list(self.gaps), "capabilities": list(self.capabilities)}
 
 
 EMPTY = Snapshot(0, "none", (), ("gpus",))
@@ -88,18 +134,85 @@ def active_gpus_by_uid(reservations, now: int) -> dict[int, set[int]]:
     return out
 
 
+@dataclass(frozen=True)
+class Attribution:
+    """The judgement of one process: its state (STATES), how sure its UID
+    is (IDENTITIES, None when no UID is known) and the UID it is credited
+    to (the booker for an inferred container process)."""
+
+    state: str
+    identity: str | None
+    uid: int | None
+
+
 def attribute(p: GpuProcess, gpu: int, active: dict[int, set[int]]) -> str:
     """One process on GPU ``gpu`` judged against ``active`` (uid -> GPUs
     booked now): ok, wrong-gpu, unreserved, unknown or system."""
+    return judge(p, gpu, active).state
+
+
+def judge(p: GpuProcess, gpu: int, active: dict[int, set[int]],
+          candidates: set[int] | None = None) -> Attribution:
+    """``attribute`` with the identity.  ``candidates``: the users who could
+    have started a root container process on ``gpu`` (by default everyone
+    in ``active`` holding ``gpu``)."""
     if (p.label or "").lower() in SYSTEM_LABELS:
-        return SYSTEM
+        return Attribution(SYSTEM, VERIFIED if p.uid is not None else None, p.uid)
     if p.uid is None:
-        return UNKNOWN
+        return Attribution(UNKNOWN, None, None)
+    if p.uid == 0 and p.container and gpu not in active.get(0, ()):
+        holders = candidates if candidates is not None else {u for u, gs in active.items() if gpu in gs}
+        if len(holders) == 1:
+            return Attribution(OK, INFERRED, next(iter(holders)))
+        if holders:
+            return Attribution(UNKNOWN, AMBIGUOUS, None)
+        return Attribution(UNRESERVED, VERIFIED, 0)
     if gpu in active.get(p.uid, ()):
-        return OK
+        return Attribution(OK, VERIFIED, p.uid)
     if p.uid in active:
-        return WRONG_GPU
-    return UNRESERVED
+        return Attribution(WRONG_GPU, VERIFIED, p.uid)
+    return Attribution(UNRESERVED, VERIFIED, p.uid)
+
+
+def attribute_all(snapshot: Snapshot, reservations, now: int) -> dict[tuple[int, int], Attribution]:
+    """Every process of ``snapshot`` judged against the bookings active at
+    ``now``: ``{(gpu, pid): Attribution}``."""
+    active = active_gpus_by_uid(reservations, now)
+    return {(g.index, p.pid): judge(p, g.index, active) for g in snapshot.gpus for p in g.processes or ()}
+
+
+# A GPU's live state for people (bk st) and placement, worst last.
+IDLE, BUSY, UNRESERVED_USE = "idle", "busy", "unreserved-use"
+
+
+def gpu_state(g: GpuInfo, attributions: dict[tuple[int, int], Attribution]) -> str:
+    """``idle``, ``busy``, ``unreserved-use`` (a process runs there without
+    a booking of its user on that GPU) or ``unknown``."""
+    for p in g.processes or ():
+        a = attributions.get((g.index, p.pid))
+        if a is not None and a.state in (UNRESERVED, WRONG_GPU):
+            return UNRESERVED_USE
+    return g.live_state()
+
+
+def placement_load(snapshot: Snapshot, reservations, now: int, *, uid: int | None = None) -> dict[int, float]:
+    """Each GPU's load for placement: the utilisation seen now (0..1), plus
+    1 for a GPU that a process uses without a booking there, so that such a
+    GPU comes after every other busy one (the scheduler ranks idle, unknown,
+    busy first, then by this load).  ``uid``'s own processes (the user
+    asking) do not count against a GPU: they are probably why they book."""
+    atts = attribute_all(snapshot, reservations, now)
+    out = {}
+    for g in snapshot.gpus:
+        load = g.util / 100 if g.util is not None else 0.0
+        for p in g.processes or ():
+            a = atts.get((g.index, p.pid))
+            if a is not None and a.state in (UNRESERVED, WRONG_GPU) and (uid is None or a.uid != uid):
+                load += 1.0
+                break
+        if g.util is not None or load:
+            out[g.index] = load
+    return out
 
 
 @dataclass(frozen=True)
@@ -116,7 +229,7 @@ class Intruder:
 def intruders(snapshot: Snapshot, reservations, *, booking, now: int) -> list[Intruder]:
     """Processes already running on the GPUs of ``booking`` (which starts
     now) that are not entitled to them: unattributed to a booking there, or,
-    for an exclusive booking, anyone else's.  Uses ``attribute`` with the
+    for an exclusive booking, anyone else's.  Uses ``judge`` with the
     new booking counted as active."""
     if booking.start > now:
         return []
@@ -126,11 +239,16 @@ def intruders(snapshot: Snapshot, reservations, *, booking, now: int) -> list[In
         active = {booking.uid: set(booking.gpus)}
     else:
         active.setdefault(booking.uid, set()).update(booking.gpus)
+    # A process already running was not started under a booking that begins
+    # now: it is credited only to the others who hold the GPU.
+    holders = active_gpus_by_uid(others, now) if booking.mode != "exclusive" else {}
     out = []
     for g in snapshot.gpus:
         if g.index not in booking.gpus or not g.processes:
             continue
-        odd = [p for p in g.processes if attribute(p, g.index, active) in (UNRESERVED, UNKNOWN, WRONG_GPU)]
+        cands = {u for u, gs in holders.items() if g.index in gs}
+        odd = [p for p in g.processes
+               if judge(p, g.index, active, cands).state in (UNRESERVED, UNKNOWN, WRONG_GPU)]
         if not odd:
             continue
         users = tuple(sorted({p.user or (str(p.uid) if p.uid is not None else "unknown") for p in odd}))

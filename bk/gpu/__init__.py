@@ -16,9 +16,15 @@ Choice of backend (``open_backend``):
   3. NVML (``bk.gpu.nvml``), when the NVIDIA driver is loaded (its
      /proc/driver/nvidia/version exists) and ``pynvml`` can be found; nothing
      is imported or initialised until the first question, and when NVML does
-     not answer then, that backend stands in for the simulation below with
-     the reason "no NVML driver answered";
-  4. a simulation of ``fallback_count`` GPUs, reported as such.
+     not answer then, that backend stands in for the next one with the
+     reason "no NVML driver answered";
+  4. ``nvidia-smi`` (``bk.gpu.smi``), when it is on PATH: device readings
+     without a process list (the gap "processes"); when it does not answer
+     either, it stands in for the simulation below, with the reason;
+  5. a simulation of ``fallback_count`` GPUs, reported as such.
+
+Every backend that lists processes fills in their owner, label, start and
+container from /proc under ``proc_root`` (``bk.gpu.procinfo``).
 """
 
 from __future__ import annotations
@@ -57,7 +63,7 @@ def open_backend(env: dict, fallback_count: int | None = None, *, proc_root: str
 
     path = env.get("BK_GPU_SIM_FILE")
     if path:
-        return sim.FileBackend(path)
+        return sim.FileBackend(path, proc_root=proc_root)
     count = env.get("BK_GPU_COUNT")
     if count is not None:
         try:
@@ -68,20 +74,42 @@ def open_backend(env: dict, fallback_count: int | None = None, *, proc_root: str
             raise ConfigError(f"BK_GPU_COUNT must be a whole number from 1 to 64, got {count!r}",
                               hint="export BK_GPU_COUNT=4")
         return sim.CountBackend(n)
-    if _nvml_possible(proc_root):
+    n = fallback_count or 4
+    smi = _smi_path(env)
+    driver = _driver_loaded(proc_root)
+    if driver and _pynvml_installed():
         from bk.gpu.nvml import NvmlBackend
 
-        return NvmlBackend(fallback_count or 4, proc_root=proc_root)
-    return sim.CountBackend(fallback_count or 4, reason="no GPU backend available; simulating")
+        if smi is None:
+            return NvmlBackend(n, proc_root=proc_root)
+
+        def after_nvml():
+            from bk.gpu.smi import SmiBackend
+
+            return SmiBackend(n, exe=smi, proc_root=proc_root)
+        return NvmlBackend(n, proc_root=proc_root, fallback=after_nvml)
+    if smi is not None:
+        from bk.gpu.smi import SmiBackend
+
+        why = "pynvml is not installed" if driver else None
+        return SmiBackend(n, exe=smi, proc_root=proc_root, reason=why)
+    return sim.CountBackend(n, reason="no GPU backend available; simulating")
 
 
-def _nvml_possible(proc_root: str) -> bool:
-    """A driver is loaded and pynvml is installed: two cheap looks, no import
-    of pynvml and no NVML call."""
+def _smi_path(env: dict) -> str | None:
+    """nvidia-smi on the caller's PATH (a lookup, no run)."""
+    import shutil
+
+    return shutil.which("nvidia-smi", path=env.get("PATH", "/usr/bin:/bin"))
+
+
+def _driver_loaded(proc_root: str) -> bool:
     import os
 
-    if not os.path.exists(os.path.join(proc_root, "driver/nvidia/version")):
-        return False
+    return os.path.exists(os.path.join(proc_root, "driver/nvidia/version"))
+
+
+def _pynvml_installed() -> bool:
     from importlib.util import find_spec
 
     try:

@@ -11,8 +11,12 @@ caller: the reading becomes unknown, the snapshot names the gap, and the next
 question at least ``retry_s`` later shuts NVML down and initialises it again
 (the handles rebuilt).  A call the device does not support is a gap, not an
 error, and is not retried as one.  When NVML never answered in this process,
-the backend stands in for a count-only simulation, reported as such
-("no NVML driver answered"), and tries NVML again after ``retry_s``.
+the backend stands in for its fallback (nvidia-smi when it is on PATH, else
+a count-only simulation), reported as such ("no NVML driver answered"), and
+tries NVML again after ``retry_s``.
+
+Each process's owner, label, start and container come from /proc
+(``bk.gpu.procinfo``), under the same injectable root.
 
 Gaps this backend may report (besides the simulation's): ``nvml`` (the
 driver failed during this look: some GPUs are unknown), ``uuid`` (a GPU did
@@ -32,6 +36,8 @@ from bk.gpu import Backend
 
 MIB = 1024 * 1024
 LIVE_GAPS = ("utilisation", "memory", "processes", "temperature")
+CAPABILITIES = ("uuid", "memory", "utilisation", "temperature", "processes", "process_sm",
+                "process_owner", "mig")
 NO_DRIVER = "no NVML driver answered"
 
 # NVML return codes that mean "this device cannot tell" rather than "the
@@ -97,7 +103,7 @@ class NvmlBackend(Backend):
     """NVML when a driver answers, else a reported count-only simulation."""
 
     def __init__(self, fallback_count: int = 4, *, proc_root: str = "/proc",
-                 clock=time.monotonic, retry_s: float = 5.0):
+                 clock=time.monotonic, retry_s: float = 5.0, fallback=None):
         self.name = "nvml"
         self.simulated = False
         self.reason = None
@@ -112,6 +118,8 @@ class NvmlBackend(Backend):
         self._next_try = None           # monotonic time before which no (re)initialisation is tried
         self._broken = False            # a driver error asks for a rebuild
         self._fallback = None
+        self._make_fallback = fallback  # () -> Backend; None: a count-only simulation
+        self._procinfo = None
         self._lock = None
 
     # -- the seam ------------------------------------------------------
@@ -127,7 +135,9 @@ class NvmlBackend(Backend):
             self._ensure()
             if self._inventory is not None:
                 return self._inventory
-            return self._fallback.inventory()
+            inv = self._fallback.inventory()
+            self._mirror()
+            return inv
 
     def snapshot(self, now: int) -> Snapshot:
         with self._locked():
@@ -135,7 +145,12 @@ class NvmlBackend(Backend):
             if self._gpus is None:
                 if self._inventory is not None:     # known GPUs, driver gone for now
                     return self._unknown(now)
-                return self._fallback.snapshot(now)
+                snap = self._fallback.snapshot(now)
+                self._mirror()
+                if snap.reason is None and self.reason is not None:
+                    snap = Snapshot(snap.taken_at, snap.source, snap.gpus, snap.gaps, snap.simulated,
+                                    self.reason, snap.capabilities)
+                return snap
             gpus, gaps = [], set()
             for g in self._gpus:
                 gpus.append(self._read(g, gaps))
@@ -143,7 +158,7 @@ class NvmlBackend(Backend):
                 gaps.add("mig")
             if any(g.uuid.startswith("nvml-index-") for g in self._gpus):
                 gaps.add("uuid")
-            return Snapshot(now, "nvml", tuple(gpus), tuple(sorted(gaps)), False)
+            return Snapshot(now, "nvml", tuple(gpus), tuple(sorted(gaps)), False, None, CAPABILITIES)
 
     def close(self) -> None:
         with self._locked():
@@ -182,10 +197,20 @@ class NvmlBackend(Backend):
             self.name, self.simulated, self.reason, self._fallback = "nvml", False, None, None
             return
         if self._fallback is None:
-            from bk.gpu import sim
+            if self._make_fallback is not None:
+                self._fallback = self._make_fallback()
+            else:
+                from bk.gpu import sim
 
-            self._fallback = sim.CountBackend(self._fallback_count, reason=NO_DRIVER)
-        self.name, self.simulated, self.reason = "sim-count", True, NO_DRIVER
+                self._fallback = sim.CountBackend(self._fallback_count, reason=NO_DRIVER)
+        self._mirror()
+
+    def _mirror(self) -> None:
+        """Standing in: say what the fallback is, and why."""
+        fb = self._fallback
+        why = fb.reason if fb.reason and fb.reason != NO_DRIVER else None
+        self.name, self.simulated = fb.name, fb.simulated
+        self.reason = f"{NO_DRIVER}; {why}" if why else NO_DRIVER
 
     def _init(self) -> None:
         if self._nv is None:
@@ -299,7 +324,12 @@ class NvmlBackend(Backend):
                 used = max(old, used) if old is not None and used is not None else (old if used is None else used)
             mem[p.pid] = used
         sm = self._sm(g, gaps) if mem else {}
-        return [GpuProcess(pid=pid, mem_mib=m, sm=sm.get(pid)) for pid, m in sorted(mem.items())]
+        if self._procinfo is None:
+            from bk.gpu.procinfo import ProcInfo
+
+            self._procinfo = ProcInfo(self._proc_root)
+        fill = self._procinfo.fill
+        return [fill(GpuProcess(pid=pid, mem_mib=m, sm=sm.get(pid))) for pid, m in sorted(mem.items())]
 
     def _sm(self, g: _Gpu, gaps: set) -> dict[int, int]:
         """Per-process SM utilisation of the samples since the last look."""
@@ -320,7 +350,7 @@ class NvmlBackend(Backend):
     def _unknown(self, now: int) -> Snapshot:
         gpus = tuple(GpuInfo(g.index, g.uuid, g.name, mem_total_mib=g.mem_total_mib)
                      for g in self._inventory.gpus)
-        return Snapshot(now, "nvml", gpus, tuple(sorted(LIVE_GAPS + ("nvml",))), False)
+        return Snapshot(now, "nvml", gpus, tuple(sorted(LIVE_GAPS + ("nvml",))), False, None, CAPABILITIES)
 
 
 def _code(e: BaseException) -> int | None:

@@ -419,7 +419,7 @@ class Service:
     def recommend(self, req: BookRequest, alternatives: int = 3, state: LedgerState | None = None, *,
                   call: Call | None = None):
         """Options for ``req`` without booking: a ``Recommendation``."""
-        from bk.core import scheduler
+        from bk.core import scheduler, telemetry
         from bk.service import booking
         from bk.service.advice import Recommendation
 
@@ -429,7 +429,9 @@ class Service:
         snap = call.telemetry.snapshot()
         found = scheduler.recommend(booking._sched_request(req), reservations=state.reservations,
                                     blackouts=state.blackouts, policy=call.policy, gpus=list(snap.gpus),
-                                    now=call.now, alternatives=alternatives, load=snap.load(), tz=call.tz)
+                                    now=call.now, alternatives=alternatives, tz=call.tz,
+                                    load=telemetry.placement_load(snap, state.reservations, call.now,
+                                                                  uid=call.actor.uid))
         return Recommendation(req, tuple(found), call.now, call.policy.slot_minutes)
 
 

@@ -176,12 +176,14 @@ def _sched_request(req: BookRequest, ignore_id: str | None = None) -> scheduler.
 
 
 def _place(state: LedgerState, sreq: scheduler.Request, call: Call, *, live: bool = True):
-    """Placement with the live snapshot (a new booking: avoid busy GPUs), or
+    """Placement with the live snapshot (a new booking: avoid busy GPUs, and
+    after them GPUs someone uses without a booking: ``placement_load``), or
     with the inventory alone (an edit: its GPUs and memory figures, no look
     at the driver; ``bk e`` needs nothing live)."""
     if live:
         snap = call.telemetry.snapshot()
-        gpus, load = list(snap.gpus), snap.load()
+        gpus = list(snap.gpus)
+        load = telemetry.placement_load(snap, state.reservations, call.now, uid=call.actor.uid)
     else:
         gpus, load = list(call.telemetry.inventory().gpus), None
     return scheduler.place(sreq, reservations=state.reservations, blackouts=state.blackouts,

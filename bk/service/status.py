@@ -4,8 +4,14 @@ One GPU snapshot (``call.telemetry.snapshot()``, one backend call per
 command) and one read of the ledger make the whole view; nothing here is
 computed per cell or per row from a fresh read.  The views are typed: the
 CLI renders its text from the records, and ``to_json()`` is the JSON every
-front end shows.  Process attribution is ``bk.core.telemetry.attribute``,
-the same judgement the booking warnings use.
+front end shows.  Process attribution is ``bk.core.telemetry.attribute_all``,
+the same judgement placement, the monitor and the booking warnings use.
+The snapshot may come from the monitor's file (through the telemetry seam);
+this module never asks where.
+
+How much of each of the caller's running bookings was used comes from the
+usage history the monitor writes (``bk.store.usage``): shown only when that
+history has records of the booking, never estimated.
 
 "Next fully free" is the first instant from now on at which a GPU holds no
 booking at all (no share slot taken) and no blackout runs: the moment a
@@ -16,7 +22,10 @@ in one pass over the holds sorted by start.
 
 from __future__ import annotations
 
+import os
+
 from bk.core import telemetry
+from bk.core.errors import BkError
 from bk.core.models import EXCLUSIVE, GpuInfo, GpuProcess, Policy, Reservation, iso
 from bk.core.record import dataclass
 from bk.service.views import notice_json
@@ -83,18 +92,20 @@ def share_used(holds: list[Reservation], t: int, capacity: int) -> int:
 @dataclass(frozen=True)
 class ProcessRow:
     pid: int
-    uid: int | None
+    uid: int | None                    # the UID it is credited to (the booker, when inferred)
     user: str | None
     label: str | None
     mem_mib: int | None
     sm: int | None
     state: str                         # bk.core.telemetry.STATES
+    identity: str | None = None        # bk.core.telemetry.IDENTITIES; None: no UID known
+    since: int | None = None
+    container: str | None = None
 
     def to_json(self) -> dict:
-        # Container attribution (SPEC 8) refines ``identity`` and ``since`` later.
         return {"pid": self.pid, "uid": self.uid, "user": self.user, "label": self.label,
                 "mem_mib": self.mem_mib, "sm": self.sm, "state": self.state,
-                "identity": "verified" if self.uid is not None else None, "since": None}
+                "identity": self.identity, "since": iso(self.since), "container": self.container}
 
 
 @dataclass(frozen=True)
@@ -106,7 +117,7 @@ class GpuRow:
     mem_used_mib: int | None
     mem_total_mib: int | None
     temperature: int | None
-    state: str                         # idle | busy | unknown | disabled
+    state: str                         # idle | busy | unreserved-use | unknown | disabled | absent
     share_used: int
     capacity: int
     processes: tuple | None            # ProcessRow; None: the backend cannot list them
@@ -121,15 +132,22 @@ class GpuRow:
                 "next_free": iso(self.next_free)}
 
 
-def process_row(p: GpuProcess, gpu: int, active: dict[int, set[int]]) -> ProcessRow:
-    return ProcessRow(p.pid, p.uid, p.user, p.label, p.mem_mib, p.sm, telemetry.attribute(p, gpu, active))
+def process_row(p: GpuProcess, a, names: dict[int, str]) -> ProcessRow:
+    """One process as shown: credited to ``a.uid`` (an ``Attribution``),
+    named from the bookings when it is not its own UID (an inferred
+    container process runs as root)."""
+    user = p.user if a.uid == p.uid else names.get(a.uid) if a.uid is not None else None
+    return ProcessRow(p.pid, a.uid, user, p.label, p.mem_mib, p.sm, a.state, a.identity, p.since,
+                      p.container)
 
 
 def gpu_rows(state, snapshot, policy, now: int) -> list[GpuRow]:
     info: dict[int, GpuInfo] = snapshot.by_index()
     per = holds_by_gpu(state.reservations, now, policy.gpu_count)
     dark = [(b.start, b.end) for b in state.blackouts if b.end > now]
-    active = telemetry.active_gpus_by_uid(state.reservations, now)
+    atts = telemetry.attribute_all(snapshot, state.reservations, now)
+    names = {r.uid: r.user for r in state.reservations}
+    unknown = telemetry.Attribution(telemetry.UNKNOWN, None, None)
     rows = []
     for g in per:
         gi = info.get(g)
@@ -141,14 +159,34 @@ def gpu_rows(state, snapshot, policy, now: int) -> list[GpuRow]:
         disabled = g in policy.disabled_gpus
         procs = None
         if gi is not None and gi.processes is not None:
-            procs = tuple(process_row(p, g, active) for p in gi.processes)
+            procs = tuple(process_row(p, atts.get((g, p.pid), unknown), names) for p in gi.processes)
         free = None if disabled else next_fully_free([(r.start, r.end) for r in per[g]] + dark, now)
         rows.append(GpuRow(
             g, gi.uuid if gi else None, gi.name if gi else None, gi.util if gi else None,
             gi.mem_used_mib if gi else None, gi.mem_total_mib if gi else None,
-            gi.temperature if gi else None, "disabled" if disabled else (gi.live_state() if gi else "unknown"),
+            gi.temperature if gi else None,
+            "disabled" if disabled else (telemetry.gpu_state(gi, atts) if gi else "unknown"),
             share_used(per[g], now, policy.max_shared_users), policy.max_shared_users, procs, free))
     return rows
+
+
+@dataclass(frozen=True)
+class BookingUse:
+    """How much of one running booking was used so far, from the usage
+    history: ``booked_s`` of GPU time it held, ``active_s`` of it with a
+    process of its owner seen."""
+
+    reservation: str
+    booked_s: int
+    active_s: int
+
+    @property
+    def idle_fraction(self) -> float:
+        return max(0.0, 1 - self.active_s / self.booked_s) if self.booked_s else 0.0
+
+    def to_json(self) -> dict:
+        return {"reservation": self.reservation, "booked_s": self.booked_s, "active_s": self.active_s,
+                "idle_fraction": round(self.idle_fraction, 4)}
 
 
 @dataclass(frozen=True)
@@ -162,11 +200,16 @@ class StatusView:
     notices: tuple
     view: object                       # bk.service.results.View: numbers, capacity, memory
     verbose: bool = False
+    telemetry: dict | None = None      # Snapshot.telemetry_json(): source, reason, gaps, capabilities
+    describe: str | None = None        # the one line saying what the telemetry misses
+    usage: tuple = ()                  # BookingUse of the caller's running bookings, where recorded
 
     def to_json(self) -> dict:
         return {"now": iso(self.now), "backend": dict(self.backend),
+                "telemetry": dict(self.telemetry or {}),
                 "gpus": [g.to_json() for g in self.gpus],
                 "reservations": [self.view.reservation(r) for r in self.reservations],
+                "usage": [u.to_json() for u in self.usage],
                 "notices": [notice_json(n) for n in self.notices],
                 # The monitor daemon (SPEC 8) does not exist yet; say so rather than guess.
                 "monitor": {"state": "absent"}}
@@ -197,9 +240,66 @@ def status_view(app, verbose: bool = False, *, call=None) -> StatusView:
     else:
         shown = mine
     view = View(now, call.actor.uid, call.policy, {g.index: g.mem_total_mib for g in snap.gpus}, numbers)
+    running = [r for r in mine if r.status(now) == "active"]
     return StatusView(now, {"name": snap.source, "simulated": snap.simulated},
                       tuple(gpu_rows(state, snap, call.policy, now)), tuple(shown),
-                      tuple(app.notices(state=state, call=call)), view, verbose)
+                      tuple(app.notices(state=state, call=call)), view, verbose,
+                      snap.telemetry_json(), snap.describe(), tuple(booking_usage(app, running)))
+
+
+def booking_usage(app, reservations) -> list[BookingUse]:
+    """What the usage history says of each of ``reservations`` (running
+    bookings); a booking it has no record of is left out, never shown as
+    unused.  No history (no monitor ever ran) costs one failed stat."""
+    if not reservations:
+        return []
+    try:
+        from bk.store.usage import UsageStore
+    except ImportError:         # a build without the usage history
+        return []
+    try:
+        store = UsageStore.for_settings(app.settings)
+        if not os.path.isdir(store.dir):
+            return []
+        out = []
+        for r in reservations:
+            booked, active = store.booking_usage(r.id, start=r.start, end=r.end)
+            if booked > 0:
+                out.append(BookingUse(r.id, booked, min(active, booked)))
+        return out
+    except (OSError, ValueError, BkError):  # the history is advice: a damaged one hides the line
+        return []
+
+
+@dataclass(frozen=True)
+class GpuLive:
+    """One GPU's live state for ``bk g``: what placement also looked at."""
+
+    index: int
+    state: str
+    util: int | None
+    mem_free_mib: int | None
+    processes: int | None              # None: the source cannot list them
+
+    def to_json(self) -> dict:
+        return {"index": self.index, "state": self.state, "util": self.util,
+                "mem_free_mib": self.mem_free_mib, "processes": self.processes}
+
+
+def live_gpus(app, *, state=None, call=None) -> tuple[dict[int, GpuLive], str | None]:
+    """Each GPU's live state (the command's one snapshot, the one placement
+    used) and the telemetry line when something is missing."""
+    call = call or app.call()
+    state = state or app.ledger(call=call)
+    snap = call.telemetry.snapshot()
+    atts = telemetry.attribute_all(snap, state.reservations, call.now)
+    out = {}
+    for g in snap.gpus:
+        free = (g.mem_total_mib - g.mem_used_mib
+                if g.mem_total_mib is not None and g.mem_used_mib is not None else None)
+        out[g.index] = GpuLive(g.index, telemetry.gpu_state(g, atts), g.util, free,
+                               None if g.processes is None else len(g.processes))
+    return out, snap.describe()
 
 
 def login_view(app, lookahead: int = LOGIN_LOOKAHEAD_S, *, call=None) -> LoginView:

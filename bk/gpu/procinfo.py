@@ -1,0 +1,241 @@
+"""Who runs a GPU process: owner, start time, a safe label, its container.
+
+The driver gives a PID and its memory; everything else comes from /proc,
+read here and nowhere else (the root is injectable, so tests build fake
+trees).  The facts that shape this module:
+
+* ``/proc/PID/status`` has ``Uid: real effective saved fs``.  The real UID
+  is the user who started the process (a setuid helper keeps it), so that is
+  the owner.  Reading it needs no privilege unless /proc is mounted with
+  ``hidepid``; then, or when the process has gone, the owner is unknown
+  (None), never guessed.
+* ``/proc/PID/stat`` field 22 is the start time in clock ticks since boot;
+  ``btime`` in /proc/stat is the boot in epoch seconds.  The command name
+  (field 2) is in parentheses and may itself contain spaces and ``)``, so
+  the fields are counted from the last ``)``.  (PID, start ticks) names a
+  process for life: a reused PID has another start, so it keys the cache.
+* ``/proc/PID/cmdline`` holds the arguments, which may hold secrets (tokens,
+  paths, data set names).  Only a label leaves this module: the basename of
+  the executable, or for an interpreter (python, bash, java, node...) the
+  basename of its script; never an argument after that, never the
+  environment.  Control characters are dropped and the label is capped at
+  32 characters: it ends up in a shared snapshot file and on others'
+  terminals.  A process may rewrite its own argv[0] (setproctitle), so only
+  the first word of it is used.
+* ``/proc/PID/cgroup`` places the process: one line ``0::/path`` on cgroup
+  v2, one line per hierarchy ``N:controllers:path`` on v1.  Container
+  runtimes name their cgroups after the container ID (Docker
+  ``/docker/<id>`` or ``docker-<id>.scope``, containerd
+  ``cri-containerd-<id>.scope``, Podman ``libpod-<id>.scope``, CRI-O
+  ``crio-<id>.scope``, Kubernetes ``kubepods/.../pod<uid>/<id>``).  The
+  container is reported as ``runtime:<first 12 hex digits>``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from bk.core.models import GpuProcess
+
+LABEL_MAX = 32
+
+# Interpreters whose script names the program better than they do, with the
+# options that take a value (skipped with it) and those after which the
+# program text follows inline (never shown: the label stays the interpreter).
+_INTERPRETERS = {
+    "python": ({"-W", "-X", "-Q"}, {"-c"}, "-m"),
+    "bash": ({"-o", "-O", "--rcfile", "--init-file"}, {"-c"}, None),
+    "sh": ({"-o"}, {"-c"}, None),
+    "dash": ({"-o"}, {"-c"}, None),
+    "zsh": ({"-o"}, {"-c"}, None),
+    "perl": ({"-I", "-M", "-m"}, {"-e", "-E"}, None),
+    "ruby": ({"-I", "-r"}, {"-e"}, None),
+    "node": ({"-r", "--require", "--loader", "--import"}, {"-e", "--eval", "-p", "--print"}, None),
+    "java": ({"-cp", "-classpath", "--class-path", "-p", "--module-path"}, set(), "-jar"),
+    "julia": ({"-p", "-t", "--project"}, {"-e", "-E"}, None),
+    "Rscript": (set(), {"-e"}, None),
+}
+_INTERP_RE = re.compile(r"^(python|pypy|perl|ruby|node|julia)[0-9.]*$")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+_HEX = r"([0-9a-f]{12,64})"
+# Most specific first: Kubernetes wraps a runtime's scope in its pod slice.
+_CONTAINER_PATTERNS = (
+    ("kubernetes", re.compile(r"kubepods.*?(?:cri-containerd-|crio-|docker-|containerd-)" + _HEX + r"\.scope")),
+    ("kubernetes", re.compile(r"kubepods.*/pod[0-9a-f_-]+/" + _HEX + r"(?:/|$)")),
+    ("docker", re.compile(r"/docker-" + _HEX + r"\.scope")),
+    ("docker", re.compile(r"/docker/" + _HEX + r"(?:/|$)")),
+    ("containerd", re.compile(r"cri-containerd-" + _HEX + r"\.scope")),
+    ("containerd", re.compile(r"/containerd/(?:[^/]+/)*?" + _HEX + r"(?:/|$)")),
+    ("podman", re.compile(r"libpod-(?:conmon-)?" + _HEX + r"\.scope")),
+    ("podman", re.compile(r"/libpod_parent/libpod-" + _HEX)),
+    ("cri-o", re.compile(r"crio-(?:conmon-)?" + _HEX + r"\.scope")),
+)
+
+
+def container_of(cgroup_text: str) -> str | None:
+    """``runtime:shortid`` from the text of /proc/PID/cgroup (v1 or v2),
+    None for a process in no container bk recognises."""
+    for line in cgroup_text.splitlines():
+        path = line.split(":", 2)[-1]
+        for runtime, rx in _CONTAINER_PATTERNS:
+            m = rx.search(path)
+            if m:
+                return f"{runtime}:{m.group(1)[:12]}"
+    return None
+
+
+def safe_label(argv: list[str], comm: str | None = None) -> str | None:
+    """A short label for a command line that shows none of its arguments
+    (see the module essay); ``comm`` (the kernel's 15-character name) when
+    there is no command line (a kernel thread, an unreadable one)."""
+    if not argv or not argv[0]:
+        return _clean(comm) if comm else None
+    words = argv[0].split()
+    exe = os.path.basename(words[0]) if words else ""
+    if not exe:
+        return _clean(comm) if comm else None
+    if len(words) > 1 or len(argv) == 1:
+        return _clean(exe)      # argv[0] rewritten with arguments in it, or no arguments
+    family = "python" if exe.startswith("python") else _INTERP_RE.sub(r"\1", exe)
+    spec = _INTERPRETERS.get(family)
+    if spec is None:
+        return _clean(exe)
+    with_value, inline, named = spec
+    # Short options may be bundled (bash -xc CODE, python -Bc CODE): any
+    # letter of an inline-program option in a bundle means the program
+    # text follows, and it is never shown.
+    letters = {o[1] for o in inline if len(o) == 2}
+    args = iter(argv[1:])
+    for a in args:
+        if a in inline or (a.startswith("-") and not a.startswith("--") and letters & set(a[1:])):
+            return _clean(exe)
+        if named is not None and a == named:
+            target = next(args, "")
+            return _clean(f"{exe} {os.path.basename(target)}" if target else exe)
+        if a in with_value:
+            next(args, None)
+            continue
+        if a == "--":
+            a = next(args, "")
+            return _clean(f"{exe} {os.path.basename(a)}" if a else exe)
+        if a.startswith("-"):
+            continue
+        return _clean(f"{exe} {os.path.basename(a)}")
+    return _clean(exe)
+
+
+def _clean(text: str) -> str | None:
+    text = _CONTROL.sub("", text).strip()
+    return text[:LABEL_MAX] or None
+
+
+class ProcInfo:
+    """Reads /proc under ``proc_root``, remembering what cannot change for a
+    process (owner, label, container) by (PID, start ticks) and user names
+    by UID, so that a monitor sampling every 2 s reads one file per known
+    process (its stat) and the rest only for new ones."""
+
+    def __init__(self, proc_root: str = "/proc"):
+        self.root = proc_root
+        self._btime: int | None = None
+        self._hz: int | None = None
+        self._known: dict[tuple[int, int], tuple] = {}
+        self._names: dict[int, str | None] = {}
+
+    def _read(self, pid: int, name: str) -> bytes | None:
+        try:
+            with open(os.path.join(self.root, str(pid), name), "rb") as f:
+                return f.read(65536)
+        except OSError:
+            return None
+
+    def _boot(self) -> int | None:
+        if self._btime is None:
+            try:
+                with open(os.path.join(self.root, "stat"), "rb") as f:
+                    for line in f:
+                        if line.startswith(b"btime "):
+                            self._btime = int(line.split()[1])
+                            break
+            except (OSError, ValueError, IndexError):
+                return None
+        return self._btime
+
+    def _ticks_per_s(self) -> int:
+        if self._hz is None:
+            try:
+                self._hz = os.sysconf("SC_CLK_TCK")
+            except (ValueError, OSError):
+                self._hz = 100
+        return self._hz
+
+    def start_ticks(self, pid: int) -> int | None:
+        raw = self._read(pid, "stat")
+        if raw is None:
+            return None
+        try:
+            return int(raw[raw.rindex(b")") + 1:].split()[19])
+        except (ValueError, IndexError):
+            return None
+
+    def user_name(self, uid: int) -> str | None:
+        if uid not in self._names:
+            import pwd
+
+            try:
+                self._names[uid] = pwd.getpwuid(uid).pw_name
+            except KeyError:
+                self._names[uid] = None
+        return self._names[uid]
+
+    def describe(self, pid: int) -> tuple[int | None, str | None, str | None, int | None, str | None]:
+        """(uid, user, label, since, container) of ``pid``; all None when
+        the process cannot be read (gone, or hidden from us)."""
+        ticks = self.start_ticks(pid)
+        if ticks is None:
+            return (None, None, None, None, None)
+        hit = self._known.get((pid, ticks))
+        if hit is None:
+            uid = _real_uid(self._read(pid, "status"))
+            if uid is None:
+                return (None, None, None, None, None)
+            raw = self._read(pid, "cmdline") or b""
+            argv = [a.decode("utf-8", "replace") for a in raw.split(b"\0")]
+            while argv and not argv[-1]:
+                argv.pop()
+            comm = (self._read(pid, "comm") or b"").decode("utf-8", "replace").strip() if not argv else None
+            cg = self._read(pid, "cgroup")
+            container = container_of(cg.decode("utf-8", "replace")) if cg else None
+            boot = self._boot()
+            since = boot + ticks // self._ticks_per_s() if boot is not None else None
+            hit = (uid, safe_label(argv, comm), since, container)
+            if len(self._known) > 4096:     # a long-running monitor: forget the dead
+                self._known.clear()
+            self._known[(pid, ticks)] = hit
+        uid, label, since, container = hit
+        return (uid, self.user_name(uid), label, since, container)
+
+    def fill(self, p: GpuProcess) -> GpuProcess:
+        """``p`` with what /proc says in the fields it does not have yet."""
+        uid, user, label, since, container = self.describe(p.pid)
+        return GpuProcess(pid=p.pid, mem_mib=p.mem_mib, sm=p.sm,
+                          uid=p.uid if p.uid is not None else uid,
+                          user=p.user if p.user is not None else (user if p.uid in (None, uid) else None),
+                          label=p.label if p.label is not None else label,
+                          since=p.since if p.since is not None else since,
+                          container=p.container if p.container is not None else container,
+                          identity=p.identity)
+
+
+def _real_uid(raw: bytes | None) -> int | None:
+    if raw is None:
+        return None
+    for line in raw.splitlines():
+        if line.startswith(b"Uid:"):
+            try:
+                return int(line.split()[1])
+            except (ValueError, IndexError):
+                return None
+    return None

@@ -131,8 +131,8 @@ def test_promised_commands_say_not_in_this_release(run):
     r = run("run", "--", "python", "train.py", code=2)
     assert "not in this release" in r.stderr and "CUDA_VISIBLE_DEVICES" in r.stderr
     assert "bk rm" not in r.stderr
-    env = json.loads(run("--json", "u", code=2).stdout)
-    assert env["error"]["code"] == "invalid_input" and "bk st -v" in env["error"]["hint"]
+    env = json.loads(run("--json", "update", code=2).stdout)
+    assert env["error"]["code"] == "invalid_input" and "build.py" in env["error"]["hint"]
 
 
 @pytest.mark.parametrize("word", [w for row in cli_app.PLANNED for w in row[0]] + ["@gpu-a"])

@@ -392,36 +392,61 @@ class Summary:
     records: int = 0
 
     def add(self, r: MinuteRecord) -> None:
+        self.add_dict(r.to_dict())
+
+    def add_dict(self, r: dict) -> None:
+        """``add`` for a record in its stored form (``MinuteRecord.to_dict``):
+        a query over a day of raw lines sums the parsed JSON without making
+        ~10,000 records first (twice as fast; benchmarks/usage.py)."""
         self.records += 1
-        g = self.by_gpu.get(r.gpu)
+        gpu, t0 = r["gpu"], r["t"]
+        end = t0 + r.get("period_s", RAW_PERIOD)
+        g = self.by_gpu.get(gpu)
         if g is None:
-            g = self.by_gpu[r.gpu] = Totals()
-        g.covered_s += r.covered_s
-        if r.util_n:
-            g.sm_sum += (r.util_avg or 0.0) * r.util_n
-            g.sm_n += r.util_n
-        g.mem_peak_mib = _max(g.mem_peak_mib, r.mem_peak_mib)
-        end = r.t + r.period_s
-        if g.first is None or r.t < g.first:
-            g.first = r.t
+            g = self.by_gpu[gpu] = Totals()
+        g.covered_s += r.get("covered_s", 0)
+        n = r.get("util_n", 0)
+        if n:
+            g.sm_sum += (r.get("util_avg") or 0.0) * n
+            g.sm_n += n
+        g.mem_peak_mib = _max(g.mem_peak_mib, r.get("mem_peak_mib"))
+        if g.first is None or t0 < g.first:
+            g.first = t0
         if g.last is None or end > g.last:
             g.last = end
-        for u in r.uses:
-            g.booked_s += u.booked_s
-            g.active_s += u.active_s
-            g.unreserved_s += u.unreserved_s
-            t = self.by_uid.get(u.uid)
-            if t is None:
-                t = self.by_uid[u.uid] = Totals()
-            t.add_use(u, r.t, end)
-            if u.reservation is not None:
-                b = self.by_reservation.get(u.reservation)
+        for u in r.get("uses") or ():
+            uid, rid = u["uid"], u.get("reservation")
+            booked, active, unres = u.get("booked_s", 0), u.get("active_s", 0), u.get("unreserved_s", 0)
+            sm_n = u.get("sm_n", 0)
+            sm_sum = (u.get("sm_avg") or 0.0) * sm_n
+            peak = u.get("mem_peak_mib")
+            g.booked_s += booked
+            g.active_s += active
+            g.unreserved_s += unres
+            targets = [self.by_uid.get(uid)]
+            if targets[0] is None:
+                targets[0] = self.by_uid[uid] = Totals()
+            if rid is not None:
+                b = self.by_reservation.get(rid)
                 if b is None:
-                    b = self.by_reservation[u.reservation] = Totals()
-                    self.owners[u.reservation] = u.uid
-                    self.booking_gpus[u.reservation] = set()
-                b.add_use(u, r.t, end)
-                self.booking_gpus[u.reservation].add(r.gpu)
+                    b = self.by_reservation[rid] = Totals()
+                    self.owners[rid] = uid
+                    self.booking_gpus[rid] = set()
+                self.booking_gpus[rid].add(gpu)
+                targets.append(b)
+            for t in targets:
+                t.booked_s += booked
+                t.active_s += active
+                t.unreserved_s += unres
+                if sm_n:
+                    t.sm_sum += sm_sum
+                    t.sm_n += sm_n
+                if peak is not None and (t.mem_peak_mib is None or peak > t.mem_peak_mib):
+                    t.mem_peak_mib = peak
+                if t.first is None or t0 < t.first:
+                    t.first = t0
+                if t.last is None or end > t.last:
+                    t.last = end
 
     def merge(self, o: Summary) -> None:
         self.records += o.records
@@ -533,3 +558,63 @@ def events(records, *, min_idle_s: int = 1800, min_unreserved_s: int = 0) -> lis
 
 def day_start(t: int) -> int:
     return t - t % DAY
+
+
+# ---------------------------------------------------------------- --since
+
+_AGO = None
+
+
+def parse_since(text: str, now: int, tz) -> int:
+    """``30d``, ``2w``, ``12h``, ``90m`` (that long before ``now``),
+    ``today`` (local midnight), ``YYYY-MM-DD`` (local midnight of that day)
+    or an ISO-8601 time -> epoch seconds.  Raises InvalidInput."""
+    import re
+    from datetime import datetime
+
+    from bk.core.errors import InvalidInput
+    from bk.core.utctime import parse_iso_general
+
+    global _AGO
+    if _AGO is None:
+        _AGO = re.compile(r"(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?")
+    s = (text or "").strip().lower()
+    hint = "examples: 30d, 2w, 12h, today, 2026-11-01, 2026-11-01T08:00Z"
+    m = _AGO.fullmatch(s)
+    if s and m and m.lastindex:
+        w, d, h, mi = (int(g) if g else 0 for g in m.groups())
+        return now - (((w * 7 + d) * 24 + h) * 60 + mi) * 60
+    if s == "today":
+        return local_midnight(now, tz)
+    if re.fullmatch(r"\d{4}-\d{2}-\d{2}", s):
+        try:
+            day = datetime.strptime(s, "%Y-%m-%d").replace(tzinfo=tz)
+        except ValueError:
+            raise InvalidInput(f"{text!r} is not a date", hint) from None
+        return int(day.timestamp())
+    try:
+        return parse_iso_general(text.strip())
+    except ValueError:
+        raise InvalidInput(f"cannot read {text!r} as a time", hint) from None
+
+
+def local_midnight(t: int, tz) -> int:
+    """The start of the local day that holds ``t``."""
+    from datetime import datetime
+
+    d = datetime.fromtimestamp(t, tz)
+    return int(d.replace(hour=0, minute=0, second=0, microsecond=0).timestamp())
+
+
+def local_days(now: int, tz, n: int) -> list[tuple[int, int]]:
+    """The last ``n`` local days as (start, end), oldest first, today last
+    (its end is tomorrow's midnight).  DST days are 23 or 25 hours long."""
+    from datetime import datetime, timedelta
+
+    today = datetime.fromtimestamp(now, tz).replace(hour=0, minute=0, second=0, microsecond=0)
+    out = []
+    for k in range(n - 1, -1, -1):
+        a = (today - timedelta(days=k)).replace(tzinfo=tz)
+        b = (today - timedelta(days=k - 1)).replace(tzinfo=tz)
+        out.append((int(a.timestamp()), int(b.timestamp())))
+    return out

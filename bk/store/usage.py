@@ -99,6 +99,13 @@ def day_of(name: str) -> int | None:
     return days_from_civil(int(m.group(1)), int(m.group(2)), int(m.group(3))) * DAY
 
 
+def next_maintenance(t: int) -> int:
+    """The first instant after ``t`` at which a day becomes sealable: a
+    writer runs ``maintain`` then (and on its first append), not per batch."""
+    due = t - t % DAY + SEAL_GRACE
+    return due if due > t else due + DAY
+
+
 def _line(r: MinuteRecord) -> bytes:
     return json.dumps(r.to_dict(), separators=(",", ":"), allow_nan=False).encode("ascii") + b"\n"
 
@@ -116,6 +123,24 @@ def _line_t(line: bytes) -> int | None:
 
 def parse_lines(data: bytes, path: str, problems: list[str], *, since: int | None = None,
                 until: int | None = None, needle: bytes | None = None) -> list[MinuteRecord]:
+    out = []
+    for d in parse_dicts(data, path, problems, since=since, until=until, needle=needle):
+        try:
+            out.append(MinuteRecord.from_dict(d))
+        except (KeyError, TypeError, ValueError, AttributeError):
+            if len(problems) < 20:
+                problems.append(f"{path}: a line is not a usage record; skipped")
+    return out
+
+
+def _plausible(d) -> bool:
+    return (isinstance(d, dict) and type(d.get("t")) is int and type(d.get("gpu")) is int
+            and isinstance(d.get("uses", []), list)
+            and all(isinstance(u, dict) and type(u.get("uid")) is int for u in d.get("uses") or ()))
+
+
+def parse_dicts(data: bytes, path: str, problems: list[str], *, since: int | None = None,
+                until: int | None = None, needle: bytes | None = None) -> list[dict]:
     """Records of a partition's bytes, in file order.  An unterminated last
     line (an interrupted append) is ignored; a bad line is skipped and named.
     ``since``/``until`` filter on the period start before parsing; ``needle``
@@ -147,14 +172,12 @@ def parse_lines(data: bytes, path: str, problems: list[str], *, since: int | Non
                     problems.append(f"{path}: line {n} is not valid JSON; skipped")
     out = []
     for d in items:
-        try:
-            r = MinuteRecord.from_dict(d)
-        except (KeyError, TypeError, ValueError, AttributeError):
+        if not _plausible(d):
             if len(problems) < 20:
                 problems.append(f"{path}: a line is not a usage record; skipped")
             continue
-        if (since is None or r.t >= since) and (until is None or r.t < until):
-            out.append(r)
+        if (since is None or d["t"] >= since) and (until is None or d["t"] < until):
+            out.append(d)
     return out
 
 
@@ -187,7 +210,7 @@ class UsageStore:
         self.raw_days, self.retention_days = raw_days, retention_days
         self.lock_timeout = lock_timeout
         self.problems: list[str] = []
-        self._maintained_through: int | None = None
+        self._next_maintenance: int | None = None
 
     @classmethod
     def for_settings(cls, settings, *, owner_uid: int | None = None) -> UsageStore:
@@ -249,9 +272,9 @@ class UsageStore:
                 finally:
                     os.close(raw)
                 when = now if now is not None else max(r.end for r in records)
-                if self._maintained_through is None or day_name(when) != day_name(self._maintained_through):
+                if self._next_maintenance is None or when >= self._next_maintenance:
                     self._maintain(root, when)
-                    self._maintained_through = when
+                    self._next_maintenance = next_maintenance(when)
         finally:
             os.close(root)
         return len(records)
@@ -355,9 +378,12 @@ class UsageStore:
 
     def _seal_doc(self, kind: str, day: str, data: bytes) -> dict:
         problems: list[str] = []
-        recs = parse_lines(data, os.path.join(self.dir, kind, f"{day}.jsonl"), problems)
-        return {"v": SEAL_VERSION, "kind": kind, "day": day, "records": len(recs), "bytes": len(data),
-                "sha256": hashlib.sha256(data).hexdigest(), "summary": core.summarise(recs).to_store()}
+        dicts = parse_dicts(data, os.path.join(self.dir, kind, f"{day}.jsonl"), problems)
+        summ = Summary()
+        for d in dicts:
+            summ.add_dict(d)
+        return {"v": SEAL_VERSION, "kind": kind, "day": day, "records": len(dicts), "bytes": len(data),
+                "sha256": hashlib.sha256(data).hexdigest(), "summary": summ.to_store()}
 
     def _write_seal(self, dirfd: int, kind: str, day: str, data: bytes) -> None:
         doc = self._seal_doc(kind, day, data)
@@ -491,14 +517,21 @@ class UsageStore:
             os.close(root)
 
     def records(self, since: int | None = None, until: int | None = None, *,
-                gpus=None) -> list[MinuteRecord]:
+                gpus=None, uid: int | None = None) -> list[MinuteRecord]:
         """The stored records with a period start in [since, until), oldest
-        first (rolled-up days give hourly records)."""
+        first (rolled-up days give hourly records).  With ``uid``, only the
+        records that have a use of that user (whole, with the other uses):
+        lines are written compactly with ``uid`` first in each use, so
+        ``{"uid":N,`` finds them before anything is parsed."""
         out: list[MinuteRecord] = []
         want = None if gpus is None else set(gpus)
+        needle = None if uid is None else b'{"uid":%d,' % uid
         for start, kind, _sealed in self._partitions(since, until):
             path = os.path.join(self.dir, kind, f"{day_name(start)}.jsonl")
-            recs = parse_lines(self._day_data(kind, start), path, self.problems, since=since, until=until)
+            recs = parse_lines(self._day_data(kind, start), path, self.problems, since=since, until=until,
+                               needle=needle)
+            if uid is not None:
+                recs = [r for r in recs if any(u.uid == uid for u in r.uses)]
             out.extend(r for r in recs if want is None or r.gpu in want)
         out.sort(key=lambda r: (r.t, r.gpu))
         return out
@@ -515,8 +548,10 @@ class UsageStore:
                     total.merge(Summary.from_store(seal["summary"]))
                     continue
             path = os.path.join(self.dir, kind, f"{day_name(start)}.jsonl")
-            recs = parse_lines(self._day_data(kind, start), path, self.problems, since=since, until=until)
-            total.merge(core.summarise(recs))
+            part = Summary()
+            for d in parse_dicts(self._day_data(kind, start), path, self.problems, since=since, until=until):
+                part.add_dict(d)
+            total.merge(part)
         return total
 
     def daily(self, since: int, until: int) -> list[tuple[int, Summary]]:

@@ -1,0 +1,298 @@
+"""``bk u`` (``usage``): what the GPU time you booked was used for.
+
+``bk u`` is your own dashboard (totals, a chart of the last 7 days and 4
+weeks, recent bookings); ``users``, ``samples``, ``events`` and ``verify``
+look at everyone's history.  The numbers come from the monitor (``bk m``)
+through ``bk.service.usage``; this module only draws them.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from bk.cli import common
+from bk.cli.render import Output, safe, table
+from bk.core import timegrid
+from bk.core import usage as core
+from bk.core.errors import EXIT_PARTIAL
+from bk.service import usage as views
+
+EPILOG = """Examples:
+  bk u                          your dashboard: today, 7 days, 4 weeks, recent bookings
+  bk u users --since 30d        everyone's booked, active and idle GPU time
+  bk u samples -g 0 -n 20       the last 20 minute records of GPU 0
+  bk u events --since 7d        unreserved use and idle bookings
+  bk u verify                   check every sealed day against its checksum
+
+Usage is recorded by the monitor (bk m; on a shared server gpubk-monitor.service).
+Times: --since/--until take 30d, 2w, 12h, today, 2026-11-01 (local midnight) or an
+ISO-8601 time.  Fields and files: docs/TELEMETRY.md."""
+
+
+def register(sub) -> None:
+    p = sub.add_parser("usage", aliases=["u"], help="your GPU usage: booked vs used, with a chart",
+                       description="Show how much of the GPU time you booked was used: totals for "
+                       "today, 7 days and 4 weeks, a chart of the last 7 days and 4 weeks, and "
+                       "your recent bookings. Sub-commands show everyone's history.",
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.set_defaults(handler=run_dashboard, command="usage")
+    actions = p.add_subparsers(dest="usage_action", metavar="ACTION", parser_class=type(p))
+
+    users = actions.add_parser("users", help="per-user table: booked, active, idle, unreserved",
+                               description="One line per user over [--since, --until): booked GPU "
+                               "time, active time, idle share of the booked time, unreserved use, "
+                               "average SM and peak memory; then one line per GPU.",
+                               epilog="Examples:\n  bk u users\n  bk u users --since 30d\n"
+                               "  bk u users --since 2026-11-01 --until 2026-12-01",
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
+    _span_flags(users, "30d")
+    users.set_defaults(handler=run_users, command="usage users")
+
+    samples = actions.add_parser("samples", help="the stored minute records",
+                                 description="The stored records, one per GPU and minute (hourly for "
+                                 "days older than usage_raw_days), newest last.",
+                                 epilog="Examples:\n  bk u samples\n  bk u samples -g 0,1 -n 50\n"
+                                 "  bk u samples --since 2h --json",
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    _span_flags(samples, "1h")
+    samples.add_argument("-g", "--gpus", metavar="LIST", help="only these GPUs (0,2 or 0-3)")
+    samples.add_argument("-n", "--limit", type=common.positive_int, default=60, metavar="N",
+                         help="at most the last N records (default 60)")
+    samples.set_defaults(handler=run_samples, command="usage samples")
+
+    ev = actions.add_parser("events", help="unreserved use and idle bookings",
+                            description="Episodes derived from the records: a user's processes on a "
+                            "GPU without a booking there (unreserved), and booked time with none of "
+                            "the booker's processes running for --idle or longer (idle-booking).",
+                            epilog="Examples:\n  bk u events\n  bk u events --since 30d --idle 1h",
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    _span_flags(ev, "7d")
+    ev.add_argument("--idle", metavar="DUR", default="30m",
+                    help="shortest idle stretch of a booking that counts (default 30m)")
+    ev.set_defaults(handler=run_events, command="usage events")
+
+    ver = actions.add_parser("verify", help="check the sealed days against their checksums",
+                             description="Recompute the SHA-256 and record count of every sealed "
+                             "day of the history and compare them with its seal. Exits 1 when a "
+                             "day does not match (tampered or damaged).",
+                             epilog="Examples:\n  bk u verify\n  bk u verify --json",
+                             formatter_class=argparse.RawDescriptionHelpFormatter)
+    ver.set_defaults(handler=run_verify, command="usage verify")
+
+
+def _span_flags(p, default: str) -> None:
+    p.add_argument("--since", metavar="WHEN", default=default,
+                   help=f"start of the period (default {default} ago)")
+    p.add_argument("--until", metavar="WHEN", help="end of the period (default now)")
+
+
+def _span(args, call) -> tuple[int, int]:
+    since = core.parse_since(args.since, call.now, call.tz)
+    until = call.now if args.until is None else core.parse_since(args.until, call.now, call.tz)
+    if until <= since:
+        from bk.core.errors import InvalidInput
+
+        raise InvalidInput(f"--until ({args.until}) must be after --since ({args.since})",
+                           "e.g. bk u users --since 2026-11-01 --until 2026-12-01")
+    return since, until
+
+
+# ------------------------------------------------------------ words
+
+def hours(seconds: int) -> str:
+    """GPU time for tables: ``12.5h``, ``40m``, ``0``."""
+    if not seconds:
+        return "0"
+    if seconds < 3600:
+        return f"{max(seconds // 60, 1)}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+def share(x: float | None) -> str:
+    return "-" if x is None else f"{round(x * 100)}%"
+
+
+def mem(mib: int | None) -> str:
+    return "-" if mib is None else timegrid.format_memory(mib)
+
+
+def sm(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0f}%"
+
+
+def totals_line(t: core.Totals) -> str:
+    if not t.booked_s and not t.unreserved_s:
+        return "nothing booked or used"
+    text = f"booked {hours(t.booked_s)}, active {hours(t.active_s)}"
+    if t.booked_s:
+        text += f", idle {share(t.idle_share)} of it"
+    if t.unreserved_s:
+        text += f", unreserved {hours(t.unreserved_s)}"
+    return text
+
+
+# ------------------------------------------------------------ the chart
+
+BLOCKS = " ▏▎▍▌▋▊▉█"
+
+
+def bar(value: float, scale: float, width: int, term, *, solid: bool = True) -> str:
+    """A horizontal bar ``value/scale`` of ``width`` cells: solid bars in
+    eighth blocks and light ones in shade under UTF-8, ``#`` and ``=``
+    otherwise (``Term.unicode``: can the output encode them?)."""
+    if scale <= 0 or value <= 0:
+        return ""
+    cells = value / scale * width
+    if not term.unicode:
+        return ("#" if solid else "=") * max(1, round(cells))
+    if not solid:
+        return "░" * max(1, round(cells))
+    whole, part = int(cells), int((cells - int(cells)) * 8)
+    return ("█" * whole + (BLOCKS[part] if part else "")) or "▏"
+
+
+def chart(bins, labels, term) -> list[str]:
+    """Two bars per bin: booked (light) and active (solid), on one scale."""
+    width = max(10, min(40, term.width - 34))
+    scale = max([b.totals.booked_s for b in bins] + [b.totals.active_s for b in bins] + [1])
+    lines = []
+    for b, label in zip(bins, labels, strict=True):
+        t = b.totals
+        booked = bar(t.booked_s, scale, width, term, solid=False)
+        active = bar(t.active_s, scale, width, term)
+        lines.append(f"  {label:<10} {booked:<{width}} booked {hours(t.booked_s)}")
+        lines.append(f"  {'':<10} {active:<{width}} active {hours(t.active_s)}")
+    return lines
+
+
+def _day_label(start: int, tz) -> str:
+    from datetime import datetime
+
+    d = datetime.fromtimestamp(start, tz)
+    return d.strftime("%a %m-%d")
+
+
+# ------------------------------------------------------------ commands
+
+def run_dashboard(args, ctx) -> Output:
+    app, call = ctx.app(), ctx.call()
+    d = views.dashboard(app, call=call)
+    tz, now = call.tz, call.now
+
+    def human(term) -> str:
+        if not d.history:
+            return ("no usage recorded yet.\n" + views.MONITOR_HINT +
+                    "\n(bk u then shows what you booked and what you used)")
+        lines = [f"usage of {safe(d.user)} (GPU time; active = a process of yours on the booked GPU)",
+                 f"  today     {totals_line(d.today)}",
+                 f"  7 days    {totals_line(d.week)}",
+                 f"  4 weeks   {totals_line(d.four_weeks)}",
+                 "", "last 7 days:"]
+        lines += chart(d.days, [_day_label(b.start, tz) for b in d.days], term)
+        lines += ["", "last 4 weeks:"]
+        lines += chart(d.weeks, ["wk " + _day_label(b.start, tz)[4:] for b in d.weeks], term)
+        if d.bookings:
+            lines += ["", "recent bookings:"]
+            rows = []
+            for b in d.bookings:
+                when = (timegrid.format_span(b.start, b.end, tz, now) if b.start is not None
+                        else "(no longer in the ledger)")
+                rows.append([b.reservation[:8], common.gpus_text(b.gpus), when, hours(b.totals.booked_s),
+                             hours(b.totals.active_s), share(b.totals.idle_share), sm(b.totals.sm_avg),
+                             mem(b.totals.mem_peak_mib)])
+            lines.append(table(rows, ["ID", "GPU", "WHEN", "BOOKED", "ACTIVE", "IDLE", "SM", "PEAK"],
+                               term, shrink=2))
+        return "\n".join(lines)
+
+    return Output("usage", d.to_json(), human)
+
+
+def run_users(args, ctx) -> Output:
+    app, call = ctx.app(), ctx.call()
+    since, until = _span(args, call)
+    rep = views.users(app, call=call, since=since, until=until)
+    tz, now = call.tz, call.now
+
+    def human(term) -> str:
+        if not rep.history:
+            return "no usage recorded yet.\n" + views.MONITOR_HINT
+        head = f"usage {timegrid.format_span(since, until, tz, now)}"
+        if not rep.rows:
+            return head + "\nnobody booked or used a GPU in this period"
+        rows = [[safe(r.user), hours(r.totals.booked_s), hours(r.totals.active_s), share(r.totals.idle_share),
+                 hours(r.totals.unreserved_s), sm(r.totals.sm_avg), mem(r.totals.mem_peak_mib)]
+                for r in rep.rows]
+        out = [head, table(rows, ["USER", "BOOKED", "ACTIVE", "IDLE", "UNRESERVED", "AVG SM", "PEAK MEM"],
+                           term, shrink=0)]
+        if rep.gpus:
+            grows = [[str(g), hours(t.covered_s), hours(t.booked_s), hours(t.active_s), hours(t.unreserved_s),
+                      sm(t.sm_avg), mem(t.mem_peak_mib)] for g, t in sorted(rep.gpus.items())]
+            out += ["", table(grows, ["GPU", "SEEN", "BOOKED", "ACTIVE", "UNRESERVED", "AVG UTIL", "PEAK MEM"],
+                              term)]
+        return "\n".join(out)
+
+    return Output("usage users", rep.to_json(), human)
+
+
+def run_samples(args, ctx) -> Output:
+    app, call = ctx.app(), ctx.call()
+    since, until = _span(args, call)
+    gpus = common.parse_gpu_list(args.gpus, "-g") if args.gpus else None
+    rep = views.samples(app, call=call, since=since, until=until, gpus=gpus, limit=args.limit)
+    tz, now = call.tz, call.now
+
+    def human(term) -> str:
+        if not rep.history:
+            return "no usage recorded yet.\n" + views.MONITOR_HINT
+        if not rep.records:
+            return "no records in this period"
+        rows = []
+        for r in rep.records:
+            users = ", ".join(
+                f"{u.uid}{'' if u.reservation is None else '@' + u.reservation[:8]}"
+                f"{' active' if u.active_s else (' idle' if u.booked_s else ' unreserved')}"
+                for u in r.uses) or "-"
+            rows.append([timegrid.format_local(r.t, tz, now=now, compact=True), str(r.gpu),
+                         f"{r.period_s // 60}m", str(r.samples), "-" if r.util_avg is None else f"{r.util_avg:.0f}%",
+                         mem(r.mem_peak_mib), users])
+        more = f"\n({rep.total - len(rep.records)} earlier records not shown; -n N)" \
+            if rep.total > len(rep.records) else ""
+        return table(rows, ["PERIOD", "GPU", "LEN", "N", "UTIL", "MEM", "UID@BOOKING"], term, shrink=6) + more
+
+    return Output("usage samples", rep.to_json(), human)
+
+
+def run_events(args, ctx) -> Output:
+    app, call = ctx.app(), ctx.call()
+    since, until = _span(args, call)
+    idle = timegrid.parse_duration(args.idle, 1)
+    rep = views.events(app, call=call, since=since, until=until, min_idle_s=idle)
+    tz, now = call.tz, call.now
+
+    def human(term) -> str:
+        if not rep.history:
+            return "no usage recorded yet.\n" + views.MONITOR_HINT
+        if not rep.events:
+            return "no unreserved use and no idle bookings in this period"
+        rows = [[timegrid.format_span(e.start, e.end, tz, now), e.kind, safe(rep.names.get(e.uid, e.uid)),
+                 str(e.gpu), hours(e.seconds), "-" if e.reservation is None else e.reservation[:8],
+                 mem(e.mem_peak_mib)] for e in rep.events]
+        return table(rows, ["WHEN", "KIND", "USER", "GPU", "TIME", "BOOKING", "PEAK MEM"], term, shrink=0)
+
+    return Output("usage events", rep.to_json(), human)
+
+
+def run_verify(args, ctx) -> Output:
+    app, call = ctx.app(), ctx.call()
+    rep = views.verify(app, call=call)
+
+    def human(term) -> str:
+        if not rep.checks:
+            return "no usage history to verify"
+        rows = [[c.kind, c.day, c.state, "-" if c.records is None else str(c.records), safe(c.detail)]
+                for c in rep.checks]
+        verdict = ("every sealed day matches its seal" if rep.ok else
+                   "some days do not match their seals: the files were changed after sealing")
+        return table(rows, ["KIND", "DAY", "STATE", "RECORDS", "DETAIL"], term, shrink=4) + "\n" + verdict
+
+    return Output("usage verify", rep.to_json(), human, exit_code=0 if rep.ok else EXIT_PARTIAL)

@@ -1,0 +1,302 @@
+"""Usage views: what the history says, as typed results that own their JSON.
+
+Every front end (``bk u`` and its sub-commands, later the TUI and MCP) asks
+here.  The history is read straight from ``<data_dir>/usage`` (world-readable
+on a shared server, like the committed ledger), never through the broker:
+a read needs no one's authority and must not queue behind writes.
+
+Times in JSON are ISO-8601 UTC; durations are whole seconds (``*_s``);
+memory is MiB; SM and utilisation are percent.  docs/TELEMETRY.md documents
+every field.
+"""
+
+from __future__ import annotations
+
+from bk.core import usage as core
+from bk.core.models import iso
+from bk.core.record import dataclass, field
+
+WEEK = 7 * core.DAY
+DASH_DAYS, DASH_WEEKS = 7, 4
+RECENT_BOOKINGS = 8
+
+
+def store_of(svc):
+    from bk.store.usage import UsageStore
+
+    return UsageStore.for_settings(svc.settings)
+
+
+def totals_json(t: core.Totals) -> dict:
+    d = t.to_dict()
+    d["first"], d["last"] = iso(d["first"]), iso(d["last"])
+    return d
+
+
+def _user_name(uid: int) -> str:
+    from bk.service.app import user_name
+
+    return user_name(uid)
+
+
+def _warn_problems(call, store) -> None:
+    call.warn(*(f"usage history: {p}" for p in store.problems[:10]))
+
+
+MONITOR_HINT = ("usage is recorded by the monitor: start it with 'bk m' (private mode), or ask the "
+                "administrator to enable gpubk-monitor.service (shared server)")
+
+
+# ------------------------------------------------------------ the dashboard
+
+@dataclass(frozen=True)
+class Bin:
+    start: int
+    end: int
+    totals: core.Totals
+
+    def to_json(self) -> dict:
+        return {"start": iso(self.start), "end": iso(self.end), **totals_json(self.totals)}
+
+
+@dataclass(frozen=True)
+class BookingUse:
+    reservation: str
+    gpus: tuple[int, ...]
+    start: int | None              # the booking's span, from the ledger (None: no longer there)
+    end: int | None
+    status: str | None
+    totals: core.Totals
+
+    def to_json(self) -> dict:
+        return {"reservation": self.reservation, "gpus": list(self.gpus), "start": iso(self.start),
+                "end": iso(self.end), "status": self.status, **totals_json(self.totals)}
+
+
+@dataclass(frozen=True)
+class Dashboard:
+    uid: int
+    user: str
+    now: int
+    history: bool                   # False: nothing recorded yet (no monitor has run)
+    span: tuple[int, int] | None
+    today: core.Totals
+    week: core.Totals
+    four_weeks: core.Totals
+    days: tuple[Bin, ...] = ()
+    weeks: tuple[Bin, ...] = ()
+    bookings: tuple[BookingUse, ...] = ()
+    hint: str | None = None
+
+    def to_json(self) -> dict:
+        return {"uid": self.uid, "user": self.user, "at": iso(self.now), "history": self.history,
+                "span": None if self.span is None else {"first": iso(self.span[0]), "last": iso(self.span[1])},
+                "totals": {"today": totals_json(self.today), "7d": totals_json(self.week),
+                           "28d": totals_json(self.four_weeks)},
+                "days": [b.to_json() for b in self.days], "weeks": [b.to_json() for b in self.weeks],
+                "bookings": [b.to_json() for b in self.bookings], "hint": self.hint}
+
+
+def _bin(summaries, uid: int) -> core.Totals:
+    t = core.Totals()
+    for s in summaries:
+        got = s.by_uid.get(uid)
+        if got is not None:
+            t.merge(got)
+    return t
+
+
+def dashboard(svc, *, call, uid: int | None = None) -> Dashboard:
+    """The caller's own totals (today, 7 days, 4 weeks), the last 7 local
+    days and 4 weeks as bins, and their recent bookings."""
+    uid = call.actor.uid if uid is None else uid
+    user = call.actor.user if uid == call.actor.uid else _user_name(uid)
+    store = store_of(svc)
+    now, tz = call.now, call.tz
+    span = store.span()
+    empty = core.Totals()
+    if span is None:
+        return Dashboard(uid, user, now, False, None, empty, empty, empty, hint=MONITOR_HINT)
+    days = core.local_days(now, tz, DASH_DAYS * DASH_WEEKS)
+    lo = days[0][0]
+    # One read of the caller's records for the whole window (lines without
+    # their uid are skipped before parsing), then bins in local time.
+    recs = store.records(lo, now + 1, uid=uid)
+    _warn_problems(call, store)
+    day_bins = [[a, b, core.Summary()] for a, b in days]
+    i = 0
+    for r in recs:
+        while i < len(day_bins) - 1 and r.t >= day_bins[i][1]:
+            i += 1
+        if day_bins[i][0] <= r.t < day_bins[i][1]:
+            day_bins[i][2].add(r)
+    per_day = [Bin(a, b, _bin([s], uid)) for a, b, s in day_bins]
+    weeks = tuple(Bin(per_day[k].start, per_day[k + 6].end, _merged(per_day[k:k + 7]))
+                  for k in range(0, len(per_day), 7))
+    last7 = tuple(per_day[-DASH_DAYS:])
+    today = per_day[-1].totals
+    week = _merged(last7)
+    four = _merged(per_day)
+    # Recent bookings: the newest ones the records mention.
+    summ = core.summarise(recs)
+    mine = {rid: t for rid, t in summ.by_reservation.items() if summ.owners.get(rid) == uid}
+    ledger = {r.id: r for r in _own_reservations(svc, call, uid)}
+    order = sorted(mine, key=lambda rid: (mine[rid].last or 0, rid), reverse=True)[:RECENT_BOOKINGS]
+    bookings = []
+    for rid in order:
+        r = ledger.get(rid)
+        bookings.append(BookingUse(rid, tuple(sorted(summ.booking_gpus.get(rid, ()))),
+                                   r.start if r else None, r.end if r else None,
+                                   r.status(now) if r else None, mine[rid]))
+    return Dashboard(uid, user, now, True, span, today, week, four, last7, weeks, tuple(bookings))
+
+
+def _merged(bins) -> core.Totals:
+    t = core.Totals()
+    for b in bins:
+        t.merge(b.totals)
+    return t
+
+
+def _own_reservations(svc, call, uid: int):
+    """The user's bookings in the hot ledger and the archive (for spans);
+    an unreadable ledger only costs the spans."""
+    from bk.core.errors import BkError
+
+    try:
+        state = svc.ledger(call=call)
+        hot = [r for r in state.reservations if r.uid == uid]
+    except BkError:
+        return []
+    try:
+        archived, _problems = svc.reader.archived(uid=uid)
+    except (BkError, TypeError, ValueError):
+        archived = []
+    return [*archived, *hot]
+
+
+# ------------------------------------------------------------ per user
+
+@dataclass(frozen=True)
+class UserRow:
+    uid: int
+    user: str
+    totals: core.Totals
+
+    def to_json(self) -> dict:
+        return {"uid": self.uid, "user": self.user, **totals_json(self.totals)}
+
+
+@dataclass(frozen=True)
+class UsersReport:
+    since: int
+    until: int
+    rows: tuple[UserRow, ...]
+    gpus: dict = field(default_factory=dict)        # gpu -> Totals
+    history: bool = True
+    hint: str | None = None
+
+    def to_json(self) -> dict:
+        return {"since": iso(self.since), "until": iso(self.until), "history": self.history,
+                "users": [r.to_json() for r in self.rows],
+                "gpus": [{"gpu": g, **totals_json(t)} for g, t in sorted(self.gpus.items())],
+                "hint": self.hint}
+
+
+def users(svc, *, call, since: int, until: int) -> UsersReport:
+    store = store_of(svc)
+    if store.span() is None:
+        return UsersReport(since, until, (), {}, False, MONITOR_HINT)
+    s = store.summary(since, until)
+    _warn_problems(call, store)
+    rows = [UserRow(uid, _user_name(uid), t) for uid, t in s.by_uid.items()]
+    rows.sort(key=lambda r: (-r.totals.booked_s, -r.totals.unreserved_s, r.user))
+    return UsersReport(since, until, tuple(rows), dict(s.by_gpu))
+
+
+# ------------------------------------------------------------ samples
+
+def record_json(r: core.MinuteRecord) -> dict:
+    d = r.to_dict()
+    d.pop("t")
+    d.pop("v")
+    return {"start": iso(r.t), "end": iso(r.end), **d}
+
+
+@dataclass(frozen=True)
+class SamplesReport:
+    since: int
+    until: int
+    records: tuple[core.MinuteRecord, ...]
+    total: int                       # how many matched before the limit
+    history: bool = True
+    hint: str | None = None
+
+    def to_json(self) -> dict:
+        return {"since": iso(self.since), "until": iso(self.until), "history": self.history,
+                "total": self.total, "records": [record_json(r) for r in self.records], "hint": self.hint}
+
+
+def samples(svc, *, call, since: int, until: int, gpus=None, limit: int | None = None) -> SamplesReport:
+    store = store_of(svc)
+    if store.span() is None:
+        return SamplesReport(since, until, (), 0, False, MONITOR_HINT)
+    recs = store.records(since, until, gpus=gpus)
+    _warn_problems(call, store)
+    total = len(recs)
+    if limit is not None:
+        recs = recs[-limit:]
+    return SamplesReport(since, until, tuple(recs), total)
+
+
+# ------------------------------------------------------------ events
+
+@dataclass(frozen=True)
+class EventsReport:
+    since: int
+    until: int
+    events: tuple[core.Event, ...]
+    names: dict = field(default_factory=dict)       # uid -> user name
+    min_idle_s: int = 1800
+    history: bool = True
+    hint: str | None = None
+
+    def to_json(self) -> dict:
+        return {"since": iso(self.since), "until": iso(self.until), "history": self.history,
+                "min_idle_s": self.min_idle_s,
+                "events": [{"kind": e.kind, "uid": e.uid, "user": self.names.get(e.uid, str(e.uid)),
+                            "gpu": e.gpu, "start": iso(e.start), "end": iso(e.end),
+                            "seconds": e.seconds, "reservation": e.reservation,
+                            "mem_peak_mib": e.mem_peak_mib, "sm_avg": e.sm_avg} for e in self.events],
+                "hint": self.hint}
+
+
+def events(svc, *, call, since: int, until: int, min_idle_s: int = 1800) -> EventsReport:
+    store = store_of(svc)
+    if store.span() is None:
+        return EventsReport(since, until, (), {}, min_idle_s, False, MONITOR_HINT)
+    evs = core.events(store.records(since, until), min_idle_s=min_idle_s)
+    _warn_problems(call, store)
+    names = {uid: _user_name(uid) for uid in {e.uid for e in evs}}
+    return EventsReport(since, until, tuple(evs), names, min_idle_s)
+
+
+# ------------------------------------------------------------ verify
+
+@dataclass(frozen=True)
+class VerifyReport:
+    checks: tuple = ()
+
+    @property
+    def ok(self) -> bool:
+        return all(c.state in ("ok", "unsealed") for c in self.checks)
+
+    def to_json(self) -> dict:
+        return {"ok": self.ok, "partitions": [c.to_json() for c in self.checks]}
+
+
+def verify(svc, *, call) -> VerifyReport:
+    store = store_of(svc)
+    checks = store.verify()
+    _warn_problems(call, store)
+    return VerifyReport(tuple(checks))

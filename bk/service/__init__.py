@@ -32,7 +32,7 @@ def open_app(env: dict, *, actor=None, clock_fn=None, backend=None, telemetry=No
         return open_(env, settings["gpu_count"])
 
     if telemetry is None:
-        telemetry = Telemetry(open_backend, clock=clock_fn, cache_dir=where.cache_dir)
+        telemetry = Telemetry(open_backend, clock=clock_fn, cache_dir=where.cache_dir, monitor=settings)
     if settings.mode == "shared":
         return Service.remote(settings, telemetry, actor=actor, clock_fn=clock_fn, connect=connect)
     return Service.local(settings, telemetry, actor=actor, clock_fn=clock_fn)
@@ -52,6 +52,9 @@ def open_host(env: dict, settings, *, service_uid: int, telemetry=None):
             from bk.gpu import open_backend as open_
 
             return open_(env, settings["gpu_count"])
-        telemetry = Telemetry(open_backend, clock=clock.now)
+        # The refresher reads the monitor's snapshot while it is fresh
+        # (``Telemetry.snapshot``), so the broker asks the GPUs itself only
+        # when no monitor runs.
+        telemetry = Telemetry(open_backend, clock=clock.now, monitor=settings)
     actor = Actor(service_uid, user_name(service_uid))
     return Service.local(settings, telemetry, actor=actor, owner_uid=service_uid, clock_fn=clock.now)

@@ -7,6 +7,13 @@ inventory comes from the cache keyed by the backend's fingerprint when it
 can, so a command that needs nothing live never initialises a driver.  The
 broker passes ``fixed`` snapshots its refresher took, so no request waits
 for the GPUs.
+
+A live snapshot comes from the monitor's file (``bk.store.snapshot``) when
+one is fresh (younger than three of its sample intervals) and describes the
+same GPUs: its inventory fingerprint equals the backend's cheap one (a
+``stat`` or two, no driver), or the backend is a simulation of as many
+GPUs.  Only otherwise is the backend asked.  So with ``bk m`` running, no
+``bk st`` and no broker refresh initialises NVML.
 """
 
 from __future__ import annotations
@@ -18,10 +25,16 @@ from bk.core.telemetry import Inventory, Snapshot
 
 class Telemetry:
     def __init__(self, open_backend: Callable[[], object], *, clock: Callable[[], int],
-                 cache_dir: str | None = None):
+                 cache_dir: str | None = None, monitor: object = None):
         self._open = open_backend
         self._clock = clock
         self._cache_dir = cache_dir
+        # Where the monitor publishes and whose files to believe: settings
+        # (resolved on the first live look, so that commands that take none
+        # import nothing for it), a (dir, owner uid) pair, or None: never
+        # read a monitor's snapshot.
+        self._monitor = monitor
+        self.from_monitor = False              # whether the last snapshot was the monitor's
         self._backend = None
         self._inventory: Inventory | None = None
         self._snapshot: Snapshot | None = None
@@ -51,6 +64,12 @@ class Telemetry:
             if hit is not None:
                 self._inventory = hit
                 return hit
+        snap = self._monitor_snapshot(backend)
+        if snap is not None:            # the monitor saw these GPUs a moment ago: no driver needed
+            self._snapshot, self.from_monitor = snap, True
+            inv = _inventory_of(snap, backend)
+            self._remember(inv, print_)
+            return inv
         inv = backend.inventory()
         self._remember(inv, print_)
         return inv
@@ -59,12 +78,49 @@ class Telemetry:
         """This command's one look at the live GPUs (never one per row)."""
         if self._snapshot is None:
             backend = self.backend
-            self._snapshot = backend.snapshot(self._clock())
+            snap = self._monitor_snapshot(backend)
+            self.from_monitor = snap is not None
+            self._snapshot = snap if snap is not None else backend.snapshot(self._clock())
             if self._inventory is None:
                 free = backend.static_inventory()
                 print_ = backend.fingerprint() if self._cache_dir and free is None else None
                 self._remember(free or _inventory_of(self._snapshot, backend), print_)
         return self._snapshot
+
+    def _monitor_where(self) -> tuple[str, int] | None:
+        if self._monitor is not None and not isinstance(self._monitor, tuple):
+            from bk.store.snapshot import monitor_dir, monitor_owner
+
+            self._monitor = (monitor_dir(self._monitor), monitor_owner(self._monitor))
+        return self._monitor
+
+    def _monitor_snapshot(self, backend) -> Snapshot | None:
+        where = self._monitor_where()
+        if where is None:
+            return None
+        from bk.store.snapshot import read_snapshot_file
+
+        got = read_snapshot_file(where[0], self._clock(), owner=where[1])
+        if got is None:
+            return None
+        print_ = backend.fingerprint()
+        if print_ is not None and got.fingerprint == print_:
+            return got.snapshot
+        if getattr(backend, "simulated", False):
+            free = backend.static_inventory()
+            if free is not None and free.count == len(got.snapshot.gpus):
+                return got.snapshot
+        return None
+
+    def heartbeat(self):
+        """The monitor's heartbeat now (``bk.store.snapshot.Heartbeat``);
+        ``absent`` when this telemetry reads no monitor."""
+        from bk.store.snapshot import ABSENT_HEARTBEAT, read_heartbeat
+
+        where = self._monitor_where()
+        if where is None:
+            return ABSENT_HEARTBEAT
+        return read_heartbeat(where[0], self._clock(), owner=where[1])
 
     def _remember(self, inv: Inventory, print_: str | None) -> None:
         self._inventory = inv
@@ -97,6 +153,22 @@ class Fixed:
 
     def snapshot(self) -> Snapshot:
         return self._snapshot
+
+    def heartbeat(self):
+        from bk.store.snapshot import ABSENT_HEARTBEAT
+
+        return ABSENT_HEARTBEAT
+
+
+def monitor_json(telemetry) -> dict:
+    """``data.monitor`` of ``bk st --json``: the heartbeat of the monitor
+    this telemetry reads (``absent`` for one that reads none)."""
+    beat = getattr(telemetry, "heartbeat", None)
+    if beat is None:
+        from bk.store.snapshot import ABSENT_HEARTBEAT
+
+        return ABSENT_HEARTBEAT.to_json()
+    return beat().to_json()
 
 
 def _inventory_of(snap: Snapshot, backend) -> Inventory:

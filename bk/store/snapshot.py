@@ -56,6 +56,7 @@ SUBDIR = "monitor"
 DIR_MODE = 0o755
 FILE_MODE = 0o644
 FRESH_INTERVALS = 3              # a file is fresh while younger than this many intervals
+MIN_FRESH_S = 2                  # ... and at least this many seconds (times are whole seconds)
 MAX_BYTES = 8 << 20              # 64 GPUs with hundreds of processes is well under 1 MiB
 
 RUNNING, DEGRADED, STALE, STOPPED, MISMATCH, ABSENT = (
@@ -216,9 +217,11 @@ def _read_doc(directory: str, name: str, owner: int | None) -> object | None:
 
 
 def fresh(taken_at: float, now: float, interval_s: float, max_age_s: float | None = None) -> bool:
-    """Younger than ``max_age_s``, by default three sample intervals.  A
-    time ahead of ``now`` (a clock stepped back) is not fresh either."""
-    limit = FRESH_INTERVALS * interval_s if max_age_s is None else max_age_s
+    """Younger than ``max_age_s``, by default three sample intervals (at
+    least ``MIN_FRESH_S``: the times are whole seconds, so a sub-second test
+    interval would otherwise flap with the second hand).  A time ahead of
+    ``now`` (a clock stepped back) is not fresh either."""
+    limit = max(FRESH_INTERVALS * interval_s, MIN_FRESH_S) if max_age_s is None else max_age_s
     return 0 <= now - taken_at < limit
 
 

@@ -1,0 +1,438 @@
+"""The monitor loop: look, judge, fold, publish; until SIGTERM.
+
+The facts that shape it:
+
+* One writer per server.  The monitor holds ``flock(LOCK_EX)`` on
+  ``<data_dir>/monitor/monitor.lock`` for its whole life (``bk.store.lock``:
+  the kernel drops it when the process dies, however it dies), so a second
+  ``bk m`` fails at once with exit 75 naming the holder's pid from
+  ``/proc/locks``.  Two monitors would double every minute of usage history.
+* The account.  On a shared server the snapshot steers placement for
+  everyone, so readers believe only files owned by the monitor account
+  (``monitor_uid``, else ``service_uid``); the monitor refuses to run as
+  anyone else (exit 77), as ``bk broker`` does.  In private mode it runs as
+  the user, in the user's data directory.
+* Nothing a backend does ends the loop.  A driver call that raises, a lost
+  GPU (NVML's gap ``nvml``), a fallback backend, a ledger that cannot be
+  read or history that cannot be written make the heartbeat ``degraded``
+  with a detail; the next sample tries again.  When a look fails outright
+  no snapshot is written: the old one ages out (three intervals) and
+  clients ask the GPUs themselves, rather than read "no processes".
+* The ledger is read each sample through the store's read path, without
+  its lock, and only when the file changed (its inode, size and mtime): a
+  stat every two seconds, a parse per commit.
+* Signals.  SIGTERM (systemctl stop) and SIGINT write a byte to a pipe that
+  the loop's ``select`` waits on, so the wait ends at once; the loop then
+  flushes the open minute (``Folder.flush``) into the history, records
+  ``stopped`` (fsync-ed) and exits 0.  SIGKILL or a crash records nothing:
+  the heartbeat ages into ``stale``, and its pid no longer runs.
+* Cadence.  Samples are due every ``interval_s`` on the monotonic clock;
+  a sample that took longer than an interval skips the ticks it missed
+  instead of sampling back to back.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import sys
+import time
+from collections.abc import Callable
+
+from bk.core.errors import BkError, Busy, ConfigError, WrongAccount
+from bk.core.record import dataclass, field
+from bk.core.telemetry import Snapshot
+from bk.store import snapshot as files
+
+DEFAULT_INTERVAL = 2.0
+USAGE_BACKLOG = 10_000            # minute records kept for a retry while history cannot be written
+
+
+def log_stderr(line: str) -> None:
+    try:
+        sys.stderr.write(f"bk m: {line}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
+def _account(uid: int) -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def check_account(settings) -> None:
+    """Shared mode: the process must be the monitor account (exit 77)."""
+    if settings.mode != "shared":
+        return
+    want = files.monitor_owner(settings) if (settings["monitor_uid"] is not None
+                                             or settings["service_uid"] is not None) else None
+    if want is None:
+        raise ConfigError(f"{settings.source}: neither monitor_uid nor service_uid is set",
+                          hint="add \"service_uid\" (see man 5 gpubk-config), or rerun: sudo bk admin init")
+    me = os.geteuid()
+    if me != want:
+        raise WrongAccount(f"bk m must run as the monitor account {_account(want)} (uid {want}), "
+                           f"not as {_account(me)} (uid {me})",
+                           hint=f"systemd: User={_account(want)}; by hand: sudo -u {_account(want)} bk m")
+
+
+# ------------------------------------------------------------- one look
+
+@dataclass
+class Sample:
+    """One look at the GPUs, judged.  ``snapshot`` is None when the
+    backend gave nothing usable (nothing is published then)."""
+
+    t: int
+    snapshot: Snapshot | None
+    attributions: dict
+    reservations: list
+    status: str                      # running, degraded or topology-mismatch
+    detail: str | None
+    problems: list = field(default_factory=list)
+
+
+class LedgerView:
+    """The active bookings, re-read only when the ledger file changed."""
+
+    def __init__(self, store):
+        self.store = store
+        self._stamp = None
+        self.state = None
+
+    def _stat(self):
+        try:
+            st = os.stat(self.store.paths.ledger)
+        except OSError:
+            return None
+        return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+    def read(self):
+        stamp = self._stat()
+        if self.state is None or stamp is None or stamp != self._stamp:
+            got = self.store.read()          # raises BkError: the caller keeps the last state
+            self.state, self._stamp = got.state, stamp
+        return self.state
+
+
+def _attribute(snapshot: Snapshot, reservations, now: int) -> dict:
+    from bk.core.telemetry import attribute_all
+
+    return attribute_all(snapshot, reservations, now)
+
+
+def _blind(last: Snapshot, t: int) -> Snapshot:
+    """The GPUs last seen, with nothing live: what a failed look knows."""
+    from bk.core.models import GpuInfo
+
+    gpus = tuple(GpuInfo(g.index, g.uuid, g.name, mem_total_mib=g.mem_total_mib) for g in last.gpus)
+    return Snapshot(t, last.source, gpus, ("memory", "nvml", "processes", "temperature", "utilisation"),
+                    last.simulated)
+
+
+class Monitor:
+    """The sampling, folding and publishing, without the loop, the lock or
+    signals: tests drive ``step`` with a fake clock and fake backends."""
+
+    def __init__(self, backend, ledger: Callable[[], object], directory: str, *,
+                 clock: Callable[[], int], interval_s: float = DEFAULT_INTERVAL,
+                 folder=None, usage=None, gpu_count: int | None = None,
+                 log: Callable[[str], None] = log_stderr, pid: int | None = None):
+        self.backend = backend
+        self.ledger = ledger
+        self.directory = directory
+        self.clock = clock
+        self.interval_s = interval_s
+        self.folder = folder
+        self.usage = usage
+        self.gpu_count = gpu_count           # the configuration's, when it fixes one
+        self.log = log
+        self.pid = os.getpid() if pid is None else pid
+        self.started_at = clock()
+        self.samples = 0
+        self._last: Snapshot | None = None
+        self._reservations: list = []
+        self._pending: list = []              # minute records not yet written
+        self._said: str | None = None         # the last problem logged, to log changes only
+
+    # -- looking
+
+    def look(self) -> Sample:
+        t = self.clock()
+        problems: list[str] = []
+        snap: Snapshot | None
+        try:
+            snap = self.backend.snapshot(t)
+        except Exception as e:      # any driver surprise: degraded, never dead
+            problems.append(f"the GPU backend failed: {getattr(e, 'message', None) or e}")
+            snap = _blind(self._last, t) if self._last is not None else None
+        if snap is not None:
+            if "nvml" in snap.gaps:
+                problems.append("the driver failed during this look")
+            reason = getattr(snap, "reason", None) or getattr(self.backend, "reason", None)
+            if reason:
+                problems.append(reason)
+        state = None
+        try:
+            state = self.ledger()
+            self._reservations = list(state.reservations)
+        except BkError as e:
+            problems.append(f"cannot read the ledger: {e.message}")
+        status, detail = files.RUNNING, None
+        expected = self._expected(state)
+        if snap is not None and expected is not None and len(snap.gpus) != expected:
+            status = files.MISMATCH
+            detail = (f"the GPUs seen ({len(snap.gpus)}, from {snap.source}) differ from the "
+                      f"{expected} the bookings are made for")
+        if problems:
+            if status == files.RUNNING:
+                status = files.DEGRADED
+            detail = "; ".join(([detail] if detail else []) + problems)
+        atts = _attribute(snap, self._reservations, t) if snap is not None else {}
+        return Sample(t, snap, atts, self._reservations, status, detail, problems)
+
+    def _expected(self, state) -> int | None:
+        policy = getattr(state, "policy", None) if state is not None else None
+        if policy and policy.get("gpu_count"):
+            return int(policy["gpu_count"])
+        return self.gpu_count
+
+    # -- one step of the daemon
+
+    def step(self) -> Sample:
+        s = self.look()
+        if s.snapshot is not None:
+            self._last = s.snapshot
+            if self.folder is not None:
+                self._pending.extend(self.folder.add(s.t, s.snapshot, s.attributions, s.reservations))
+        self._write_usage(s)
+        if s.snapshot is not None:
+            try:
+                files.write_snapshot(self.directory, s.snapshot, interval_s=self.interval_s,
+                                     inventory_fingerprint=self._fingerprint(), attributions=s.attributions)
+            except BkError as e:
+                s.status = files.DEGRADED if s.status == files.RUNNING else s.status
+                s.detail = "; ".join(x for x in (s.detail, f"cannot write the snapshot: {e.message}") if x)
+        self.samples += 1
+        self._heartbeat(s.status, s.detail, s.t)
+        if s.detail != self._said:
+            self.log(s.detail or f"{s.status}: sampling every {self.interval_s:g} s")
+            self._said = s.detail
+        return s
+
+    def _fingerprint(self) -> str | None:
+        try:
+            return self.backend.fingerprint()
+        except Exception:
+            return None
+
+    def _write_usage(self, s: Sample | None) -> None:
+        if self.usage is None or not self._pending:
+            return
+        try:
+            self.usage.append(self._pending)
+            self._pending = []
+        except (BkError, OSError) as e:
+            del self._pending[:-USAGE_BACKLOG]
+            if s is not None:
+                s.status = files.DEGRADED if s.status == files.RUNNING else s.status
+                why = getattr(e, "message", None) or str(e)
+                s.detail = "; ".join(x for x in (s.detail, f"cannot write usage history: {why}") if x)
+            else:
+                self.log(f"usage history not written: {getattr(e, 'message', None) or e}")
+
+    def _heartbeat(self, status: str, detail: str | None, t: int, *, sync: bool = False) -> None:
+        doc = files.heartbeat_doc(status=status, pid=self.pid, started_at=self.started_at, updated_at=t,
+                                  interval_s=self.interval_s, detail=detail, samples=self.samples)
+        try:
+            files.write_heartbeat(self.directory, doc, sync=sync)
+        except BkError as e:
+            self.log(f"cannot write the heartbeat: {e.message}")
+
+    def finish(self) -> int:
+        """The clean stop: the open minute into the history, ``stopped``
+        recorded.  Returns the number of minute records flushed."""
+        flushed = 0
+        if self.folder is not None:
+            tail = self.folder.flush()
+            flushed = len(tail)
+            self._pending.extend(tail)
+        self._write_usage(None)
+        self._heartbeat(files.STOPPED, f"stopped by signal after {self.samples} samples", self.clock(),
+                        sync=True)
+        return flushed
+
+
+# ------------------------------------------------------------- assembly
+
+@dataclass
+class RunStats:
+    samples: int
+    flushed: int
+    pid: int
+
+
+def _settings(env: dict):
+    from bk.store.config import load
+    from bk.store.paths import locate
+
+    return load(locate(env))
+
+
+def _take_lock(directory: str) -> int:
+    from bk.store.fsutil import Safety, open_dir, open_file
+    from bk.store.lock import mark, take
+
+    path = os.path.join(directory, files.LOCK_FILE)
+    safety = Safety(os.geteuid())
+    dirfd = open_dir(directory, safety, create_mode=files.DIR_MODE)
+    try:
+        fd = open_file(dirfd, files.LOCK_FILE, path, safety, os.O_RDWR, create_mode=0o644)
+    finally:
+        os.close(dirfd)
+    try:
+        # One try (timeout 0): a second monitor should refuse, not queue.
+        take(fd, path, timeout=0, busy=lambda pid: Busy(
+            "another monitor is running here" + (f" (pid {pid})" if pid else ""),
+            hint="see: systemctl status gpubk-monitor, or bk m status",
+            details={"path": path, "holder_pid": pid}))
+    except BaseException:
+        os.close(fd)
+        raise
+    mark(fd)
+    return fd
+
+
+def _prepare_dir(settings, directory: str) -> None:
+    """Private mode: make the data directory as the store would (0700), so
+    a monitor started before the first booking does not leave it 0755."""
+    if settings.mode == "private" and not os.path.isdir(settings.data_dir):
+        try:
+            os.makedirs(settings.data_dir, 0o700, exist_ok=True)
+        except OSError as e:
+            from bk.store.fsutil import io_error
+
+            raise io_error(e, "creating", settings.data_dir) from None
+
+
+def _open_usage(settings):
+    from bk.store.usage import UsageStore
+
+    # Owned by the monitor account on a shared server, 0755/0644 so that
+    # every user's bk u reads it; seals, roll-ups and retention happen in
+    # append when a new day begins.
+    return UsageStore.for_settings(settings)
+
+
+def build(env: dict, settings, *, interval_s: float, clock: Callable[[], int], backend=None,
+          log: Callable[[str], None] = log_stderr) -> Monitor:
+    """The monitor for this server: its backend, ledger and history."""
+    from bk.core.usage import Folder
+    from bk.gpu import open_backend
+    from bk.service.app import make_store
+
+    if backend is None:
+        backend = open_backend(env, settings["gpu_count"])
+    store = make_store(settings, clock_fn=clock, owner_uid=None, capacity=settings["max_shared_users"])
+    view = LedgerView(store)
+    return Monitor(backend, view.read, files.monitor_dir(settings), clock=clock, interval_s=interval_s,
+                   folder=Folder(60, interval_s=max(1, round(interval_s))), usage=_open_usage(settings),
+                   gpu_count=settings["gpu_count"], log=log)
+
+
+def run(env: dict, *, interval_s: float = DEFAULT_INTERVAL, log: Callable[[str], None] = log_stderr,
+        backend=None, monotonic: Callable[[], float] = time.monotonic) -> RunStats:
+    """Check the account, take the lock, sample until SIGTERM or SIGINT."""
+    from bk import clock
+
+    os.umask(0o022)
+    settings = _settings(env)
+    check_account(settings)
+    directory = files.monitor_dir(settings)
+    _prepare_dir(settings, directory)
+    lock_fd = _take_lock(directory)
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    stopping = []
+
+    def on_signal(signum, frame):
+        stopping.append(signum)
+        try:
+            os.write(wake_w, b"x")
+        except OSError:
+            pass
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    monitor = None
+    try:
+        monitor = build(env, settings, interval_s=interval_s, clock=clock.now, backend=backend, log=log)
+        log(f"pid {os.getpid()}: sampling {getattr(monitor.backend, 'name', 'GPUs')} every {interval_s:g} s "
+            f"into {directory}")
+        due = monotonic()
+        while not stopping:
+            monitor.step()
+            due += interval_s
+            now = monotonic()
+            if now > due:                  # a slow look: skip the ticks it missed
+                due += ((now - due) // interval_s + 1) * interval_s
+            # select is retried by Python after a signal (PEP 475) unless the
+            # handler raises; ours writes to the pipe, which ends the wait.
+            select.select([wake_r], [], [], max(0.0, due - monotonic()))
+        flushed = monitor.finish()
+        log(f"stopped after {monitor.samples} samples; {flushed} partial minute records flushed")
+        return RunStats(monitor.samples, flushed, os.getpid())
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        for fd in (wake_r, wake_w, lock_fd):
+            os.close(fd)
+
+
+# ------------------------------------------------------------- bk m --once, bk m status
+
+@dataclass(frozen=True)
+class OnceResult:
+    sample: Sample
+    interval_s: float
+    fingerprint: str | None
+
+    def to_json(self) -> dict:
+        s = self.sample
+        doc = (files.snapshot_doc(s.snapshot, interval_s=self.interval_s, inventory_fingerprint=self.fingerprint,
+                                  attributions=s.attributions) if s.snapshot is not None else {"gpus": None})
+        doc.pop("schema", None)
+        doc.pop("pid", None)
+        doc["taken_at"] = doc.pop("taken_at_iso", None)
+        doc["status"], doc["detail"] = s.status, s.detail
+        return doc
+
+
+def once(env: dict, *, backend=None, clock_fn: Callable[[], int] | None = None) -> OnceResult:
+    """One sample, judged, printed by the caller; nothing is written
+    (no lock, no snapshot, no heartbeat, no history)."""
+    from bk import clock
+    from bk.gpu import open_backend
+    from bk.service.app import make_store
+
+    settings = _settings(env)
+    clock_fn = clock_fn or clock.now
+    backend = backend or open_backend(env, settings["gpu_count"])
+    store = make_store(settings, clock_fn=clock_fn, owner_uid=None, capacity=settings["max_shared_users"])
+    m = Monitor(backend, LedgerView(store).read, files.monitor_dir(settings), clock=clock_fn,
+                gpu_count=settings["gpu_count"], log=lambda line: None)
+    sample = m.look()
+    return OnceResult(sample, m.interval_s, m._fingerprint())
+
+
+def heartbeat(env: dict, *, now: int | None = None) -> files.Heartbeat:
+    """``bk m status``: the heartbeat as every reader sees it."""
+    from bk import clock
+
+    settings = _settings(env)
+    return files.read_heartbeat(files.monitor_dir(settings), clock.now() if now is None else now,
+                                owner=files.monitor_owner(settings))

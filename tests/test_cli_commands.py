@@ -217,7 +217,7 @@ def test_status_table_and_json(bk):
     assert {p["pid"]: p["state"] for p in g0["processes"]} == {4242: "ok", 77: "system"}
     assert d["gpus"][2]["processes"][0]["state"] == "wrong-gpu"     # bob booked GPU 0, runs on 2
     assert d["gpus"][3]["processes"] is None
-    assert d["monitor"] == {"state": "absent"}
+    assert d["monitor"]["state"] == "absent" and d["monitor"]["pid"] is None    # no bk m ran here
     assert [r["user"] for r in d["reservations"]] == ["ada"]
     assert {r["user"] for r in bk.data("status", "-v")["reservations"]} == {"ada", "bob"}
     out = bk.ok("st").out

@@ -58,6 +58,9 @@ EXCEPTIONS: dict[str, dict[str, str]] = {
     "bk.cli.cmd_admin": {
         "bk.admin": "`bk admin init` runs the set-up in this process; imported only when that command runs",
     },
+    "bk.cli.cmd_monitor": {
+        "bk.monitor": "`bk m` runs the monitor daemon in this process; imported only when that command runs",
+    },
     "bk.broker.server": {
         "bk.store": "the daemon's start-up: it loads the trusted config, checks the owner and mode of "
                     "its directories with the store's rule and holds its single-instance lock",

@@ -621,7 +621,11 @@ def open_service(env: dict, plan: Plan, settings, telemetry=None):
 
 
 def refresher(latest, stop: threading.Event, log: Callable[[str], None], every: float) -> threading.Thread:
-    """Take a new GPU snapshot every ``every`` seconds, off the request path."""
+    """Take a new GPU snapshot every ``every`` seconds, off the request path.
+    While ``bk m`` runs, each refresh reads the monitor's fresh snapshot file
+    (``bk.service.telemetry.Telemetry.snapshot``) instead of asking the GPUs,
+    so the broker never holds NVML open beside the monitor; when no monitor
+    runs (or its file is stale or for other GPUs) it asks the backend."""
     def loop():
         while not stop.wait(every):
             try:

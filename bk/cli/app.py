@@ -49,6 +49,7 @@ COMMAND_WORDS: dict[str, tuple[str, ...]] = {
     "bk.cli.cmd_preset": ("p", "preset"),
     "bk.cli.cmd_admin": ("admin",),
     "bk.cli.cmd_broker": ("broker",),
+    "bk.cli.cmd_monitor": ("m", "monitor"),
     "bk.cli.cmd_usage": ("u", "usage"),
     "bk.cli.cmd_help": ("help",),
 }
@@ -64,7 +65,6 @@ BOOK_SHORTHAND = "book"
 # "bk rm"); ``bk help`` lists them under the same table.
 PLANNED: tuple[tuple[tuple[str, ...], str, str], ...] = (
     (("t", "tui"), "the full-screen timeline", "bk tl (the text timeline)"),
-    (("m", "monitor"), "the GPU monitor", "bk st -v (a live sample of every GPU)"),
     (("run", "j", "jobs", "w", "worker"), "scheduled commands",
      "bk g (the CUDA_VISIBLE_DEVICES line for your booking)"),
     (("update",), "in-place upgrades", "python3 build.py, or pip install --upgrade"),

@@ -28,6 +28,7 @@ from bk.core import telemetry
 from bk.core.errors import BkError
 from bk.core.models import EXCLUSIVE, GpuInfo, GpuProcess, Policy, Reservation, iso
 from bk.core.record import dataclass
+from bk.service.telemetry import monitor_json
 from bk.service.views import notice_json
 
 # How far ahead ``bk login`` looks for bookings about to start.
@@ -203,6 +204,7 @@ class StatusView:
     telemetry: dict | None = None      # Snapshot.telemetry_json(): source, reason, gaps, capabilities
     describe: str | None = None        # the one line saying what the telemetry misses
     usage: tuple = ()                  # BookingUse of the caller's running bookings, where recorded
+    monitor: dict | None = None        # the monitor's heartbeat (bk.service.telemetry.monitor_json)
 
     def to_json(self) -> dict:
         return {"now": iso(self.now), "backend": dict(self.backend),
@@ -211,8 +213,7 @@ class StatusView:
                 "reservations": [self.view.reservation(r) for r in self.reservations],
                 "usage": [u.to_json() for u in self.usage],
                 "notices": [notice_json(n) for n in self.notices],
-                # The monitor daemon (SPEC 8) does not exist yet; say so rather than guess.
-                "monitor": {"state": "absent"}}
+                "monitor": dict(self.monitor or {"state": "absent"})}
 
 
 @dataclass(frozen=True)
@@ -244,7 +245,8 @@ def status_view(app, verbose: bool = False, *, call=None) -> StatusView:
     return StatusView(now, {"name": snap.source, "simulated": snap.simulated},
                       tuple(gpu_rows(state, snap, call.policy, now)), tuple(shown),
                       tuple(app.notices(state=state, call=call)), view, verbose,
-                      snap.telemetry_json(), snap.describe(), tuple(booking_usage(app, running)))
+                      snap.telemetry_json(), snap.describe(), tuple(booking_usage(app, running)),
+                      monitor_json(call.telemetry))
 
 
 def booking_usage(app, reservations) -> list[BookingUse]:

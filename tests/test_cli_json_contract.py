@@ -21,7 +21,7 @@ RESERVATION = {"id", "short_id", "number", "uid", "user", "mine", "mode", "gpus"
 NOTICE = {"id", "short_id", "at", "level", "text", "scope", "until", "reservation", "archived"}
 GPU = {"index", "uuid", "name", "util", "mem_used_mib", "mem_total_mib", "temperature", "state",
        "share_used", "capacity", "processes", "next_free"}
-PROCESS = {"pid", "uid", "user", "label", "mem_mib", "sm", "state", "identity", "since"}
+PROCESS = {"pid", "uid", "user", "label", "mem_mib", "sm", "state", "identity", "since", "container"}
 OPTION = {"gpus", "start", "end", "command", "queued", "mem_mib_effective", "reasons"}
 CELL = {"used", "mine", "others", "blackout"}
 CHECK = {"name", "ok", "detail"}
@@ -37,7 +37,8 @@ COMMANDS = {
     "list": (["l"], {"scope", "reservations"}),
     "edit": (["e", "1", "-d", "+30m"], BOOKING | {"before"}),
     "cancel": (["d", "1"], {"status", "reservation", "dry_run"}),
-    "status": (["st", "-v"], {"now", "backend", "gpus", "reservations", "notices", "monitor"}),
+    "status": (["st", "-v"], {"now", "backend", "telemetry", "gpus", "reservations", "usage", "notices",
+                              "monitor"}),
     "timeline": (["tl"], {"from", "to", "step", "capacity", "now", "gpus", "blackouts", "reservations"}),
     "slots": (["slots", "1", "1h"], {"request", "options"}),
     "gpu": (["g"], {"current", "options", "export"}),
@@ -104,6 +105,7 @@ def test_nested_shapes_are_filled(bk):
         for p in g["processes"] or ():
             _keys(p, PROCESS, "status process")
     assert any(g["processes"] for g in st["gpus"])
+    _keys(st["telemetry"], {"source", "simulated", "reason", "gaps", "capabilities"}, "status telemetry")
     tl = bk.data("tl")
     for g in tl["gpus"]:
         _keys(g, {"index", "disabled", "cells"}, "timeline gpu")

@@ -2,7 +2,9 @@
 
 Both ask the service for options and book nothing; the typed results and
 their JSON (each option with the command that books it) are
-``bk.service.advice``'s.
+``bk.service.advice``'s.  ``bk g`` also shows the live state of the GPUs it
+recommends now (the snapshot placement ranked them by: idle before busy,
+GPUs used without a booking last), and says what the telemetry misses.
 """
 
 from __future__ import annotations
@@ -10,11 +12,12 @@ from __future__ import annotations
 import argparse
 
 from bk.cli import common
-from bk.cli.render import Output, fit, wrap
+from bk.cli.render import Output, fit, safe, wrap
 from bk.core import timegrid
 from bk.core.errors import Conflict
 from bk.core.models import EXCLUSIVE, SHARED
 from bk.service import advice
+from bk.service.status import live_gpus
 
 DEFAULT_ALTERNATIVES = 3
 
@@ -40,7 +43,9 @@ def register(sub) -> None:
     g = sub.add_parser(
         "gpu", aliases=["g"], help="which GPU can I use now?",
         description="Show the GPUs of your running booking and the CUDA_VISIBLE_DEVICES line "
-        "for them; without a running booking (or with N), recommend GPUs free now.",
+        "for them; without a running booking (or with N), recommend GPUs free now, idle ones "
+        "first and GPUs someone uses without a booking last, with their live state "
+        "(utilisation, free VRAM, processes).",
         epilog="Examples:\n  bk g          your GPUs now, or one free GPU for an hour\n"
                "  bk g 4        four GPUs free now, together\n  bk g 2 -d 3h -m 20g",
         formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -117,9 +122,31 @@ def run_gpu(args, ctx) -> Output:
             return "\n".join([wrap(head, term.width, "", "  "), *_option_lines(rec, term, tz, now, local=True)])
         return Output("gpu", found.to_json(), human_later)
     found = advice.GpuAdvice(active, current, None, ready)
+    live, missing = live_gpus(app, state=state, call=call)
+    shown = sorted({g for p in ready.options for g in p.gpus})
+    data = found.to_json()
+    data["live"] = [live[g].to_json() for g in shown if g in live]
 
     def human(term) -> str:
         head = f"free now for {advice.describe(req)}:"
-        return "\n".join([fit(head, term.width), *_option_lines(ready, term, tz, now)])
+        lines = [fit(head, term.width)]
+        options = _option_lines(ready, term, tz, now)
+        for i, p in enumerate(ready.options):
+            lines.extend(options[2 * i:2 * i + 2])
+            lines.extend(fit("   " + live_line(live[g]), term.width) for g in p.gpus if g in live)
+        if missing:
+            lines.append(wrap(safe(missing), term.width, "", "  "))
+        return "\n".join(lines)
 
-    return Output("gpu", found.to_json(), human)
+    return Output("gpu", data, human)
+
+
+def live_line(g) -> str:
+    """``GPU 2: idle, util 0%, 79.6G VRAM free, no processes``."""
+    parts = [f"GPU {g.index}: {g.state}"]
+    parts.append("util ?" if g.util is None else f"util {g.util}%")
+    if g.mem_free_mib is not None:
+        parts.append(f"{g.mem_free_mib / 1024:.1f}G VRAM free")
+    if g.processes is not None:
+        parts.append({0: "no processes", 1: "1 process"}.get(g.processes, f"{g.processes} processes"))
+    return ", ".join(parts)

@@ -48,10 +48,10 @@ IDENTITIES = (VERIFIED, INFERRED, AMBIGUOUS)
 # missed (or that the source never has).
 CAPABILITIES = ("uuid", "memory", "utilisation", "temperature", "processes", "process_sm",
                 "process_owner", "mig")
-GAP_WORDS = {"utilisation": "no utilisation", "memory": "no memory readings",
-             "processes": "no process list", "temperature": "no temperature",
-             "process_sm": "no per-process SM", "uuid": "some UUIDs missing",
-             "mig": "MIG: whole-GPU readings", "nvml": "the driver failed during this look",
+GAP_WORDS = {"utilisation": "utilisation", "memory": "memory readings", "processes": "process list",
+             "temperature": "temperature", "process_sm": "per-process SM", "uuid": "UUID of some GPUs",
+             "process_owner": "process owners"}
+GAP_NOTES = {"mig": "MIG mode: readings are the whole GPU's", "nvml": "the driver failed during this look",
              "gpus": "no GPUs seen"}
 
 
@@ -114,7 +114,10 @@ class Snapshot:
                                                  not self.source.startswith("sim") else "")]
         if self.reason:
             parts.append(self.reason)
-        parts.extend(GAP_WORDS.get(g, f"no {g}") for g in self.gaps)
+        missing = [GAP_WORDS.get(g, g) for g in self.gaps if g not in GAP_NOTES]
+        if missing:
+            parts.append("no " + ", ".join(missing))
+        parts.extend(GAP_NOTES[g] for g in self.gaps if g in GAP_NOTES)
         return "; ".join(parts)
 
     def telemetry_json(self) -> dict:

@@ -311,8 +311,14 @@ def _gpu_check(app, call) -> dict:
     gpus = snap.gpus
     detail = f"{snap.source}: {len(gpus)} GPU{'s' if len(gpus) != 1 else ''}"
     reason = inv.reason
-    if reason:
-        detail += f" ({reason})"
+    if reason or snap.reason:
+        detail += f" ({reason or snap.reason})"
+    # What this source can and cannot see, so that "no processes" is never
+    # read where the truth is "cannot tell" (nvidia-smi lists none).
+    if snap.capabilities:
+        detail += "; sees " + ", ".join(snap.capabilities)
+    if snap.gaps:
+        detail += "; missing " + ", ".join(snap.gaps)
     # On a shared server a simulation standing in for missing telemetry is a
     # fault unless the administrator fixed the count in the config (then only
     # the live data is missing, and placement uses share slots alone); in

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import stat
+import subprocess
+import sys
 
 import pytest
-from helpers_broker import needs_root, site
+from helpers_broker import needs_root, poll, site
 from helpers_cli import bk_fixture
 
 from bk.core import errors
@@ -97,6 +100,70 @@ def test_help_documents_the_flags(bk):
     for flag in ("--probe", "--strict", "--require-monitor", "--require-worker"):
         assert flag in text
     assert "bk doctor --probe --require-monitor --strict" in text
+
+
+# ------------------------------------------------------------- the monitor, for real
+
+def test_the_monitor_heartbeat_running_stopped_and_gone(pyz, tmp_path):
+    """A real ``bk m`` (the built archive): running passes --require-monitor
+    --strict; after SIGTERM it is stopped (a warning, a failure when
+    required); killed, it goes stale; a damaged heartbeat is no heartbeat."""
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "LANG": "C.UTF-8", "TZ": "UTC",
+           "BK_DATA_DIR": str(tmp_path / "data"), "BK_GPU_COUNT": "2"}
+
+    def run(*args) -> tuple[int, dict]:
+        p = subprocess.run([sys.executable, str(pyz), "--json", "doctor", *args], env=env,
+                           capture_output=True, text=True, timeout=60)
+        return p.returncode, json.loads(p.stdout)["data"]
+
+    def start() -> subprocess.Popen:
+        p = subprocess.Popen([sys.executable, str(pyz), "m", "--interval", "0.2"], env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        started.append(p)
+        return p
+
+    def monitor_is(state: str):
+        rc, d = run()
+        return d if checks(d)["monitor"]["detail"].startswith(state) else None
+
+    started: list[subprocess.Popen] = []
+    try:
+        p = start()
+        poll(lambda: p.poll() is None and monitor_is("running"), 60, "the monitor to run")
+        rc, d = run("--require-monitor", "--strict")
+        m = checks(d)["monitor"]
+        assert rc == 0 and m["status"] == "ok" and f"pid {p.pid}" in m["detail"], d
+        assert d["monitor"]["state"] == "running" and d["monitor"]["pid"] == p.pid
+
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(30) == 0, p.stderr.read()
+        rc, d = run()
+        m = checks(d)["monitor"]
+        assert rc == 0 and d["ok"] and m["status"] == "warn" and m["detail"].startswith("stopped")
+        assert "bk m" in m["fix"]
+        rc, d = run("--strict")
+        assert rc == errors.EXIT_PARTIAL and d["failed"] == ["monitor"]
+        rc, d = run("--require-monitor")
+        assert checks(d)["monitor"]["status"] == "fail" and not d["ok"]
+
+        p = start()
+        poll(lambda: p.poll() is None and monitor_is("running"), 60, "the monitor to run again")
+        p.kill()
+        p.wait(30)
+        rc, d = run("--require-monitor", "--strict")
+        m = checks(d)["monitor"]
+        assert rc == errors.EXIT_PARTIAL and m["status"] == "fail" and m["detail"].startswith("stale")
+        assert f"process {p.pid} is gone" in m["detail"]
+
+        (tmp_path / "data" / "monitor" / "heartbeat.json").write_text("{not json")
+        rc, d = run()
+        m = checks(d)["monitor"]
+        assert m["status"] == "warn" and m["detail"].startswith("absent: "), m
+    finally:
+        for q in started:               # only what this test started
+            if q.poll() is None:
+                q.kill()
+                q.wait(10)
 
 
 # ------------------------------------------------------------- a shared server

@@ -377,15 +377,14 @@ def _probe_checks(app, call) -> list[dict]:
 def _monitor_check(app, call, required: bool) -> tuple[dict, dict | None]:
     """The monitor's heartbeat (contract B, ``bk.store.snapshot``): the
     check and the heartbeat's JSON."""
-    try:
-        from bk.store.snapshot import monitor_dir, read_heartbeat
-    except ImportError:         # DEV ONLY: until bk.store.snapshot lands (contract B)
-        if required:
-            return _check("monitor", False, "this build has no monitor (bk m)", fix="upgrade bk"), None
-        return _check("monitor", True, "this build has no monitor (bk m)"), None
+    import os
+
+    from bk.store.snapshot import ABSENT_HEARTBEAT, HEARTBEAT_FILE, monitor_dir, monitor_owner, read_heartbeat
 
     directory = monitor_dir(app.settings)
-    hb = read_heartbeat(directory, call.now)
+    # Only the monitor account's files count: a heartbeat anyone else
+    # wrote there is no evidence that the monitor runs.
+    hb = read_heartbeat(directory, call.now, owner=monitor_owner(app.settings))
     got = hb.to_json()
     state = hb.state
     where = f"pid {hb.pid}" if hb.pid else "no pid"
@@ -397,6 +396,14 @@ def _monitor_check(app, call, required: bool) -> tuple[dict, dict | None]:
              else "run bk m in another terminal (or leave out --require-monitor)")
     if state == "running":
         return _check("monitor", True, detail), got
+    path = os.path.join(directory, HEARTBEAT_FILE)
+    if state == "absent" and (hb.detail != ABSENT_HEARTBEAT.detail or os.path.lexists(path)):
+        # A file is there, but no heartbeat bk can believe (damaged, or
+        # written by another account): the reader treats it as none.
+        why = hb.detail if hb.detail != ABSENT_HEARTBEAT.detail else \
+            f"{path} is damaged or not the monitor account's"
+        return _check("monitor", True, f"{state}: {why}", status=FAIL if required else WARN,
+                      fix=f"restart the monitor, which writes a new one ({start})"), got
     if state == "absent":
         if not required:
             return _check("monitor", True, f"no monitor has run here ({directory}); each command "

@@ -42,7 +42,8 @@ LAYERS: dict[str, frozenset[str]] = {
     # Set-up runs before any configuration exists, so no service can be
     # opened: it writes the config with the store's code and asks the GPU
     # gateway how many GPUs there are.
-    "bk.admin": BASE | {"bk.store", "bk.gpu"},
+    # Install and update also read the version and the shipped resources.
+    "bk.admin": BASE | {"bk", "bk.buildinfo", "bk.store", "bk.gpu"},
     # The packages to come.
     "bk.monitor": BASE | {"bk.store", "bk.gpu", "bk.service"},
     "bk.worker": BASE | {"bk.ipc", "bk.service"},
@@ -57,6 +58,10 @@ EXCEPTIONS: dict[str, dict[str, str]] = {
     },
     "bk.cli.cmd_admin": {
         "bk.admin": "`bk admin init` runs the set-up in this process; imported only when that command runs",
+    },
+    "bk.cli.cmd_install": {
+        "bk.admin": "`bk admin install`, `uninstall`, `services`, `login-hook` and `bk update` run in this "
+                    "process; imported only when those commands run",
     },
     "bk.cli.cmd_monitor": {
         "bk.monitor": "`bk m` runs the monitor daemon in this process; imported only when that command runs",

@@ -48,6 +48,7 @@ COMMAND_WORDS: dict[str, tuple[str, ...]] = {
     "bk.cli.guided": ("a", "add"),
     "bk.cli.cmd_preset": ("p", "preset"),
     "bk.cli.cmd_admin": ("admin",),
+    "bk.cli.cmd_install": ("update",),
     "bk.cli.cmd_broker": ("broker",),
     "bk.cli.cmd_monitor": ("m", "monitor"),
     "bk.cli.cmd_usage": ("u", "usage"),
@@ -67,7 +68,6 @@ PLANNED: tuple[tuple[tuple[str, ...], str, str], ...] = (
     (("t", "tui"), "the full-screen timeline", "bk tl (the text timeline)"),
     (("run", "j", "jobs", "w", "worker"), "scheduled commands",
      "bk g (the CUDA_VISIBLE_DEVICES line for your booking)"),
-    (("update",), "in-place upgrades", "python3 build.py, or pip install --upgrade"),
     (("c", "cluster", "@NODE"), "cluster mode", "ssh HOST bk ... on each server"),
     (("mcp", "agent"), "MCP tools and agent commands", "bk ... --json (one JSON envelope)"),
 )

@@ -65,6 +65,10 @@ def register(sub) -> None:
     init.add_argument("-y", "--yes", action="store_true", help="apply without asking")
     init.set_defaults(handler=run_init, command="admin init")
 
+    from bk.cli import cmd_install
+
+    cmd_install.register_admin(actions, type(p))    # install, uninstall, services, login-hook
+
     cancel = actions.add_parser("cancel", help="cancel anyone's booking, with a reason the owner sees",
                                 description="Cancel a booking of any user. The reason is shown to the "
                                 "owner in bk n and at login.",

@@ -1,0 +1,128 @@
+"""The two services, seen from the installer: start, stop, and whether
+they are stopped.
+
+Facts.  systemd is the init system when ``/run/systemd/system`` exists
+(what ``sd_booted(3)`` tests); in a container, a chroot, or a staging root
+it is not there, and ``systemctl`` would fail or act on the wrong machine.
+Then the installer says so and prints the exact commands instead of running
+them.
+
+"Stopped" without systemd.  Before files are removed or replaced, nothing
+may be writing them.  The writers announce themselves in two ways the
+kernel keeps honest: the broker holds an ``flock`` on ``<socket>.lock`` for
+as long as it runs and answers on its socket; every ledger writer holds
+``ledger.lock`` in the data directory while it commits, and the monitor its
+lock in ``<data>/monitor``.  A socket nobody answers (connect refused or no
+socket) and locks nobody holds (a non-blocking ``flock`` succeeds) mean
+stopped; a lock taken to probe is dropped at once.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+UNITS = ("gpubk-broker.service", "gpubk-monitor.service")
+
+
+def systemd_running(root: str) -> bool:
+    return root == "/" and os.path.isdir("/run/systemd/system")
+
+
+def start_commands(first: bool, start: bool) -> list[list[str]]:
+    cmds = [["systemctl", "daemon-reload"]]
+    if start:
+        cmds.append(["systemctl", "enable", "--now", *UNITS])
+        if not first:
+            cmds.append(["systemctl", "restart", *UNITS])
+    else:
+        cmds.append(["systemctl", "enable", *UNITS])
+    return cmds
+
+
+def stop_commands() -> list[list[str]]:
+    return [["systemctl", "stop", *UNITS]]
+
+
+def disable_commands() -> list[list[str]]:
+    return [["systemctl", "disable", "--now", *UNITS]]
+
+
+def shown(cmds: list[list[str]]) -> list[str]:
+    return ["sudo " + " ".join(c) for c in cmds]
+
+
+def run(cmds: list[list[str]], runner=subprocess.run) -> list[dict]:
+    """Run systemctl commands; the outcome of each (nothing raised)."""
+    out = []
+    for c in cmds:
+        try:
+            p = runner(c, capture_output=True, text=True, timeout=120, check=False)
+            out.append({"command": " ".join(c), "rc": p.returncode, "stderr": (p.stderr or "").strip()[-400:]})
+        except (OSError, subprocess.SubprocessError) as e:
+            out.append({"command": " ".join(c), "rc": None, "stderr": str(e)})
+    return out
+
+
+def _answers(socket_path: str) -> bool:
+    import socket
+
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(1.0)
+    try:
+        s.connect(socket_path)
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+def _held(path: str) -> bool:
+    import fcntl
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def running_writers(socket_path: str, data_dir: str) -> list[str]:
+    """What shows that a service still runs; empty when everything is stopped."""
+    found = []
+    if os.path.exists(socket_path) and _answers(socket_path):
+        found.append(f"the broker answers on {socket_path}")
+    locks = [socket_path + ".lock", os.path.join(data_dir, "ledger.lock")]
+    mon = os.path.join(data_dir, "monitor")
+    if os.path.isdir(mon):
+        locks += sorted(os.path.join(mon, n) for n in os.listdir(mon) if n.endswith(".lock"))
+    found += [f"{p} is locked by a running writer" for p in locks if _held(p)]
+    return found
+
+
+def active_units(runner=subprocess.run) -> list[str]:
+    """With systemd: the units systemd says are active (or activating)."""
+    active = []
+    for unit in UNITS:
+        try:
+            p = runner(["systemctl", "is-active", unit], capture_output=True, text=True, timeout=30, check=False)
+        except (OSError, subprocess.SubprocessError):
+            continue
+        if (p.stdout or "").strip() in ("active", "activating", "reloading", "deactivating"):
+            active.append(unit)
+    return active
+
+
+def status(root: str, socket_path: str, data_dir: str, runner=subprocess.run) -> dict:
+    systemd = systemd_running(root)
+    return {"systemd": systemd, "active_units": active_units(runner) if systemd else None,
+            "running": running_writers(socket_path, data_dir)}

@@ -1,0 +1,67 @@
+"""Render the deployment files of ``install/`` (systemd units, the login
+hook) for one server.
+
+The templates are plain files in the repository's ``install/`` directory,
+shipped in the archive as ``bk/resources/install/`` and read with
+``importlib.resources`` (``bk.buildinfo.resource_text``).  They hold
+``@NAME@`` tokens; rendering replaces every one and refuses a template that
+names a value it was not given (or a value that would break the unit
+syntax), so a new token can never reach a server unrendered.
+"""
+
+from __future__ import annotations
+
+import re
+
+from bk.core.errors import ConfigError
+
+BROKER_UNIT = "gpubk-broker.service"
+MONITOR_UNIT = "gpubk-monitor.service"
+WORKER_UNIT = "bk-worker.service"
+LOGIN_HOOK = "profile.d/gpubk.sh"
+SYSTEM_UNITS = (BROKER_UNIT, MONITOR_UNIT)
+_TOKEN = re.compile(r"@([A-Z_]+)@")
+# systemd splits on white space and gives % and \ and quotes meaning; the
+# paths bk writes into a unit are its own and never need them.
+_UNSAFE = re.compile(r"[\s%\\\"'$;`]")
+
+
+def template(name: str) -> str:
+    from bk.buildinfo import resource_text
+
+    try:
+        return resource_text("install", name)
+    except FileNotFoundError:
+        raise ConfigError(f"this bk has no install/{name} to install",
+                          hint="run the installer from bk.pyz built by python3 build.py") from None
+
+
+def render(text: str, values: dict[str, str]) -> str:
+    missing = sorted({m for m in _TOKEN.findall(text) if m not in values})
+    if missing:
+        raise ConfigError(f"the template needs {', '.join(missing)}, which the installer does not know",
+                          hint="this archive's install/ and its installer disagree: rebuild it")
+    return _TOKEN.sub(lambda m: values[m.group(1)], text)
+
+
+def check_path(path: str, what: str) -> str:
+    if _UNSAFE.search(path):
+        raise ConfigError(f"{what} {path!r} holds a space, quote or other character a systemd unit "
+                          "would read differently", hint="choose a plain path")
+    return path
+
+
+def values(*, bk: str, uid: int, gid: int, monitor_uid: int, data_dir: str, socket_dir: str,
+           group_access: bool) -> dict[str, str]:
+    """The tokens of the units.  ``socket_dir`` is written to when it is not
+    systemd's own runtime directory (a staging root)."""
+    rw = [check_path(data_dir, "the data directory")]
+    if socket_dir != "/run/gpubk":
+        rw.append(check_path(socket_dir, "the socket directory"))
+    return {"BK": check_path(bk, "the bk launcher"), "UID": str(uid), "GID": str(gid),
+            "MONITOR_UID": str(monitor_uid), "RUNTIME_MODE": "2750" if group_access else "0755",
+            "READ_WRITE": " ".join(rw), "MONITOR_READ_WRITE": " ".join(rw)}
+
+
+def render_named(name: str, vals: dict[str, str]) -> bytes:
+    return render(template(name), vals).encode()

@@ -1,0 +1,189 @@
+"""``bk update [NEW.pyz]`` and ``sudo bk update --apply``: upgrade an
+installed server without losing a booking.
+
+The plan (anyone may look): the installed version (read from the installed
+archive, which is world-readable), the new one (NEW.pyz, else the running
+bk), and the steps.  Applying (root):
+
+1. stop the services (systemd), or, without systemd, require them stopped
+   (the broker socket does not answer, no writer holds a lock) and print
+   the commands;
+2. keep the installed archive aside (``bk.pyz.previous`` beside it);
+3. reconcile: ``bk admin install`` with the new archive and the installed
+   settings (config and data untouched: a reconcile never writes them);
+4. start the services again;
+5. verify with the new archive: ``bk doctor --probe --strict``;
+6. on a failed verification put the previous archive back (and its
+   manifest entry), restart, and report ``rolled_back`` (exit 1).
+
+The ledger is never touched by any step: the bookings survive an upgrade
+and a rollback alike, which the tests check booking by booking.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+from bk.admin import archive, install, services
+from bk.admin import manifest as mf
+from bk.core.errors import ConfigError
+from bk.core.record import dataclass, field, replace
+
+
+@dataclass
+class UpdatePlan:
+    layout: install.Layout
+    new_archive: str | None
+    new_source: str
+    installed_version: str | None
+    new_version: str
+    python: str | None
+    systemd: bool
+    steps: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {"root": self.layout.root, "installed_version": self.installed_version,
+                "new_version": self.new_version, "new_archive": self.new_source, "systemd": self.systemd,
+                "steps": self.steps}
+
+
+@dataclass
+class UpdateResult:
+    plan: UpdatePlan
+    status: str                      # updated | rolled_back
+    verify: dict
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {"status": self.status, **self.plan.to_json(), "verify": self.verify, "notes": self.notes}
+
+
+def _version_of(path: str) -> str | None:
+    try:
+        return archive.build_record(archive.read_entries(path)).get("version")
+    except ConfigError:
+        return None
+
+
+def plan(root: str, new_archive: str | None, *, python: str | None = None) -> UpdatePlan:
+    layout = install.Layout(os.path.normpath(root))
+    if not os.path.exists(layout.pyz):
+        raise ConfigError(f"bk is not installed here: {layout.pyz} is missing",
+                          hint="install it first: sudo python3 bk.pyz admin install")
+    if new_archive is not None:
+        new_archive = os.path.abspath(new_archive)
+        entries = archive.read_entries(new_archive)
+        source = new_archive
+    else:
+        entries, source = archive.source_entries(None, "")
+    new_version = archive.build_record(entries).get("version") or "?"
+    systemd = services.systemd_running(layout.root)
+    stop = "stop gpubk-broker and gpubk-monitor" if systemd else \
+        "check that the services are stopped (socket, locks); without systemd, stop them yourself first"
+    steps = [stop, f"keep the installed archive as {layout.pyz}.previous",
+             f"install bk {new_version} from {source} (a reconcile: config and data kept)",
+             "start the services again" if systemd else "print the commands that start them",
+             "verify with the new archive: bk doctor --probe --strict",
+             "on failure: put the previous archive back and restart"]
+    return UpdatePlan(layout, new_archive, source, _version_of(layout.pyz), new_version, python, systemd, steps)
+
+
+def plan_text(p: UpdatePlan) -> str:
+    lines = [f"installed: bk {p.installed_version or '?'} ({p.layout.pyz})", f"new:       bk {p.new_version} ({p.new_source})",
+             "sudo bk update --apply would:"]
+    lines += [f"  {i}. {s}" for i, s in enumerate(p.steps, 1)]
+    return "\n".join(lines)
+
+
+def result_text(r: UpdateResult) -> str:
+    p = r.plan
+    if r.status == "updated":
+        head = f"updated bk {p.installed_version or '?'} -> {p.new_version}; bk doctor --probe --strict passed"
+    else:
+        head = (f"the new archive failed its verification; rolled back to bk {p.installed_version or '?'}:\n"
+                + (r.verify.get("output") or "").strip()[-1500:])
+    return "\n".join([head, *r.notes])
+
+
+def verify(layout: install.Layout, env: dict, runner=subprocess.run) -> dict:
+    """``bk doctor --probe --strict`` as the installed launcher runs it (the new archive)."""
+    run_env = {"PATH": env.get("PATH", "/usr/bin:/bin"), "HOME": env.get("HOME", "/")}
+    if layout.root != "/":
+        run_env["BK_CONFIG_FILE"] = layout.config
+    try:
+        p = runner([layout.launcher, "doctor", "--probe", "--strict", "--json"], capture_output=True,
+                   text=True, timeout=120, check=False, env=run_env)
+    except (OSError, subprocess.SubprocessError) as e:
+        return {"ok": False, "rc": None, "output": str(e)}
+    out = (p.stdout or "") + (p.stderr or "")
+    checks = None
+    try:
+        checks = json.loads(p.stdout).get("data")
+    except (ValueError, AttributeError):
+        pass
+    return {"ok": p.returncode == 0, "rc": p.returncode, "output": out[-4000:], "doctor": checks}
+
+
+def apply(p: UpdatePlan, env: dict, *, runner=subprocess.run, euid: int | None = None) -> UpdateResult:
+    install._need_root(euid, "update --apply".replace("admin ", ""))
+    layout = p.layout
+    m = mf.load(layout.config_dir)
+    if m is None:
+        raise ConfigError(f"no install manifest in {layout.config_dir}; bk update upgrades what bk admin "
+                          "install installed", hint="sudo python3 bk.pyz admin install")
+    socket_path = m.options.get("socket") or layout.socket
+    data_dir = m.options.get("data_dir") or layout.p("/var/lib/gpubk")
+    notes: list[str] = []
+    if p.systemd:
+        services.run(services.stop_commands(), runner)
+    running = services.running_writers(socket_path, data_dir)
+    if running:
+        raise ConfigError("the services are still running: " + "; ".join(running),
+                          hint="stop them first (systemctl stop gpubk-broker gpubk-monitor, or kill -TERM)")
+    previous = layout.pyz + ".previous"
+    with open(layout.pyz, "rb") as f:
+        old = f.read()
+    install.write_file(previous, old, 0o644)
+    options = install.Options(root=layout.root, archive=p.new_archive, python=p.python,
+                              command_link=bool(m.options.get("command_path")),
+                              command_path=m.options.get("command_path") or install.DEFAULT_COMMAND,
+                              start=False)
+    try:
+        ip = install.plan(options, env)
+        install.apply(ip, runner=runner)
+        result = verify(layout, env, runner)
+    except ConfigError as e:
+        result = {"ok": False, "rc": None, "output": f"error: {e.message}"}
+    if result["ok"]:
+        status = "updated"
+    else:
+        status = "rolled_back"
+        try:
+            # Everything back as the previous archive installs it: the
+            # archive, and the units, launcher and pages it carries.
+            install.apply(install.plan(replace(options, archive=previous), env), runner=runner)
+        except ConfigError as e:
+            notes.append(f"reinstalling the previous archive failed ({e.message}); put back the archive alone")
+            _rollback(layout, old)
+    os.unlink(previous)
+    if p.systemd:
+        ran = services.run(services.start_commands(False, True), runner)
+        notes += [f"{r['command']}: {r['stderr']}" for r in ran if r["rc"] != 0]
+    else:
+        notes.append("systemd is not running here; start the services with:")
+        notes += ["  " + c for c in services.shown(services.start_commands(False, True))]
+    return UpdateResult(p, status, result, notes)
+
+
+def _rollback(layout: install.Layout, old: bytes) -> None:
+    """The previous archive back in place, and the manifest saying so."""
+    install.write_file(layout.pyz, old, 0o644)
+    m = mf.load(layout.config_dir)
+    if m is None:
+        return
+    e = m.find(layout.pyz)
+    if e is not None:
+        e.sha256 = mf.sha256_bytes(old)
+        mf.save(layout.config_dir, m)

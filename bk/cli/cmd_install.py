@@ -1,0 +1,464 @@
+"""``bk admin install|uninstall|services|login-hook`` and ``bk update``:
+the server's lifecycle.
+
+``bk.admin.install`` plans and applies (and ``bk.admin.update`` for
+upgrades); this module asks the questions, shows the plan, and renders the
+result.  ``register_admin`` attaches the admin actions to the ``bk admin``
+parser (one call from ``bk.cli.cmd_admin``); ``register`` adds ``bk update``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from bk.cli import common
+from bk.cli.render import Output
+from bk.core.errors import EXIT_PARTIAL, UsageError
+
+INSTALL_EPILOG = """Examples:
+  sudo python3 bk.pyz admin install                       guided: one question at a time
+  sudo python3 bk.pyz admin install --dry-run --service-user gpubk --gpu-count 8
+  sudo python3 bk.pyz admin install --yes --service-user gpubk --gpu-count 8
+  sudo python3 bk.pyz admin install --yes --access group --group gpu-users
+  sudo /opt/gpubk/bin/bk admin install --command-path /usr/bin/bk
+  sudo python3 bk.pyz admin install --root /tmp/stage --yes --no-start   (a staging root)
+
+It installs /opt/gpubk/bk.pyz (bytecode for this interpreter), /opt/gpubk/bin/bk,
+the bk command (/usr/local/bin/bk), /etc/gpubk/config.json, /var/lib/gpubk,
+gpubk-broker.service and gpubk-monitor.service, the user unit bk-worker.service,
+man pages, bash and zsh completion, and with --login-hook /etc/profile.d/gpubk.sh;
+then daemon-reload and enable --now (where systemd runs; else it prints the
+commands). Everything is recorded in /etc/gpubk/install-manifest.json (root,
+0600). Run again, it reconciles: config and data kept, files refreshed,
+services restarted. It creates no accounts or groups."""
+
+UNINSTALL_EPILOG = """Examples:
+  sudo systemctl disable --now gpubk-monitor.service gpubk-broker.service
+  sudo /opt/gpubk/bin/bk admin uninstall --dry-run --purge-data
+  sudo /opt/gpubk/bin/bk admin uninstall --purge-data --yes
+
+It removes exactly what the install manifest lists and puts back what was
+there before. It refuses while a service runs, and when an installed file
+was changed by hand (it shows the difference). The data directory stays
+unless --purge-data."""
+
+UPDATE_EPILOG = """Examples:
+  bk update                      preview: the installed version, this one, the steps
+  bk update /tmp/bk-new.pyz      preview an upgrade to that archive
+  sudo bk update --apply         stop, replace, reconcile, restart, verify
+  sudo bk update /tmp/bk-new.pyz --apply --yes
+
+The verification is bk doctor --probe --strict, run by the new archive; when
+it fails, the previous archive is put back and the services restarted."""
+
+
+def _add_root(p) -> None:
+    p.add_argument("--root", metavar="DIR", default="/",
+                   help="a staging root: every path lies under DIR (default /)")
+
+
+def register_admin(actions, parser_class) -> None:
+    """The admin actions of this module, on ``bk admin``'s sub-parsers."""
+    ins = actions.add_parser("install", help="install this server: archive, units, config, command",
+                             description="Install bk as a shared-server service, guided unless --yes.",
+                             epilog=INSTALL_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ins.add_argument("--service-user", metavar="USER",
+                     help="account that runs the services and owns the data (default: $SUDO_USER)")
+    ins.add_argument("--data-dir", metavar="DIR", help="data directory (default /var/lib/gpubk)")
+    ins.add_argument("--access", choices=("all", "group"), help="who may use the broker (default all)")
+    ins.add_argument("--group", metavar="G", help="the group allowed with --access group")
+    ins.add_argument("--gpu-count", metavar="N", type=common.positive_int, help="GPUs to schedule (default: detected)")
+    ins.add_argument("--slot-minutes", metavar="M", type=common.positive_int,
+                     help="slice length, a divisor of 60 (default 5)")
+    ins.add_argument("--max-shared-users", metavar="N", type=common.positive_int,
+                     help="share slots per GPU (default 2)")
+    ins.add_argument("--command-path", metavar="PATH", default="/usr/local/bin/bk",
+                     help="where the bk command link goes (default /usr/local/bin/bk)")
+    ins.add_argument("--no-command-link", dest="command_link", action="store_false",
+                     help="install no bk command link")
+    ins.add_argument("--login-hook", dest="login_hook", action="store_true", default=None,
+                     help="also install the login notice hook /etc/profile.d/gpubk.sh")
+    ins.add_argument("--no-login-hook", dest="login_hook", action="store_false",
+                     help="remove the login hook on a reinstall")
+    ins.add_argument("--python", metavar="PATH",
+                     help="interpreter the launcher and units use (default: the one running this)")
+    ins.add_argument("--no-start", dest="start", action="store_false", help="install, but start nothing")
+    _add_root(ins)
+    ins.add_argument("--dry-run", action="store_true", help="show the exact plan; change nothing")
+    ins.add_argument("-y", "--yes", action="store_true", help="take the defaults and apply without asking")
+    ins.set_defaults(handler=run_install, command="admin install")
+
+    un = actions.add_parser("uninstall", help="remove what admin install installed",
+                            description="Remove exactly what the install manifest lists and restore what "
+                                        "was there before.",
+                            epilog=UNINSTALL_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    un.add_argument("--purge-data", action="store_true", help="also remove the data directory (every booking)")
+    _add_root(un)
+    un.add_argument("--dry-run", action="store_true", help="show what would be removed; change nothing")
+    un.add_argument("-y", "--yes", action="store_true", help="do not ask")
+    un.set_defaults(handler=run_uninstall, command="admin uninstall")
+
+    sv = actions.add_parser("services", help="the systemd units: install, status, uninstall",
+                            description="The broker and monitor units, apart from the rest of the install.",
+                            epilog="Examples:\n  sudo bk admin services status\n"
+                                   "  sudo bk admin services install\n"
+                                   "  sudo /opt/gpubk/bin/bk admin services uninstall --yes",
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    sv.set_defaults(handler=_missing, command="admin services")
+    sacts = sv.add_subparsers(dest="services_action", metavar="ACTION", parser_class=parser_class)
+    for name, helptext in (("install", "write (refresh) the units, daemon-reload, enable --now"),
+                           ("status", "whether the services run (systemd, or the socket and locks)"),
+                           ("uninstall", "remove the units (the services must be stopped)")):
+        q = sacts.add_parser(name, help=helptext, description=helptext[0].upper() + helptext[1:] + ".")
+        _add_root(q)
+        if name != "status":
+            q.add_argument("--dry-run", action="store_true", help="show the plan; change nothing")
+            q.add_argument("-y", "--yes", action="store_true", help="do not ask")
+        if name == "install":
+            q.add_argument("--no-start", dest="start", action="store_false", help="start nothing")
+        q.set_defaults(handler=run_services, command=f"admin services {name}", services_action=name)
+
+    lh = actions.add_parser("login-hook", help="the login notice: install, status, uninstall",
+                            description="/etc/profile.d/gpubk.sh: once per interactive login it prints "
+                                        "what bk login has to say, within one second, silent on error.",
+                            epilog="Examples:\n  sudo bk admin login-hook install\n  bk admin login-hook status\n"
+                                   "  sudo bk admin login-hook uninstall",
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    lh.set_defaults(handler=_missing, command="admin login-hook")
+    lacts = lh.add_subparsers(dest="hook_action", metavar="ACTION", parser_class=parser_class)
+    for name in ("install", "status", "uninstall"):
+        q = lacts.add_parser(name, help=f"{name} the login hook", description=f"{name.capitalize()} the login hook.")
+        _add_root(q)
+        if name != "status":
+            q.add_argument("--dry-run", action="store_true", help="show the plan; change nothing")
+        q.set_defaults(handler=run_login_hook, command=f"admin login-hook {name}", hook_action=name)
+
+
+def register(sub) -> None:
+    p = sub.add_parser("update", help="upgrade the installed server: preview, or --apply",
+                       description="Preview an upgrade of the installed bk (this archive, or NEW.pyz); "
+                                   "with --apply (as root) stop, replace, reconcile, restart and verify, "
+                                   "rolling back on failure.",
+                       epilog=UPDATE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("archive", metavar="NEW.pyz", nargs="?", help="the archive to install (default: this bk)")
+    p.add_argument("--apply", action="store_true", help="perform the upgrade (root)")
+    p.add_argument("--python", metavar="PATH", help="interpreter for the new archive (default: as installed)")
+    _add_root(p)
+    p.add_argument("-y", "--yes", action="store_true", help="do not ask")
+    p.set_defaults(handler=run_update, command="update")
+
+
+def _missing(args, ctx) -> Output:
+    raise UsageError("which action?", hint=f"see: bk help {args.command}")
+
+
+# ------------------------------------------------------------- install
+
+VERBS = {"create": "create", "update": "refresh", "replace": "replace", "adopt": "adopt", "keep": "keep",
+         "skip": "leave alone", "mkdir": "create", "link": "link", "remove": "remove",
+         "adopt_dir": "take over", "chmod": "set owner/mode", "write": "write"}
+
+
+def _plan_lines(plan, *, all_steps: bool = False) -> list[str]:
+    from bk.admin.install import group_name, owner_name
+
+    lines = []
+    for a in plan.actions:
+        if not all_steps and not a.changes and a.op != "skip":
+            continue
+        op = a.step.action if a.step is not None else a.op
+        verb = {"adopt": "take over"}.get(op, VERBS.get(op, op)) if a.step is not None else VERBS.get(op, op)
+        what = f"-> {a.target}" if a.kind == "link" else f"({owner_name(a.uid)}:{group_name(a.gid)} {a.mode:04o})"
+        why = f"; {a.why}" if a.why else ""
+        lines.append(f"  {verb:<12} {a.path}  {what}  [{a.role}{why}]")
+    return lines or ["  nothing to change: every file is in place"]
+
+
+def _install_text(result) -> str:
+    p = result.plan
+    head = {"dry_run": "bk admin install would:", "installed": "bk admin install did:",
+            "reconciled": "bk admin install reconciled:", "unchanged": "bk admin install: everything is in place:",
+            "review": "bk admin install will:"}[result.status]
+    ip = p.init_plan
+    lines = [head, *_plan_lines(p)]
+    lines.append(f"bk {p.version} from {p.archive_from}, run by {p.python}")
+    lines.append(f"service account: {ip.service_user} (uid {ip.service_uid}); access: {ip.options.access}"
+                 + (f" (group {ip.options.group})" if ip.options.group else "")
+                 + f"; GPUs: {ip.config.get('gpu_count', 'detected')}")
+    if result.status == "dry_run" or result.status == "review":
+        if p.systemd:
+            lines.append("then: " + "; ".join(" ".join(c) for c in p.service_commands))
+    lines += result.notes
+    if result.status in ("installed", "reconciled", "unchanged"):
+        lines.append("check it: bk doctor --probe --require-monitor --strict")
+    return "\n".join(lines)
+
+
+def _options(args, **over):
+    from bk.admin.install import Options
+
+    o = Options(root=args.root, service_user=args.service_user, data_dir=args.data_dir, access=args.access,
+                group=args.group, gpu_count=args.gpu_count, slot_minutes=args.slot_minutes,
+                max_shared_users=args.max_shared_users, command_path=args.command_path,
+                command_link=args.command_link, login_hook=args.login_hook, python=args.python,
+                start=args.start)
+    from bk.core.record import replace
+
+    return replace(o, **over) if over else o
+
+
+def _guided(args, ctx):
+    """One question at a time, defaults in brackets; returns the options."""
+    import grp
+    import pwd
+
+    from bk.cli.guided import Dialog, Question
+    from bk.core.errors import InvalidInput
+
+    def user(text: str) -> str:
+        try:
+            if pwd.getpwnam(text).pw_uid == 0:
+                raise InvalidInput("the service account must not be root")
+        except KeyError:
+            raise InvalidInput(f"there is no account {text!r}; create it first: "
+                               f"sudo useradd --system --no-create-home {text}") from None
+        return text
+
+    def group(text: str) -> str:
+        try:
+            grp.getgrnam(text)
+        except KeyError:
+            raise InvalidInput(f"there is no group {text!r}; create it first: sudo groupadd {text}") from None
+        return text
+
+    def yesno(text: str) -> bool:
+        t = text.strip().lower()
+        if t in ("y", "yes"):
+            return True
+        if t in ("n", "no"):
+            return False
+        raise InvalidInput("answer y or n")
+
+    def access(text: str) -> str:
+        if text not in ("all", "group"):
+            raise InvalidInput("answer all or group")
+        return text
+
+    def absolute(text: str) -> str:
+        if not os.path.isabs(text):
+            raise InvalidInput("an absolute path, please")
+        return text
+
+    questions = [
+        Question("service_user", "Service account (runs the broker and monitor, owns the data)", user,
+                 args.service_user or ctx.env.get("SUDO_USER") or None,
+                 help="an existing non-root account; bk creates none"),
+        Question("gpu_count", "How many GPUs to schedule", common.positive_int,
+                 str(args.gpu_count) if args.gpu_count else None, help="nvidia-smi -L counts them"),
+        Question("access", "Who may book: all users, or one group (all/group)",
+                 access, args.access or "all"),
+        Question("group", "Which group", group, args.group, when=lambda a: a.get("access") == "group"),
+        Question("slot_minutes", "Slice length in minutes", common.positive_int, str(args.slot_minutes or 5)),
+        Question("max_shared_users", "Share slots per GPU", common.positive_int, str(args.max_shared_users or 2)),
+        Question("data_dir", "Data directory", absolute, args.data_dir or "/var/lib/gpubk"),
+        Question("command_path", "The bk command", absolute, args.command_path),
+        Question("login_hook", "Show notices at login (Y/n)", yesno, "y" if args.login_hook is not False else "n",
+                 shown="Y/n" if args.login_hook is not False else "y/N"),
+    ]
+    answers = Dialog.terminal().run(questions)
+    return _options(args, **{k: v for k, v in answers.items() if k in (
+        "service_user", "gpu_count", "access", "group", "slot_minutes", "max_shared_users", "data_dir",
+        "command_path", "login_hook")})
+
+
+def run_install(args, ctx) -> Output:
+    from bk.admin import install
+
+    options = _options(args)
+    reinstall = os.path.exists(install.Layout(os.path.normpath(args.root)).config) if os.path.isabs(args.root) \
+        else False
+    if not args.yes and not args.dry_run and ctx.interactive and not reinstall:
+        from bk.cli.guided import Cancelled
+
+        try:
+            options = _guided(args, ctx)
+        except Cancelled:
+            return Output("admin install", {"status": "declined"}, "nothing changed", exit_code=EXIT_PARTIAL)
+    plan = install.plan(options, ctx.env)
+    if args.dry_run:
+        result = install.dry_run(plan)
+        return Output("admin install", result.to_json(), lambda term: _install_text(result),
+                      warnings=list(plan.warnings))
+    from bk.cli.cmd_admin import _need_root
+
+    _need_root("install")
+    if plan.changes and not args.yes:
+        if not ctx.interactive:
+            raise UsageError("bk admin install changes the system; confirm with --yes",
+                             hint="review first: sudo bk admin install --dry-run ...")
+        review = install.Result(plan, "review", [])
+        print(_install_text(review))
+        for w in plan.warnings:
+            print(f"warning: {w}")
+        if not ctx.confirm("Apply this plan?"):
+            return Output("admin install", install.dry_run(plan).to_json() | {"status": "declined"},
+                          "nothing changed", exit_code=EXIT_PARTIAL)
+    result = install.apply(plan)
+    return Output("admin install", result.to_json(), lambda term: _install_text(result),
+                  warnings=list(plan.warnings),
+                  done=None if result.status == "unchanged" else f"bk admin install {result.status}")
+
+
+# ------------------------------------------------------------- uninstall
+
+def _removal_lines(up) -> list[str]:
+    verbs = {"remove": "remove", "restore": "restore", "rmdir": "remove dir", "purge": "purge",
+             "keep": "keep", "gone": "already gone"}
+    return [f"  {verbs[r.op]:<12} {r.entry.path}  [{r.entry.role}{'; ' + r.why if r.why else ''}]"
+            for r in up.removals] or ["  nothing"]
+
+
+def run_uninstall(args, ctx) -> Output:
+    from bk.admin import install
+
+    up = install.uninstall_plan(args.root, purge_data=args.purge_data)
+    return _do_uninstall(args, ctx, up, "admin uninstall")
+
+
+def _do_uninstall(args, ctx, up, command: str) -> Output:
+    from bk.admin import install
+
+    data = up.to_json()
+    if args.dry_run:
+        lines = [f"bk {command} would:", *_removal_lines(up)]
+        if up.running:
+            lines.append("but first stop the services: " + "; ".join(up.running))
+        return Output(command, data | {"status": "dry_run", "dry_run": True}, "\n".join(lines))
+    from bk.cli.cmd_admin import _need_root
+
+    _need_root(command.split(" ", 1)[1])
+    if not args.yes:
+        if not ctx.interactive:
+            raise UsageError(f"bk {command} removes files; confirm with --yes",
+                             hint=f"look first: sudo bk {command} --dry-run")
+        print("\n".join([f"bk {command} will:", *_removal_lines(up)]))
+        if not ctx.confirm("Remove these?"):
+            return Output(command, data | {"status": "declined", "dry_run": False}, "nothing changed",
+                          exit_code=EXIT_PARTIAL)
+    done = install.uninstall(up)
+    lines = [f"bk {command} did:", *[ln for ln in _removal_lines(up)]]
+    if up.systemd and up.only_services:
+        from bk.admin import services
+
+        services.run([["systemctl", "daemon-reload"]])
+    if not up.only_services:
+        lines.append("the /opt/gpubk directory goes last, by hand if you made it: sudo rm -rf /opt/gpubk; hash -r")
+    return Output(command, data | {"status": "removed", "dry_run": False,
+                                   "removed": [r.entry.path for r in done]}, "\n".join(lines),
+                  done=f"bk {command}: removed {len(done)} paths")
+
+
+# ------------------------------------------------------------- services
+
+def run_services(args, ctx) -> Output:
+    from bk.admin import install, services
+
+    layout = install.Layout(os.path.normpath(args.root))
+    if args.services_action == "status":
+        from bk.admin import manifest as mf
+
+        m = mf.load(layout.config_dir) if os.access(layout.config_dir, os.R_OK) else None
+        opts = m.options if m else {}
+        st = services.status(layout.root, opts.get("socket") or layout.socket,
+                             opts.get("data_dir") or layout.p("/var/lib/gpubk"))
+        units = {u: os.path.exists(os.path.join(layout.unit_dir, u)) for u in services.UNITS}
+        st["units"] = units
+        running = bool(st["active_units"]) if st["systemd"] else bool(st["running"])
+        st["status"] = "running" if running else "stopped"
+
+        def human(term) -> str:
+            lines = [f"services: {st['status']}" + ("" if st["systemd"] else " (systemd is not running here; "
+                                                   "judged from the broker socket and the writers' locks)")]
+            lines += [f"  {u}: {'installed' if ok else 'not installed'}" for u, ok in units.items()]
+            lines += [f"  {r}" for r in st["running"]]
+            if st["systemd"]:
+                lines.append("  active: " + (", ".join(st["active_units"]) or "none"))
+            return "\n".join(lines)
+
+        return Output("admin services status", st, human)
+    if args.services_action == "uninstall":
+        up = install.uninstall_plan(args.root, only_services=True)
+        return _do_uninstall(args, ctx, up, "admin services uninstall")
+    # install: the whole reconcile, which refreshes the units among the rest.
+    from bk.core.record import replace
+
+    options = replace(install.Options(root=args.root), start=args.start)
+    plan = install.plan(options, ctx.env)
+    if args.dry_run:
+        result = install.dry_run(plan)
+        return Output("admin services install", result.to_json(), lambda term: _install_text(result))
+    from bk.cli.cmd_admin import _need_root
+
+    _need_root("services install")
+    result = install.apply(plan)
+    return Output("admin services install", result.to_json(), lambda term: _install_text(result))
+
+
+# ------------------------------------------------------------- login hook
+
+def run_login_hook(args, ctx) -> Output:
+    from bk.admin import install, loginhook
+
+    layout = install.Layout(os.path.normpath(args.root))
+    if args.hook_action == "status":
+        st = loginhook.status(layout)
+        return Output("admin login-hook status", st, f"login hook: {st['status']} ({st['path']})")
+    loginhook.require_installed(layout)
+    options = install.Options(root=args.root, login_hook=args.hook_action == "install",
+                              command_link=_has_link(layout))
+    plan = install.plan(options, ctx.env)
+    plan.actions = [a for a in plan.actions if a.role == "login-hook"]
+    if args.dry_run:
+        result = install.dry_run(plan)
+        return Output(f"admin login-hook {args.hook_action}", result.to_json(),
+                      lambda term: "\n".join(["would:", *_plan_lines(plan)]))
+    from bk.cli.cmd_admin import _need_root
+
+    _need_root(f"login-hook {args.hook_action}")
+    result = install.apply(plan)
+    st = loginhook.status(layout)
+    return Output(f"admin login-hook {args.hook_action}", result.to_json() | {"hook": st},
+                  lambda term: f"login hook: {st['status']} ({st['path']})")
+
+
+def _has_link(layout) -> bool:
+    from bk.admin import manifest as mf
+
+    m = mf.load(layout.config_dir)
+    return bool(m and m.options.get("command_path"))
+
+
+# ------------------------------------------------------------- update
+
+def run_update(args, ctx) -> Output:
+    from bk.admin import update
+
+    up = update.plan(args.root, args.archive, python=args.python)
+    if not args.apply:
+        return Output("update", up.to_json() | {"status": "plan"}, lambda term: update.plan_text(up))
+    from bk.cli.cmd_admin import _need_root
+
+    _need_root("update --apply".replace("admin ", ""))
+    if not args.yes:
+        if not ctx.interactive:
+            raise UsageError("bk update --apply replaces the installed archive; confirm with --yes",
+                             hint="preview first: bk update")
+        print(update.plan_text(up))
+        if not ctx.confirm("Upgrade now?"):
+            return Output("update", up.to_json() | {"status": "declined"}, "nothing changed",
+                          exit_code=EXIT_PARTIAL)
+    result = update.apply(up, ctx.env)
+    return Output("update", result.to_json(), lambda term: update.result_text(result),
+                  exit_code=0 if result.status == "updated" else 1,
+                  done=f"bk update: {result.status}")

@@ -29,11 +29,14 @@ from a systemd unit (docs/GUIDE.md has one to copy)."""
 
 
 def register(sub) -> None:
-    p = sub.add_parser("admin", help="administration (run with sudo): init, cancel, notice",
+    p = sub.add_parser("admin", help="administration (run with sudo): init, maintain, notice, gpu-policy, data",
                        description="Administration of a shared server. Run with sudo.",
                        epilog="Examples:\n  sudo bk admin init --service-user gpubk --gpu-count 8\n"
                               "  sudo bk admin cancel a1b2c3d4 --reason 'node maintenance'\n"
-                              "  sudo bk admin notice publish 'Reboot at 18:00' --level warning --until 18:30",
+                              "  sudo bk admin notice publish 'Reboot at 18:00' --level warning --until 18:30\n"
+                              "  sudo bk admin maintain --reason 'driver update' -d 2h --keep --yes\n"
+                              "  sudo bk admin gpu-policy --disable 3\n"
+                              "  sudo bk admin data backup",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.set_defaults(handler=_missing_action, command="admin")
     actions = p.add_subparsers(dest="admin_action", metavar="ACTION", parser_class=type(p))
@@ -85,10 +88,14 @@ def register(sub) -> None:
                                 description="Announcements every user sees in bk n and at login.")
     notice.set_defaults(handler=_missing_action, command="admin notice")
     nacts = notice.add_subparsers(dest="notice_action", metavar="ACTION", parser_class=type(p))
+    from bk.cli import cmd_admin_day  # maintain, notice list/edit, gpu-policy, data backup...
+
+    cmd_admin_day.register_notice(notice, nacts)
     pub = nacts.add_parser("publish", help="publish an announcement",
                            description="Publish an announcement for every user.",
                            epilog="Examples:\n  sudo bk admin notice publish 'Driver update tonight'\n"
-                                  "  sudo bk admin notice publish 'Reboot at 18:00' --level warning --until 18:30",
+                                  "  sudo bk admin notice publish 'Reboot at 18:00' --level warning --until 18:30\n"
+                                  "  sudo bk admin notice publish 'Reboot at 18:00' --start 17:00 --until 18:30",
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     pub.add_argument("text", metavar="TEXT", help="the announcement")
     pub.add_argument("--level", choices=("info", "warning", "critical"), default="info",
@@ -96,6 +103,7 @@ def register(sub) -> None:
     pub.add_argument("--until", metavar="TIME",
                      help="stop showing it then: +2h, 18:30, tomorrow 09:00, 2026-07-13T18:00Z "
                           "(default: until archived with bk admin notice archive)")
+    pub.add_argument("--start", metavar="TIME", help="show it from then: 18:00, +1h, tomorrow 09:00 (default now)")
     pub.add_argument("--dry-run", action="store_true", help="show the announcement; publish nothing")
     pub.set_defaults(handler=run_notice_publish, command="admin notice publish")
     arc = nacts.add_parser("archive", help="withdraw an announcement or a notice",
@@ -109,7 +117,7 @@ def register(sub) -> None:
     arc.add_argument("--dry-run", action="store_true", help="show the notice; change nothing")
     arc.set_defaults(handler=run_notice_archive, command="admin notice archive")
 
-    data = actions.add_parser("data", help="the ledger's data: recover lost commits",
+    data = actions.add_parser("data", help="the ledger's data: backup, verify, clear, restore, recover",
                               description="Look after the ledger's data.")
     data.set_defaults(handler=_missing_action, command="admin data")
     dacts = data.add_subparsers(dest="data_action", metavar="ACTION", parser_class=type(p))
@@ -130,6 +138,9 @@ def register(sub) -> None:
     rec.add_argument("-y", "--yes", action="store_true", help="do not ask")
     rec.add_argument("--dry-run", action="store_true", help="show what is missing; change nothing")
     rec.set_defaults(handler=run_data_recover, command="admin data recover")
+    cmd_admin_day.register_data(dacts)
+    cmd_admin_day.register_maintain(actions, type(p))
+    cmd_admin_day.register_policy(actions)
 
 
 def _missing_action(args, ctx) -> Output:
@@ -244,13 +255,15 @@ def run_notice_publish(args, ctx) -> Output:
     _need_root("notice publish")
     app, call = ctx.app(), ctx.call()
     now, tz = call.now, call.tz
-    until = None
+    until = start = None
     if args.until is not None:
         until = timegrid.parse_start(args.until, now, tz, 1).t
         if until <= now:
             raise UsageError(f"--until {args.until} is not in the future", hint="e.g. --until +2h")
-    result = app.publish_notice(NoticeRequest(args.text, level=args.level, until=until, dry_run=args.dry_run),
-                                call=call)
+    if args.start is not None:
+        start = timegrid.parse_start(args.start, now, tz, 1).t
+    result = app.publish_notice(NoticeRequest(args.text, level=args.level, until=until, dry_run=args.dry_run,
+                                              start=start), call=call)
     notice = result.notice
     shown_until = f", until {timegrid.format_local(until, tz, now=now, compact=True)}" if until else ""
 

@@ -406,8 +406,8 @@ class Service:
         state, now, actor = state or self.ledger(call=call), call.now, call.actor
         out = []
         for n in state.notices:
-            if n.archived and not include_archived:
-                continue
+            if (n.archived or n.at > now) and not include_archived:
+                continue       # archived, or published to start later
             current = n.until is None or n.until > now or include_archived
             # The administrator's --all view includes notices to other users,
             # so that one can be found (and archived) by its ID.

@@ -36,6 +36,8 @@ class LocalGateway:
         authorize_host(op, call, self.store.private)
         if op.accepts_loss:
             return self._accepting_loss(op, req, call)
+        if op.rebinds:
+            return self._rebinding(op, req, call)
         if op.access != "write":
             authorize(op, call)
             op.validate(req)
@@ -56,7 +58,7 @@ class LocalGateway:
         result or ``BkError`` per item, in order."""
         from bk.store.ledger import Mutation
 
-        if any(op.accepts_loss for op, _, _ in items):      # never batched with others
+        if any(op.accepts_loss or op.rebinds for op, _, _ in items):      # never batched with others
             return [self._outcome(self.run, *item) for item in items]
         ready = []
         for op, req, call in items:
@@ -122,6 +124,21 @@ class LocalGateway:
                                          policy=call.policy.bound(),
                                          actor_uid=call.actor.uid, actor=call.actor.user, warnings=warnings,
                                          accept_loss=(req.ledger_seq, req.audit_seq))
+        finally:
+            call.warn(*warnings)
+        return result.rendered(View.of(call))
+
+
+    def _rebinding(self, op, req, call):
+        """A row that changes the bound policy (``policy_bind``): the store's
+        binding check is what it repairs, so it runs without it; the row
+        itself binds only to what the host's configuration holds."""
+        authorize(op, call)
+        op.validate(req)
+        warnings: list[str] = []
+        try:
+            result = self.store.transact(lambda state: op.apply(state, req, call), policy=None,
+                                         actor_uid=call.actor.uid, actor=call.actor.user, warnings=warnings)
         finally:
             call.warn(*warnings)
         return result.rendered(View.of(call))

@@ -7,7 +7,7 @@ the gateway before these run; here are the rules of the notices themselves.
 from __future__ import annotations
 
 from bk.core.errors import Ambiguous, InvalidInput, NotFound
-from bk.core.models import NOTICE_ARCHIVE, NOTICE_PUBLISH, AuditEntry, LedgerState, Notice
+from bk.core.models import NOTICE_ARCHIVE, NOTICE_PUBLISH, AuditEntry, LedgerState, Notice, iso
 from bk.core.record import replace
 from bk.service.context import Call
 from bk.service.requests import NoticeArchiveRequest, NoticeRequest
@@ -23,12 +23,19 @@ def apply_publish(state: LedgerState, req: NoticeRequest, call: Call) -> Mutatio
         raise InvalidInput(f"level must be one of {', '.join(Notice.LEVELS)}")
     if req.until is not None and req.until <= call.now:
         raise InvalidInput("'until' is already past", hint="give a later time, or none")
-    notice = Notice(id=call.new_id("notice"), at=call.now, text=text, level=req.level,
+    # ``at`` is when users start to see it: now, or the start asked for
+    # (Service.notices hides one whose time has not come).
+    start = call.now if req.start is None or req.start < call.now else req.start
+    if req.until is not None and req.until <= start:
+        raise InvalidInput("'until' is not after the start", hint="give a later --until")
+    notice = Notice(id=call.new_id("notice"), at=start, text=text, level=req.level,
                     until=req.until, created_by=call.actor.uid)
     if req.dry_run:
         return Mutation(False, [], NoticeResult("dry_run", notice, dry_run=True))
     state.notices.append(notice)
     after = {"id": notice.id, "text": notice.text, "level": notice.level}
+    if start != call.now:
+        after["start"] = iso(start)
     return Mutation(True, [AuditEntry(NOTICE_PUBLISH, "published", after=after)],
                     NoticeResult("published", notice))
 
@@ -51,7 +58,9 @@ def apply_archive(state: LedgerState, req: NoticeArchiveRequest, call: Call) -> 
         return Mutation(False, [], NoticeResult("dry_run", n, dry_run=True))
     if n.archived:
         return Mutation(False, [], NoticeResult("archived", n))
-    done = replace(n, archived=True)
+    # Who archived it and when stay with the notice (it is never deleted).
+    done = replace(n, archived=True, extra={**n.extra, "archived_at": iso(call.now),
+                                            "archived_by": call.actor.uid})
     state.notices[state.notices.index(n)] = done
     return Mutation(True, [AuditEntry(NOTICE_ARCHIVE, "archived", before={"id": n.id, "text": n.text})],
                     NoticeResult("archived", done))

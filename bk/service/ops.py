@@ -53,6 +53,7 @@ class Operation:
     check: Callable | None = None     # shape rules beyond the field spec, every front end
     admin_hint: str | None = None     # for ADMIN rows: the command that does it with sudo
     accepts_loss: bool = False        # WRITE: may commit over commits only the audit log has (recovery)
+    rebinds: bool = False             # WRITE: changes the bound policy itself (skips the store's binding check)
 
     def decode(self, wire: object):
         """The typed request from untrusted JSON, shape-checked."""
@@ -113,6 +114,44 @@ def _apply_recover(state, req, call, *, lost):
     return recovery.apply_recover(state, req, call, lost=lost)
 
 
+# The administrator's maintenance windows, notice edits and policy binding
+# (bk.service.maintenance, bk.service.policyedit) load when a row runs.
+def _apply_maintain(state, req, call):
+    from bk.service import maintenance
+
+    return maintenance.apply_maintain(state, req, call)
+
+
+def _apply_blackout_end(state, req, call):
+    from bk.service import maintenance
+
+    return maintenance.apply_end(state, req, call)
+
+
+def _apply_notice_edit(state, req, call):
+    from bk.service import maintenance
+
+    return maintenance.apply_notice_edit(state, req, call)
+
+
+def _apply_bind(state, req, call):
+    from bk.service import policyedit
+
+    return policyedit.apply_bind(state, req, call)
+
+
+def _check_maintain(req):
+    from bk.service import maintenance
+
+    maintenance.check_maintain(req)
+
+
+def _check_notice_edit(req):
+    from bk.service import maintenance
+
+    maintenance.check_notice_edit(req)
+
+
 OPERATIONS: dict[str, Operation] = {op.name: op for op in (
     Operation("book", "book GPUs, shared or exclusive, now or later", BookRequest, specs.BOOK_FIELDS,
               results.BookResult, WRITE, ANYONE, idempotent=False, destructive=False,
@@ -129,6 +168,22 @@ OPERATIONS: dict[str, Operation] = {op.name: op for op in (
     Operation("notice_archive", "archive notices", NoticeArchiveRequest, specs.NOTICE_ARCHIVE_FIELDS,
               results.NoticeResult, WRITE, ADMIN, idempotent=True, destructive=True,
               apply=notices.apply_archive, admin_hint="sudo bk admin notice archive ID"),
+    Operation("blackout_add", "open a maintenance window: announce it, block new bookings in it, keep or "
+              "cancel the bookings already there", requests.MaintainRequest, specs.MAINTAIN_FIELDS,
+              results.MaintainResult, WRITE, ADMIN, idempotent=False, destructive=True,
+              apply=_apply_maintain, check=_check_maintain, admin_hint="sudo bk admin maintain"),
+    Operation("blackout_end", "end a maintenance window now (or withdraw one not begun)",
+              requests.BlackoutEndRequest, specs.BLACKOUT_END_FIELDS, results.MaintainResult, WRITE, ADMIN,
+              idempotent=True, destructive=True, apply=_apply_blackout_end,
+              admin_hint="sudo bk admin maintain end ID"),
+    Operation("notice_edit", "change an announcement (the audit log keeps what it said)",
+              requests.NoticeEditRequest, specs.NOTICE_EDIT_FIELDS, results.NoticeEditResult, WRITE, ADMIN,
+              idempotent=True, destructive=False, apply=_apply_notice_edit, check=_check_notice_edit,
+              admin_hint="sudo bk admin notice edit ID --text ..."),
+    Operation("policy_bind", "bind the ledger to the policy the host's configuration now holds",
+              requests.PolicyBindRequest, specs.POLICY_BIND_FIELDS, results.PolicyBindResult, WRITE, ADMIN,
+              idempotent=True, destructive=False, apply=_apply_bind, rebinds=True,
+              admin_hint="sudo bk admin gpu-policy ..."),
     Operation("data_lost", "show the commits the audit log records but the ledger lacks", Empty, (),
               results.LostResult, READ, HOST, idempotent=True, destructive=False,
               serve=_serve_lost, admin_hint="sudo bk admin data recover --dry-run"),

@@ -15,7 +15,7 @@ import json
 
 from bk.core import record
 from bk.core.errors import InvalidInput
-from bk.core.models import EXCLUSIVE, MODES, SHARED
+from bk.core.models import EXCLUSIVE, MODES, SHARED, Policy
 from bk.core.record import dataclass
 from bk.service.context import Actor  # noqa: F401  (re-exported: requests are made for an actor)
 
@@ -108,6 +108,7 @@ class NoticeRequest:
     level: str = "info"
     until: int | None = None
     dry_run: bool = False
+    start: int | None = None       # shown from then (default: now)
 
 
 @dataclass(frozen=True)
@@ -134,3 +135,53 @@ class RecoverRequest:
     audit_seq: int             # the newest commit the audit log records: the loss accepted is between
     replay: bool = False
     dry_run: bool = False
+
+
+# The administrator's maintenance windows, notice edits and policy binding
+# (bk.service.maintenance, bk.service.policyedit).
+
+@dataclass(frozen=True)
+class MaintainRequest:
+    start: int
+    end: int
+    reason: str
+    level: str = "warning"
+    block: bool = True               # False: an announcement only, no blackout
+    overlapping: str = "refuse"      # refuse | keep | cancel the bookings already in the window
+    seen: str | None = None          # comma-separated full IDs of the overlapping bookings shown
+    text: str | None = None          # the announcement; default: the reason
+    dry_run: bool = False
+
+    @property
+    def seen_ids(self) -> frozenset[str]:
+        return frozenset(x for x in (self.seen or "").split(",") if x)
+
+
+@dataclass(frozen=True)
+class BlackoutEndRequest:
+    ref: str
+    dry_run: bool = False
+
+
+@dataclass(frozen=True)
+class NoticeEditRequest:
+    ref: str
+    text: str | None = None
+    level: str | None = None
+    until: int | None = None
+    clear_until: bool = False
+    dry_run: bool = False
+
+
+@dataclass(frozen=True)
+class PolicyBindRequest:
+    gpu_count: int
+    slot_minutes: int
+    max_shared_users: int
+    shared_memory_reserve_mb: int
+    require_shared_memory: bool
+    force: bool = False
+    dry_run: bool = False
+
+    def bound(self) -> dict:
+        return {k: getattr(self, k) for k in Policy.BOUND_KEYS}

@@ -13,7 +13,7 @@ GPU snapshot.
 from __future__ import annotations
 
 from bk.core.errors import Internal
-from bk.core.models import Notice, Reservation
+from bk.core.models import Blackout, Notice, Reservation, iso
 from bk.core.record import dataclass, field, replace
 from bk.service.views import View, notice_json  # noqa: F401  (View: results are rendered with it)
 
@@ -254,3 +254,105 @@ class LostResult:
                        tuple(str(r) for r in data.get("replayed", ())), dict(data))
         except (KeyError, TypeError, ValueError) as e:
             raise _malformed("recovery report", e) from None
+
+
+@dataclass(frozen=True)
+class MaintainResult:
+    status: str                        # created | dry_run | ended | unchanged
+    blackout: Blackout | None
+    notice: Notice | None
+    overlapping: tuple = ()            # Reservations in the window (as they were)
+    cancelled: tuple = ()              # their IDs, cancelled by this window
+    dry_run: bool = False
+    json: dict | None = field(default=None, compare=False)
+
+    def rendered(self, view: View) -> MaintainResult:
+        return replace(self, json={
+            "status": self.status, "dry_run": self.dry_run,
+            "blackout": None if self.blackout is None else blackout_json(self.blackout),
+            "notice": None if self.notice is None else notice_json(self.notice),
+            "overlapping": [view.reservation(r) for r in self.overlapping],
+            "cancelled": list(self.cancelled)})
+
+    def to_json(self) -> dict:
+        return self.json
+
+    def to_wire(self) -> dict:
+        return {**self.json, "records": {
+            "blackout": None if self.blackout is None else self.blackout.to_dict(),
+            "notice": None if self.notice is None else self.notice.to_dict(),
+            "overlapping": [r.to_dict() for r in self.overlapping]}}
+
+    @classmethod
+    def from_wire(cls, data: dict) -> MaintainResult:
+        try:
+            rec = data["records"]
+            b = Blackout.from_dict(rec["blackout"]) if rec.get("blackout") else None
+            n = Notice.from_dict(rec["notice"]) if rec.get("notice") else None
+            over = tuple(Reservation.from_dict(r) for r in rec.get("overlapping", ()))
+            return cls(str(data["status"]), b, n, over, tuple(data.get("cancelled", ())),
+                       bool(data.get("dry_run")), {k: v for k, v in data.items() if k != "records"})
+        except (KeyError, TypeError, ValueError) as e:
+            raise Internal(f"the broker's reply holds a malformed maintenance window: {e}",
+                           hint="client and broker may be different bk versions") from None
+
+
+@dataclass(frozen=True)
+class NoticeEditResult:
+    status: str                        # edited | unchanged | dry_run
+    notice: Notice
+    before: Notice
+    dry_run: bool = False
+    json: dict | None = field(default=None, compare=False)
+
+    def rendered(self, view: View) -> NoticeEditResult:
+        return replace(self, json={"status": self.status, "notice": notice_json(self.notice),
+                                   "before": notice_json(self.before), "dry_run": self.dry_run})
+
+    def to_json(self) -> dict:
+        return self.json
+
+    def to_wire(self) -> dict:
+        return {**self.json, "records": {"notice": self.notice.to_dict(), "before": self.before.to_dict()}}
+
+    @classmethod
+    def from_wire(cls, data: dict) -> NoticeEditResult:
+        try:
+            rec = data["records"]
+            return cls(str(data["status"]), Notice.from_dict(rec["notice"]), Notice.from_dict(rec["before"]),
+                       bool(data.get("dry_run")), {k: v for k, v in data.items() if k != "records"})
+        except (KeyError, TypeError, ValueError) as e:
+            raise Internal(f"the broker's reply holds a malformed notice: {e}",
+                           hint="client and broker may be different bk versions") from None
+
+
+def blackout_json(b: Blackout) -> dict:
+    return {"id": b.id, "short_id": b.id[:8], "start": iso(b.start), "end": iso(b.end), "reason": b.reason,
+            "created_by": b.created_by, "notice": b.extra.get("notice")}
+
+
+@dataclass(frozen=True)
+class PolicyBindResult:
+    status: str                  # bound | unchanged | dry_run
+    before: dict | None
+    after: dict
+    forced: tuple = ()           # reservation IDs kept against the new rules
+    json: dict | None = field(default=None, compare=False)
+
+    def rendered(self, view: View) -> PolicyBindResult:
+        return replace(self, json={"status": self.status, "before": self.before, "after": self.after,
+                                   "forced": list(self.forced)})
+
+    def to_json(self) -> dict:
+        return self.json
+
+    def to_wire(self) -> dict:
+        return self.json
+
+    @classmethod
+    def from_wire(cls, data: dict) -> PolicyBindResult:
+        try:
+            return cls(str(data["status"]), data.get("before"), dict(data["after"]),
+                       tuple(data.get("forced", ())), dict(data))
+        except (KeyError, TypeError, ValueError) as e:
+            raise Internal(f"the broker's reply holds a malformed policy binding: {e}") from None

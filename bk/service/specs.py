@@ -41,7 +41,8 @@ CANCEL_FIELDS = (Field("ref", "text", max_len=64, help="the reservation's full I
                  *_WRITE)
 NOTICE_FIELDS = (Field("text", "text", max_len=MAX_NOTICE_TEXT),
                  Field("level", "choice", choices=("info", "warning", "critical")),
-                 Field("until", "int", help="withdrawn at, epoch seconds"), _WRITE[1])
+                 Field("until", "int", help="withdrawn at, epoch seconds"),
+                 Field("start", "int", help="shown from, epoch seconds (default: now)"), _WRITE[1])
 NOTICE_ARCHIVE_FIELDS = (Field("ref", "text", max_len=36, pattern="[0-9a-f-]{4,36}",
                                help="a notice ID or a prefix of at least 4 characters"), _WRITE[1])
 AUDIT_FIELDS = (Field("limit", "int", lo=1, hi=MAX_AUDIT_LIMIT),
@@ -51,3 +52,28 @@ RECOVER_FIELDS = (Field("ledger_seq", "int", help="the commit the ledger reads a
                   Field("audit_seq", "int", help="the newest commit the audit log records"),
                   Field("replay", "bool", help="rebuild the lost bookings from the audit records"),
                   _WRITE[1])
+
+# Administrator's maintenance windows and notice edits (bk.service.maintenance).
+_IDS = f"{RESERVATION_ID}(,{RESERVATION_ID})*"
+MAINTAIN_FIELDS = (Field("start", "int", help="window start, epoch seconds"),
+                   Field("end", "int", help="window end, epoch seconds"),
+                   Field("reason", "text", min_len=1, max_len=MAX_NOTE, help="shown to every user"),
+                   Field("level", "choice", choices=("info", "warning", "critical")),
+                   Field("block", "bool", help="refuse new bookings in the window (a blackout)"),
+                   Field("overlapping", "choice", choices=("refuse", "keep", "cancel"),
+                         help="what to do with the bookings already in the window"),
+                   Field("seen", "text", max_len=37 * 1000, pattern=_IDS,
+                         help="the overlapping bookings the administrator was shown, comma-separated"),
+                   Field("text", "text", max_len=MAX_NOTICE_TEXT, help="the announcement (default: the reason)"),
+                   _WRITE[1])
+BLACKOUT_END_FIELDS = (Field("ref", "text", max_len=36, pattern="[0-9a-f-]{4,36}",
+                             help="a window's ID or a prefix of at least 4 characters"), _WRITE[1])
+NOTICE_EDIT_FIELDS = (NOTICE_ARCHIVE_FIELDS[0], Field("text", "text", max_len=MAX_NOTICE_TEXT),
+                      Field("level", "choice", choices=("info", "warning", "critical")),
+                      Field("until", "int", help="withdrawn at, epoch seconds"),
+                      Field("clear_until", "bool", help="shown until archived"), _WRITE[1])
+POLICY_BIND_FIELDS = (Field("gpu_count", "int", lo=1, hi=64), Field("slot_minutes", "int", lo=1, hi=60),
+                      Field("max_shared_users", "int", lo=1, hi=64),
+                      Field("shared_memory_reserve_mb", "int", lo=0, hi=1 << 20),
+                      Field("require_shared_memory", "bool"),
+                      Field("force", "bool", help="keep bookings the new policy would refuse"), _WRITE[1])

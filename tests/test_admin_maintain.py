@@ -1,0 +1,188 @@
+"""``bk admin maintain`` and ``bk admin notice`` through the built archive:
+privately (root owns the data), and on a shared server through a real
+broker with real users, including the refusals."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+from helpers_admin import as_nobody, private
+from helpers_broker import needs_root, site
+
+
+@pytest.fixture
+def bk(pyz):
+    yield from private(pyz)
+
+
+def test_a_window_lists_the_bookings_in_it_and_the_administrator_must_choose(bk):
+    inside = bk.book("2", "3h", "-t", "12:00")
+    outside = bk.book("1", "30m")
+    env = bk.json("admin", "maintain", "--reason", "driver update", "-t", "13:00", "-d", "2h", "--yes", code=2)
+    assert inside["short_id"] in env["error"]["message"] and outside["short_id"] not in env["error"]["message"]
+    assert "--keep" in env["error"]["hint"]
+    assert not bk.ledger()["blackouts"]                        # nothing was written
+
+    before = bk.digest()
+    dry = bk.data_of("admin", "maintain", "--reason", "driver update", "-t", "13:00", "-d", "2h", "--keep",
+                     "--dry-run")
+    assert dry["status"] == "dry_run" and [r["id"] for r in dry["overlapping"]] == [inside["id"]]
+    assert bk.digest() == before
+
+    got = bk.data_of("admin", "maintain", "--reason", "driver update", "-t", "13:00", "-d", "2h", "--keep", "--yes")
+    assert got["status"] == "created" and got["cancelled"] == []
+    assert got["blackout"]["start"] == "2026-07-13T13:00:00Z" and got["blackout"]["end"] == "2026-07-13T15:00:00Z"
+    assert got["notice"]["level"] == "warning" and got["notice"]["until"] == "2026-07-13T15:00:00Z"
+    # The kept booking runs on; a new one in the window is refused by the blackout.
+    assert [r["id"] for r in bk.data_of("l")["reservations"]] == [outside["id"], inside["id"]]
+    refused = bk.json("1", "1h", "-t", "13:30", code=3)
+    assert refused["error"]["details"]["rule"] == "blackout"
+    assert "driver update" in bk.run("n").stdout
+    audit = [json.loads(x) for x in (bk.data / "audit.jsonl").read_text().splitlines()]
+    add = [e for e in audit if e["action"] == "blackout_add"]
+    assert add and add[0]["after"]["kept"] == [inside["id"]] and add[0]["uid"] == 0
+
+
+def test_cancel_overlapping_cancels_them_and_ending_the_window_reopens_it(bk):
+    inside = bk.book("1", "1h", "-t", "13:30")
+    got = bk.data_of("admin", "maintain", "--reason", "reboot", "-t", "13:00", "-d", "1h",
+                     "--cancel-overlapping", "--level", "critical", "--yes")
+    assert got["cancelled"] == [inside["id"]]
+    assert bk.data_of("l")["reservations"] == []
+    listed = bk.data_of("admin", "maintain", "list")["windows"]
+    assert [w["id"] for w in listed] == [got["blackout"]["id"]]
+    ended = bk.data_of("admin", "maintain", "end", got["blackout"]["short_id"])
+    assert ended["status"] == "ended" and ended["notice"]["archived"]
+    assert bk.data_of("admin", "maintain", "list")["windows"] == []
+    assert not bk.ledger()["blackouts"]                 # not begun: withdrawn (the audit log keeps it)
+    bk.book("1", "1h", "-t", "13:30")                   # the time is bookable again
+    notices = bk.data_of("admin", "notice", "list")["notices"]
+    mine = [n for n in notices if n["id"] == got["notice"]["id"]]
+    assert mine[0]["state"] == "archived" and mine[0]["archived_by"] == 0 and mine[0]["archived_at"]
+
+
+def test_a_running_window_ended_early_keeps_its_past(bk):
+    got = bk.data_of("admin", "maintain", "--reason", "now", "-d", "2h", "--yes")
+    assert got["blackout"]["start"] == "2026-07-13T10:40:00Z"
+    bk.data_of("admin", "maintain", "end", got["blackout"]["id"][:6], now="2026-07-13T11:02:00Z")
+    (b,) = bk.ledger()["blackouts"]
+    assert (b["start"], b["end"]) == ("2026-07-13T10:40:00Z", "2026-07-13T11:05:00Z")
+    bk.book("1", "30m", "-t", "11:05", now="2026-07-13T11:02:00Z")
+
+
+def test_no_block_announces_only(bk):
+    got = bk.data_of("admin", "maintain", "--reason", "network work, expect hiccups", "-t", "14:00",
+                     "-d", "1h", "--no-block", "--yes", "--level", "info")
+    assert got["blackout"] is None and got["notice"]["level"] == "info"
+    bk.book("1", "30m", "-t", "14:15")
+    assert not bk.ledger()["blackouts"]
+
+
+def test_without_yes_and_no_terminal_it_asks_for_yes(bk):
+    env = bk.json("admin", "maintain", "--reason", "x", code=2)
+    assert "--yes" in env["error"]["message"]
+
+
+def test_notice_start_list_and_edit_keep_the_original_in_the_audit_trail(bk):
+    pub = bk.data_of("admin", "notice", "publish", "Reboot at 18:00", "--start", "17:00", "--until", "18:30",
+                     "--level", "warning")
+    nid = pub["notice"]["id"]
+    assert bk.data_of("n")["notices"] == []                          # not yet
+    later = bk.data_of("n", now="2026-07-13T17:01:00Z")["notices"]
+    assert [n["id"] for n in later] == [nid]
+    listed = {n["id"]: n for n in bk.data_of("admin", "notice", "list")["notices"]}
+    assert listed[nid]["state"] == "scheduled"
+
+    before = bk.digest()
+    dry = bk.data_of("admin", "notice", "edit", nid[:8], "--text", "Reboot moved to 19:00", "--dry-run")
+    assert dry["status"] == "dry_run" and bk.digest() == before
+    ed = bk.data_of("admin", "notice", "edit", nid[:8], "--text", "Reboot moved to 19:00", "--until", "19:30",
+                    "--level", "critical")
+    assert ed["status"] == "edited" and ed["before"]["text"] == "Reboot at 18:00"
+    assert ed["notice"]["text"] == "Reboot moved to 19:00" and ed["notice"]["until"] == "2026-07-13T19:30:00Z"
+    lg = bk.data_of("lg", "--all", "-n", "20")["entries"]
+    edit = [e for e in lg if e["action"] == "notice_edit"]
+    assert edit[0]["before"]["text"] == "Reboot at 18:00" and edit[0]["after"]["level"] == "critical"
+    env = bk.json("admin", "notice", "edit", nid[:8], code=2)            # nothing to change
+    assert "nothing to change" in env["error"]["message"]
+    bk.data_of("admin", "notice", "archive", nid[:8])
+    env = bk.json("admin", "notice", "edit", nid[:8], "--text", "again", code=2)
+    assert "archived" in env["error"]["message"]
+    (n,) = [n for n in bk.ledger()["notices"] if n["id"] == nid]      # never deleted
+    assert n["archived"] and n["archived_by"] == 0 and len(n["edits"]) == 1
+
+
+def test_notice_without_action_outside_a_terminal_names_the_actions(bk):
+    env = bk.json("admin", "notice", code=2)
+    assert "publish|list|edit|archive" in env["error"]["hint"]
+
+
+@needs_root
+@pytest.mark.root
+@pytest.mark.parametrize("argv", [["admin", "maintain", "--reason", "x", "--yes"], ["admin", "maintain", "list"],
+                                  ["admin", "notice", "list"], ["admin", "notice", "edit", "abcd", "--text", "x"]],
+                         ids=" ".join)
+def test_non_root_is_refused_with_a_hint(pyz, argv):
+    p = as_nobody(pyz, *argv)
+    assert p.returncode == 5, (p.stdout, p.stderr)
+    err = json.loads(p.stdout)["error"]
+    assert err["code"] == "permission_denied" and err["hint"].startswith("sudo bk admin")
+
+
+# ------------------------------------------------------------- shared server
+
+@pytest.fixture(scope="module")
+def srv():
+    if os.geteuid() != 0 or not shutil.which("useradd"):
+        pytest.skip("needs root and useradd (real accounts)")
+    with site() as s:
+        s.users = (s.accounts.user(), s.accounts.user())
+        p = s.init()
+        assert p.returncode == 0, p.stderr
+        s.start_broker()
+        yield s
+
+
+@needs_root
+@pytest.mark.root
+def test_through_the_broker_root_opens_a_window_and_owners_are_told(srv):
+    ada, bob = srv.users
+    rc, env = srv.run_json(ada, "1", "1h", "-t", "+2h")
+    assert rc == 0, env
+    booked = env["data"]["reservation"]
+    # Users may not open windows, neither through the command nor the row itself.
+    rc, env = srv.run_json(bob, "admin", "maintain", "--reason", "x", "--yes")
+    assert rc == 5 and env["error"]["code"] == "permission_denied"
+    rc, env = srv.run_json(None, "admin", "maintain", "--reason", "PSU swap", "-t", "+1h", "-d", "3h",
+                           "--cancel-overlapping", "--yes")
+    assert rc == 0, env
+    assert env["data"]["cancelled"] == [booked["id"]]
+    rc, env = srv.run_json(ada, "n")
+    texts = [n["text"] for n in env["data"]["notices"]]
+    assert any("cancelled by the administrator: PSU swap" in t for t in texts), texts
+    assert "PSU swap" in texts
+    rc, env = srv.run_json(bob, "1", "30m", "-t", "+90m")
+    assert rc == 3 and env["error"]["details"]["rule"] == "blackout"
+    wid = srv.ledger().state.blackouts[0].id
+    rc, env = srv.run_json(bob, "admin", "maintain", "end", wid[:8])
+    assert rc == 5
+    rc, env = srv.run_json(None, "admin", "maintain", "end", wid[:8])
+    assert rc == 0 and env["data"]["status"] == "ended", env
+    rc, env = srv.run_json(bob, "1", "30m", "-t", "+90m")
+    assert rc == 0, env
+
+
+@needs_root
+@pytest.mark.root
+def test_through_the_broker_notice_edit_is_admin_only(srv):
+    _, bob = srv.users
+    rc, env = srv.run_json(None, "admin", "notice", "publish", "Quota talk at 3", "--level", "info")
+    assert rc == 0, env
+    nid = env["data"]["notice"]["id"]
+    rc, env = srv.run_json(None, "admin", "notice", "edit", nid[:8], "--text", "Quota talk at 4")
+    assert rc == 0 and env["data"]["before"]["text"] == "Quota talk at 3", env
+    rc, env = srv.run_json(bob, "n")
+    assert "Quota talk at 4" in [n["text"] for n in env["data"]["notices"]]

@@ -260,8 +260,13 @@ def _settle(options: Options, layout: Layout, cfg: dict | None) -> init.Options:
                 "max_shared_users": cfg.get("max_shared_users"), "data_dir": cfg.get("data_dir"),
                 "access": cfg.get("access", "all"), "group": cfg.get("group")}
         bound, owned = [], []
+        for key, default in (("slot_minutes", 5), ("max_shared_users", 2), ("access", "all")):
+            if have[key] is None and given[key] == default:
+                given[key] = None       # the default, which the config leaves unsaid
+        for key in ("slot_minutes", "max_shared_users"):
+            have[key] = have[key] if have[key] is not None else {"slot_minutes": 5, "max_shared_users": 2}[key]
         for key, value in given.items():
-            if value is not None and value != have[key] and not (key in BOUND_FLAGS and have[key] is None):
+            if value is not None and value != have[key] and not (key == "gpu_count" and have[key] is None):
                 shown = f"{BOUND_FLAGS.get(key) or OWNER_FLAGS[key]} {value} (installed: {have[key]})"
                 (bound if key in BOUND_FLAGS else owned).append(shown)
         if options.service_user is not None and user is not None and options.service_user != user:
@@ -275,7 +280,7 @@ def _settle(options: Options, layout: Layout, cfg: dict | None) -> init.Options:
             raise InvalidInput("these flags disagree with the installed configuration: " + "; ".join(owned)
                                + "; nothing was changed",
                                hint="leave them out to keep the installed ones, or uninstall first")
-        merged = {k: (v if v is not None else have[k]) for k, v in given.items()}
+        merged = {k: (v if v is not None else cfg.get(k)) for k, v in given.items()}
         service_user = options.service_user or user
     else:
         merged = dict(given)
@@ -610,7 +615,8 @@ def apply(p: Plan, *, euid: int | None = None, runner=None) -> Result:
             mf.save(layout.config_dir, m)
         else:
             pending.append(entry)
-        _do(a, p.init_plan.config)
+        if a.op != "adopt":            # an identical file or link: recorded, not touched
+            _do(a, p.init_plan.config)
         if pending and os.path.isdir(layout.config_dir):
             for e in pending:
                 m.record(e)

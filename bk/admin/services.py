@@ -126,3 +126,68 @@ def status(root: str, socket_path: str, data_dir: str, runner=subprocess.run) ->
     systemd = systemd_running(root)
     return {"systemd": systemd, "active_units": active_units(runner) if systemd else None,
             "running": running_writers(socket_path, data_dir)}
+
+
+def unit_exec(unit_path: str) -> tuple[list[str], int, int]:
+    """(ExecStart= argv, User=, Group=) of an installed unit, as numbers."""
+    import shlex
+
+    argv, uid, gid = None, None, None
+    with open(unit_path, encoding="utf-8") as f:
+        for line in f:
+            key, _, value = line.strip().partition("=")
+            if key == "ExecStart":
+                argv = shlex.split(value)
+            elif key == "User":
+                uid = int(value)
+            elif key == "Group":
+                gid = int(value)
+    if not argv or uid is None or gid is None:
+        from bk.core.errors import ConfigError
+
+        raise ConfigError(f"{unit_path} has no ExecStart=, User= or Group=", hint="reinstall: sudo bk admin install")
+    return argv, uid, gid
+
+
+class TemporaryService:
+    """Without systemd: run a unit's ``ExecStart=`` as its ``User=`` for as
+    long as a verification needs it (``with`` block), then SIGTERM it.
+
+    What systemd would add (the sandbox, the runtime directory) is not
+    reproduced: the installer made the socket directory, and the point is
+    that the new archive starts and serves as the service account."""
+
+    def __init__(self, unit_path: str, socket_path: str, *, timeout: float = 20.0):
+        self.unit_path, self.socket_path, self.timeout = unit_path, socket_path, timeout
+        self.proc = None
+
+    def __enter__(self) -> TemporaryService:
+        import time
+
+        argv, uid, gid = unit_exec(self.unit_path)
+        env = {"PATH": "/usr/bin:/bin", "HOME": "/", "LANG": "C.UTF-8"}
+        self.proc = subprocess.Popen(argv, user=uid, group=gid, extra_groups=[], env=env, cwd="/",
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE)
+        deadline = time.monotonic() + self.timeout
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            if _answers(self.socket_path):
+                return self
+            time.sleep(0.05)
+        return self              # not answering: the verification will say so
+
+    def __exit__(self, *exc) -> None:
+        import signal
+
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.stderr = self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
+        if self.proc.stderr:
+            self.proc.stderr.close()

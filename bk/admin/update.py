@@ -153,7 +153,17 @@ def apply(p: UpdatePlan, env: dict, *, runner=subprocess.run, euid: int | None =
     try:
         ip = install.plan(options, env)
         install.apply(ip, runner=runner)
-        result = verify(layout, env, runner)
+        if p.systemd:
+            services.run(services.start_commands(False, True), runner)
+            result = verify(layout, env, runner)
+        else:
+            # No systemd to start the broker: run the new unit's ExecStart=
+            # as its User= for the length of the check.
+            with services.TemporaryService(os.path.join(layout.unit_dir, "gpubk-broker.service"),
+                                           socket_path) as broker:
+                result = verify(layout, env, runner)
+            if not result["ok"] and getattr(broker, "stderr", ""):
+                result["output"] += "\nbroker: " + broker.stderr.strip()[-1000:]
     except ConfigError as e:
         result = {"ok": False, "rc": None, "output": f"error: {e.message}"}
     if result["ok"]:
@@ -168,10 +178,10 @@ def apply(p: UpdatePlan, env: dict, *, runner=subprocess.run, euid: int | None =
             notes.append(f"reinstalling the previous archive failed ({e.message}); put back the archive alone")
             _rollback(layout, old)
     os.unlink(previous)
-    if p.systemd:
+    if p.systemd and status == "rolled_back":
         ran = services.run(services.start_commands(False, True), runner)
         notes += [f"{r['command']}: {r['stderr']}" for r in ran if r["rc"] != 0]
-    else:
+    elif not p.systemd:
         notes.append("systemd is not running here; start the services with:")
         notes += ["  " + c for c in services.shown(services.start_commands(False, True))]
     return UpdateResult(p, status, result, notes)

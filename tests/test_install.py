@@ -1,0 +1,270 @@
+"""``bk admin install`` / ``uninstall`` into a staging root, through the built archive.
+
+Root only (the installer chowns to the service account, ``nobody`` here:
+it creates no accounts).  The staging root is a root-owned 0755 directory
+under /tmp, so the trust rules accept it as they would /.  Every test
+hashes the tree (paths, kinds, owners, modes, contents, link targets) to
+say "nothing changed" or "exactly as before".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import stat
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="needs root"), pytest.mark.root]
+NOBODY = 65534
+PYTHON = "/usr/bin/python3"
+BASE = ["--service-user", "nobody", "--gpu-count", "4", "--python", PYTHON]
+
+
+@pytest.fixture
+def root():
+    d = Path(tempfile.mkdtemp(prefix="bkinst_", dir="/tmp"))
+    os.chmod(d, 0o755)
+    accounts = (Path("/etc/passwd").read_bytes(), Path("/etc/group").read_bytes())
+    yield d
+    assert (Path("/etc/passwd").read_bytes(), Path("/etc/group").read_bytes()) == accounts
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def bk(pyz: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    p = subprocess.run([PYTHON, str(pyz), *args], capture_output=True, text=True, timeout=300,
+                       env={"PATH": "/usr/bin:/bin", "HOME": "/root", "LANG": "C.UTF-8"})
+    if check:
+        assert p.returncode == 0, p.stdout + p.stderr
+    return p
+
+
+def install(pyz: Path, root: Path, *extra: str, check: bool = True):
+    p = bk(pyz, "--json", "admin", "install", "--root", str(root), "--yes", "--no-start", *BASE, *extra,
+           check=check)
+    return p.returncode, json.loads(p.stdout)
+
+
+def tree(root: Path) -> dict:
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            path = os.path.join(dirpath, name)
+            st = os.lstat(path)
+            if stat.S_ISLNK(st.st_mode):
+                what = "link:" + os.readlink(path)
+            elif stat.S_ISREG(st.st_mode):
+                what = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+            else:
+                what = "dir"
+            out[os.path.relpath(path, root)] = (what, st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode))
+    return out
+
+
+def owner_mode(path: Path) -> tuple[int, int, int]:
+    st = os.lstat(path)
+    return st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)
+
+
+def test_install_lays_out_every_file_as_documented(pyz, root):
+    rc, env = install(pyz, root)
+    assert env["data"]["status"] == "installed"
+    r = str(root)
+    expect = {
+        "opt/gpubk/bk.pyz": (0, 0, 0o644), "opt/gpubk/bin/bk": (0, 0, 0o755),
+        "etc/gpubk/config.json": (0, 0, 0o644), "etc/gpubk/install-manifest.json": (0, 0, 0o600),
+        "var/lib/gpubk": (NOBODY, NOBODY, 0o755), "run/gpubk": (NOBODY, NOBODY, 0o755),
+        "etc/systemd/system/gpubk-broker.service": (0, 0, 0o644),
+        "etc/systemd/system/gpubk-monitor.service": (0, 0, 0o644),
+        "etc/systemd/user/bk-worker.service": (0, 0, 0o644),
+        "usr/local/share/man/man1/bk.1": (0, 0, 0o644),
+        "usr/local/share/man/man5/gpubk-config.5": (0, 0, 0o644),
+        "usr/share/bash-completion/completions/bk": (0, 0, 0o644),
+        "usr/local/share/zsh/site-functions/_bk": (0, 0, 0o644),
+    }
+    for rel, want in expect.items():
+        assert owner_mode(root / rel) == (want[0], os.lstat(root / rel).st_gid if want[0] == NOBODY else 0,
+                                          want[2]), rel
+    assert os.readlink(root / "usr/local/bin/bk") == f"{r}/opt/gpubk/bin/bk"
+    assert not (root / "etc/profile.d/gpubk.sh").exists()          # only with --login-hook
+    launcher = (root / "opt/gpubk/bin/bk").read_text()
+    assert f"exec {PYTHON} {r}/opt/gpubk/bk.pyz" in launcher and f"{r}/etc/gpubk/config.json" in launcher
+    cfg = json.loads((root / "etc/gpubk/config.json").read_text())
+    assert cfg["data_dir"] == f"{r}/var/lib/gpubk" and cfg["socket"] == f"{r}/run/gpubk/broker.sock"
+    assert cfg["service_uid"] == NOBODY and cfg["gpu_count"] == 4
+    unit = (root / "etc/systemd/system/gpubk-broker.service").read_text()
+    assert f"ExecStart={r}/opt/gpubk/bin/bk broker" in unit and f"User={NOBODY}" in unit
+    assert "RestartPreventExitStatus=75 77 78" in unit and "RuntimeDirectory=gpubk" in unit
+    assert f"ReadWritePaths={r}/var/lib/gpubk" in unit
+    assert f"ExecStart={r}/opt/gpubk/bin/bk m" in (root / "etc/systemd/system/gpubk-monitor.service").read_text()
+    assert "ExecStart=" + f"{r}/opt/gpubk/bin/bk w start" in (root / "etc/systemd/user/bk-worker.service").read_text()
+    assert not re.search(r"@[A-Z_]+@", unit)
+    # The archive carries bytecode for the launcher's interpreter, and runs.
+    out = subprocess.run([str(root / "opt/gpubk/bin/bk"), "--version", "--json"], capture_output=True,
+                         text=True, check=True)
+    assert json.loads(out.stdout)["ok"] is True
+    want_py = subprocess.run([PYTHON, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                             capture_output=True, text=True).stdout.strip()
+    import zipfile
+
+    with zipfile.ZipFile(root / "opt/gpubk/bk.pyz") as z:
+        assert json.loads(z.read("bk/_build.json"))["python"] == want_py
+        assert "bk/cli/app.pyc" in z.namelist()
+    # The manifest names every path it created, with what was there before.
+    man = json.loads((root / "etc/gpubk/install-manifest.json").read_text())
+    paths = {e["path"] for e in man["entries"]}
+    for rel in expect:
+        if rel != "etc/gpubk/install-manifest.json":
+            assert f"{r}/{rel}" in paths, rel
+    assert all(e["before"] is None for e in man["entries"])
+
+
+def test_units_verify_cleanly_and_are_hardened(pyz, root):
+    if not shutil.which("systemd-analyze"):
+        pytest.skip("systemd-analyze is not installed")
+    install(pyz, root)
+    env = dict(os.environ, MANPATH=str(root / "usr/local/share/man"))    # Documentation=man:... must resolve
+    for name in ("gpubk-broker.service", "gpubk-monitor.service"):
+        unit = root / "etc/systemd/system" / name
+        v = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, env=env)
+        assert v.returncode == 0 and v.stderr == "", v.stderr
+        s = subprocess.run(["systemd-analyze", "security", "--offline=true", str(unit)], capture_output=True,
+                           text=True, env=env)
+        m = re.search(r"Overall exposure level for \S+: ([0-9.]+) (\w+)", s.stdout + s.stderr)
+        assert m, s.stdout[-500:] + s.stderr
+        print(f"{name}: exposure {m.group(1)} {m.group(2)}")
+        assert float(m.group(1)) <= 4.9
+
+
+def test_dry_run_changes_nothing_and_shows_the_plan(pyz, root):
+    before = tree(root)
+    p = bk(pyz, "--json", "admin", "install", "--root", str(root), "--dry-run", *BASE)
+    env = json.loads(p.stdout)["data"]
+    assert env["status"] == "dry_run"
+    ops = {(a["op"], a["path"]) for a in env["actions"]}
+    assert ("create", f"{root}/opt/gpubk/bk.pyz") in ops and ("link", f"{root}/usr/local/bin/bk") in ops
+    assert tree(root) == before
+
+
+def test_uninstall_leaves_the_root_as_it_was(pyz, root):
+    # An unknown bk command and a config directory with the administrator's file, there before.
+    (root / "usr/local/bin").mkdir(parents=True)
+    (root / "usr/local/bin/bk").write_text("#!/bin/sh\necho not ours\n")
+    os.chmod(root / "usr/local/bin/bk", 0o755)
+    (root / "etc/gpubk").mkdir(parents=True)
+    (root / "etc/gpubk/README").write_text("the administrator's notes\n")
+    before = tree(root)
+    rc, env = install(pyz, root, "--login-hook")
+    assert any("left alone" in w for w in env["warnings"])
+    assert (root / "usr/local/bin/bk").read_text() == "#!/bin/sh\necho not ours\n"
+    assert (root / "etc/profile.d/gpubk.sh").exists()
+    dry = bk(pyz, "--json", "admin", "uninstall", "--root", str(root), "--dry-run", "--purge-data")
+    assert json.loads(dry.stdout)["data"]["status"] == "dry_run"
+    middle = tree(root)
+    assert middle != before
+    out = bk(pyz, "--json", "admin", "uninstall", "--root", str(root), "--purge-data", "--yes")
+    assert json.loads(out.stdout)["data"]["status"] == "removed"
+    assert tree(root) == before
+
+
+def test_uninstall_keeps_data_unless_purged(pyz, root):
+    install(pyz, root)
+    (root / "var/lib/gpubk/keepme").write_text("x")
+    bk(pyz, "admin", "uninstall", "--root", str(root), "--yes")
+    assert (root / "var/lib/gpubk/keepme").exists()
+    assert not (root / "etc/gpubk/config.json").exists() and not (root / "opt/gpubk").exists()
+
+
+def test_reinstall_keeps_data_and_config_and_refuses_bound_changes(pyz, root):
+    install(pyz, root)
+    cfg = root / "etc/gpubk/config.json"
+    doc = json.loads(cfg.read_text())
+    doc["admin_contact"] = "ops@example.org"                    # edited by the administrator
+    cfg.write_text(json.dumps(doc))
+    (root / "var/lib/gpubk/marker").write_text("data")
+    rc, env = install(pyz, root)
+    assert env["data"]["status"] == "unchanged" and env["data"]["reconcile"] is True
+    assert json.loads(cfg.read_text())["admin_contact"] == "ops@example.org"
+    assert (root / "var/lib/gpubk/marker").read_text() == "data"
+    # Flags left out are taken from the installed config.
+    p = bk(pyz, "--json", "admin", "install", "--root", str(root), "--yes", "--no-start", "--python", PYTHON)
+    assert json.loads(p.stdout)["data"]["config"]["gpu_count"] == 4
+    before = tree(root)
+    rc, env = install(pyz, root, "--gpu-count", "8", "--slot-minutes", "10", check=False)
+    assert rc == 2 and "bound into the ledger" in env["error"]["message"]
+    assert "--gpu-count 8 (installed: 4)" in env["error"]["message"] and "--slot-minutes 10" in env["error"]["message"]
+    assert tree(root) == before
+
+
+def test_a_hand_edited_unit_is_drift_shown_as_a_diff(pyz, root):
+    install(pyz, root)
+    unit = root / "etc/systemd/system/gpubk-broker.service"
+    unit.write_text(unit.read_text().replace("RestartSec=2s", "RestartSec=9s"))
+    before = tree(root)
+    p = bk(pyz, "--json", "admin", "uninstall", "--root", str(root), "--yes", "--purge-data", check=False)
+    err = json.loads(p.stdout)["error"]
+    assert p.returncode == 78 and "changed by hand" in err["message"]
+    assert "-RestartSec=2s" in err["message"] and "+RestartSec=9s" in err["message"]
+    assert tree(root) == before
+    p = bk(pyz, "--json", "admin", "install", "--root", str(root), "--yes", "--no-start", *BASE, check=False)
+    assert p.returncode == 78 and "RestartSec=9s" in json.loads(p.stdout)["error"]["message"]
+
+
+def test_a_command_directory_not_owned_by_root_is_refused(pyz, root):
+    (root / "usr/local/bin").mkdir(parents=True)
+    os.chown(root / "usr/local/bin", NOBODY, NOBODY)
+    before = tree(root)
+    rc, env = install(pyz, root, check=False)
+    assert rc == 78 and "--command-path /usr/bin/bk" in env["error"]["hint"]
+    assert tree(root) == before
+    rc, env = install(pyz, root, "--command-path", "/usr/bin/bk")
+    assert os.readlink(root / "usr/bin/bk") == f"{root}/opt/gpubk/bin/bk"
+
+
+def test_an_identical_link_is_adopted_and_left_on_uninstall(pyz, root):
+    (root / "usr/local/bin").mkdir(parents=True)
+    os.symlink(f"{root}/opt/gpubk/bin/bk", root / "usr/local/bin/bk")
+    before = tree(root)
+    rc, env = install(pyz, root)
+    assert ("adopt", f"{root}/usr/local/bin/bk") in {(a["op"], a["path"]) for a in env["data"]["actions"]}
+    bk(pyz, "admin", "uninstall", "--root", str(root), "--yes", "--purge-data")
+    assert tree(root) == before
+
+
+def test_services_status_and_uninstall_without_systemd(pyz, root):
+    install(pyz, root)
+    st = json.loads(bk(pyz, "--json", "admin", "services", "status", "--root", str(root)).stdout)["data"]
+    assert st["systemd"] is False and st["status"] == "stopped"
+    assert all(st["units"].values())
+    bk(pyz, "admin", "services", "uninstall", "--root", str(root), "--yes")
+    assert not (root / "etc/systemd/system/gpubk-broker.service").exists()
+    assert (root / "opt/gpubk/bk.pyz").exists()
+    bk(pyz, "admin", "uninstall", "--root", str(root), "--yes", "--purge-data")
+    assert sorted(os.listdir(root)) == []
+
+
+def test_uninstall_refuses_while_the_broker_runs(pyz, root):
+    install(pyz, root)
+    unit = root / "etc/systemd/system/gpubk-broker.service"
+    from bk.admin.services import TemporaryService
+
+    with TemporaryService(str(unit), f"{root}/run/gpubk/broker.sock"):
+        p = bk(pyz, "--json", "admin", "uninstall", "--root", str(root), "--yes", check=False)
+        err = json.loads(p.stdout)["error"]
+        assert p.returncode == 78 and "still running" in err["message"] and "answers" in err["message"]
+    bk(pyz, "admin", "uninstall", "--root", str(root), "--yes", "--purge-data")
+
+
+def test_not_root_is_refused_before_anything_changes(pyz, root):
+    before = tree(root)
+    p = subprocess.run(["setpriv", "--reuid", str(NOBODY), "--regid", str(NOBODY), "--clear-groups",
+                        PYTHON, str(pyz), "--json", "admin", "install", "--root", str(root), "--yes", *BASE],
+                       capture_output=True, text=True, timeout=300, env={"PATH": "/usr/bin:/bin", "HOME": "/"})
+    assert p.returncode != 0
+    assert tree(root) == before

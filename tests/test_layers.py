@@ -36,7 +36,8 @@ LAYERS: dict[str, frozenset[str]] = {
     "bk.store": frozenset({"bk.core"}),          # state files; the clock is an argument
     "bk.gpu": frozenset({"bk.core"}),            # the one GPU gateway
     "bk.ipc": frozenset({"bk.core"}),            # the broker's wire, shared by service and broker
-    "bk.service": BASE | {"bk", "bk.store", "bk.gpu", "bk.ipc"},
+    "bk.jobs": frozenset({"bk.core", "bk.store"}),  # job specs, logs, launcher, worker loop (for the service)
+    "bk.service": BASE | {"bk", "bk.store", "bk.gpu", "bk.ipc", "bk.jobs"},
     "bk.cli": BASE | {"bk", "bk.buildinfo", "bk.service"},
     "bk.broker": BASE | {"bk.ipc", "bk.service"},
     # Set-up runs before any configuration exists, so no service can be

@@ -50,6 +50,8 @@ COMMAND_WORDS: dict[str, tuple[str, ...]] = {
     "bk.cli.cmd_admin": ("admin",),
     "bk.cli.cmd_install": ("update",),
     "bk.cli.cmd_broker": ("broker",),
+    "bk.cli.cmd_run": ("run",),
+    "bk.cli.cmd_jobs": ("j", "jobs", "w", "worker"),
     "bk.cli.cmd_monitor": ("m", "monitor"),
     "bk.cli.cmd_usage": ("u", "usage"),
     "bk.cli.cmd_help": ("help",),
@@ -66,8 +68,6 @@ BOOK_SHORTHAND = "book"
 # "bk rm"); ``bk help`` lists them under the same table.
 PLANNED: tuple[tuple[tuple[str, ...], str, str], ...] = (
     (("t", "tui"), "the full-screen timeline", "bk tl (the text timeline)"),
-    (("run", "j", "jobs", "w", "worker"), "scheduled commands",
-     "bk g (the CUDA_VISIBLE_DEVICES line for your booking)"),
     (("c", "cluster", "@NODE"), "cluster mode", "ssh HOST bk ... on each server"),
     (("mcp", "agent"), "MCP tools and agent commands", "bk ... --json (one JSON envelope)"),
 )
@@ -519,6 +519,7 @@ def parse_argv(argv: list[str], parser: argparse.ArgumentParser | None = None) -
     Raises UsageError; ``-h`` raises SystemExit after printing help."""
     lead, _rest = _split_leading(argv)
     argv = normalise(argv)
+    argv, attached = _split_attached(argv)
     parser = parser or build_parser(_first_word(argv))
     args, extra = parser.parse_known_args(argv)
     hoisted = {a.split("=", 1)[0] for a in lead if a.startswith("-")}
@@ -526,7 +527,30 @@ def parse_argv(argv: list[str], parser: argparse.ArgumentParser | None = None) -
     if stray is not None:
         raise _misplaced(stray, _command_path(args, parser))
     _take_extra_words(args, extra)
+    _attach(args, attached)
     return args
+
+
+def _split_attached(argv: list[str]) -> tuple[list[str], list[str] | None]:
+    """``bk 2 1h -g 0 -- python3 train.py --lr 3e-4``: the words after the
+    first ``--`` are a command to run, never bk's own (argparse would take
+    them for positionals, or its options for bk's)."""
+    if "--" not in argv:
+        return argv, None
+    cut = argv.index("--")
+    return argv[:cut], argv[cut + 1:]
+
+
+def _attach(args, attached: list[str] | None) -> None:
+    """The command after ``--`` to the commands that run one (``takes_command``)."""
+    if attached is None:
+        return
+    if not getattr(args, "takes_command", False):
+        cmd = getattr(args, "command", None)
+        raise UsageError(f"bk {cmd or ''} takes no command after --".replace("  ", " "),
+                         hint="to run a command on GPUs: bk run N DUR -- CMD, or bk run -- CMD "
+                              "on a booking that has started")
+    args.attached = attached
 
 
 def _command_path(args, parser) -> str | None:

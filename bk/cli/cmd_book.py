@@ -17,6 +17,8 @@ EXAMPLES = {
   bk 1 2h -t 20:00           at 20:00 exactly (tomorrow if today's has passed)
   bk 1 2h -t 20:00 --queue   at 20:00 or the earliest start after it
   bk 2 1h -g 0,1 --dry-run   show where it would go, book nothing
+  bk 2 8h -t 20:00 -- python3 train.py --epochs 10
+                             book and run the command at 20:00 (needs a worker: bk w)
 """,
     EXCLUSIVE: """Examples:
   bk x 1 2h                  one whole GPU for two hours, now
@@ -69,23 +71,27 @@ def register(sub) -> None:
                        f"{REPEAT_MINUTES} minutes (without it that answers 'exists' with the first)")
         p.add_argument("-v", "--verbose", action="store_true", help="show why each GPU was or was not chosen")
         common.add_write_flags(p)
-        p.set_defaults(handler=run, command=name, mode=mode)
+        p.set_defaults(handler=run, command=name, mode=mode, takes_command=True, attached=None)
 
 
 def run(args, ctx) -> Output:
-    refuse_attached_command(ctx)
     app, call = ctx.app(), ctx.call()
     req, spec = common.book_request(call, args, mode=args.mode, count=common.parse_count(args.count),
                                     words=args.words)
+    if args.attached is not None:         # bk N DUR [MEM] -- CMD ARGS...
+        from bk.cli.cmd_run import book_command
+
+        return book_command(app, call, ctx, req, spec, args.attached, command=args.command,
+                            quiet=args.quiet, verbose=args.verbose)
     return book_and_show(app, call, ctx, req, spec, command=args.command, quiet=args.quiet,
                          verbose=args.verbose)
 
 
 def refuse_attached_command(ctx) -> None:
-    """``bk N DUR -- CMD`` (and ``bk p NAME --``) is not available yet."""
+    """``bk p NAME -- CMD``: a preset does not carry a command (yet)."""
     if "--" in ctx.argv:
-        raise UsageError("attaching a command to a booking (bk N DUR -- CMD) is not available yet",
-                         hint="book, then run your command with CUDA_VISIBLE_DEVICES from: bk g")
+        raise UsageError("a preset cannot run a command (bk p NAME -- CMD)",
+                         hint="book with a command: bk run N DUR -- CMD")
 
 
 def book_and_show(app, call, ctx, req, spec=None, *, command: str, quiet: bool = False,

@@ -26,10 +26,12 @@ from bk.core.models import (
     EXCLUSIVE,
     AuditEntry,
     Edit,
+    Job,
     LedgerState,
     Notice,
     OpRecord,
     Reservation,
+    iso,
 )
 from bk.core.timegrid import floor_slice
 from bk.service.context import Actor, Call
@@ -135,7 +137,7 @@ def repeat_of(state: LedgerState, req: BookRequest, call: Call) -> Reservation |
     ``--op-id`` are governed by the op-id rules only, as the request and as
     the earlier booking alike (a script's retry key says what a retry is);
     ``--again`` books a second on purpose."""
-    if req.op_id or req.again or req.dry_run:
+    if req.op_id or req.again or req.dry_run or req.job_id:
         return None
     now, slot = call.now, call.policy.slot_minutes
     for b in reversed(state.reservations):
@@ -222,7 +224,7 @@ def apply_book(state: LedgerState, req: BookRequest, call: Call) -> Mutation:
     share = policy.max_shared_users if req.mode == EXCLUSIVE else req.share
     res = Reservation(id=call.new_id("reservation"), uid=actor.uid, user=actor.user, mode=req.mode, gpus=tuple(p.gpus),
                       share=share, start=p.start, end=p.end, created=now, mem_mib=req.mem_mib,
-                      op_id=req.op_id, note=req.note)
+                      op_id=req.op_id, note=req.note, job=_attached_job(req, now))
     status = "queued" if p.queued else "created"
     if res.start <= now:
         call.warn(*in_use_warnings(state, res, call.telemetry.snapshot(), now))
@@ -233,6 +235,17 @@ def apply_book(state: LedgerState, req: BookRequest, call: Call) -> Mutation:
     _record_op(state, actor, req.op_id, CREATE, digest, res.id, now)
     return Mutation(True, [AuditEntry(CREATE, status, res.id, req.op_id, None, summary(res), res.uid)],
                     result)
+
+
+def _attached_job(req: BookRequest, now: int) -> Job | None:
+    """``bk N DUR -- CMD``: the job as the ledger knows it (bk.core.jobs):
+    pending, its safe summary, and the private spec's id and digest."""
+    if not req.job_id:
+        return None
+    if not req.job_digest:
+        raise InvalidInput("a job needs the digest of its spec")
+    return Job("pending", req.job_summary, {"id": req.job_id, "digest": req.job_digest,
+                                             "reason": None, "exit_code": None, "updated": iso(now)})
 
 
 def _owned(state: LedgerState, rid: str, actor: Actor, verb: str) -> Reservation:
@@ -363,6 +376,12 @@ def apply_cancel(state: LedgerState, req: CancelRequest, call: Call) -> Mutation
         raise InvalidInput(f"reservation {res.short_id} has already {status}")
     new = res.replace(cancelled_at=now, cancelled_by=actor.uid,
                       cancel_reason=(req.reason or None))
+    if new.job is not None and new.job.status == "pending":
+        # Never started: nothing for the worker to stop.  A running job
+        # stays running until its worker has stopped it and says so.
+        new = new.replace(job=Job("cancelled", new.job.summary,
+                                  {**new.job.extra, "reason": "the booking was cancelled",
+                                   "updated": iso(now)}))
     result = CancelResult("cancelled", new, dry_run=req.dry_run)
     if req.dry_run:
         return Mutation(False, [], result)

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from bk.core.errors import InvalidInput
 from bk.core.record import dataclass
 from bk.service import booking, fields, notices, requests, results, specs
+from bk.service.jobs import JobResult
 from bk.service.requests import (
     AuditRequest,
     BookRequest,
@@ -101,6 +102,12 @@ def _serve_ping(service, req: Empty, call) -> results.PingResult:
                                "admin": actor.is_admin})
 
 
+def _apply_job_state(state, req, call):
+    from bk.service import jobs
+
+    return jobs.apply_job_state(state, req, call)
+
+
 # Recovery is rare: its module loads only when one of its rows runs.
 def _serve_lost(service, req, call):
     from bk.service import recovery
@@ -162,6 +169,11 @@ OPERATIONS: dict[str, Operation] = {op.name: op for op in (
     Operation("cancel", "cancel a booking (another user's: the administrator, with a reason)",
               CancelRequest, specs.CANCEL_FIELDS, results.CancelResult, WRITE, OWNER,
               idempotent=True, destructive=True, apply=booking.apply_cancel),
+    # The worker's one write: the state of a job of the caller's own booking
+    # (pending -> running -> an end), or bk j retry requeueing one.
+    Operation("job_state", "set the state of a job attached to one of your bookings",
+              requests.JobStateRequest, specs.JOB_STATE_FIELDS, JobResult, WRITE, OWNER,
+              idempotent=True, destructive=False, apply=_apply_job_state),
     Operation("notice_publish", "publish announcements", NoticeRequest, specs.NOTICE_FIELDS,
               results.NoticeResult, WRITE, ADMIN, idempotent=False, destructive=False,
               apply=notices.apply_publish, admin_hint="sudo bk admin notice publish TEXT"),

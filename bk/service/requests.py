@@ -35,6 +35,11 @@ class BookRequest:
     op_id: str | None = None
     dry_run: bool = False
     again: bool = False               # book even if it repeats a booking just made (booking.repeat_of)
+    # A command attached to the booking (bk N DUR -- CMD): the private spec's
+    # id and digest, and the safe summary the ledger may show (bk.core.jobs).
+    job_id: str | None = None
+    job_digest: str | None = None
+    job_summary: str | None = None
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,10 @@ def canonical(action: str, req: object) -> str:
     d.pop("op_id", None)
     d.pop("dry_run", None)
     d.pop("again", None)
+    # A retried bk N DUR -- CMD writes a new spec (new id and digest): it is
+    # still the same request.
+    d.pop("job_id", None)
+    d.pop("job_digest", None)
     import hashlib
 
     blob = json.dumps([action, d], sort_keys=True, separators=(",", ":"), default=list)
@@ -122,6 +131,19 @@ class AuditRequest:
     limit: int = 50
     all: bool = False
     reservation: str | None = None
+
+
+@dataclass(frozen=True)
+class JobStateRequest:
+    """The worker (or ``bk j retry``) changes one job's state: only the
+    owner's own jobs (``bk.service.jobs.apply_job_state``)."""
+
+    ref: str                   # the reservation's full ID
+    job_id: str                # the job it must still carry
+    status: str
+    reason: str | None = None
+    exit_code: int | None = None
+    retry: bool = False        # requeue an ended job (bk j retry --accept-duplicate-risk)
 
 
 @dataclass(frozen=True)

@@ -28,10 +28,24 @@ _PLACE = (Field("mode", "choice", choices=MODES), Field("share", "int", lo=1, hi
           Field("excluded", "gpus", help="never these GPUs"),
           Field("note", "text", max_len=MAX_NOTE))
 
+JOB_ID = "[0-9a-f]{32}"
+JOB_STATES = ("pending", "running", "succeeded", "failed", "cancelled", "missed", "timed-out",
+              "uncertain")         # bk.core.jobs.STATES (not imported: bk l loads this module)
+_JOB = (Field("job_id", "text", max_len=32, pattern=JOB_ID, help="the private job spec's ID"),
+        Field("job_digest", "text", max_len=64, pattern="[0-9a-f]{64}",
+              help="sha256 of the private job spec: the booking runs only that spec"),
+        Field("job_summary", "text", max_len=48, pattern="[A-Za-z0-9._+ -]+",
+              help="what others may see of the command: its program name and argument count"))
 BOOK_FIELDS = (Field("count", "int", lo=1, hi=64, help="number of GPUs"),
                Field("duration", "int", lo=1, help="seconds"), *_PLACE, *_WRITE,
                Field("again", "bool", help="book even if the same booking was made a few minutes ago "
-                     "(without it, that repeat answers exists with the first booking)"))
+                     "(without it, that repeat answers exists with the first booking)"), *_JOB)
+JOB_STATE_FIELDS = (Field("ref", "text", max_len=36, pattern=RESERVATION_ID, help="the reservation's full ID"),
+                    Field("job_id", "text", max_len=32, pattern=JOB_ID),
+                    Field("status", "choice", choices=JOB_STATES),
+                    Field("reason", "text", max_len=500, help="why it waits or ended, for bk j"),
+                    Field("exit_code", "int", lo=0, hi=255),
+                    Field("retry", "bool", help="requeue a job that ended (only while its booking lasts)"))
 EDIT_FIELDS = (Field("ref", "text", max_len=64, help="the reservation's full ID"),
                Field("duration", "int", lo=1, help="new total length, seconds"),
                Field("end", "int", help="new end, epoch seconds"),

@@ -61,6 +61,8 @@ KEYS: dict[str, Key] = {k.name: k for k in (
         1, 36500),
     Key("backup_keep", "int", 10, "Rotated ledger backups to keep.", 0, 1000),
     Key("lock_timeout_seconds", "float", 10.0, "Longest wait for the ledger lock before 'busy'.", 0.1, 600),
+    Key("worker_termination_grace_seconds", "int", 5, "A scheduled command gets SIGTERM this many "
+        "seconds before its booking ends and SIGKILL at the end (also bk run -- CMD).", 0, 3600),
     Key("admin_contact", "str", None, "Who to ask about this server (shown by bk info).", nullable=True),
     Key("data_dir", "path", None, "Data directory (shared mode). Default /var/lib/gpubk.",
         security=True, nullable=True),

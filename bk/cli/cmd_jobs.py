@@ -1,0 +1,168 @@
+"""``bk j`` (``jobs``): your scheduled commands; ``bk w`` (``worker``): the
+per-user worker that starts them."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from bk.cli import common
+from bk.cli.render import Output, safe, table
+from bk.core import timegrid
+from bk.core.errors import UsageError
+
+JOBS_EPILOG = """Examples:
+  bk j                       your jobs: state, why one waits, how it ended
+  bk j log 1                 the output of the job of booking 1 (the last 64 KiB)
+  bk j log a1b2 --all        all of it (two rotated segments at most)
+  bk j retry a1b2 --accept-duplicate-risk
+                             run an uncertain job again while its booking lasts
+
+Job states: pending (waiting for its start, or for its GPUs to clear: the
+reason says), running, succeeded, failed, cancelled, missed (the booking ended
+before it could start), timed-out (stopped at the booking's end), uncertain
+(its worker died while it ran: it may have finished, or be running still).
+"""
+
+WORKER_EPILOG = """Examples:
+  bk w                       is your worker running?
+  bk w start                 run the worker in this terminal (Ctrl-C stops it and its jobs)
+  bk w once                  start the jobs due now, wait for them, exit
+  systemctl --user enable --now bk-worker
+                             run it as a user service (install/bk-worker.service)
+  loginctl enable-linger $USER
+                             keep user services running after you log out
+
+One worker per user and state directory. It starts your jobs as you, without a
+shell, in their own process group, with the booked GPUs in CUDA_VISIBLE_DEVICES.
+"""
+
+
+def register(sub) -> None:
+    j = sub.add_parser("jobs", aliases=["j"], help="your scheduled commands (bk run N DUR -- CMD)",
+                       description="List your jobs (commands attached to bookings), show one's output, "
+                       "or retry one.", epilog=JOBS_EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    j.add_argument("action", nargs="?", choices=("list", "log", "retry"), default="list",
+                   help="list (default), log ID, retry ID")
+    j.add_argument("ref", nargs="?", metavar="ID", help="the job: its booking's list number or ID prefix, "
+                   "or the job's own ID prefix")
+    j.add_argument("-a", "--all", action="store_true", help="log: the whole log, not the last 64 KiB")
+    j.add_argument("--accept-duplicate-risk", action="store_true",
+                   help="retry: run an uncertain job again although it may have run already")
+    j.add_argument("-n", "--limit", type=common.positive_int, metavar="N", help="list: at most N jobs")
+    j.set_defaults(handler=run_jobs, command="jobs")
+    w = sub.add_parser("worker", aliases=["w"], help="the per-user worker that starts your jobs",
+                       description="Show whether your worker runs (default), run it in the foreground "
+                       "(start), or run the jobs due now and exit (once).", epilog=WORKER_EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    w.add_argument("action", nargs="?", choices=("status", "start", "once"), default="status",
+                   help="status (default, read-only), start, once")
+    w.set_defaults(handler=run_worker, command="worker")
+
+
+# ------------------------------------------------------------------ bk j
+
+def run_jobs(args, ctx) -> Output:
+    from bk.service import jobs
+
+    app, call = ctx.app(), ctx.call()
+    if args.action == "list":
+        if args.ref:
+            raise UsageError("bk j lists all your jobs; for one: bk j log ID")
+        return _list(app, call, args.limit)
+    if not args.ref:
+        raise UsageError(f"bk j {args.action} needs the job's ID", hint=f"e.g. bk j {args.action} 1 (see bk j)")
+    if args.action == "log":
+        res, data, cut = jobs.job_log(app, call, args.ref, everything=args.all)
+        text = data.decode("utf-8", "replace")
+        payload = {"job": jobs.job_json(res), "log": text, "truncated": cut}
+
+        def human(term) -> str:
+            if not data:
+                return f"(no output from the job of {res.short_id})"
+            head = "(older output left out: bk j log ID --all)\n" if cut else ""
+            # Output is the user's own program's: shown as written, but never
+            # able to drive the terminal with escape sequences.
+            return head + "\n".join(safe(line) for line in text.splitlines())
+        return Output("jobs", payload, human)
+    result = jobs.retry(app, call, args.ref, accept_duplicate_risk=args.accept_duplicate_risk)
+    r = result.reservation
+    out = Output("jobs", result.to_json(), f"job of {r.short_id} requeued: pending; your worker starts it "
+                 "when its GPUs are clear", done=f"requeued the job of {r.short_id}")
+    if jobs.worker_status(app)["state"] != "running":
+        out.warnings.append(jobs.NO_WORKER)
+    return out
+
+
+def _list(app, call, limit) -> Output:
+    from bk.service import jobs
+
+    mine = jobs.my_jobs(app, call)
+    rows = mine[:limit] if limit else mine
+    data = {"jobs": [jobs.job_json(r) for r in rows], "total": len(mine),
+            "worker": jobs.worker_status(app)}
+    numbers = app.numbers(app.ledger(call=call), call=call)
+
+    def human(term) -> str:
+        if not rows:
+            return "no jobs (attach a command to a booking: bk run 1 1h -- CMD)"
+        body = []
+        for r in rows:
+            reason = r.job.extra.get("reason") or ""
+            code = r.job.extra.get("exit_code")
+            state = r.job.status + (f" ({code})" if code is not None and r.job.status != "running" else "")
+            body.append([str(numbers.get(r.id) or ""), r.short_id, (r.job.extra.get("id") or "")[:8],
+                         safe(r.job.summary or ""), common.gpus_text(r.gpus),
+                         timegrid.format_span(r.start, r.end, call.tz, call.now), state, safe(reason)])
+        text = table(body, ["#", "BOOKING", "JOB", "COMMAND", "GPUS", "WHEN", "STATE", "REASON"], term,
+                     shrink=[7, 3])
+        if data["worker"]["state"] != "running" and any(r.job.status == "pending" for r in rows):
+            text += "\n" + jobs.NO_WORKER
+        return text
+    return Output("jobs", data, human)
+
+
+# ------------------------------------------------------------------ bk w
+
+def run_worker(args, ctx) -> Output:
+    from bk.service import jobs
+
+    app, call = ctx.app(), ctx.call()
+    if args.action == "status":
+        st = jobs.worker_status(app)
+        mine = jobs.my_jobs(app, call)
+        counts = {s: sum(1 for r in mine if r.job.status == s) for s in ("pending", "running")}
+        data = {"worker": st, "jobs": counts, "jobs_dir": jobs.jobs_path(app)}
+
+        def human(term) -> str:
+            if st["state"] == "running":
+                since = timegrid.format_local_short(_epoch(st["since"]), call.tz, call.now) if st["since"] else "?"
+                head = f"worker running: pid {st['pid']}, since {since}"
+            else:
+                head = "no worker is running for you"
+            text = f"{head}; jobs: {counts['pending']} pending, {counts['running']} running"
+            if st["state"] != "running":
+                text += "\n" + jobs.NO_WORKER
+            return text
+        return Output("worker", data, human)
+
+    def log(line: str) -> None:
+        try:
+            sys.stderr.write(f"bk worker: {line}\n")
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
+
+    if args.action == "start":
+        log(f"started (pid {__import__('os').getpid()}); jobs in {jobs.jobs_path(app)}")
+    started = jobs.serve_worker(app, ctx.env, once=args.action == "once", log=log)
+    return Output("worker", {"action": args.action, "started": started},
+                  f"worker {'stopped' if args.action == 'start' else 'done'}: started {started} job(s)"
+                  if args.action == "once" else "worker stopped")
+
+
+def _epoch(text: str) -> int:
+    from bk.core.models import parse_iso
+
+    return parse_iso(text)

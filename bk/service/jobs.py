@@ -1,0 +1,413 @@
+"""Scheduled commands in the service layer (SPEC 9): attaching a command to
+a booking, the ``job_state`` operation, the job list and logs, ``bk run --
+CMD`` in the foreground, and the worker's host.
+
+The shared ledger sees only ``Reservation.job`` (state, safe summary, the
+private spec's id and digest); the command line goes to the private spec
+store (``bk.jobs.specs``) before the booking is made, and is removed again
+if the booking fails.  The worker changes job states with the one
+``job_state`` row of ``bk.service.ops``: owner only, so through the broker
+a user's worker can change its own jobs and nothing else.
+
+This module is imported by the operation table, so its top level stays
+light: the spec store, the launcher and the worker load when used.
+"""
+
+from __future__ import annotations
+
+import os
+
+from bk.core.errors import InvalidInput, NotFound, PermissionDenied
+from bk.core.models import Job, Reservation, iso
+from bk.core.record import dataclass, field, replace
+from bk.service.results import _Rendered, _reservation
+from bk.service.views import View
+
+# bk.core.jobs names these too; repeated so that loading the table stays cheap.
+PENDING, RUNNING = "pending", "running"
+TERMINAL = ("succeeded", "failed", "cancelled", "missed", "timed-out", "uncertain")
+MAX_REASON = 500
+
+NO_WORKER = ("no bk worker is running for you, so the command will not start on its own: "
+             "start one with: systemctl --user enable --now bk-worker "
+             "(and: loginctl enable-linger $USER, so it keeps running after you log out), "
+             "or run bk w start in a terminal that stays open")
+
+
+@dataclass(frozen=True)
+class JobResult(_Rendered):
+    status: str                        # updated | unchanged
+    reservation: Reservation
+    json: dict | None = field(default=None, compare=False)
+
+    def rendered(self, view: View) -> JobResult:
+        return replace(self, json={"status": self.status, "reservation": view.reservation(self.reservation),
+                                   "job": job_json(self.reservation)})
+
+    def to_wire(self) -> dict:
+        return {**self.to_json(), "record": self.reservation.to_dict()}
+
+    @classmethod
+    def from_wire(cls, data: dict) -> JobResult:
+        return cls(str(data.get("status", "updated")), _reservation(data),
+                   {k: v for k, v in data.items() if k != "record"})
+
+
+def job_json(r: Reservation) -> dict | None:
+    """One job as ``bk j`` shows it: what the ledger knows, never the command."""
+    if r.job is None:
+        return None
+    x = r.job.extra
+    return {"id": x.get("id"), "short_id": (x.get("id") or "")[:8], "status": r.job.status,
+            "summary": r.job.summary, "reason": x.get("reason"), "exit_code": x.get("exit_code"),
+            "updated": x.get("updated"), "reservation": r.id, "reservation_short_id": r.short_id,
+            "gpus": list(r.gpus), "start": iso(r.start), "end": iso(r.end)}
+
+
+def apply_job_state(state, req, call):
+    """The ``job_state`` row: the owner's job of one booking changes state
+    along ``bk.core.jobs.NEXT`` (a retry: an ended job back to pending
+    while its booking lasts)."""
+    from bk.core import jobs as J
+    from bk.core.models import AuditEntry
+    from bk.store.ledger import Mutation
+
+    res = state.find(req.ref)
+    if res is None:
+        raise NotFound(f"no reservation {req.ref[:8]}", hint="list your jobs with: bk j")
+    if res.uid != call.actor.uid:
+        raise PermissionDenied(f"the job of reservation {res.short_id} belongs to {res.user}; only its "
+                               "owner's worker may change it")
+    if res.job is None or res.job.extra.get("id") != req.job_id:
+        raise NotFound(f"reservation {res.short_id} has no job {req.job_id[:8]}", hint="list your jobs with: bk j")
+    old = res.job.status
+    if req.retry:
+        if req.status != J.PENDING or old not in J.RETRYABLE:
+            raise InvalidInput(f"the job of {res.short_id} is {old}; only a job that ended "
+                               f"({', '.join(sorted(J.RETRYABLE))}) can be retried")
+        if not res.is_live(call.now):
+            raise InvalidInput(f"the booking {res.short_id} has {res.status(call.now)}; a job runs only "
+                               "while its booking lasts", hint="book again: bk run N DUR -- CMD")
+    elif req.status not in J.NEXT.get(old, ()):
+        raise InvalidInput(f"the job of {res.short_id} is already {old}; it cannot become {req.status}")
+    extra = dict(res.job.extra)
+    reason = req.reason[:MAX_REASON] if req.reason else None
+    if old == req.status and extra.get("reason") == reason and not req.retry:
+        return Mutation(False, [], JobResult("unchanged", res))
+    extra.update(reason=reason, exit_code=req.exit_code, updated=iso(call.now))
+    if req.status == J.RUNNING:
+        extra["started"] = iso(call.now)
+    new = res.replace(job=Job(req.status, res.job.summary, extra))
+    state.reservations[state.reservations.index(res)] = new
+    # The audit record says which state followed which, never the command.
+    return Mutation(True, [AuditEntry("job", req.status, res.id, None, {"job": old},
+                                      {"job": req.status}, res.uid, None)], JobResult("updated", new))
+
+
+# ------------------------------------------------------------------ paths
+
+def jobs_path(app) -> str:
+    from bk.jobs.specs import jobs_dir
+
+    return jobs_dir(app.settings.locations.state_dir)
+
+
+def worker_status(app) -> dict:
+    """``bk.jobs.worker.worker_status`` for this user's state directory."""
+    from bk.jobs.worker import worker_status as status
+
+    return status(app.settings.locations.state_dir)
+
+
+# ------------------------------------------------------ attaching a command
+
+def check_command(argv: list[str], cwd: str, path: str | None) -> None:
+    """Refuse what could never start: no command, a missing working
+    directory, a program that is not found or not executable."""
+    if not argv or not argv[0]:
+        raise InvalidInput("no command after --", hint="e.g. bk run 1 2h -- python3 train.py")
+    if not os.path.isdir(cwd):
+        raise InvalidInput(f"the working directory {cwd} does not exist", hint="cd to an existing directory")
+    prog = argv[0]
+    if "/" in prog:
+        full = prog if os.path.isabs(prog) else os.path.join(cwd, prog)
+        if not os.path.isfile(full):
+            raise InvalidInput(f"{prog}: no such file", hint="check the path of the command")
+        if not os.access(full, os.X_OK):
+            raise InvalidInput(f"{prog} is not executable", hint=f"chmod +x {prog}, or run it with "
+                               "its interpreter: bash script.sh")
+        return
+    for d in (path or "").split(os.pathsep):
+        full = os.path.join(d or ".", prog)
+        if not os.path.isabs(full):
+            full = os.path.join(cwd, full)
+        if os.path.isfile(full) and os.access(full, os.X_OK):
+            return
+    raise InvalidInput(f"{prog}: command not found in PATH", hint="give its full path, or check PATH")
+
+
+def attach_command(app, call, req, argv: list[str], *, cwd: str, env: dict):
+    """Book ``req`` with ``argv`` attached: validate, write the private
+    spec, book with its digest; the spec is removed when the booking fails
+    or names an earlier booking (an op-id retry).  Returns the BookResult."""
+    from bk.core.jobs import summary_of
+
+    path = env.get("PATH")
+    check_command(argv, cwd, path)
+    if req.dry_run:
+        return app.book(req, call=call)
+    from bk.jobs import specs
+
+    jid = os.urandom(16).hex()
+    where = jobs_path(app)
+    digest = specs.write_spec(where, jid, argv, cwd, path, call.now)
+    try:
+        result = app.book(replace(req, job_id=jid, job_digest=digest, job_summary=summary_of(argv)),
+                          call=call)
+    except BaseException:
+        specs.remove(where, jid)
+        raise
+    if (result.reservation.job or Job("")).extra.get("id") != jid:
+        specs.remove(where, jid)
+    if worker_status(app)["state"] != "running":
+        call.warn(NO_WORKER)
+    return result
+
+
+# ----------------------------------------------------------------- reads
+
+def my_jobs(app, call) -> list[Reservation]:
+    """The caller's bookings that carry a job, in the hot ledger, newest start first."""
+    state = app.ledger(call=call)
+    return sorted((r for r in state.reservations if r.uid == call.actor.uid and r.job is not None),
+                  key=lambda r: (r.start, r.created), reverse=True)
+
+
+def resolve_job(app, call, ref: str) -> Reservation:
+    """A job by its booking (list number or ID prefix) or by its own ID prefix."""
+    ref = ref.strip().lower()
+    mine = my_jobs(app, call)
+    if len(ref) >= 4 and not ref.isdigit():
+        hits = [r for r in mine if (r.job.extra.get("id") or "").startswith(ref)]
+        if len(hits) == 1:
+            return hits[0]
+    res = app.resolve(ref, call=call)
+    if res.job is None:
+        raise NotFound(f"booking {res.short_id} has no command attached", hint="list your jobs with: bk j")
+    return res
+
+
+def job_log(app, call, ref: str, *, everything: bool = False) -> tuple[Reservation, bytes, bool]:
+    from bk.jobs import logs
+
+    res = resolve_job(app, call, ref)
+    data, cut = logs.read(jobs_path(app), res.job.extra.get("id") or "", None if everything else logs.TAIL_BYTES)
+    return res, data, cut
+
+
+def retry(app, call, ref: str, *, accept_duplicate_risk: bool) -> JobResult:
+    from bk.service.requests import JobStateRequest
+
+    res = resolve_job(app, call, ref)
+    if res.job.status == "uncertain" and not accept_duplicate_risk:
+        raise InvalidInput(f"the job of {res.short_id} is uncertain: it may have run, or be running "
+                           "still, somewhere bk cannot see; running it again may duplicate its work",
+                           hint=f"if that is acceptable: bk j retry {res.short_id} --accept-duplicate-risk")
+    return app.run("job_state", JobStateRequest(res.id, res.job.extra["id"], PENDING, "retried", retry=True),
+                   call=call)
+
+
+# --------------------------------------------------------- bk run -- CMD
+
+def active_bookings(app, call) -> list[Reservation]:
+    return [r for r in app.own_current(call=call) if r.status(call.now) == "active"]
+
+
+def run_target(app, call, ref: str | None) -> tuple[Reservation, list[Reservation]]:
+    """The booking ``bk run -- CMD`` runs on: ``ref``, or the caller's
+    first active booking in list order (the lowest list number).  Returns it
+    and all the caller's active bookings."""
+    active = active_bookings(app, call)
+    if ref is not None:
+        res = app.resolve(ref, call=call)
+        if res.uid != call.actor.uid:
+            raise PermissionDenied(f"booking {res.short_id} is {res.user}'s, not yours")
+        if res.status(call.now) != "active":
+            raise InvalidInput(f"booking {res.short_id} is {res.status(call.now)}, not active now",
+                               hint="bk run -- CMD runs on a booking that has started; "
+                               "to run later: bk run N DUR -t TIME -- CMD")
+        return res, active
+    if not active:
+        raise NotFound("you have no active booking to run on",
+                       hint="book GPUs and run at once: bk run 1 1h -- CMD, or book first: bk 1 30m")
+    return active[0], active
+
+
+def devices(app) -> tuple[dict[int, str], bool]:
+    inv = app.telemetry.inventory()
+    return {g.index: g.uuid for g in inv.gpus}, bool(inv.simulated)
+
+
+def env_for(app, res: Reservation, base: dict, *, path: str | None = None, job_id: str | None = None) -> dict:
+    from bk.core.jobs import job_env
+
+    uuids, simulated = devices(app)
+    return job_env(base, reservation_id=res.id, gpus=res.gpus, uuids=uuids, simulated=simulated,
+                   path=path, job_id=job_id)
+
+
+def bk_vars(env: dict) -> dict:
+    from bk.core.jobs import BK_VARS
+
+    return {k: env[k] for k in BK_VARS if k in env}
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    reservation: Reservation
+    returncode: int        # as subprocess reports it (negative: a signal)
+    stopped: str | None    # "end": bk stopped it at the booking's end; "signal": bk forwarded one
+    exit_code: int         # what bk exits with: the command's, 124 at the end, 130 on Ctrl-C
+
+
+def run_now(app, call, res: Reservation, argv: list[str], *, cwd: str, env: dict) -> RunOutcome:
+    """Run ``argv`` in the foreground on ``res`` (this terminal), TERM at
+    the end minus the grace, KILL at the end."""
+    import signal
+
+    from bk.core.jobs import shell_status, stop_times
+    from bk.jobs.launcher import run_foreground
+
+    check_command(argv, cwd, env.get("PATH"))
+    grace = int(app.settings["worker_termination_grace_seconds"])
+    term_at, kill_at = stop_times(res.end, grace, call.now)
+    rc, stopped = run_foreground(argv, cwd=cwd, env=env_for(app, res, env), term_in=term_at - call.now,
+                                 kill_in=kill_at - call.now)
+    if stopped == "end":
+        code = 124
+    elif rc == -signal.SIGINT:
+        code = 130
+    else:
+        code = shell_status(rc)
+    return RunOutcome(res, rc, stopped, code)
+
+
+# ------------------------------------------------------------ the worker
+
+class Host:
+    """What the worker (``bk.jobs.worker.Worker``) needs from bk: this
+    user's jobs from the committed ledger (re-read only when the file
+    changed), state writes through the operation table, the live guard and
+    each job's environment."""
+
+    def __init__(self, app, env: dict, *, clock_fn=None):
+        from bk import clock
+        from bk.core.jobs import worker_base_env
+
+        self.app = app
+        self.uid = app.actor.uid
+        self.jobs_path = jobs_path(app)
+        self.grace = int(app.settings["worker_termination_grace_seconds"])
+        self.base_env = worker_base_env(env)
+        self._clock = clock_fn or clock.now
+        self._key = None
+        self._state = None
+        self._jobs: list[Reservation] = []
+
+    def now(self) -> int:
+        return self._clock()
+
+    def _call(self):
+        call = self.app.call()
+        return replace(call, now=self.now()) if call.now != self.now() else call
+
+    def _identity(self):
+        try:
+            st = os.stat(self.app.store.paths.ledger)
+        except OSError:
+            return None
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+    def jobs(self) -> list[Reservation]:
+        key = self._identity()
+        if key is None or key != self._key:
+            self._state = self.app.ledger(call=self._call())
+            self._key = key
+            self._jobs = [r for r in self._state.reservations
+                          if r.uid == self.uid and r.job is not None and r.job.extra.get("id")]
+        return self._jobs
+
+    def set_state(self, res: Reservation, status: str, reason: str | None = None,
+                  exit_code: int | None = None) -> None:
+        from bk.service.requests import JobStateRequest
+
+        code = exit_code if exit_code is None or 0 <= exit_code <= 255 else 255
+        self.app.run("job_state", JobStateRequest(res.id, res.job.extra["id"], status,
+                                                  _printable(reason), code), call=self._call())
+        self._key = None
+
+    def blocker(self, res: Reservation) -> str | None:
+        from bk.core.jobs import launch_blocker
+
+        telemetry = self.app.telemetry
+        if hasattr(telemetry, "refresh"):
+            telemetry.refresh()
+        return launch_blocker(telemetry.snapshot(), self._state.reservations if self._state else [res],
+                              res, self.now())
+
+    def env_for(self, res: Reservation, spec) -> dict:
+        return env_for(self.app, res, self.base_env, path=spec.path, job_id=spec.id)
+
+
+def _printable(text: str | None) -> str | None:
+    """A reason for the ledger: one line, no control characters, bounded."""
+    if text is None:
+        return None
+    from bk.service.fields import unprintable
+
+    text = " ".join(text.split())[:MAX_REASON]
+    return "".join(c if not unprintable(c) else "?" for c in text)
+
+
+def serve_worker(app, env: dict, *, once: bool = False, log=None, clock_fn=None,
+                 should_stop=None) -> int:
+    """``bk w start`` (until SIGTERM or SIGINT) and ``bk w once`` (start what
+    is due, stay until what it started has ended, then return).  Holds the
+    one-worker lease; ``Busy`` (exit 75) when another worker holds it.
+    Returns how many jobs this run started."""
+    import signal
+
+    from bk.jobs.worker import Lease, Worker
+
+    host = Host(app, env, clock_fn=clock_fn)
+    stop: list[int] = []
+
+    def on_signal(signum, _frame):
+        stop.append(signum)
+
+    with Lease(host.jobs_path, data_dir=app.settings.data_dir, now=host.now()):
+        worker = Worker(host, log=log or (lambda line: None))
+        saved = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        started = 0
+        try:
+            if once:
+                worker.recover()
+                while True:
+                    before = set(worker.children)
+                    worker.tick()
+                    started += len(set(worker.children) - before)
+                    if stop or not worker.children:
+                        break
+                    import time
+
+                    time.sleep(0.2)
+            else:
+                def done() -> bool:
+                    return bool(stop) or (should_stop is not None and should_stop())
+                worker.run(done)
+        finally:
+            if worker.children:
+                worker.stop_all(host.grace)
+            for s, h in saved.items():
+                signal.signal(s, h)
+        return started

@@ -113,7 +113,9 @@ def share(x: float | None) -> str:
 
 
 def mem(mib: int | None) -> str:
-    return "-" if mib is None else timegrid.format_memory(mib)
+    if mib is None:
+        return "-"
+    return timegrid.format_memory(mib) if mib > 0 else "0"
 
 
 def sm(x: float | None) -> str:

@@ -39,6 +39,18 @@ def _user_name(uid: int) -> str:
     return user_name(uid)
 
 
+def _names(svc, call, uids) -> dict[int, str]:
+    """User names for uids: the name their bookings in the ledger carry
+    (what ``bk l`` shows), else the account database, else the number."""
+    from bk.core.errors import BkError
+
+    try:
+        known = {r.uid: r.user for r in svc.ledger(call=call).reservations}
+    except BkError:
+        known = {}
+    return {uid: known.get(uid) or _user_name(uid) for uid in uids}
+
+
 def _warn_problems(call, store) -> None:
     call.warn(*(f"usage history: {p}" for p in store.problems[:10]))
 
@@ -209,7 +221,8 @@ def users(svc, *, call, since: int, until: int) -> UsersReport:
         return UsersReport(since, until, (), {}, False, MONITOR_HINT)
     s = store.summary(since, until)
     _warn_problems(call, store)
-    rows = [UserRow(uid, _user_name(uid), t) for uid, t in s.by_uid.items()]
+    names = _names(svc, call, s.by_uid)
+    rows = [UserRow(uid, names[uid], t) for uid, t in s.by_uid.items()]
     rows.sort(key=lambda r: (-r.totals.booked_s, -r.totals.unreserved_s, r.user))
     return UsersReport(since, until, tuple(rows), dict(s.by_gpu))
 
@@ -277,7 +290,7 @@ def events(svc, *, call, since: int, until: int, min_idle_s: int = 1800) -> Even
         return EventsReport(since, until, (), {}, min_idle_s, False, MONITOR_HINT)
     evs = core.events(store.records(since, until), min_idle_s=min_idle_s)
     _warn_problems(call, store)
-    names = {uid: _user_name(uid) for uid in {e.uid for e in evs}}
+    names = _names(svc, call, {e.uid for e in evs})
     return EventsReport(since, until, tuple(evs), names, min_idle_s)
 
 

@@ -1,0 +1,193 @@
+"""``bk u`` and its sub-commands, in-process (fixed clock 2026-07-13
+10:41:30 UTC, user ada uid 1000) and through the built ``bk.pyz``, on a
+history written by the real Folder and UsageStore."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from helpers_cli import BOB, ME, NOW, NOW_ISO, bk_fixture
+
+from bk.core.models import GpuInfo, GpuProcess, iso
+from bk.core.telemetry import Snapshot
+from bk.core.usage import DAY, Folder
+from bk.service.requests import BookRequest
+from bk.store.usage import UsageStore
+
+H = 3600
+TODAY = NOW - NOW % DAY
+
+
+@pytest.fixture
+def bk(monkeypatch, capsys):
+    yield from bk_fixture(monkeypatch, capsys)
+
+
+def history(bk) -> tuple[str, str]:
+    """Two bookings: ada's on GPU 0 (09:00-10:30 today; her process ran the
+    first 40 minutes), bob's on GPU 1 yesterday (2 h, used throughout); and
+    bob on GPU 2 today without a booking (10:00-10:30).  Sampled every 10 s."""
+    app_me, app_bob = bk.service(ME), bk.service(BOB)
+    call = app_me.call()
+    # Bookings in the past cannot be made; write the history against
+    # reservations shaped like them, then book ada's real one for the ledger.
+    mine = app_me.book(BookRequest(count=1, duration=H, start=NOW - NOW % 300 + 300, pinned=(0,)),
+                       call=call).reservation
+    ada = mine.replace(start=TODAY + 9 * H, end=TODAY + 10 * H + 30 * 60)
+    bobs = app_bob.book(BookRequest(count=1, duration=H, start=NOW - NOW % 300 + 300, pinned=(1,)),
+                        call=app_bob.call()).reservation
+    bob = bobs.replace(start=TODAY - DAY + 12 * H, end=TODAY - DAY + 14 * H, gpus=(1,))
+    folder = Folder(60, 10)
+    recs = []
+    for t in range(TODAY - DAY + 11 * H, NOW - 120, 10):
+        gpus = []
+        for g in range(4):
+            procs = []
+            if g == 0 and ada.start <= t < ada.start + 40 * 60:
+                procs.append(GpuProcess(100, 9000, 70, ME.uid))
+            if g == 1 and bob.start <= t < bob.end:
+                procs.append(GpuProcess(200, 5000, 40, BOB.uid))
+            if g == 2 and TODAY + 10 * H <= t < TODAY + 10 * H + 1800:
+                procs.append(GpuProcess(300, 700, 10, BOB.uid))
+            gpus.append(GpuInfo(g, f"GPU-{g}", "sim", 81920, sum(p.mem_mib for p in procs), 50 if procs else 0,
+                                None, procs))
+        recs += folder.add(t, Snapshot(t, "sim", tuple(gpus)), None, [ada, bob])
+    recs += folder.flush()
+    UsageStore(os.path.join(str(bk.data_dir), "usage")).append(recs, now=NOW)
+    return mine.id, bobs.id
+
+
+def test_no_history_says_how_to_start_the_monitor(bk):
+    r = bk.ok("u")
+    assert "no usage recorded yet" in r.out and "bk m" in r.out
+    d = bk.data("u")
+    assert d["history"] is False and d["totals"]["today"]["booked_s"] == 0 and "bk m" in d["hint"]
+    for sub in ("users", "samples", "events"):
+        assert bk.data("u", sub)["history"] is False
+    assert bk.data("u", "verify") == {"ok": True, "partitions": []}
+
+
+def test_dashboard(bk):
+    rid, _ = history(bk)
+    d = bk.data("u")
+    assert d["history"] is True and d["user"] == "ada"
+    today = d["totals"]["today"]
+    assert (today["booked_s"], today["active_s"], today["idle_s"]) == (90 * 60, 40 * 60, 50 * 60)
+    assert today["idle_share"] == 0.5556 and today["sm_avg"] == 70.0 and today["mem_peak_mib"] == 9000
+    assert d["totals"]["7d"]["booked_s"] == d["totals"]["28d"]["booked_s"] == 5400
+    assert len(d["days"]) == 7 and len(d["weeks"]) == 4
+    assert d["days"][-1]["start"] == iso(TODAY) and d["days"][-1]["booked_s"] == 5400
+    assert sum(w["booked_s"] for w in d["weeks"]) == 5400
+    (b,) = d["bookings"]
+    assert b["reservation"] == rid and b["gpus"] == [0] and b["booked_s"] == 5400
+    text = bk.ok("u").out
+    assert "today     booked 1.5h, active 40m, idle 56% of it" in text
+    assert "last 7 days:" in text and "last 4 weeks:" in text and "█" in text and "░" in text
+    assert rid[:8] in text
+
+
+def test_users_table(bk):
+    history(bk)
+    d = bk.data("u", "users", "--since", "30d")
+    rows = {u["user"]: u for u in d["users"]}
+    assert rows["ada"]["booked_s"] == 5400 and rows["ada"]["active_s"] == 2400
+    bob = rows["bob"]
+    assert (bob["booked_s"], bob["active_s"], bob["unreserved_s"]) == (2 * H, 2 * H, 1800)
+    assert bob["idle_share"] == 0.0 and bob["mem_peak_mib"] == 5000
+    assert d["since"] == iso(NOW - 30 * DAY) and d["until"] == NOW_ISO
+    gpus = {g["gpu"]: g for g in d["gpus"]}
+    assert gpus[2]["unreserved_s"] == 1800 and gpus[0]["booked_s"] == 5400
+    text = bk.ok("u", "users").out
+    assert "USER" in text and "UNRESERVED" in text and "ada" in text and "56%" in text
+    # --until before --since, and words that are not times
+    assert bk.json("u", "users", "--since", "1d", "--until", "2d").code == 2
+    assert bk.json("u", "users", "--since", "soon").error["code"] == "invalid_input"
+
+
+def test_samples(bk):
+    history(bk)
+    d = bk.data("u", "samples", "--since", "2h", "-g", "2", "-n", "5")
+    assert len(d["records"]) == 5 and d["total"] > 5
+    assert {r["gpu"] for r in d["records"]} == {2}
+    last = d["records"][-1]
+    assert set(last) >= {"start", "end", "gpu", "period_s", "samples", "covered_s", "util_avg", "mem_peak_mib",
+                         "blind_s", "uses"}
+    rec = bk.data("u", "samples", "--since", iso(TODAY + 10 * H), "--until", iso(TODAY + 10 * H + 60), "-g", "2")
+    assert rec["records"][0]["uses"] == [{"uid": BOB.uid, "reservation": None, "mode": None, "booked_s": 0,
+                                          "active_s": 0, "unreserved_s": 60, "sm_avg": 10.0, "sm_n": 6,
+                                          "mem_peak_mib": 700}]
+    assert "UID@BOOKING" in bk.ok("u", "samples", "-g", "0").out
+
+
+def test_events(bk):
+    rid, _ = history(bk)
+    d = bk.data("u", "events", "--since", "2d")
+    kinds = [(e["kind"], e["user"], e["gpu"], e["start"], e["end"]) for e in d["events"]]
+    assert ("unreserved", "bob", 2, iso(TODAY + 10 * H), iso(TODAY + 10 * H + 1800)) in kinds
+    assert ("idle-booking", "ada", 0, iso(TODAY + 9 * H + 40 * 60), iso(TODAY + 10 * H + 30 * 60)) in kinds
+    assert bk.data("u", "events", "--since", "2d", "--idle", "2h")["events"] == \
+        [e for e in d["events"] if e["kind"] == "unreserved"]
+    assert "idle-booking" in bk.ok("u", "events", "--since", "2d").out
+
+
+def test_verify_and_tampering(bk):
+    history(bk)
+    usage = os.path.join(str(bk.data_dir), "usage")
+    UsageStore(usage).maintain(NOW)                            # yesterday is sealed
+    d = bk.data("u", "verify")
+    assert d["ok"] is True and {p["state"] for p in d["partitions"]} == {"ok", "unsealed"}
+    day = [p["day"] for p in d["partitions"] if p["state"] == "ok"][0]
+    path = os.path.join(usage, "raw", f"{day}.jsonl")
+    data = open(path, "rb").read().replace(b'"active_s":60', b'"active_s":59', 1)
+    open(path, "wb").write(data)
+    r = bk.json("u", "verify")
+    assert r.code == 1 and not r.data["ok"]
+    assert "tampered" in bk("u", "verify").out
+
+
+# ------------------------------------------------------------ the built archive
+
+@pytest.fixture
+def run(pyz, tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BK_", "XDG_"))}
+    env.update(BK_DATA_DIR=str(tmp_path / "data"), BK_GPU_COUNT="4", BK_NOW=NOW_ISO, TZ="UTC",
+               HOME=str(tmp_path), COLUMNS="100", NO_COLOR="1")
+
+    def bk(*argv: str, code: int = 0, **more) -> subprocess.CompletedProcess:
+        p = subprocess.run([sys.executable, str(pyz), *argv], env={**env, **more}, capture_output=True,
+                           stdin=subprocess.DEVNULL, text=True, timeout=60)
+        assert p.returncode == code, (argv, p.returncode, p.stdout, p.stderr)
+        assert "Traceback" not in p.stderr
+        return p
+    bk.data_dir = tmp_path / "data"
+    return bk
+
+
+def test_pyz_fresh_data_dir(run):
+    r = run("u")
+    assert "no usage recorded yet" in r.stdout and "bk m" in r.stdout
+    env = json.loads(run("u", "users", "--since", "30d", "--json").stdout)
+    assert env["ok"] and env["command"] == "usage users" and env["data"]["users"] == []
+    assert "bk u users --since 30d" in run("help", "u").stdout
+
+
+def test_pyz_chart_is_ascii_without_utf8(run):
+    os.makedirs(run.data_dir, mode=0o700)
+    recs = []
+    folder = Folder(60, 30)
+    from bk.core.models import Reservation
+
+    r = Reservation("a" * 36, os.getuid(), "me", "shared", (0,), 1, TODAY + 8 * H, TODAY + 10 * H, TODAY)
+    for t in range(TODAY + 8 * H, TODAY + 10 * H, 30):
+        procs = [GpuProcess(1, 100, 50, os.getuid())] if t < TODAY + 9 * H else []
+        recs += folder.add(t, Snapshot(t, "sim", (GpuInfo(0, "g", "sim", 1000, 0, 0, None, procs),)), None, [r])
+    UsageStore(str(run.data_dir / "usage")).append(recs + folder.flush(), now=NOW)
+    utf8 = run("u", PYTHONIOENCODING="utf-8").stdout
+    ascii_ = run("u", PYTHONIOENCODING="ascii").stdout
+    assert "█" in utf8 and "░" in utf8
+    assert "#" in ascii_ and "=" in ascii_ and all(ord(c) < 128 for c in ascii_)
+    assert "today     booked 2.0h, active 1.0h, idle 50% of it" in ascii_

@@ -55,7 +55,7 @@ def register(sub) -> None:
                                  "  bk u samples --since 2h --json",
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     _span_flags(samples, "1h")
-    samples.add_argument("-g", "--gpus", metavar="LIST", help="only these GPUs (0,2 or 0-3)")
+    samples.add_argument("-g", "--gpu", metavar="LIST", help="only these GPUs, e.g. 0,2 or 0-3")
     samples.add_argument("-n", "--limit", type=common.positive_int, default=60, metavar="N",
                          help="at most the last N records (default 60)")
     samples.set_defaults(handler=run_samples, command="usage samples")
@@ -239,7 +239,7 @@ def run_users(args, ctx) -> Output:
 def run_samples(args, ctx) -> Output:
     app, call = ctx.app(), ctx.call()
     since, until = _span(args, call)
-    gpus = common.parse_gpu_list(args.gpus, "-g") if args.gpus else None
+    gpus = common.parse_gpu_list(args.gpu, "-g") if args.gpu else None
     rep = views.samples(app, call=call, since=since, until=until, gpus=gpus, limit=args.limit)
     tz, now = call.tz, call.now
 

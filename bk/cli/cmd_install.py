@@ -418,7 +418,9 @@ def run_login_hook(args, ctx) -> Output:
     options = install.Options(root=args.root, login_hook=args.hook_action == "install",
                               command_link=_has_link(layout))
     plan = install.plan(options, ctx.env)
-    plan.actions = [a for a in plan.actions if a.role == "login-hook"]
+    # Only the hook (and the directory it needs); the rest is left to a reconcile.
+    plan.actions = [a for a in plan.actions if a.role == "login-hook"
+                    or a.op == "mkdir" and layout.hook.startswith(a.path + "/")]
     if args.dry_run:
         result = install.dry_run(plan)
         return Output(f"admin login-hook {args.hook_action}", result.to_json(),

@@ -268,7 +268,7 @@ class Heartbeat:
                 "age_s": self.age_s, "detail": self.detail, "samples": self.samples}
 
 
-ABSENT_HEARTBEAT = Heartbeat(ABSENT, detail="no monitor has run here (bk m)")
+ABSENT_HEARTBEAT = Heartbeat(ABSENT, detail="no monitor has run here")
 
 
 def heartbeat_doc(*, status: str, pid: int, started_at: int, updated_at: int, interval_s: float,

@@ -245,13 +245,13 @@ out["later_name"] = [b.name, b.simulated]
 
 def test_open_backend_chooses_nvml_only_with_a_driver(libdir, proc_root, tmp_path):
     out = run(libdir, f"""
-b = open_backend({{}}, proc_root={str(proc_root)!r})
+b = open_backend({{"PATH": {str(tmp_path)!r}}}, proc_root={str(proc_root)!r})
 out["type"] = type(b).__name__
 out["fp"] = b.fingerprint()
 out["pynvml_before"] = "pynvml" in sys.modules
 out["inits_before"] = inits()
 out["src"] = b.inventory().source
-none = open_backend({{}}, proc_root={str(tmp_path / "nothing")!r})
+none = open_backend({{"PATH": {str(tmp_path)!r}}}, proc_root={str(tmp_path / "nothing")!r})
 out["none"] = [none.name, none.reason]
 out["count"] = open_backend({{"BK_GPU_COUNT": "2"}}, proc_root={str(proc_root)!r}).name
 """)
@@ -267,4 +267,25 @@ def test_fingerprint_none_without_driver(tmp_path):
     from bk.gpu.nvml import NvmlBackend
 
     assert NvmlBackend(proc_root=str(tmp_path)).fingerprint() is None
-    assert open_backend({}, proc_root=str(tmp_path)).name == "sim-count"
+    # no driver and no nvidia-smi on PATH
+    assert open_backend({"PATH": str(tmp_path)}, proc_root=str(tmp_path)).name == "sim-count"
+
+
+def test_processes_are_filled_from_proc(libdir, proc_root):
+    """Each NVML process gets its owner, label, start and container from
+    /proc under the backend's root; one /proc cannot read stays unknown."""
+    from test_attribution import BTIME, HEX, fake_proc
+
+    fake_proc(proc_root, 1001, uid=0, argv=("python3", "serve.py", "--key", "k"),
+              cgroup=f"0::/system.slice/docker-{HEX}.scope\n", start_ticks=100 * os.sysconf("SC_CLK_TCK"))
+    fake_proc(proc_root, 1003, uid=os.getuid(), argv=("Xorg", ":0"), comm="Xorg")
+    out = run(libdir, f"""
+b = NvmlBackend(proc_root={str(proc_root)!r})
+s = b.snapshot(7)
+out["procs"] = [[p.pid, p.uid, p.label, p.since, p.container] for p in s.gpus[0].processes]
+out["caps"] = list(s.capabilities)
+""")
+    assert out["procs"] == [[1001, 0, "python3 serve.py", BTIME + 100, "docker:3f2a9c1b12ab"],
+                            [1002, None, None, None, None],
+                            [1003, os.getuid(), "Xorg", BTIME + 500, None]]
+    assert "processes" in out["caps"] and "process_owner" in out["caps"]

@@ -147,7 +147,7 @@ class NvmlBackend(Backend):
                     return self._unknown(now)
                 snap = self._fallback.snapshot(now)
                 self._mirror()
-                if snap.reason is None and self.reason is not None:
+                if snap.reason != self.reason:     # say why NVML is not the source, too
                     snap = Snapshot(snap.taken_at, snap.source, snap.gpus, snap.gaps, snap.simulated,
                                     self.reason, snap.capabilities)
                 return snap

@@ -8,12 +8,12 @@ import os
 from pathlib import Path
 
 import pytest
+from helpers_cli import ME
 
 from bk.core.models import GpuInfo, GpuProcess, Reservation
 from bk.core.telemetry import Inventory, Snapshot
 from bk.monitor import daemon
 from bk.store import snapshot as sf
-from tests.helpers_cli import ME
 
 T = 1_800_000_000
 

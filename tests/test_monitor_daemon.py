@@ -13,9 +13,10 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers_broker import SYSTEM_PYTHON, make_base, needs_root, poll
+from helpers_broker import site as shared_site
 
 from bk.store import snapshot as sf
-from tests.helpers_broker import make_base, poll
 
 SIM = {"gpus": [
     {"name": "H100", "mem_total_mib": 81559, "mem_used_mib": 4096, "util": 37,
@@ -163,3 +164,50 @@ def test_the_wrong_account_on_a_shared_server_is_refused(pyz, tmp_path):
         assert not (base / "data").exists()
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+@needs_root
+@pytest.mark.root
+def test_shared_server_monitor_as_the_service_account_feeds_every_user():
+    """A real shared server: the monitor runs as the service account, a user
+    books through the broker, and another user's bk st reads the monitor's
+    snapshot (their process attributed to the booking) and its heartbeat."""
+    with shared_site() as s:
+        ada, bob = s.accounts.user(), s.accounts.user()
+        assert s.init().returncode == 0
+        s.start_broker()
+        sim = s.base / "sim.json"
+        sim.write_text(json.dumps({"gpus": [
+            {"name": "H100", "mem_total_mib": 81559, "util": 50, "processes": [
+                {"pid": 4242, "uid": ada.uid, "user": ada.name, "label": "python", "mem_mib": 4000}]},
+            *({"name": "H100", "mem_total_mib": 81559, "util": 0, "processes": []} for _ in range(3))]}))
+        os.chmod(sim, 0o644)
+
+        def env(account):
+            return {**s.env(account), "BK_GPU_SIM_FILE": str(sim)}
+
+        rc, booked = s.run_json(ada, "1", "1h", "-g", "0", env=env(ada))
+        assert rc == 0, booked
+        # Anyone but the monitor account is refused (77) before touching anything.
+        r = s.run(bob, "m", env=env(bob))
+        assert r.returncode == 77 and "monitor account" in r.stderr, r
+        mon = subprocess.Popen([SYSTEM_PYTHON, str(s.pyz), "m", "--interval", "0.5"], env=env(s.service),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=s.base,
+                               **s.popen_args(s.service))
+        try:
+            def running():
+                if mon.poll() is not None:
+                    raise AssertionError(f"bk m exited with {mon.returncode}: {mon.stderr.read()}")
+                rc, st = s.run_json(bob, "st", "-v", env=env(bob))
+                return st if rc == 0 and st["data"]["monitor"]["state"] == "running" else None
+            st = poll(running, 60, "bob's bk st to see the running monitor")["data"]
+            assert st["monitor"]["pid"] == mon.pid
+            proc = st["gpus"][0]["processes"][0]
+            assert (proc["pid"], proc["state"]) == (4242, "ok")
+            snapfile = s.data / "monitor" / sf.SNAPSHOT_FILE
+            assert snapfile.stat().st_uid == s.service.uid and (snapfile.stat().st_mode & 0o777) == 0o644
+        finally:
+            mon.send_signal(signal.SIGTERM)
+            assert mon.wait(30) == 0
+        rc, st = s.run_json(bob, "m", "status", env=env(bob))
+        assert rc == 0 and st["data"]["state"] == "stopped"

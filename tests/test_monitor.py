@@ -328,3 +328,15 @@ def test_once_writes_nothing(private, monkeypatch, capsys):
     assert "4242" in text and "unreserved" in text and "H100" in text
     assert cli_app.run(["m", "status", "--json"], env) == 0
     assert json.loads(capsys.readouterr().out)["data"]["state"] == "absent"
+
+
+def test_a_bug_in_a_step_is_recorded_and_the_next_step_runs(tmp_path):
+    m, clock = make(tmp_path)
+    real = m.ledger
+    m.ledger = lambda: 1 / 0                   # not a BkError: a surprise
+    assert m.safe_step() is None
+    hb = state(m, clock.t)
+    assert hb.state == "degraded" and "ZeroDivisionError" in hb.detail
+    m.ledger = real
+    clock.t += 2
+    assert m.safe_step() is not None and state(m, clock.t).state == "running"

@@ -226,6 +226,18 @@ class Monitor:
             self._said = s.detail
         return s
 
+    def safe_step(self) -> Sample | None:
+        """``step`` for the daemon: a surprise (a bug) is logged and recorded
+        as ``degraded``, and the next tick tries again; it never ends the loop."""
+        try:
+            return self.step()
+        except Exception as e:
+            detail = f"a sample failed (a bug): {type(e).__name__}: {e}"
+            self.log(detail)
+            self._said = detail
+            self._heartbeat(files.DEGRADED, detail, self.clock())
+            return None
+
     def _fingerprint(self) -> str | None:
         try:
             return self.backend.fingerprint()
@@ -375,7 +387,7 @@ def run(env: dict, *, interval_s: float = DEFAULT_INTERVAL, log: Callable[[str],
             f"into {directory}")
         due = monotonic()
         while not stopping:
-            monitor.step()
+            monitor.safe_step()
             due += interval_s
             now = monotonic()
             if now > due:                  # a slow look: skip the ticks it missed

@@ -155,12 +155,13 @@ def test_chain_without_pynvml_takes_nvidia_smi(smi, tmp_path, monkeypatch):
     s = b.snapshot(0)
     assert s.source == "nvidia-smi" and s.reason == "pynvml is not installed"
     assert b.fingerprint().startswith("smi:")
-    # No driver loaded, but the tool is there: it is asked, with no reason to give.
+    # No driver loaded: the tool cannot answer, so it is not even run.
     b = open_backend({"PATH": smi.bin}, proc_root=str(tmp_path / "none"))
-    assert isinstance(b, SmiBackend) and b.reason is None
-    # Neither: the simulation, with its reason.
-    b = open_backend({"PATH": str(tmp_path / "empty")}, proc_root=str(tmp_path / "none"))
-    assert b.name == "sim-count" and b.reason
+    assert b.name == "sim-count" and b.reason == "no GPU backend available; simulating"
+    assert not smi.argv_log.exists() or len(smi.argv_log.read_text().splitlines()) == 1
+    # A driver, but neither pynvml nor the tool: the simulation says why.
+    b = open_backend({"PATH": str(tmp_path / "empty")}, proc_root=str(proc))
+    assert b.name == "sim-count" and "pynvml is not installed and nvidia-smi is not on PATH" in b.reason
 
 
 def test_chain_nvml_that_does_not_answer_falls_back_to_nvidia_smi(smi, tmp_path, monkeypatch):
@@ -184,3 +185,6 @@ def test_chain_nvml_that_does_not_answer_falls_back_to_nvidia_smi(smi, tmp_path,
     b = open_backend({"PATH": smi.bin}, proc_root=str(proc))
     s = b.snapshot(0)
     assert s.simulated and s.reason.startswith(NO_DRIVER + "; nvidia-smi did not answer")
+    # Without nvidia-smi on PATH: the simulation, with NVML's reason alone.
+    s = open_backend({"PATH": str(tmp_path / "empty")}, proc_root=str(proc)).snapshot(0)
+    assert s.simulated and s.reason == NO_DRIVER

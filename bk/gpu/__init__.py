@@ -18,7 +18,8 @@ Choice of backend (``open_backend``):
      is imported or initialised until the first question, and when NVML does
      not answer then, that backend stands in for the next one with the
      reason "no NVML driver answered";
-  4. ``nvidia-smi`` (``bk.gpu.smi``), when it is on PATH: device readings
+  4. ``nvidia-smi`` (``bk.gpu.smi``), when the driver is loaded and the
+     tool is on PATH (after NVML failed, or without pynvml): device readings
      without a process list (the gap "processes"); when it does not answer
      either, it stands in for the simulation below, with the reason;
   5. a simulation of ``fallback_count`` GPUs, reported as such.
@@ -75,25 +76,30 @@ def open_backend(env: dict, fallback_count: int | None = None, *, proc_root: str
                               hint="export BK_GPU_COUNT=4")
         return sim.CountBackend(n)
     n = fallback_count or 4
-    smi = _smi_path(env)
-    driver = _driver_loaded(proc_root)
-    if driver and _pynvml_installed():
-        from bk.gpu.nvml import NvmlBackend
+    # Without the kernel driver neither NVML nor nvidia-smi can answer, and
+    # a machine without one is told so by one stat, not by running a tool.
+    if not _driver_loaded(proc_root):
+        return sim.CountBackend(n, reason="no GPU backend available; simulating")
+    if _pynvml_installed():
+        from bk.gpu.nvml import NO_DRIVER, NvmlBackend
 
-        if smi is None:
-            return NvmlBackend(n, proc_root=proc_root)
-
-        def after_nvml():
+        def after_nvml() -> Backend:
+            """NVML did not answer: nvidia-smi if it is on PATH (looked up
+            only now), else the simulation."""
+            smi = _smi_path(env)
+            if smi is None:
+                return sim.CountBackend(n, reason=NO_DRIVER)
             from bk.gpu.smi import SmiBackend
 
             return SmiBackend(n, exe=smi, proc_root=proc_root)
         return NvmlBackend(n, proc_root=proc_root, fallback=after_nvml)
+    smi = _smi_path(env)
     if smi is not None:
         from bk.gpu.smi import SmiBackend
 
-        why = "pynvml is not installed" if driver else None
-        return SmiBackend(n, exe=smi, proc_root=proc_root, reason=why)
-    return sim.CountBackend(n, reason="no GPU backend available; simulating")
+        return SmiBackend(n, exe=smi, proc_root=proc_root, reason="pynvml is not installed")
+    return sim.CountBackend(n, reason="the NVIDIA driver is loaded, but pynvml is not installed "
+                                      "and nvidia-smi is not on PATH; simulating")
 
 
 def _smi_path(env: dict) -> str | None:

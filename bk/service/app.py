@@ -90,6 +90,7 @@ def make_store(settings, *, clock_fn: Callable[[], int], owner_uid: int | None, 
                  lock_timeout=settings["lock_timeout_seconds"], backup_keep=settings["backup_keep"],
                  retention_days=settings["ledger_retention_days"],
                  archive_after_hours=settings["archive_after_hours"],
+                 audit_retention_days=settings["audit_retention_days"],
                  owner_uid=owner_uid if owner_uid is not None else settings["service_uid"],
                  clock=clock_fn, capacity=capacity)
 

@@ -59,6 +59,8 @@ KEYS: dict[str, Key] = {k.name: k for k in (
         "up into hourly records.", 1, 3650),
     Key("usage_retention_days", "int", 400, "Usage history older than this many days is deleted.",
         1, 36500),
+    Key("audit_retention_days", "int", 400, "Sealed audit log segments are kept this long after their "
+        "newest record, then deleted.", 1, 36500),
     Key("backup_keep", "int", 10, "Rotated ledger backups to keep.", 0, 1000),
     Key("lock_timeout_seconds", "float", 10.0, "Longest wait for the ledger lock before 'busy'.", 0.1, 600),
     Key("worker_termination_grace_seconds", "int", 5, "A scheduled command gets SIGTERM this many "

@@ -26,6 +26,10 @@ are those of the ``BK_TEST_CRASH_AT`` test hook):
 11. ``backup_written``  a copy in backups/ (not synced: a torn backup fails
                  validation and the next older one is used); rotate.
 
+After step 10, a log past its segment size is rotated (``audit.rotate``:
+older commits sealed into audit.d/, ``segment_written`` the test step);
+a failure there is a warning, never an undone commit.
+
 A crash before 8 leaves the old ledger (and maybe a stale temp file, removed
 by the next writer); at or after 8 the new one.  The audit log never holds
 a record of a commit that is not in the ledger, because records reach the
@@ -80,6 +84,10 @@ CRASH_ENV = "BK_TEST_CRASH_AT"
 STEPS = ("locked", "read", "repaired", "applied", "archived", "audit_synced", "tmp_partial",
          "tmp_written", "tmp_synced", "replaced", "dir_synced", "audit_partial",
          "audit_appended", "backup_written")
+# Reached only when the audit log is rotated (tests set a small segment size).
+ROTATION_STEPS = ("segment_written",)
+AUDIT_SEGMENT_BYTES = 8 << 20
+SEGMENT_ENV = "BK_TEST_AUDIT_SEGMENT_BYTES"     # tests only: a small segment size
 
 
 @dataclass(frozen=True)
@@ -161,7 +169,8 @@ class Store:
                  owner_uid: int | None = None, clock: Callable[[], int] = _now,
                  monotonic: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep, capacity: int | None = None,
-                 min_free_bytes: int = 1 << 20):
+                 min_free_bytes: int = 1 << 20, audit_retention_days: int = 400,
+                 audit_segment_bytes: int | None = None):
         data_dir = os.path.abspath(data_dir)
         j = os.path.join
         self.paths = StorePaths(data_dir, j(data_dir, LEDGER), j(data_dir, LOCK),
@@ -174,6 +183,8 @@ class Store:
         self.archive_after = archive_after_hours * 3600
         self.clock, self.monotonic, self.sleep = clock, monotonic, sleep
         self.capacity, self.min_free = capacity, min_free_bytes
+        self.audit_retention = audit_retention_days * 86400
+        self.audit_segment_bytes = audit_segment_bytes or int(os.environ.get(SEGMENT_ENV) or AUDIT_SEGMENT_BYTES)
         self._tlock = threading.Lock()
         self._active: int | None = None
         self._valid: bytes | None = None       # the last ledger bytes known to validate
@@ -417,8 +428,10 @@ class Store:
                 self._step("audit_synced")
                 self._replace(dirfd, data)
                 self._valid = data
+                start = os.fstat(afd).st_size
                 self._append_audit(afd, lines, state.seq, warnings)
                 self._step("audit_appended")
+                self._rotate_audit(dirfd, afd, start, now, warnings)
                 if bfd is not None:
                     self._backup(bfd, state.seq, data, warnings)
                 self._step("backup_written")
@@ -517,6 +530,32 @@ class Store:
             warnings.append(f"commit {seq} is saved, but its audit records could not be appended "
                             f"to {self.paths.audit} ({e.strerror}); the next write adds them")
 
+    def _rotate_audit(self, dirfd: int, afd: int, start: int, now: int, warnings: list[str]) -> None:
+        """Seal the older commits of a log past its segment size (see
+        ``audit.rotate``); keep sealed segments for the retention."""
+        try:
+            if os.fstat(afd).st_size < self.audit_segment_bytes:
+                return
+            spath = os.path.join(self.paths.data_dir, audit.SEGMENTS)
+            sfd = open_subdir(dirfd, audit.SEGMENTS, spath, self.safety,
+                              create_mode=0o700 if self.private else 0o750)
+            try:
+                def seal_and_write(name: str, data: bytes, seal: bytes) -> None:
+                    replace_file(sfd, name + audit.SEAL_SUFFIX, spath, seal, self.modes.audit)
+                    replace_file(sfd, name, spath, data, self.modes.audit)
+                    self._step("segment_written")
+
+                def replace_live(data: bytes) -> None:
+                    replace_file(dirfd, AUDIT, self.paths.data_dir, data, self.modes.audit)
+
+                audit.rotate(afd, start, seal_and_write=seal_and_write, replace_live=replace_live, sfd=sfd,
+                             cutoff=utctime.format_utc(now - self.audit_retention))
+            finally:
+                os.close(sfd)
+        except (BkError, OSError) as e:
+            warnings.append(f"the audit log {self.paths.audit} could not be rotated: "
+                            f"{getattr(e, 'message', None) or e}; the next write tries again")
+
     def _backup(self, bfd: int, seq: int, data: bytes, warnings: list[str]) -> None:
         try:
             replace_file(bfd, f"ledger-{seq:010d}.json", self.paths.backups_dir, data,
@@ -555,15 +594,60 @@ class Store:
             pending = self._journal(dirfd) if include_pending else []
             fd = open_file(dirfd, AUDIT, self.paths.audit, self.safety)
             try:
-                return audit.read_tail(fd, limit=limit, uid=uid, max_bytes=max_bytes,
+                tail = audit.read_tail(fd, limit=limit, uid=uid, max_bytes=max_bytes,
                                        pending=pending, path=self.paths.audit)
             except OSError as e:
                 raise io_error(e, "reading", self.paths.audit) from None
             finally:
                 if fd is not None:
                     os.close(fd)
+            if len(tail.entries) < limit and tail.complete:
+                tail = self._segments_tail(dirfd, tail, limit, uid, max_bytes)
+            return tail
         finally:
             os.close(dirfd)
+
+    def _segments_tail(self, dirfd: int, tail: audit.AuditTail, limit: int, uid: int | None,
+                       max_bytes: int) -> audit.AuditTail:
+        """Older records from the sealed segments, newest segment first,
+        until ``limit`` records are found (``bk lg`` and ``bk history``
+        read across rotations)."""
+        spath = os.path.join(self.paths.data_dir, audit.SEGMENTS)
+        sfd = open_subdir(dirfd, audit.SEGMENTS, spath, self.safety)
+        if sfd is None:
+            return tail
+        try:
+            for name in audit.segment_names(sfd):
+                if len(tail.entries) >= limit or not tail.complete:
+                    break
+                path = os.path.join(spath, name)
+                fd = open_file(sfd, name, path, self.safety)
+                if fd is None:
+                    continue
+                try:
+                    older = audit.read_tail(fd, limit=limit - len(tail.entries), uid=uid,
+                                            max_bytes=max_bytes, path=path)
+                except OSError as e:
+                    raise io_error(e, "reading", path) from None
+                finally:
+                    os.close(fd)
+                tail = audit.merge_tails(tail, older, limit)
+        finally:
+            os.close(sfd)
+        return tail
+
+    def audit_segments(self) -> list[tuple[str, str | None]]:
+        """Each sealed segment, newest first, with what is wrong with it (None: its seal matches)."""
+        def scan(dirfd):
+            spath = os.path.join(self.paths.data_dir, audit.SEGMENTS)
+            sfd = open_subdir(dirfd, audit.SEGMENTS, spath, self.safety)
+            if sfd is None:
+                return []
+            try:
+                return [(n, audit.verify_segment(sfd, n)) for n in audit.segment_names(sfd)]
+            finally:
+                os.close(sfd)
+        return self._in_dir(scan, [])
 
     def _journal(self, dirfd: int) -> list[dict]:
         data = self._read(dirfd, LEDGER, self.paths.ledger)
@@ -677,7 +761,12 @@ class Store:
         torn_only = all("incomplete" in p for p in tail.problems)
         start = self._audit_start()
         problems = list(tail.problems[:3]) + ([start] if start else [])
-        return torn_only and not start, "; ".join([agree] + problems)
+        segments = self.audit_segments()
+        bad = [why for _n, why in segments if why]
+        if segments:
+            problems.append(f"{len(segments)} sealed segment{'s' if len(segments) != 1 else ''} in "
+                            f"{audit.SEGMENTS}/" + (": " + "; ".join(bad[:3]) if bad else ", every seal matches"))
+        return torn_only and not start and not bad, "; ".join([agree] + problems)
 
     def _audit_start(self) -> str | None:
         """The log must start at commit 1 (or where retention trimmed it, at a
@@ -785,8 +874,8 @@ def _crash_point(spec: str | None) -> tuple[str, int] | None:
     if not spec:
         return None
     step, _, count = spec.partition(":")
-    if step not in STEPS:
-        raise ConfigError(f"{CRASH_ENV}={spec!r}: unknown step; steps: {', '.join(STEPS)}")
+    if step not in STEPS + ROTATION_STEPS:
+        raise ConfigError(f"{CRASH_ENV}={spec!r}: unknown step; steps: {', '.join(STEPS + ROTATION_STEPS)}")
     return step, int(count or 1)
 
 

@@ -83,7 +83,7 @@ def apply_job_state(state, req, call):
     old = res.job.status
     if req.retry:
         if req.status != J.PENDING or old not in J.RETRYABLE:
-            raise InvalidInput(f"the job of {res.short_id} is {old}; only a job that ended "
+            raise InvalidInput(f"the job of {res.short_id} has state {old}; only a job that ended "
                                f"({', '.join(sorted(J.RETRYABLE))}) can be retried")
         if not res.is_live(call.now):
             raise InvalidInput(f"the booking {res.short_id} has {res.status(call.now)}; a job runs only "

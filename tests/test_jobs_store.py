@@ -1,0 +1,108 @@
+"""Private job specs and job logs on a real file system (bk.jobs.specs,
+bk.jobs.logs): created exclusively and 0600, refused when changed, bounded."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+
+from bk.core.errors import ConfigError, IOFailure, NotFound
+from bk.jobs import logs, specs
+
+JID = "0123456789abcdef" * 2
+
+
+@pytest.fixture
+def jobs(tmp_path):
+    return str(tmp_path / "state" / "jobs")
+
+
+def test_a_spec_is_private_and_bound_by_its_digest(jobs):
+    digest = specs.write_spec(jobs, JID, ["python3", "train.py", "--key", "hunter2"], "/tmp", "/usr/bin", 5)
+    path = os.path.join(jobs, "specs", f"{JID}.json")
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(os.path.join(jobs, "specs")).st_mode) == 0o700
+    spec = specs.read_spec(jobs, JID, digest)
+    assert spec.argv == ("python3", "train.py", "--key", "hunter2") and spec.cwd == "/tmp"
+    assert spec.path == "/usr/bin"
+
+
+def test_a_spec_is_never_overwritten(jobs):
+    specs.write_spec(jobs, JID, ["true"], "/", None, 5)
+    with pytest.raises(IOFailure):
+        specs.write_spec(jobs, JID, ["evil"], "/", None, 5)
+
+
+def test_a_planted_link_is_not_followed(jobs, tmp_path):
+    specs.write_spec(jobs, "f" * 32, ["true"], "/", None, 5)        # makes the directories
+    target = tmp_path / "victim"
+    target.write_text("keep")
+    os.symlink(target, os.path.join(jobs, "specs", f"{JID}.json"))
+    with pytest.raises(IOFailure):
+        specs.write_spec(jobs, JID, ["true"], "/", None, 5)
+    assert target.read_text() == "keep"
+
+
+def test_a_changed_spec_is_refused(jobs):
+    digest = specs.write_spec(jobs, JID, ["true"], "/", None, 5)
+    path = os.path.join(jobs, "specs", f"{JID}.json")
+    with open(path, "r+b") as f:
+        f.write(f.read().replace(b'"true"', b'"rm -rf"'))
+    with pytest.raises(IOFailure, match="changed after the booking"):
+        specs.read_spec(jobs, JID, digest)
+    os.chmod(path, 0o644)
+    with pytest.raises(IOFailure, match="others may read it"):
+        specs.read_spec(jobs, JID, digest)
+    os.chmod(path, 0o666)
+    with pytest.raises(ConfigError):                                  # writable by others
+        specs.read_spec(jobs, JID, digest)
+    os.unlink(path)
+    with pytest.raises(NotFound):
+        specs.read_spec(jobs, JID, digest)
+
+
+def test_clean_keeps_live_and_young_specs(jobs):
+    a, b, c = "a" * 32, "b" * 32, "c" * 32
+    for j in (a, b, c):
+        specs.write_spec(jobs, j, ["true"], "/", None, 5)
+    old = os.stat(os.path.join(jobs, "specs", f"{a}.json")).st_mtime
+    gone = specs.clean(jobs, keep={b}, now=old + 1000, grace_s=600)
+    assert sorted(gone) == [a, c] and set(specs.listed(jobs)) == {b}
+    specs.write_spec(jobs, a, ["true"], "/", None, 5)          # young: its booking may be committing
+    young = os.stat(os.path.join(jobs, "specs", f"{a}.json")).st_mtime
+    os.utime(os.path.join(jobs, "specs", f"{b}.json"), (young - 1000, young - 1000))   # b: no longer live, old
+    assert specs.clean(jobs, keep=set(), now=young + 10, grace_s=600) == [b] and set(specs.listed(jobs)) == {a}
+
+
+def test_logs_rotate_in_two_segments(jobs):
+    fd = logs.open_for_job(jobs, JID)
+    try:
+        os.write(fd, b"a" * 100)
+        assert not logs.rotate(jobs, JID, segment=150)
+        os.write(fd, b"b" * 100)
+        assert logs.rotate(jobs, JID, segment=150)                 # 200 > 150: keep the newest 150
+        os.write(fd, b"c" * 10)                                    # O_APPEND: lands at the new start
+    finally:
+        os.close(fd)
+    data, cut = logs.read(jobs, JID, limit=None)
+    assert data == b"a" * 50 + b"b" * 100 + b"c" * 10 and not cut
+    tail, cut = logs.read(jobs, JID, limit=20)
+    assert tail == b"b" * 10 + b"c" * 10 and cut
+    for name in os.listdir(os.path.join(jobs, "logs")):
+        assert stat.S_IMODE(os.stat(os.path.join(jobs, "logs", name)).st_mode) == 0o600
+
+
+def test_logs_are_bounded_by_age_and_total(jobs):
+    ids = ["1" * 32, "2" * 32, "3" * 32]
+    for i, j in enumerate(ids):
+        fd = logs.open_for_job(jobs, j)
+        os.write(fd, b"x" * 1000)
+        os.close(fd)
+        os.utime(os.path.join(jobs, "logs", f"{j}.log"), (1000 + i * 100, 1000 + i * 100))
+    # the oldest is past the age limit; the running one is never removed
+    assert logs.clean(jobs, running={ids[0]}, now=1000 + 50 + 10_000, max_age_s=10_000) == []
+    assert logs.clean(jobs, running=set(), now=1000 + 10_050, max_age_s=10_000) == [ids[0]]
+    assert logs.clean(jobs, running=set(), now=1300, total_bytes=1500) == [ids[1]]
+    assert set(logs.sizes(jobs)) == {ids[2]}

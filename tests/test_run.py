@@ -1,0 +1,190 @@
+"""``bk run``, ``bk N DUR -- CMD``, ``bk j`` and ``bk w`` as a user types
+them: real processes (the built bk.pyz, or ``python -m bk``), a pseudo-
+terminal for ``bk run -- CMD``, and a second real user for privacy."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers_broker import Accounts, needs_root
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def env(tmp_path):
+    cfg = tmp_path / "cfg" / "bk"
+    cfg.mkdir(parents=True)
+    (cfg / "config.json").write_text(json.dumps({"slot_minutes": 1, "worker_termination_grace_seconds": 2}))
+    return {"BK_DATA_DIR": str(tmp_path / "data"), "BK_GPU_COUNT": "4", "HOME": str(tmp_path),
+            "XDG_CONFIG_HOME": str(tmp_path / "cfg"), "XDG_CACHE_HOME": str(tmp_path / "cache"),
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "TZ": "UTC", "PYTHONPATH": str(ROOT)}
+
+
+def bk(env, *argv, code=0, cwd=None, **extra):
+    p = subprocess.run([sys.executable, "-m", "bk", *argv], env={**env, **extra}, capture_output=True,
+                       text=True, stdin=subprocess.DEVNULL, timeout=60, cwd=cwd or env["HOME"])
+    assert p.returncode == code, (argv, p.returncode, p.stdout, p.stderr)
+    return p
+
+
+def test_the_before_stop_check_through_the_archive(pyz, tmp_path):
+    env = {"BK_DATA_DIR": str(tmp_path / "d"), "BK_GPU_COUNT": "4", "HOME": str(tmp_path),
+           "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "XDG_CONFIG_HOME": str(tmp_path / "c")}
+    for argv in (["1", "30m"], ["2", "1h30m", "12g"], ["x", "1", "2h"], ["run", "--", "true"]):
+        p = subprocess.run([sys.executable, str(pyz), *argv], env=env, capture_output=True, text=True,
+                           stdin=subprocess.DEVNULL, timeout=60)
+        assert p.returncode == 0, (argv, p.stdout, p.stderr)
+    assert "running on booking 1" in p.stderr            # several active: it says which
+    p = subprocess.run([sys.executable, str(pyz), "run", "-r", "3", "--json", "--", "sh", "-c",
+                        "echo $CUDA_VISIBLE_DEVICES $BK_RESERVED_GPUS >&2; exit 7"], env=env,
+                       capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60)
+    assert p.returncode == 7 and p.stderr.strip() == "3 3"
+    doc = json.loads(p.stdout)
+    assert doc["ok"] and doc["data"]["exit_code"] == 7 and doc["data"]["reservation"]["gpus"] == [3]
+
+
+def test_run_with_no_active_booking_says_how_to_book(env):
+    p = bk(env, "run", "--", "true", code=4)
+    assert "no active booking" in p.stderr and "bk run 1 1h -- CMD" in p.stderr
+    doc = json.loads(bk(env, "--json", "run", code=4).stdout)
+    assert doc["error"]["code"] == "not_found"
+
+
+def test_run_alone_shows_the_gpus_and_environment(env):
+    bk(env, "1", "30m", "-g", "2")
+    doc = json.loads(bk(env, "run", "--json").stdout)["data"]
+    assert doc["env"]["CUDA_VISIBLE_DEVICES"] == "2" and doc["env"]["BK_RESERVED_GPUS"] == "2"
+    assert doc["env"]["BK_RESERVATION_ID"] == doc["reservation"]["id"]
+    assert "CUDA_DEVICE_ORDER=PCI_BUS_ID" in bk(env, "run").stdout
+
+
+def test_run_stops_the_command_when_the_booking_ends(env):
+    now = int(time.time())
+    fixed = str(now - now % 60 + 57)                    # 3 s before the one-minute booking ends
+    bk(env, "1", "1m", BK_NOW=fixed)
+    started = time.monotonic()
+    p = bk(env, "run", "--", "sleep", "30", code=124, BK_NOW=fixed)
+    assert time.monotonic() - started < 20               # TERM after 1 s (grace 2 s), not 30 s
+    assert "ended" in p.stderr and "124" in p.stderr
+
+
+def test_run_keeps_the_terminal_and_forwards_ctrl_c(env):
+    bk(env, "1", "30m")
+    child = ("import os, sys; print('tty', os.isatty(0), os.isatty(1), os.getpgrp() == os.tcgetpgrp(0), "
+             "flush=True); input()")
+    pid, fd = pty.fork()
+    if pid == 0:                                          # the child: bk on the pseudo-terminal
+        try:
+            os.chdir(env["HOME"])
+            os.execve(sys.executable, [sys.executable, "-m", "bk", "run", "--", sys.executable, "-c", child],
+                      env)
+        finally:
+            os._exit(99)
+    out = b""
+    try:
+        deadline = time.monotonic() + 20
+        while b"tty" not in out or not out.rstrip().endswith(b"True"):
+            assert time.monotonic() < deadline, out
+            out += os.read(fd, 1024)
+        assert b"tty True True True" in out              # stdin and stdout are the terminal, in the foreground
+        os.write(fd, b"\x03")                              # Ctrl-C, as typed
+        while True:
+            try:
+                chunk = os.read(fd, 1024)
+            except OSError:
+                break
+            if not chunk:
+                break
+            out += chunk
+        _, status = os.waitpid(pid, 0)
+    finally:
+        os.close(fd)
+    assert os.waitstatus_to_exitcode(status) == 130, out
+    assert b"KeyboardInterrupt" in out
+
+
+def test_booking_with_a_command_warns_without_a_worker_and_lists_the_job(env, tmp_path):
+    p = bk(env, "1", "30m", "--", "echo", "s3cr3t-token")
+    assert "no bk worker is running" in p.stderr and "loginctl enable-linger" in p.stderr
+    assert "job echo +1 arg: pending" in p.stdout
+    listed = json.loads(bk(env, "l", "--json").stdout)["data"]["reservations"]
+    assert listed[0]["job"]["status"] == "pending" and listed[0]["job"]["summary"] == "echo +1 arg"
+    assert "job of 1 [" in bk(env, "l").stdout
+    assert json.loads(bk(env, "w", "--json").stdout)["data"]["worker"]["state"] == "absent"
+    assert bk(env, "w", "once").returncode == 0
+    jobs = json.loads(bk(env, "j", "--json").stdout)["data"]["jobs"]
+    assert jobs[0]["status"] == "succeeded" and jobs[0]["exit_code"] == 0
+    log = json.loads(bk(env, "j", "log", "1", "--json").stdout)["data"]
+    assert log["log"] == "s3cr3t-token\n"
+    assert bk(env, "j", "log", "1").stdout == "s3cr3t-token\n"
+    p = bk(env, "j", "retry", "1", code=2)                 # it succeeded: nothing to retry
+    assert "succeeded" in p.stderr and "can be retried" in p.stderr
+    for name in ("ledger.json", "audit.jsonl"):
+        assert "s3cr3t" not in (tmp_path / "data" / name).read_text()
+
+
+def test_commands_after_dashes_are_never_bks(env):
+    p = bk(env, "1", "30m", "-g", "1", "--", "sh", "-c", "exit 0", "--json", "-g", "3")
+    assert "GPU (1)" in p.stdout                          # -g 3 and --json were the command's
+    assert "takes no command" in bk(env, "l", "--", "x", code=2).stderr
+    assert "needs the command after --" in bk(env, "run", "1", "30m", code=2).stderr
+
+
+def test_a_second_worker_is_turned_away(env):
+    proc = subprocess.Popen([sys.executable, "-m", "bk", "w", "start"], env=env, cwd=env["HOME"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 20
+        while json.loads(bk(env, "w", "--json").stdout)["data"]["worker"]["state"] != "running":
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
+        st = json.loads(bk(env, "w", "--json").stdout)["data"]["worker"]
+        assert st["pid"] == proc.pid and st["since"]
+        p = bk(env, "w", "start", code=75)
+        assert "already running" in p.stderr
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=20)
+    assert proc.returncode == 0
+
+
+@pytest.mark.root
+@needs_root
+def test_the_command_line_reaches_no_file_another_user_can_read(tmp_path):
+    base = tmp_path / "world"
+    base.mkdir()
+    for p in (tmp_path, base):
+        p.chmod(0o755)
+    env = {"BK_DATA_DIR": str(base / "data"), "BK_GPU_COUNT": "2", "HOME": str(base),
+           "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "XDG_CACHE_HOME": str(base / "cache")}
+    token = "tok-" + os.urandom(8).hex()
+    bk(env, "1", "30m", "--", "echo", token)
+    bk(env, "w", "once")
+    found = [p for p in base.rglob("*") if p.is_file() and token.encode() in p.read_bytes()]
+    assert found, "the spec and the log hold it"
+    for p in found:                                       # only the private spec and log, 0600 in 0700
+        assert "/state/jobs/" in str(p) and (p.stat().st_mode & 0o077) == 0, p
+    for name in ("ledger.json", "audit.jsonl"):
+        assert token not in (base / "data" / name).read_text()
+    accounts = Accounts(tmp_path)
+    try:
+        other = accounts.user()
+        probe = ("import os, sys\nhits = []\nfor d, _, names in os.walk(sys.argv[1]):\n"
+                 "    for n in names:\n        try:\n            data = open(os.path.join(d, n), 'rb').read()\n"
+                 "        except OSError:\n            continue\n"
+                 "        if sys.argv[2].encode() in data:\n            hits.append(os.path.join(d, n))\n"
+                 "print(hits)\n")
+        p = subprocess.run(["/usr/bin/python3", "-c", probe, str(base), token], user=other.uid, group=other.gid,
+                           extra_groups=[], capture_output=True, text=True, timeout=60, cwd="/")
+        assert p.returncode == 0 and p.stdout.strip() == "[]", (p.stdout, p.stderr)
+    finally:
+        accounts.cleanup()

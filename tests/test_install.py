@@ -9,67 +9,19 @@ say "nothing changed" or "exactly as before".
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
 import shutil
-import stat
 import subprocess
-import tempfile
+import sys
 from pathlib import Path
 
 import pytest
 
+from tests.helpers_install import BASE, NOBODY, PYTHON, bk, install, owner_mode, staging_root, tree  # noqa: F401
+
 pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="needs root"), pytest.mark.root]
-NOBODY = 65534
-PYTHON = "/usr/bin/python3"
-BASE = ["--service-user", "nobody", "--gpu-count", "4", "--python", PYTHON]
-
-
-@pytest.fixture
-def root():
-    d = Path(tempfile.mkdtemp(prefix="bkinst_", dir="/tmp"))
-    os.chmod(d, 0o755)
-    accounts = (Path("/etc/passwd").read_bytes(), Path("/etc/group").read_bytes())
-    yield d
-    assert (Path("/etc/passwd").read_bytes(), Path("/etc/group").read_bytes()) == accounts
-    shutil.rmtree(d, ignore_errors=True)
-
-
-def bk(pyz: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    p = subprocess.run([PYTHON, str(pyz), *args], capture_output=True, text=True, timeout=300,
-                       env={"PATH": "/usr/bin:/bin", "HOME": "/root", "LANG": "C.UTF-8"})
-    if check:
-        assert p.returncode == 0, p.stdout + p.stderr
-    return p
-
-
-def install(pyz: Path, root: Path, *extra: str, check: bool = True):
-    p = bk(pyz, "--json", "admin", "install", "--root", str(root), "--yes", "--no-start", *BASE, *extra,
-           check=check)
-    return p.returncode, json.loads(p.stdout)
-
-
-def tree(root: Path) -> dict:
-    out = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in dirnames + filenames:
-            path = os.path.join(dirpath, name)
-            st = os.lstat(path)
-            if stat.S_ISLNK(st.st_mode):
-                what = "link:" + os.readlink(path)
-            elif stat.S_ISREG(st.st_mode):
-                what = hashlib.sha256(Path(path).read_bytes()).hexdigest()
-            else:
-                what = "dir"
-            out[os.path.relpath(path, root)] = (what, st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode))
-    return out
-
-
-def owner_mode(path: Path) -> tuple[int, int, int]:
-    st = os.lstat(path)
-    return st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)
 
 
 def test_install_lays_out_every_file_as_documented(pyz, root):
@@ -237,16 +189,68 @@ def test_an_identical_link_is_adopted_and_left_on_uninstall(pyz, root):
     assert tree(root) == before
 
 
-def test_services_status_and_uninstall_without_systemd(pyz, root):
+def test_the_seed_uninstall_sequence_with_the_installed_command(pyz, root):
+    """The README's lines, systemd absent: services uninstall, then uninstall
+    --purge-data, both run by /opt/gpubk/bin/bk, which deletes itself."""
     install(pyz, root)
-    st = json.loads(bk(pyz, "--json", "admin", "services", "status", "--root", str(root)).stdout)["data"]
-    assert st["systemd"] is False and st["status"] == "stopped"
-    assert all(st["units"].values())
-    bk(pyz, "admin", "services", "uninstall", "--root", str(root), "--yes")
+    bk_cmd = str(root / "opt/gpubk/bin/bk")
+
+    def run(*args):
+        p = subprocess.run([bk_cmd, *args, "--root", str(root)], capture_output=True, text=True, timeout=120,
+                           env={"PATH": "/usr/bin:/bin", "HOME": "/"})
+        assert p.returncode == 0, p.stdout + p.stderr
+        return p
+
+    st = json.loads(run("--json", "admin", "services", "status").stdout)["data"]
+    assert st["systemd"] is False and st["status"] == "stopped" and all(st["units"].values())
+    run("admin", "services", "uninstall", "--yes")
     assert not (root / "etc/systemd/system/gpubk-broker.service").exists()
     assert (root / "opt/gpubk/bk.pyz").exists()
-    bk(pyz, "admin", "uninstall", "--root", str(root), "--yes", "--purge-data")
+    out = json.loads(run("--json", "admin", "uninstall", "--purge-data", "--yes").stdout)
+    assert out["ok"] is True and f"{root}/opt/gpubk/bk.pyz" in out["data"]["removed"]
     assert sorted(os.listdir(root)) == []
+
+
+def test_group_access_units_and_directories(pyz, root):
+    import grp
+
+    group = grp.getgrgid(NOBODY).gr_name if NOBODY in [g.gr_gid for g in grp.getgrall()] else "nogroup"
+    gid = grp.getgrnam(group).gr_gid
+    install(pyz, root, "--access", "group", "--group", group)
+    assert owner_mode(root / "var/lib/gpubk") == (NOBODY, gid, 0o750)
+    assert owner_mode(root / "run/gpubk") == (NOBODY, gid, 0o2750)
+    for name in ("gpubk-broker.service", "gpubk-monitor.service"):
+        unit = (root / "etc/systemd/system" / name).read_text()
+        assert f"Group={gid}" in unit and "RuntimeDirectoryMode=2750" in unit
+
+
+def test_install_from_an_installed_package_builds_the_archive(root, capsys):
+    """No archive to copy (a pip install, here the checkout): the installer
+    builds one from the package, with the content hash build.py gives."""
+    import importlib.util
+    import zipfile
+
+    from bk.cli.app import run
+
+    rc = run(["--json", "admin", "install", "--root", str(root), "--yes", "--no-start", *BASE],
+             env={"PATH": "/usr/bin:/bin", "HOME": "/root"})
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0, out
+    assert out["data"]["archive_from"] == "the installed bk package"
+    spec = importlib.util.spec_from_file_location("build_for_test", Path(__file__).parent.parent / "build.py")
+    build = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = build          # dataclasses look their module up there
+    try:
+        spec.loader.exec_module(build)
+    finally:
+        del sys.modules[spec.name]
+    with zipfile.ZipFile(root / "opt/gpubk/bk.pyz") as z:
+        recorded = json.loads(z.read("bk/_build.json"))["content_sha256"]
+        names = z.namelist()
+    assert recorded == build.content_sha256(build.collect(build.ROOT))
+    assert "bk/resources/install/gpubk-broker.service" in names and "bk/resources/man/bk.1" in names
+    p = subprocess.run([str(root / "opt/gpubk/bin/bk"), "--version"], capture_output=True, text=True)
+    assert p.returncode == 0 and p.stdout.startswith("bk ")
 
 
 def test_uninstall_refuses_while_the_broker_runs(pyz, root):

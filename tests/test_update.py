@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_install import PYTHON, bk, install, root  # noqa: F401 - the fixture
+from tests.helpers_install import bk, install, staging_root  # noqa: F401 - the root fixture
 
 pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="needs root"), pytest.mark.root]
 

@@ -796,7 +796,13 @@ def uninstall(up: UninstallPlan, *, euid: int | None = None) -> list[Removal]:
         holders.add(d)
     done: list[Removal] = []
     deferred: list[Removal] = []
-    for r in up.removals:
+    # The archive this very command may be running from goes last: zipimport
+    # reopens the archive by name for every import, so after the unlink only
+    # modules already loaded can run (the caller loads what it still needs).
+    opt = up.layout.opt
+    last = [r for r in up.removals if r.entry.path == opt or r.entry.path.startswith(opt + "/")
+            or opt.startswith(r.entry.path + "/")]
+    for r in [r for r in up.removals if r not in last] + last:
         e = r.entry
         if r.op == "rmdir" and e.path in holders:
             deferred.append(r)

@@ -346,11 +346,16 @@ def _do_uninstall(args, ctx, up, command: str) -> Output:
         if not ctx.confirm("Remove these?"):
             return Output(command, data | {"status": "declined", "dry_run": False}, "nothing changed",
                           exit_code=EXIT_PARTIAL)
+    # Run from the installed archive, this command deletes it: load what
+    # the rest of it needs (rendering, the exit path) while it is there.
+    import textwrap  # noqa: F401
+
+    import bk.cli.main  # noqa: F401
+    from bk.admin import services  # noqa: F401
+
     done = install.uninstall(up)
     lines = [f"bk {command} did:", *[ln for ln in _removal_lines(up)]]
     if up.systemd and up.only_services:
-        from bk.admin import services
-
         services.run([["systemctl", "daemon-reload"]])
     if not up.only_services:
         lines.append("the /opt/gpubk directory goes last, by hand if you made it: sudo rm -rf /opt/gpubk; hash -r")

@@ -81,6 +81,14 @@ KINDS = (RAW, HOURLY)
 DAYFILE = re.compile(r"^(\d{4})-(\d{2})-(\d{2})\.jsonl$")
 SEAL_GRACE = 300          # seconds after midnight before a day is sealed
 SEAL_VERSION = 1
+# The named steps of the write protocol, for crash tests (``step=``):
+# appended/synced per day file of a batch; sealed per seal written; the
+# three steps of a roll-up.
+STEPS = ("appended", "synced", "sealed", "hourly_written", "hourly_sealed", "raw_removed")
+
+
+def _no_step(step: str) -> None:
+    pass
 
 
 def usage_dir(settings) -> str:
@@ -202,7 +210,8 @@ class UsageStore:
     Readers never create anything: a missing directory is an empty history."""
 
     def __init__(self, directory: str, *, private: bool = True, owner_uid: int | None = None,
-                 raw_days: int = 14, retention_days: int = 400, lock_timeout: float = 10.0):
+                 raw_days: int = 14, retention_days: int = 400, lock_timeout: float = 10.0,
+                 step=None):
         self.dir = directory
         self.private = private
         self.dir_mode, self.file_mode = (0o700, 0o600) if private else (0o755, 0o644)
@@ -211,6 +220,7 @@ class UsageStore:
         self.lock_timeout = lock_timeout
         self.problems: list[str] = []
         self._next_maintenance: int | None = None
+        self._step = step or _no_step       # crash tests: called after each of STEPS
 
     @classmethod
     def for_settings(cls, settings, *, owner_uid: int | None = None) -> UsageStore:
@@ -290,7 +300,9 @@ class UsageStore:
                 self.problems.append(f"{path}: cut off an incomplete last line (an interrupted append)")
             intact = sealed is not None and self._matches(read_all(fd), sealed)
             write_all(fd, data)
+            self._step("appended")
             os.fsync(fd)
+            self._step("synced")
             body = read_all(fd) if intact else None
         except OSError as e:
             raise io_error(e, "appending to", path) from None
@@ -369,9 +381,12 @@ class UsageStore:
             recs = parse_lines(data, os.path.join(self.dir, RAW, name), self.problems)
             body = b"".join(_line(r) for r in core.rollup(recs))
             replace_file(hourly, name, os.path.join(self.dir, HOURLY), body, self.file_mode)
+            self._step("hourly_written")
             self._write_seal(hourly, HOURLY, day, body)
+            self._step("hourly_sealed")
         unlink_quietly(raw, name)
         unlink_quietly(raw, f"{day}.seal")
+        self._step("raw_removed")
         return True
 
     # -- seals -------------------------------------------------------------
@@ -390,6 +405,8 @@ class UsageStore:
         replace_file(dirfd, f"{day}.seal", os.path.join(self.dir, kind),
                      json.dumps(doc, separators=(",", ":"), sort_keys=True).encode("ascii") + b"\n",
                      self.file_mode)
+        if kind == RAW:
+            self._step("sealed")
 
     def _load_seal(self, dirfd: int, kind: str, day: str) -> dict | None:
         path = os.path.join(self.dir, kind, f"{day}.seal")

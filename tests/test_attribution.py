@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from bk.core import telemetry
-from bk.core.models import GpuInfo, GpuProcess, Reservation
+from bk.core.models import GpuInfo, GpuProcess, Reservation, parse_iso
 from bk.core.telemetry import Attribution, Snapshot, attribute_all
 from bk.gpu.procinfo import LABEL_MAX, ProcInfo, container_of, safe_label
 
@@ -38,6 +38,7 @@ POD = "8d1c2c53_7f6e_4b8e_9d2a_0c1f5e4a3b21"
 def fake_proc(root: Path, pid: int, *, uid: int = 1000, euid: int | None = None, argv=("python3", "train.py"),
               comm: str = "python3", cgroup: str = "0::/user.slice\n", start_ticks: int = 500 * HZ) -> None:
     """One process in a fake /proc tree, as the kernel lays it out."""
+    root.mkdir(parents=True, exist_ok=True)
     (root / "stat").write_text(f"cpu  1 2 3 4\nbtime {BTIME}\nprocesses 1234\n")
     d = root / str(pid)
     d.mkdir(parents=True, exist_ok=True)
@@ -340,3 +341,33 @@ def test_a_real_process_in_a_real_docker_named_cgroup():
                 d.rmdir()
             except OSError:
                 pass
+
+
+# ------------------------------------------------------- the simulation file
+
+def test_sim_file_real_pids_are_filled_from_proc_and_fields_checked(tmp_path):
+    import json
+
+    from bk.core.errors import ConfigError
+    from bk.gpu.sim import FileBackend
+
+    proc = tmp_path / "proc"
+    fake_proc(proc, 300, uid=1234, argv=("bash", "-c", "secret"), cgroup=f"0::/machine.slice/libpod-{HEX}.scope\n")
+    fake_proc(proc, 301, uid=1234)
+    doc = {"gpus": [{"processes": [
+        {"pid": 300, "proc": True},                                  # real: from /proc
+        {"pid": 301, "uid": 7, "user": "given", "since": 5},         # fictional: as written
+        {"pid": 302, "since": "2026-07-13T09:00:00Z", "container": "docker:0123456789ab"}]}]}
+    path = tmp_path / "sim.json"
+    path.write_text(json.dumps(doc))
+    b = FileBackend(str(path), proc_root=str(proc))
+    a, f, s = b.snapshot(0).gpus[0].processes
+    assert (a.uid, a.label, a.since, a.container) == (1234, "bash", BTIME + 500, "podman:3f2a9c1b12ab")
+    assert (f.uid, f.user, f.label, f.since, f.container) == (7, "given", None, 5, None)
+    assert (s.uid, s.since, s.container) == (None, parse_iso("2026-07-13T09:00:00Z"), "docker:0123456789ab")
+    assert b.inventory().gpus[0].processes is None          # the inventory never reads /proc
+    for bad in ({"pid": 1, "since": "yesterday"}, {"pid": 1, "container": 5}, {"pid": 1, "proc": "yes"},
+                {"pid": 1, "label": ["x"]}):
+        path.write_text(json.dumps({"gpus": [{"processes": [bad]}]}))
+        with pytest.raises(ConfigError):
+            FileBackend(str(path), proc_root=str(proc)).snapshot(0)

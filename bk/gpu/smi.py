@@ -80,8 +80,16 @@ def run_query(exe: str = "nvidia-smi", *, timeout_s: float = TIMEOUT_S, env: dic
                 if rc != 0:
                     why = f"exit status {rc}"
     finally:
+        # It runs in a session of its own: a wrapper script and whatever it
+        # started go with it, not only the direct child.  Only while it is
+        # unreaped: until then its PID, and so its group ID, cannot be reused.
         if proc.poll() is None:
-            proc.kill()
+            import signal
+
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except OSError:
+                proc.kill()
             proc.wait()
         proc.stdout.close()
     if why:

@@ -66,7 +66,8 @@ def test_every_command_alias_and_option_is_in_the_man_page(generated, commands):
 def test_bk_admin_8_documents_every_admin_command(generated, commands):
     page = generated["man/bk-admin.8"]
     admin = [c for c in commands if c.path[0] in ADMIN_WORDS + DAEMON_WORDS]
-    assert {"admin init", "admin cancel", "admin notice publish", "broker"} <= {" ".join(c.path) for c in admin}
+    assert {"admin init", "admin cancel", "admin notice publish", "admin install", "update", "broker",
+            "monitor"} <= {" ".join(c.path) for c in admin}
     missing = _missing(page, admin)
     assert not missing, f"undocumented in bk-admin(8): {missing}"
     for c in admin:

@@ -191,3 +191,28 @@ def test_pyz_chart_is_ascii_without_utf8(run):
     assert "█" in utf8 and "░" in utf8
     assert "#" in ascii_ and "=" in ascii_ and all(ord(c) < 128 for c in ascii_)
     assert "today     booked 2.0h, active 1.0h, idle 50% of it" in ascii_
+
+
+def test_unreadable_history_is_a_permission_not_a_disk_error(bk, monkeypatch):
+    import errno
+
+    from bk.core.errors import IOFailure
+
+    def denied(self, *a, **kw):
+        raise IOFailure(f"cannot open {self.dir}", details={"path": self.dir, "errno": errno.EACCES})
+
+    monkeypatch.setattr(UsageStore, "span", denied)
+    r = bk.json("u")
+    assert r.code == 5 and r.error["code"] == "permission_denied" and "usage history" in r.error["message"]
+    monkeypatch.setattr(UsageStore, "span", lambda self: (_ for _ in ()).throw(
+        IOFailure("disk on fire", details={"errno": errno.EIO})))
+    assert bk.json("u").error["code"] == "io_error"
+
+
+def test_an_empty_week_is_one_line(bk):
+    os.makedirs(bk.data_dir / "usage", exist_ok=True)
+    f = Folder(60, 2)
+    f.add(NOW - 40 * DAY, Snapshot(NOW - 40 * DAY, "sim", (GpuInfo(0, "g", "sim"),)), None, [])
+    UsageStore(str(bk.data_dir / "usage")).append(f.flush(), now=NOW - 40 * DAY + 60)
+    text = bk.ok("u").out
+    assert text.count("nothing booked\n") == 2 and "today     nothing booked or used" in text

@@ -155,6 +155,8 @@ def bar(value: float, scale: float, width: int, term, *, solid: bool = True) -> 
 
 def chart(bins, labels, term) -> list[str]:
     """Two bars per bin: booked (light) and active (solid), on one scale."""
+    if not any(b.totals.booked_s or b.totals.active_s for b in bins):
+        return ["  nothing booked"]
     width = max(10, min(40, term.width - 34))
     scale = max([b.totals.booked_s for b in bins] + [b.totals.active_s for b in bins] + [1])
     lines = []

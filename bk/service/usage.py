@@ -21,10 +21,40 @@ DASH_DAYS, DASH_WEEKS = 7, 4
 RECENT_BOOKINGS = 8
 
 
+class _Guarded:
+    """The store, with "may not read" said as a permission: on a shared
+    server whose access is limited to a group the data directory is 0750,
+    and a non-member's read fails with EACCES, which is not a broken disk."""
+
+    def __init__(self, store, svc):
+        self._store, self._svc = store, svc
+
+    def __getattr__(self, name):
+        attr = getattr(self._store, name)
+        if not callable(attr):
+            return attr
+
+        def guarded(*a, **kw):
+            import errno
+
+            from bk.core.errors import IOFailure, PermissionDenied
+
+            try:
+                return attr(*a, **kw)
+            except IOFailure as e:
+                if e.details.get("errno") in (errno.EACCES, errno.EPERM):
+                    from bk.ipc.client import group_hint
+
+                    raise PermissionDenied(f"you may not read the usage history in {self._store.dir}",
+                                           hint=group_hint(self._svc.settings["group"])) from None
+                raise
+        return guarded
+
+
 def store_of(svc):
     from bk.store.usage import UsageStore
 
-    return UsageStore.for_settings(svc.settings)
+    return _Guarded(UsageStore.for_settings(svc.settings), svc)
 
 
 def totals_json(t: core.Totals) -> dict:

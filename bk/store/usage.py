@@ -39,6 +39,8 @@ Facts, and what follows from them:
   day whose seal does not verify is not rolled up (its evidence is kept).
 * Retention deletes whole partitions (file and seal) of days that ended more
   than ``retention_days`` ago.
+* The steps above are named (``STEPS``, the ``step=`` seam), and
+  tests/test_usage_crash.py kills a writer by SIGKILL after each of them.
 * One writer: the monitor, which holds its own single-writer lock; appends
   and maintenance also take ``.lock`` here so that a second writer (a test,
   an administrator's repair) waits instead of interleaving.  Readers take

@@ -272,3 +272,41 @@ def test_not_root_is_refused_before_anything_changes(pyz, root):
                        capture_output=True, text=True, timeout=300, env={"PATH": "/usr/bin:/bin", "HOME": "/"})
     assert p.returncode != 0
     assert tree(root) == before
+
+
+def test_guided_install_asks_one_question_at_a_time(pyz, root):
+    """No --yes at a terminal: the questions with their defaults, a review, a confirmation."""
+    import pty
+    import select
+    import time
+
+    argv = [PYTHON, str(pyz), "admin", "install", "--root", str(root), "--no-start", "--python", PYTHON]
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.execve(PYTHON, argv, {"PATH": "/usr/bin:/bin", "HOME": "/root", "TERM": "dumb", "LANG": "C.UTF-8"})
+    answers = [("Service account", b"nobody\n"), ("How many GPUs", b"4\n"), ("Who may book", b"\n"),
+               ("Slice length", b"\n"), ("Share slots", b"\n"), ("Data directory", b"\n"),
+               ("The bk command", b"\n"), ("Show notices at login", b"n\n"), ("Apply this plan?", b"y\n")]
+    seen = b""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if answers and answers[0][0].encode() in seen:
+            os.write(fd, answers.pop(0)[1])
+        ready, _, _ = select.select([fd], [], [], 0.5)
+        if not ready:
+            continue
+        try:
+            chunk = os.read(fd, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(fd)
+    _, status = os.waitpid(pid, 0)
+    text = seen.decode(errors="replace")
+    assert not answers, text[-2000:]
+    assert os.waitstatus_to_exitcode(status) == 0, text[-2000:]
+    assert "[/var/lib/gpubk]" in text and "bk admin install will:" in text
+    assert json.loads((root / "etc/gpubk/config.json").read_text())["gpu_count"] == 4
+    assert not (root / "etc/profile.d/gpubk.sh").exists()

@@ -331,7 +331,7 @@ def _parents(path: str, done: set[str], role_root: str) -> list[Action]:
     out = []
     for d in reversed(missing):
         done.add(d)
-        out.append(Action("mkdir", d, "parent", "parent directory", kind="dir", mode=0o755))
+        out.append(Action("mkdir", d, "parent", kind="dir", mode=0o755))
     return out
 
 

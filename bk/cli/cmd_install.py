@@ -160,6 +160,11 @@ VERBS = {"create": "create", "update": "refresh", "replace": "replace", "adopt":
          "adopt_dir": "take over", "chmod": "set owner/mode", "write": "write"}
 
 
+# init's reasons, which the role already says.
+INIT_WHYS = ("parent directory", "data directory", "socket directory", "configuration directory",
+             "trusted configuration")
+
+
 def _plan_lines(plan, *, all_steps: bool = False) -> list[str]:
     from bk.admin.install import group_name, owner_name
 
@@ -170,7 +175,7 @@ def _plan_lines(plan, *, all_steps: bool = False) -> list[str]:
         op = a.step.action if a.step is not None else a.op
         verb = {"adopt": "take over"}.get(op, VERBS.get(op, op)) if a.step is not None else VERBS.get(op, op)
         what = f"-> {a.target}" if a.kind == "link" else f"({owner_name(a.uid)}:{group_name(a.gid)} {a.mode:04o})"
-        why = f"; {a.why}" if a.why else ""
+        why = f"; {a.why}" if a.why and a.why not in INIT_WHYS else ""
         lines.append(f"  {verb:<12} {a.path}  {what}  [{a.role}{why}]")
     return lines or ["  nothing to change: every file is in place"]
 

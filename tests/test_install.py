@@ -310,3 +310,21 @@ def test_guided_install_asks_one_question_at_a_time(pyz, root):
     assert "[/var/lib/gpubk]" in text and "bk admin install will:" in text
     assert json.loads((root / "etc/gpubk/config.json").read_text())["gpu_count"] == 4
     assert not (root / "etc/profile.d/gpubk.sh").exists()
+
+
+def test_a_reconcile_that_changes_the_archive_refuses_while_the_broker_runs(pyz, root, tmp_path):
+    install(pyz, root)
+    from bk.admin.services import TemporaryService
+
+    other = tmp_path / "other.pyz"
+    subprocess.run([PYTHON, str(Path(__file__).parent.parent / "build.py"), "-o", str(other)], check=True,
+                   capture_output=True, env={"PATH": "/usr/bin:/bin", "SOURCE_DATE_EPOCH": "1700000000"})
+    before = tree(root)
+    with TemporaryService(str(root / "etc/systemd/system/gpubk-broker.service"), f"{root}/run/gpubk/broker.sock"):
+        p = subprocess.run([PYTHON, str(other), "--json", "admin", "install", "--root", str(root), "--yes",
+                            "--no-start", "--python", PYTHON], capture_output=True, text=True, timeout=300,
+                           env={"PATH": "/usr/bin:/bin", "HOME": "/root"})
+        assert p.returncode == 78 and "archive would change" in json.loads(p.stdout)["error"]["message"]
+    after = tree(root)
+    after.pop("run/gpubk/broker.sock.lock", None)      # the broker's own lock file, left by design
+    assert after == before

@@ -596,6 +596,7 @@ def apply(p: Plan, *, euid: int | None = None, runner=None) -> Result:
     layout = p.layout
     now = _now_iso()
     m = p.manifest or mf.Manifest(layout.root, p.version, now, now)
+    stopped = _stop_for_archive(p, runner)
     applied: list[Action] = []
     pending: list[mf.Entry] = []       # recorded once the manifest's directory exists
     for a in p.actions:
@@ -644,6 +645,9 @@ def apply(p: Plan, *, euid: int | None = None, runner=None) -> Result:
         import subprocess
 
         ran = services.run(p.service_commands, runner or subprocess.run)
+        if stopped and not p.options.start:
+            notes.append("the services were stopped to replace the archive (--no-start): start them with "
+                         "sudo systemctl start gpubk-broker gpubk-monitor")
         failed = [r for r in ran if r["rc"] != 0]
         if failed:
             notes.append("systemctl failed: " + "; ".join(f"{r['command']}: {r['stderr']}" for r in failed))
@@ -655,6 +659,26 @@ def apply(p: Plan, *, euid: int | None = None, runner=None) -> Result:
     if not applied:
         status = "unchanged"
     return Result(p, status, applied, ran, notes)
+
+
+def _stop_for_archive(p: Plan, runner) -> bool:
+    """A running service must not see its archive replaced: zipimport keeps
+    the old file's table of contents and reopens the file by name for every
+    lazy import, so the new file's bytes would be read at the old offsets.
+    With systemd the services are stopped first (and started again after);
+    without it, a reconcile that changes the archive refuses while they run."""
+    if not p.reconcile or not any(a.role == "archive" and a.changes for a in p.actions):
+        return False
+    if p.systemd:
+        import subprocess
+
+        services.run(services.stop_commands(), runner or subprocess.run)
+        return True
+    running = services.running_writers(p.init_plan.options.socket, p.init_plan.options.data_dir)
+    if running:
+        raise ConfigError("the services are running and the archive would change under them: "
+                          + "; ".join(running), hint="stop them first, then rerun (or use sudo bk update --apply)")
+    return False
 
 
 def _do(a: Action, doc: dict) -> None:

@@ -227,6 +227,10 @@ def test_a_running_container_is_not_credited_to_a_booking_that_starts_now():
     # ...but it is for an exclusive one.
     excl = booking(2000, [0], start=NOW, mode="exclusive")
     assert len(telemetry.intruders(s, [alice, excl], booking=excl, now=NOW)) == 1
+    # Owners bk could not read, or knows only by number, are named as such.
+    s = snap_of([GpuProcess(8), GpuProcess(9, uid=4321)])
+    (x,) = telemetry.intruders(s, [new], booking=new, now=NOW)
+    assert x.users == ("an unknown user", "uid 4321") and x.count == 2
 
 
 # ----------------------------------------------------------------- placement

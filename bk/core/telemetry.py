@@ -254,7 +254,8 @@ def intruders(snapshot: Snapshot, reservations, *, booking, now: int) -> list[In
                if judge(p, g.index, active, cands).state in (UNRESERVED, UNKNOWN, WRONG_GPU)]
         if not odd:
             continue
-        users = tuple(sorted({p.user or (str(p.uid) if p.uid is not None else "unknown") for p in odd}))
+        users = tuple(sorted({p.user or (f"uid {p.uid}" if p.uid is not None else "an unknown user")
+                              for p in odd}))
         out.append(Intruder(g.index, users, len(odd), sum(p.mem_mib or 0 for p in odd),
                             tuple(p.pid for p in odd)))
     return out

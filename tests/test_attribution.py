@@ -375,3 +375,16 @@ def test_sim_file_real_pids_are_filled_from_proc_and_fields_checked(tmp_path):
         path.write_text(json.dumps({"gpus": [{"processes": [bad]}]}))
         with pytest.raises(ConfigError):
             FileBackend(str(path), proc_root=str(proc)).snapshot(0)
+
+
+def test_placement_reasons_say_used_without_a_booking():
+    from bk.core import scheduler
+    from bk.core.models import Policy
+
+    s = Snapshot(NOW, "t", (GpuInfo(0, "a", "G", util=10, processes=[GpuProcess(1, uid=3000)]),
+                            GpuInfo(1, "b", "G", util=0, processes=[])), (), True)
+    p = scheduler.place(scheduler.Request(count=1, duration=3600), reservations=[], blackouts=[],
+                        policy=Policy(gpu_count=2), gpus=list(s.gpus), now=NOW,
+                        load=telemetry.placement_load(s, [], NOW))
+    assert p.gpus == (1,)
+    assert p.reasons[0].startswith("free, not needed: priority 0, busy, used without a booking, load 0.10")

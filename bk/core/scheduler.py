@@ -35,6 +35,7 @@ from bk.core.record import dataclass
 from .capacity import RES, check_invariants, default_mem, index_holds, usable_mib
 from .errors import Conflict, InvalidInput, PolicyRefused
 from .models import EXCLUSIVE, MODES, SHARED, Blackout, GpuInfo, Policy, Reservation, iso
+from .telemetry import UNRESERVED_LOAD
 
 __all__ = ["RULES", "Placement", "Request", "check_invariants", "effective_mem",
            "place", "recommend"]
@@ -393,7 +394,10 @@ class _Plan:
 
     def _rank_text(self, g: int, s: int) -> str:
         prio, state, load, pressure, _ = self._rank_key(g, s)
-        return (f"priority {prio}, {('idle', 'unknown', 'busy')[state]}, load {load:.2f}, "
+        word = ('idle', 'unknown', 'busy')[state]
+        if load >= UNRESERVED_LOAD:     # telemetry.placement_load's mark, not utilisation
+            word, load = word + ", used without a booking", load - UNRESERVED_LOAD
+        return (f"priority {prio}, {word}, load {load:.2f}, "
                 f"{pressure // 60} slot-min booked in the window")
 
     def _describe(self, g: int, s: int) -> tuple[str, list[dict], bool]:

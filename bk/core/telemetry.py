@@ -198,6 +198,11 @@ def gpu_state(g: GpuInfo, attributions: dict[tuple[int, int], Attribution]) -> s
     return g.live_state()
 
 
+# Added to a GPU's load when a process uses it without a booking: more than
+# any utilisation (0..1) can add, so such a GPU ranks after every busy one.
+UNRESERVED_LOAD = 1.0
+
+
 def placement_load(snapshot: Snapshot, reservations, now: int, *, uid: int | None = None) -> dict[int, float]:
     """Each GPU's load for placement: the utilisation seen now (0..1), plus
     1 for a GPU that a process uses without a booking there, so that such a
@@ -211,7 +216,7 @@ def placement_load(snapshot: Snapshot, reservations, now: int, *, uid: int | Non
         for p in g.processes or ():
             a = atts.get((g.index, p.pid))
             if a is not None and a.state in (UNRESERVED, WRONG_GPU) and (uid is None or a.uid != uid):
-                load += 1.0
+                load += UNRESERVED_LOAD
                 break
         if g.util is not None or load:
             out[g.index] = load

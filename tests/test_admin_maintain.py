@@ -186,3 +186,60 @@ def test_through_the_broker_notice_edit_is_admin_only(srv):
     assert rc == 0 and env["data"]["before"]["text"] == "Quota talk at 3", env
     rc, env = srv.run_json(bob, "n")
     assert "Quota talk at 4" in [n["text"] for n in env["data"]["notices"]]
+
+
+# ------------------------------------------------------------- guided, in process
+
+@pytest.fixture
+def inproc(monkeypatch, capsys):
+    from helpers_cli import bk_fixture
+
+    yield from bk_fixture(monkeypatch, capsys)
+
+
+def _guided(inproc, answers: list[str], *argv: str) -> tuple[int, str]:
+    from helpers_cli import ROOT as ROOT_ACTOR
+
+    from bk.cli import app as cli_app
+    from bk.service import open_app
+
+    it = iter(answers)
+    inproc.mp.setattr(cli_app, "_stdin_is_tty", lambda: True)
+    inproc.mp.setattr("builtins.input", lambda *a: next(it))
+    inproc.capsys.readouterr()
+    code = cli_app.run(list(argv), dict(os.environ), opener=lambda env: open_app(env, actor=ROOT_ACTOR))
+    out, err = inproc.capsys.readouterr()
+    assert next(it, None) is None, "not every answer was asked for"
+    return code, out + err
+
+
+def test_guided_maintain_asks_one_question_at_a_time_with_the_defaults(inproc):
+    bob = inproc.service()
+    from bk.service.requests import BookRequest
+
+    booked = bob.book(BookRequest(1, 3600, start=inproc_start("11:30"))).reservation
+    # reason, start (Enter: now), length, level (Enter: warning), block (Enter: yes),
+    # cancel the overlapping booking? (y), confirm (y)
+    code, out = _guided(inproc, ["firmware update", "11:00", "2h", "", "", "y", "y"], "admin", "maintain")
+    assert code == 0, out
+    assert booked.short_id in out and "cancelled" in out
+    state = inproc.service().ledger()
+    (b,) = state.blackouts
+    assert b.reason == "firmware update" and b.end - b.start == 7200
+    assert state.find(booked.id).cancelled_at is not None
+
+
+def test_guided_notice_publishes_after_the_review(inproc):
+    code, out = _guided(inproc, ["Cluster picnic on Friday", "info", "never", "y"], "admin", "notice")
+    assert code == 0, out
+    (n,) = inproc.service().ledger().notices
+    assert n.text == "Cluster picnic on Friday" and n.until is None
+    code, out = _guided(inproc, ["Other news", "cancel"], "admin", "notice")
+    assert code == 2 and len(inproc.service().ledger().notices) == 1
+
+
+def inproc_start(hhmm: str) -> int:
+    from helpers_cli import NOW
+
+    h, m = map(int, hhmm.split(":"))
+    return NOW - NOW % 86400 + h * 3600 + m * 60

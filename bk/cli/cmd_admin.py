@@ -266,6 +266,8 @@ def run_notice_publish(args, ctx) -> Output:
                                               start=start), call=call)
     notice = result.notice
     shown_until = f", until {timegrid.format_local(until, tz, now=now, compact=True)}" if until else ""
+    if notice.at > now:
+        shown_until = f", from {timegrid.format_local(notice.at, tz, now=now, compact=True)}" + shown_until
 
     def human(term) -> str:
         verb = "would publish" if args.dry_run else "published"

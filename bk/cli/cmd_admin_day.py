@@ -57,7 +57,9 @@ def register_maintain(actions, parser_class) -> None:
                "  sudo bk admin maintain list\n  sudo bk admin maintain end 3f2a9c1b",
         formatter_class=RAW)
     m.add_argument("words", nargs="*", metavar="list|end ID", help="list the windows, or end one now")
-    m.add_argument("-t", "--start", "--at", dest="start", metavar="TIME", help="when it begins: now, 18:00, +1h, tomorrow 09:00 (default now)")
+    m.add_argument("-t", "--at", dest="start", metavar="TIME",
+                   help="when it begins: now, 18:00, +1h, tomorrow 09:00 (default now)")
+    m.add_argument("--start", dest="start", metavar="TIME", help="the same as -t")
     m.add_argument("-d", "--duration", metavar="DUR", help="how long: 2h, 90m, 1d (default 2h)")
     m.add_argument("--reason", metavar="TEXT", help="why; every user reads it")
     m.add_argument("--level", choices=("info", "warning", "critical"), default=None,
@@ -440,7 +442,8 @@ def run_policy(args, ctx) -> Output:
             "invalid": list(plan.invalid), "dry_run": args.dry_run, "status": "shown"}
     if not touched:
         return _policy_show(app, call, data)
-    diff_text = "\n".join(f"  {k}: {b} -> {a}" for k, b, a in plan.diff) or "  (the configuration already says so)"
+    diff_text = "\n".join(f"  {k}: {_js(b)} -> {_js(a)}" for k, b, a in plan.diff) \
+        or "  (the configuration already says so)"
     if args.dry_run:
         data["status"] = "dry_run"
         tail = "\n  and the ledger's binding with it" if data["rebind"] else ""
@@ -480,10 +483,16 @@ def run_policy(args, ctx) -> Output:
     data.update(status="changed" if plan.config_changes or bound else "unchanged", binding=bound)
     text = f"changed {plan.config_file}:\n{diff_text}"
     if bound:
-        text += "\n  ledger binding: " + ", ".join(f"{k}={v}" for k, v in sorted(bound["after"].items()))
+        text += "\n  ledger binding: " + ", ".join(f"{k}={_js(v)}" for k, v in sorted(bound["after"].items()))
     if plan.violations:
         text += f"\n  kept against the new rules (--force): {', '.join(v.reservation.short_id for v in plan.violations)}"
     return Output("admin gpu-policy", data, text, done="changed the GPU policy")
+
+
+def _js(v) -> str:
+    import json
+
+    return json.dumps(v, sort_keys=True)
 
 
 def _view(call):
@@ -507,7 +516,7 @@ def _policy_show(app, call, data) -> Output:
                 mismatch=diff.conflicts if diff else {})
 
     def human(term) -> str:
-        lines = [f"{k}: {v}" for k, v in shown.items()]
+        lines = [f"{k}: {_js(v)}" for k, v in shown.items()]
         if diff and diff.conflicts:
             lines.append("MISMATCH: the ledger's binding disagrees with the configuration: " + diff.describe())
             lines.append("hint: re-run the gpu-policy command that was interrupted, or set the previous values back")

@@ -322,9 +322,11 @@ def _gpu_check(app, call) -> dict:
     # On a shared server a simulation standing in for missing telemetry is a
     # fault unless the administrator fixed the count in the config (then only
     # the live data is missing, and placement uses share slots alone); in
-    # private mode (BK_GPU_COUNT, a demo) it is what was asked for.
+    # private mode (BK_GPU_COUNT, a demo) it is what was asked for.  A real
+    # fallback (nvidia-smi, after NVML did not answer) is no fault: its gaps
+    # are named above.
     ok = True
-    if reason and app.settings.mode == "shared":
+    if (reason or snap.reason) and snap.simulated and app.settings.mode == "shared":
         if "gpu_count" in app.settings.explicit:
             detail += (f"; no GPU telemetry, so {call.policy.gpu_count} GPUs from the "
                        "configuration are scheduled by share slots alone")

@@ -84,6 +84,7 @@ def test_dashboard(bk):
     assert sum(w["booked_s"] for w in d["weeks"]) == 5400
     (b,) = d["bookings"]
     assert b["reservation"] == rid and b["gpus"] == [0] and b["booked_s"] == 5400
+    assert b["status"] == "upcoming" and b["start"] is not None      # joined with the ledger's booking
     text = bk.ok("u").out
     assert "today     booked 1.5h, active 40m, idle 56% of it" in text
     assert "last 7 days:" in text and "last 4 weeks:" in text and "█" in text and "░" in text
@@ -216,3 +217,21 @@ def test_an_empty_week_is_one_line(bk):
     UsageStore(str(bk.data_dir / "usage")).append(f.flush(), now=NOW - 40 * DAY + 60)
     text = bk.ok("u").out
     assert text.count("nothing booked\n") == 2 and "today     nothing booked or used" in text
+
+
+def test_recent_bookings_keep_their_span_after_archiving(bk, monkeypatch):
+    app = bk.service(ME)
+    r = app.book(BookRequest(count=1, duration=H, pinned=(0,)), call=app.call()).reservation
+    folder = Folder(60, 30)
+    recs = []
+    for t in range(r.start, r.end, 30):
+        g = GpuInfo(0, "g", "sim", 1000, 0, 0, None, [GpuProcess(1, 10, 5, ME.uid)])
+        recs += folder.add(t, Snapshot(t, "sim", (g,)), None, [r])
+    UsageStore(str(bk.data_dir / "usage")).append(recs + folder.flush(), now=r.end)
+    monkeypatch.setenv("BK_NOW", iso(NOW + 2 * DAY))
+    app = bk.service(ME)
+    app.book(BookRequest(count=1, duration=H), call=app.call())          # a commit archives the old one
+    assert r.id not in {x.id for x in app.ledger().reservations}
+    (b,) = bk.data("u")["bookings"]
+    assert (b["reservation"], b["status"], b["start"], b["end"]) == (r.id, "ended", iso(r.start), iso(r.end))
+    assert (b["booked_s"], b["active_s"]) == (H, H)

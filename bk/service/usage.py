@@ -211,8 +211,8 @@ def _own_reservations(svc, call, uid: int):
     except BkError:
         return []
     try:
-        archived, _problems = svc.reader.archived(uid=uid)
-    except (BkError, TypeError, ValueError):
+        archived = list(svc.reader.archived(uid=uid))
+    except BkError:
         archived = []
     return [*archived, *hot]
 

@@ -654,7 +654,7 @@ def apply(p: Plan, *, euid: int | None = None, runner=None) -> Result:
     else:
         why = "a staging root" if layout.root != "/" else "systemd is not running here (no /run/systemd/system)"
         notes.append(f"services not started: {why}; where systemd runs, start them with:")
-        notes += ["  " + c for c in services.shown(p.service_commands)]
+        notes += ["  " + c for c in services.shown(services.start_commands(not p.reconcile, True))]
     status = "reconciled" if p.reconcile else "installed"
     if not applied:
         status = "unchanged"

@@ -85,7 +85,8 @@ def plan(root: str, new_archive: str | None, *, python: str | None = None) -> Up
     steps = [stop, f"keep the installed archive as {layout.pyz}.previous",
              f"install bk {new_version} from {source} (a reconcile: config and data kept)",
              "start the services again" if systemd else "print the commands that start them",
-             "verify with the new archive: bk doctor --probe --strict",
+             "verify with the new archive: bk doctor --probe --strict" + (
+                 "" if systemd else " (the new broker unit's ExecStart= run as its User= meanwhile)"),
              "on failure: put the previous archive back and restart"]
     return UpdatePlan(layout, new_archive, source, _version_of(layout.pyz), new_version, python, systemd, steps)
 

@@ -243,3 +243,41 @@ def inproc_start(hhmm: str) -> int:
 
     h, m = map(int, hhmm.split(":"))
     return NOW - NOW % 86400 + h * 3600 + m * 60
+
+
+RAW_CALL = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from bk.core.errors import BkError
+from bk.ipc.client import BrokerClient
+try:
+    BrokerClient(sys.argv[2], service_uid=int(sys.argv[3])).call(sys.argv[4], json.loads(sys.argv[5]))
+    print("accepted")
+except BkError as e:
+    print(e.code)
+"""
+
+
+@needs_root
+@pytest.mark.root
+@pytest.mark.parametrize("op,fields", [
+    ("blackout_add", {"start": 1, "end": 2**31, "reason": "mine now", "overlapping": "keep"}),
+    ("blackout_end", {"ref": "abcd"}),
+    ("notice_edit", {"ref": "abcd", "text": "x"}),
+    ("policy_bind", {"gpu_count": 4, "slot_minutes": 5, "max_shared_users": 2, "shared_memory_reserve_mb": 0,
+                     "require_shared_memory": False}),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_the_broker_refuses_the_admin_rows_to_a_user_who_skips_the_command(srv, op, fields):
+    import subprocess
+
+    from helpers_broker import SYSTEM_PYTHON
+
+    _, bob = srv.users
+    rc, env = srv.run_json(bob, "1", "30m", "--again")         # so that there is a ledger to compare
+    assert rc == 0, env
+    before = srv.ledger_digest()
+    p = subprocess.run([SYSTEM_PYTHON, "-c", RAW_CALL, str(srv.pyz), str(srv.socket), str(srv.service.uid), op,
+                        json.dumps(fields)], capture_output=True, text=True, timeout=60, env=srv.env(bob),
+                       cwd=srv.base, **srv.popen_args(bob))
+    assert p.stdout.strip() == "permission_denied", (p.stdout, p.stderr)
+    assert srv.ledger_digest() == before

@@ -1,6 +1,7 @@
 """``bk doctor`` as the deployment check: every check has a status (ok,
 warn, fail) and a fix; ``--strict`` counts warnings; ``--require-monitor``
-and ``--require-worker`` say which parts must be there; an unusable
+and ``--require-worker`` say which parts must be there (a real monitor and
+a real worker); an unusable
 configuration is a failed check, not a refusal.  In private mode in-process,
 and on a real shared server (real accounts, a real broker) as root."""
 
@@ -56,20 +57,63 @@ def test_a_failure_names_the_check_and_its_fix(bk):
     assert not d["ok"] and d["failed"] == ["data directory"]
     c = checks(d)["data directory"]
     assert c["status"] == "fail" and not c["ok"] and "0700" in c["detail"]
-    assert c["fix"], c
+    assert c["fix"] == f"chmod 700 {bk.data_dir}", c
     r = bk("doctor", "--strict")
     assert r.code == errors.EXIT_PARTIAL
     assert "not ready: 1 check failed (data directory)" in r.out
     assert "to fix:\n  data directory: " in r.out
 
 
-def test_require_worker_fails_saying_it_is_not_built(bk):
+def test_require_worker_fails_without_a_worker(bk):
+    d = bk.data("doctor")
+    assert "worker" not in checks(d)              # no jobs, no worker asked for: nothing to say
     r = bk.json("doctor", "--require-worker")
     assert r.code == 0 and not r.data["ok"] and r.data["require_worker"]
     w = checks(r.data)["worker"]
-    assert w["status"] == "fail" and "not built in this release" in w["detail"] and w["fix"]
+    assert w["status"] == "fail" and "no worker runs for you" in w["detail"]
+    assert "bk w start" in w["fix"] and "bk-worker" in w["fix"]
     r = bk("doctor", "--require-worker", "--strict")
-    assert r.code == errors.EXIT_PARTIAL and "(worker)" in r.out
+    assert r.code == errors.EXIT_PARTIAL and "not ready: 1 check failed (worker)" in r.out
+
+
+def test_the_worker_for_real(pyz, tmp_path):
+    """A job waiting without a worker is a warning; a real ``bk w start``
+    satisfies --require-worker --strict."""
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "LANG": "C.UTF-8", "TZ": "UTC",
+           "BK_DATA_DIR": str(tmp_path / "data"), "BK_GPU_COUNT": "2"}
+
+    def run(*args) -> tuple[int, dict]:
+        p = subprocess.run([sys.executable, str(pyz), "--json", *args], env=env, capture_output=True,
+                           text=True, timeout=60)
+        return p.returncode, json.loads(p.stdout)
+
+    (tmp_path / "data").mkdir(mode=0o700)
+    rc, got = run("1", "30m", "-t", "+2h", "--", "/bin/true")
+    assert rc == 0, got
+    rc, got = run("doctor")
+    w = checks(got["data"])["worker"]
+    assert rc == 0 and w["status"] == "warn" and "1 of your jobs wait" in w["detail"], w
+    rc, got = run("doctor", "--strict")
+    assert rc == errors.EXIT_PARTIAL and got["data"]["failed"] == ["worker"]
+
+    worker = subprocess.Popen([sys.executable, str(pyz), "w", "start"], env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        def runs():
+            assert worker.poll() is None, worker.stderr.read()
+            return checks(run("doctor")[1]["data"])["worker"]["status"] == "ok"
+        poll(runs, 60, "the worker to hold its lock")
+        rc, got = run("doctor", "--require-worker", "--strict")
+        w = checks(got["data"])["worker"]
+        assert rc == 0 and f"pid {worker.pid}" in w["detail"], got
+    finally:
+        if worker.poll() is None:           # only the worker this test started
+            worker.send_signal(signal.SIGTERM)
+            try:
+                worker.wait(30)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+                worker.wait(10)
 
 
 def test_no_monitor_is_fine_unless_required(bk):

@@ -6,7 +6,9 @@ the account's HOME, the unit's UMask=, ``BK_CONFIG_FILE`` naming the staged
 config since it is not /etc), and then let real users book, list and cancel
 through the installed ``bk`` command (the staged command link to
 ``/opt/gpubk/bin/bk``), and pass the deployment check
-``bk doctor --probe --require-monitor --strict`` as an ordinary user.
+``bk doctor --probe --require-monitor --strict`` as an ordinary user (and,
+once the user unit ``bk-worker.service`` runs for her, with
+``--require-worker`` too).
 
 These machines have no GPUs either: without a GPU backend the monitor
 rightly reports ``degraded`` (it samples a simulation), which the strict
@@ -93,13 +95,20 @@ def command_line(value: str) -> tuple[list[str], bool]:
 
 
 class Unit:
-    def __init__(self, path: Path, config: Path):
+    """A system unit runs as its User=/Group=; a user unit (``account``
+    given) as the user whose systemd --user instance starts it."""
+
+    def __init__(self, path: Path, config: Path, account=None):
         self.path = path
         self.sections = parse_unit(path.read_text())
         service = self.sections["Service"]
         self.service = service
-        self.uid = int(service["User"][-1])           # numeric, as the installer writes it
-        self.gid = int(service["Group"][-1])
+        if account is None:
+            self.uid = int(service["User"][-1])           # numeric, as the installer writes it
+            self.gid = int(service["Group"][-1])
+        else:
+            assert "User" not in service, f"a user unit names User=: {path}"
+            self.uid, self.gid = account.uid, account.gid
         assert self.uid != 0, f"{path.name} would run as root"
         self.account = pwd.getpwuid(self.uid)
         self.env = unit_environment(service, self.account, config)
@@ -241,13 +250,41 @@ def test_the_deployment_check_passes_as_an_ordinary_user(server):
     assert str(server["config"]) in names["config"]["detail"]
     assert not list(data.glob(".ledger.json.tmp-probe-*"))
 
-    # The human form says so too, and the worker is not claimed.
+    # ada has no worker yet: requiring one names it, in the human form too.
     p = subprocess.run([str(server["bk"]), "doctor", "--probe", "--require-monitor", "--strict",
                         "--require-worker"], capture_output=True, text=True, timeout=60,
                        env={"PATH": "/usr/bin:/bin", "HOME": ada.home, "LANG": "C.UTF-8",
                             "BK_GPU_SIM_FILE": str(sim_file(server["config"]))},
                        user=ada.uid, group=ada.gid, extra_groups=[])
     assert p.returncode == 1 and "not ready: 1 check failed (worker)" in p.stdout, p.stdout + p.stderr
+
+
+def test_the_user_unit_gives_ada_her_worker(server):
+    """The installed user unit bk-worker.service, as ada's systemd --user
+    would run it: then even --require-worker passes."""
+    ada, _ = server["users"]
+    unit = Unit(server["root"] / "etc/systemd/user/bk-worker.service", server["config"], account=ada)
+    assert unit.service["ExecStart"][0].split()[0] == str(server["root"] / "opt/gpubk/bin/bk")
+    unit.env["HOME"] = ada.home                      # the throwaway account's real home
+    worker = unit.start(server["base"] / "worker.log")
+    try:
+        def runs():
+            assert worker.poll() is None, (server["base"] / "worker.log").read_text(errors="replace")
+            rc, env = as_user(server, ada, "doctor", "--require-worker")
+            return {c["name"]: c for c in env["data"]["checks"]}["worker"]["status"] == "ok"
+        poll(runs, 60, "ada's worker")
+        rc, env = as_user(server, ada, "doctor", "--probe", "--require-monitor", "--require-worker", "--strict")
+        assert rc == 0 and env["data"]["ok"], json.dumps(env["data"], indent=1)
+        worker_check = {c["name"]: c for c in env["data"]["checks"]}["worker"]
+        assert f"pid {worker.pid}" in worker_check["detail"]
+    finally:
+        if worker.poll() is None:                      # by its own pid
+            os.kill(worker.pid, signal.SIGTERM)
+            try:
+                worker.wait(30)
+            except subprocess.TimeoutExpired:
+                os.kill(worker.pid, signal.SIGKILL)
+                worker.wait(10)
 
 
 def test_stopping_the_units_is_seen_by_the_doctor(server):

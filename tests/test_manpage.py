@@ -105,7 +105,7 @@ def test_bk_admin_8_sections_files_and_exit_table(generated):
     for code, _ in EXIT_TABLE:
         assert f".B {code}\n" in status
     check = page.split(".SH DEPLOYMENT CHECK", 1)[1].split(".SH ", 1)[0]
-    assert "\\-\\-require\\-worker" in check and "not built yet" in check
+    assert "\\-\\-require\\-worker" in check and "bk\\-worker.service" in check
 
 
 def test_bk_admin_8_examples_are_real_commands(generated):

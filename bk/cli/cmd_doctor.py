@@ -14,6 +14,7 @@ EPILOG = """Examples:
   bk doctor --strict                            exit 1 when a check fails or warns
   bk doctor --probe --strict                    try the broker, a replace and the lock
   bk doctor --probe --require-monitor --strict  the deployment check of a shared server
+  bk doctor --require-worker --strict           will my scheduled commands start?
   bk doctor --json                              every check with its status and fix
 
 A check is ok, WARN (works, but look at it) or FAIL; each one that is not ok
@@ -40,8 +41,8 @@ def register(sub) -> None:
                    help="fail unless the GPU monitor (bk m) is running and its heartbeat is fresh "
                         "(without it a stopped monitor is a warning, and none at all is fine)")
     p.add_argument("--require-worker", action="store_true",
-                   help="fail unless the scheduled-command worker runs; this release has no worker, "
-                        "so the check fails saying so")
+                   help="fail unless your scheduled-command worker (bk w) runs; without it, a missing "
+                        "worker is a warning only while you have jobs waiting")
     p.set_defaults(handler=run, command="doctor")
 
 

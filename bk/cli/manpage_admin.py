@@ -80,9 +80,10 @@ names its fix.
 not ok.
 Without \fB\-\-require\-monitor\fR a monitor that stopped is a warning and
 one that never ran is fine.
-\fB\-\-require\-worker\fR fails in this release: the scheduled\-command
-worker is not built yet, and doctor says so rather than pass a check that
-checks nothing.
+\fB\-\-require\-worker\fR also requires the caller's own
+scheduled\-command worker (\fBbk w\fR, the user unit
+\fBbk\-worker.service\fR); without it a missing worker is a warning only
+while the caller has jobs waiting.
 \fBbk update \-\-apply\fR runs the same check after an upgrade.
 .SH COMMANDS
 Each command is listed with its aliases in parentheses."""

@@ -14,9 +14,8 @@ is down when nobody asked for ``--probe``); ``--strict`` counts warnings as
 failures, so ``bk doctor --probe --require-monitor --strict`` is the
 deployment check: exit 1 unless every part a shared server needs is there
 and works.  Which parts are required is the caller's to say: a private
-ledger has no monitor and no broker, and the scheduled-command worker does
-not exist in this release at all (``--require-worker`` then fails, saying so,
-rather than passing a check that checks nothing).
+ledger has no monitor and no broker, and most users never start a
+scheduled-command worker (``--require-worker`` asks for the caller's own).
 """
 
 from __future__ import annotations
@@ -110,11 +109,15 @@ def config_view(app, *, call=None) -> dict:
 # --------------------------------------------------------------- doctor
 
 def _split_hint(detail: str) -> tuple[str, str | None]:
-    """The store words a refusal as "message (hint: how to fix)"; doctor
-    keeps the two apart (detail, fix)."""
+    """The store words a refusal as "message (hint: how to fix)", or ends
+    it with the command that fixes it in parentheses ("(chmod 700 DIR)");
+    doctor keeps the two apart (detail, fix), leaving a bare command in the
+    detail too, as it always was."""
     if detail.endswith(")") and " (hint: " in detail:
         head, _, hint = detail.rpartition(" (hint: ")
         return head, hint[:-1]
+    if detail.endswith(")") and " (chmod " in detail:
+        return detail, detail.rpartition(" (")[2][:-1]
     return detail, None
 
 
@@ -423,10 +426,26 @@ def _monitor_check(app, call, required: bool) -> tuple[dict, dict | None]:
     return _check("monitor", True, detail, status=status, fix=fixes.get(state, start)), got
 
 
-def _worker_check() -> dict:
-    return _check("worker", False, "not built in this release: bk has no scheduled-command worker "
-                  "(bk w) yet, so there is nothing to check", fix="leave out --require-worker until a "
-                  "release with the worker (bk w start, the bk-worker user unit)")
+def _worker_check(app, call, required: bool) -> dict | None:
+    """Your scheduled-command worker (``bk w``): one per user, found by the
+    kernel lock it holds.  Required, it must run; otherwise it is worth a
+    line only when you have jobs waiting for it (then a warning), since
+    most users never attach a command to a booking."""
+    from bk.service import jobs
+
+    st = jobs.worker_status(app)
+    if st["state"] == "running":
+        since = f" since {st['since']}" if st.get("since") else ""
+        return _check("worker", True, f"your worker runs (pid {st['pid']}{since})")
+    waiting = sum(1 for r in jobs.my_jobs(app, call) if r.job.status in ("pending", "running"))
+    fix = ("systemctl --user enable --now bk-worker (and loginctl enable-linger $USER), "
+           "or bk w start in a terminal that stays open")
+    if waiting:
+        return _check("worker", True, f"no worker runs for you, and {waiting} of your jobs wait for one",
+                      status=FAIL if required else WARN, fix=fix)
+    if required:
+        return _check("worker", False, "no worker runs for you", fix=fix)
+    return None
 
 
 # What to do when a check fails and its own error named no fix.
@@ -501,8 +520,7 @@ def doctor(app, probe: bool = False, *, strict: bool = False, require_monitor: b
         checks.append(_failed("monitor", e))
     except OSError as e:
         checks.append(_check("monitor", False, f"{e.filename or 'heartbeat'}: {e.strerror}"))
-    if require_worker:
-        checks.append(_worker_check())
+    checks += [c for c in _run("worker", _worker_check, app, call, require_worker) if c is not None]
     if probe:
         answered = True
         if shared:

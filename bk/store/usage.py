@@ -32,11 +32,12 @@ Facts, and what follows from them:
   trusted as the seal's hash is: ``bk u`` does not re-hash on every read;
   ``verify`` does.
 * Roll-up, for sealed raw days older than ``raw_days``: (1) write the hourly
-  file (atomic replace), (2) write its seal, (3) delete the raw file and its
-  seal.  A crash after (1) leaves an hourly file without a seal, which
-  readers ignore and the next roll-up rewrites; after (2) both exist,
-  readers prefer the sealed roll-up and the next run finishes (3).  A raw
-  day whose seal does not verify is not rolled up (its evidence is kept).
+  file (atomic replace), (2) write its seal, (3) delete the raw day's seal,
+  then its file.  A crash after (1) leaves an hourly file without a seal,
+  which readers ignore and the next roll-up rewrites; after (2) both exist,
+  readers prefer the sealed roll-up and the next run finishes (3); inside
+  (3) the raw day is merely unsealed, never a seal without its records.  A
+  raw day whose seal does not verify is not rolled up (its evidence is kept).
 * Retention deletes whole partitions (file and seal) of days that ended more
   than ``retention_days`` ago.
 * The steps above are named (``STEPS``, the ``step=`` seam), and
@@ -86,7 +87,7 @@ SEAL_VERSION = 1
 # The named steps of the write protocol, for crash tests (``step=``):
 # appended/synced per day file of a batch; sealed per seal written; the
 # three steps of a roll-up.
-STEPS = ("appended", "synced", "sealed", "hourly_written", "hourly_sealed", "raw_removed")
+STEPS = ("appended", "synced", "sealed", "hourly_written", "hourly_sealed", "raw_unsealed", "raw_removed")
 
 
 def _no_step(step: str) -> None:
@@ -386,8 +387,12 @@ class UsageStore:
             self._step("hourly_written")
             self._write_seal(hourly, HOURLY, day, body)
             self._step("hourly_sealed")
-        unlink_quietly(raw, name)
+        # The seal goes first: a raw day without its seal is only "not yet
+        # sealed" (readers use the sealed roll-up; the next run removes it),
+        # whereas a seal without its day would read as lost records.
         unlink_quietly(raw, f"{day}.seal")
+        self._step("raw_unsealed")
+        unlink_quietly(raw, name)
         self._step("raw_removed")
         return True
 

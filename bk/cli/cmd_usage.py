@@ -24,7 +24,7 @@ EPILOG = """Examples:
   bk u events --since 7d        unreserved use and idle bookings
   bk u verify                   check every sealed day against its checksum
 
-Usage is recorded by the monitor (bk m; on a shared server gpubk-monitor.service).
+Usage is recorded by the monitor: bk m, or its system service on a shared server.
 Times: --since/--until take 30d, 2w, 12h, today, 2026-11-01 (local midnight) or an
 ISO-8601 time.  Fields and files: docs/TELEMETRY.md."""
 

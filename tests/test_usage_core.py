@@ -6,6 +6,8 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bk.core import usage
 from bk.core.errors import InvalidInput
@@ -190,3 +192,53 @@ def test_local_days_cover_the_window():
     days = usage.local_days(T0 + 100, timezone.utc, 7)
     assert days[-1] == (T0, T0 + 86400) and days[0][0] == T0 - 6 * 86400
     assert all(a[1] == b[0] for a, b in zip(days, days[1:], strict=False))
+
+
+# ------------------------------------------------------------ fold = brute force over samples
+
+gaps = st.lists(st.sampled_from([1, 2, 2, 2, 3, 5, 7, 30, 61]), min_size=1, max_size=120)
+
+
+@settings(max_examples=150, deadline=None)
+@given(gaps=gaps, seed=st.integers(0, 2**32 - 1))
+def test_fold_equals_a_per_sample_sum(gaps, seed):
+    """Every sample's seconds (since the previous one, at most 3 intervals;
+    one interval after a gap) summed by hand equal the records' sums."""
+    import random
+
+    rng = random.Random(seed)
+    rs = [booking("a", ADA, [0, 1], T0 + 20, T0 + 200), booking("b", BOB, [1], T0, T0 + 400)]
+    folder, out, want = Folder(60, 2), [], {}
+    t, last = T0, None
+    for gap in gaps:
+        t += gap
+        gpus = []
+        for g in (0, 1):
+            procs = [GpuProcess(100 + u, 10, None, u) for u in (ADA, BOB, CAT) if rng.random() < 0.4]
+            gpus.append(gpu(g, procs))
+        dt = 2 if last is None or t - last > 6 else t - last
+        last = t
+        for g in gpus:
+            for r in rs:
+                if r.start <= t < r.end and g.index in r.gpus:
+                    k = (r.uid, r.id, g.index)
+                    b, a, u = want.get(k, (0, 0, 0))
+                    ran = any(p.uid == r.uid for p in g.processes)
+                    want[k] = (b + dt, a + (dt if ran else 0), u)
+            for uid in {p.uid for p in g.processes}:
+                if not any(r.uid == uid and r.start <= t < r.end and g.index in r.gpus for r in rs):
+                    k = (uid, None, g.index)
+                    b, a, u = want.get(k, (0, 0, 0))
+                    want[k] = (b, a, u + dt)
+        out += folder.add(t, snap(t, *gpus), None, rs)
+    out += folder.flush()
+    got = {}
+    for m in out:
+        assert m.t % 60 == 0
+        for u in m.uses:
+            k = (u.uid, u.reservation, m.gpu)
+            b, a, x = got.get(k, (0, 0, 0))
+            got[k] = (b + u.booked_s, a + u.active_s, x + u.unreserved_s)
+    assert got == want, f"seed={seed}"
+    assert len({(m.t, m.gpu) for m in out}) == len(out)
+    assert sum(m.samples for m in out) == 2 * len(gaps)

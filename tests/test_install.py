@@ -333,3 +333,59 @@ def test_a_reconcile_that_changes_the_archive_refuses_while_the_broker_runs(pyz,
     after = tree(root)
     after.pop("run/gpubk/broker.sock.lock", None)      # the broker's own lock file, left by design
     assert after == before
+
+
+@pytest.mark.parametrize("fail_at", [0, 2, 5, 12, 20, -1])
+def test_an_install_stopped_at_any_step_is_removed_completely(root, monkeypatch, fail_at):
+    """Each change is recorded before it is made: whatever step fails (a
+    crash, a full disk), uninstall finds everything done so far and removes
+    it, and a rerun of install completes."""
+    from bk.admin import install as inst
+    from bk.core.errors import IOFailure
+
+    before = tree(root)
+    env = {"PATH": "/usr/bin:/bin", "HOME": "/root"}
+    opts = inst.Options(root=str(root), service_user="nobody", gpu_count=4, python=PYTHON, start=False)
+    p = inst.plan(opts, env)
+    changes = [a for a in p.actions if a.changes]
+    target = changes[fail_at]
+    real = inst._do
+
+    def failing(a, doc):
+        if a is target:
+            raise IOFailure(f"injected failure at {a.path}")
+        real(a, doc)
+
+    monkeypatch.setattr(inst, "_do", failing)
+    with pytest.raises(IOFailure):
+        inst.apply(p)
+    monkeypatch.setattr(inst, "_do", real)
+    if (root / "etc/gpubk").exists() and (root / "etc/gpubk/install-manifest.json").exists():
+        up = inst.uninstall_plan(str(root), purge_data=True)
+        inst.uninstall(up)
+    assert tree(root) == before, f"left behind after a failure at {target.path}"
+    # And a failed install can simply be run again.
+    inst.apply(inst.plan(opts, env))
+    assert (root / "opt/gpubk/bin/bk").exists()
+
+
+@pytest.mark.parametrize("fail_at", [3, 15, -2])
+def test_a_rerun_after_a_failure_finishes_and_still_uninstalls_cleanly(root, monkeypatch, fail_at):
+    from bk.admin import install as inst
+    from bk.core.errors import IOFailure
+
+    before = tree(root)
+    env = {"PATH": "/usr/bin:/bin", "HOME": "/root"}
+    opts = inst.Options(root=str(root), service_user="nobody", gpu_count=4, python=PYTHON, start=False)
+    p = inst.plan(opts, env)
+    target = [a for a in p.actions if a.changes][fail_at]
+    real = inst._do
+    monkeypatch.setattr(inst, "_do", lambda a, doc: (_ for _ in ()).throw(IOFailure("injected"))
+                        if a is target else real(a, doc))
+    with pytest.raises(IOFailure):
+        inst.apply(p)
+    monkeypatch.setattr(inst, "_do", real)
+    result = inst.apply(inst.plan(opts, env))
+    assert result.status in ("reconciled", "installed")
+    inst.uninstall(inst.uninstall_plan(str(root), purge_data=True))
+    assert tree(root) == before

@@ -304,3 +304,15 @@ def test_stopping_the_units_is_seen_by_the_doctor(server):
     names = {c["name"]: c for c in report["checks"]}
     assert names["monitor"]["detail"].startswith("stopped")
     assert all(names[n]["fix"] for n in report["failed"])
+
+
+def test_an_update_after_the_monitor_stopped_is_not_rolled_back(server, pyz):
+    """After the test above: the monitor's last heartbeat says ``stopped``
+    (as after every systemctl stop of an update).  The upgrade's own
+    verification must not take that for a broken archive."""
+    p = subprocess.run([SYSTEM_PYTHON, str(pyz), "--json", "update", str(pyz), "--apply", "--yes",
+                        "--root", str(server["root"])], capture_output=True, text=True, timeout=300,
+                       env={"PATH": "/usr/bin:/bin", "HOME": "/root", "LANG": "C.UTF-8",
+                            "BK_GPU_SIM_FILE": str(sim_file(server["config"]))})
+    data = json.loads(p.stdout)["data"]
+    assert p.returncode == 0 and data["status"] == "updated", json.dumps(data.get("verify"), indent=1)[-3000:]

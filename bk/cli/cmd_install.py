@@ -17,12 +17,12 @@ from bk.cli.render import Output
 from bk.core.errors import EXIT_PARTIAL, UsageError
 
 INSTALL_EPILOG = """Examples:
-  sudo python3 bk.pyz admin install                       guided: one question at a time
+  sudo python3 bk.pyz admin install            (guided: one question at a time)
   sudo python3 bk.pyz admin install --dry-run --service-user gpubk --gpu-count 8
   sudo python3 bk.pyz admin install --yes --service-user gpubk --gpu-count 8
   sudo python3 bk.pyz admin install --yes --access group --group gpu-users
   sudo /opt/gpubk/bin/bk admin install --command-path /usr/bin/bk
-  sudo python3 bk.pyz admin install --root /tmp/stage --yes --no-start   (a staging root)
+  sudo python3 bk.pyz admin install --root /tmp/stage --yes --no-start
 
 It installs /opt/gpubk/bk.pyz (bytecode for this interpreter), /opt/gpubk/bin/bk,
 the bk command (/usr/local/bin/bk), /etc/gpubk/config.json, /var/lib/gpubk,
@@ -44,9 +44,9 @@ was changed by hand (it shows the difference). The data directory stays
 unless --purge-data."""
 
 UPDATE_EPILOG = """Examples:
-  bk update                      preview: the installed version, this one, the steps
-  bk update /tmp/bk-new.pyz      preview an upgrade to that archive
-  sudo bk update --apply         stop, replace, reconcile, restart, verify
+  bk update                    preview: installed version, this one, the steps
+  bk update /tmp/bk-new.pyz    preview an upgrade to that archive
+  sudo bk update --apply       stop, replace, reconcile, restart, verify
   sudo bk update /tmp/bk-new.pyz --apply --yes
 
 The verification is bk doctor --probe --strict, run by the new archive; when

@@ -188,3 +188,21 @@ def test_the_command_line_reaches_no_file_another_user_can_read(tmp_path):
         assert p.returncode == 0 and p.stdout.strip() == "[]", (p.stdout, p.stderr)
     finally:
         accounts.cleanup()
+
+
+def test_the_help_examples_are_real_commands():
+    import re
+    import shlex
+
+    from bk.cli.app import _strip_json, build_parser, parse_argv
+
+    for word in ("run", "jobs", "worker"):
+        parser = build_parser(word)
+        sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+        examples = sub.choices[word].epilog.split("Examples:", 1)[1].split("\n\n")[0]
+        lines = [line for line in examples.strip().splitlines() if line.strip()]
+        assert lines, word
+        for line in lines:
+            words = shlex.split(re.split(r"\s{2,}", line.strip())[0])
+            assert words[0] == "bk", line
+            parse_argv(_strip_json(words[1:])[0])

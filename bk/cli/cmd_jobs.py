@@ -15,8 +15,7 @@ JOBS_EPILOG = """Examples:
   bk j                       your jobs: state, why one waits, how it ended
   bk j log 1                 the output of the job of booking 1 (the last 64 KiB)
   bk j log a1b2 --all        all of it (two rotated segments at most)
-  bk j retry a1b2 --accept-duplicate-risk
-                             run an uncertain job again while its booking lasts
+  bk j retry a1b2 --accept-duplicate-risk    run an uncertain job again
 
 Job states: pending (waiting for its start, or for its GPUs to clear: the
 reason says), running, succeeded, failed, cancelled, missed (the booking ended
@@ -28,10 +27,10 @@ WORKER_EPILOG = """Examples:
   bk w                       is your worker running?
   bk w start                 run the worker in this terminal (Ctrl-C stops it and its jobs)
   bk w once                  start the jobs due now, wait for them, exit
+
+As a user service (install/bk-worker.service), kept after you log out:
   systemctl --user enable --now bk-worker
-                             run it as a user service (install/bk-worker.service)
   loginctl enable-linger $USER
-                             keep user services running after you log out
 
 One worker per user and state directory. It starts your jobs as you, without a
 shell, in their own process group, with the booked GPUs in CUDA_VISIBLE_DEVICES.

@@ -23,8 +23,7 @@ EPILOG = """Examples:
   bk run -- python3 train.py     run now on your active booking (the first in bk l)
   bk run -r 2 -- nvidia-smi      run now on booking 2
   bk run 2 4h 20g -- ./train.sh  book two GPUs for 4 hours and run it at the start
-  bk run 1 8h -t 22:00 -- python3 train.py --resume
-                                 book for tonight; your worker starts it at 22:00
+  bk run 1 8h -t 22:00 -- ./train.sh   book for tonight; your worker starts it at 22:00
 
 The command gets CUDA_VISIBLE_DEVICES (GPU UUIDs on real GPUs, indices in a
 simulation), CUDA_DEVICE_ORDER=PCI_BUS_ID, BK_RESERVATION_ID and

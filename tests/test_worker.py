@@ -317,3 +317,20 @@ def alive(pid: int) -> bool:
     from bk.jobs.launcher import alive as up
 
     return up(pid)
+
+
+def test_through_the_broker_a_user_changes_only_their_own_jobs(world):
+    """The broker's decoder and the owner rule of the job_state row, with
+    the caller's identity as the kernel would give it (SO_PEERCRED)."""
+    from bk.broker.handlers import Dispatcher, Peer
+
+    res = world.book()
+    d = Dispatcher(world.app)
+    fields = {"ref": res.id, "job_id": res.job.extra["id"], "status": "running"}
+    other = d.dispatch({"op": "job_state", "fields": fields}, Peer(1, os.getuid() + 4242, 0))
+    assert not other["ok"] and other["error"]["code"] == "permission_denied"
+    bad = d.dispatch({"op": "job_state", "fields": {**fields, "status": "done"}}, Peer(1, os.getuid(), 0))
+    assert not bad["ok"] and bad["error"]["code"] == "invalid_input"
+    mine = d.dispatch({"op": "job_state", "fields": fields}, Peer(1, os.getuid(), 0))
+    assert mine["ok"] and mine["data"]["job"]["status"] == "running"
+    assert world.job(res).status == "running"

@@ -275,7 +275,8 @@ def test_not_root_is_refused_before_anything_changes(pyz, root):
     p = subprocess.run(["setpriv", "--reuid", str(NOBODY), "--regid", str(NOBODY), "--clear-groups",
                         PYTHON, str(pyz), "--json", "admin", "install", "--root", str(root), "--yes", *BASE],
                        capture_output=True, text=True, timeout=300, env={"PATH": "/usr/bin:/bin", "HOME": "/"})
-    assert p.returncode != 0
+    err = json.loads(p.stdout)["error"]
+    assert p.returncode == 5 and err["code"] == "permission_denied" and err["hint"].startswith("sudo bk admin install")
     assert tree(root) == before
 
 
@@ -389,3 +390,39 @@ def test_a_rerun_after_a_failure_finishes_and_still_uninstalls_cleanly(root, mon
     assert result.status in ("reconciled", "installed")
     inst.uninstall(inst.uninstall_plan(str(root), purge_data=True))
     assert tree(root) == before
+
+
+def test_with_systemd_it_reloads_enables_and_starts_and_restarts_on_a_reconcile(root):
+    """systemd is not PID 1 on the test machines, so the plan is told it is
+    and systemctl is a fake that records what it was asked."""
+    from bk.admin import install as inst
+
+    calls: list[list[str]] = []
+
+    def fake(cmd, **kw):
+        calls.append(cmd)
+        return subprocess.CompletedProcess(cmd, 0, "inactive\n", "")
+
+    env = {"PATH": "/usr/bin:/bin", "HOME": "/root"}
+    units = ["gpubk-broker.service", "gpubk-monitor.service"]
+    p = inst.plan(inst.Options(root=str(root), service_user="nobody", gpu_count=4, python=PYTHON), env)
+    p.systemd = True
+    inst.apply(p, runner=fake)
+    assert calls == [["systemctl", "daemon-reload"], ["systemctl", "enable", "--now", *units]]
+    calls.clear()
+    p = inst.plan(inst.Options(root=str(root), python=PYTHON), env)
+    p.systemd = True
+    result = inst.apply(p, runner=fake)
+    assert result.status == "unchanged"
+    assert calls == [["systemctl", "daemon-reload"], ["systemctl", "enable", "--now", *units],
+                     ["systemctl", "restart", *units]]
+    # Uninstall asks systemd whether the units are active.
+    active = []
+
+    def status(cmd, **kw):
+        active.append(cmd)
+        return subprocess.CompletedProcess(cmd, 0, "active\n" if cmd[-1] == units[0] else "inactive\n", "")
+
+    from bk.admin import services
+
+    assert services.active_units(status) == [units[0]]

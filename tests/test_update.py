@@ -113,3 +113,15 @@ def test_a_broken_archive_is_rolled_back(pyz, root, tmp_path):
     assert bookings(root) == kept
     bk(pyz, "admin", "uninstall", "--root", str(root), "--yes", "--purge-data")
     assert os.listdir(root) == []
+
+
+def test_anyone_may_preview_but_only_root_applies(pyz, root):
+    install(pyz, root)
+    new = variant(pyz, root / "incoming.pyz", version="9.8.7")     # where nobody can read it
+    os.chmod(new, 0o644)
+    p = launcher(root, "--json", "update", str(new), "--root", str(root), user=65534)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert json.loads(p.stdout)["data"]["installed_version"] is not None
+    p = launcher(root, "--json", "update", str(new), "--apply", "--yes", "--root", str(root), user=65534)
+    err = json.loads(p.stdout)["error"]
+    assert p.returncode == 5 and err["code"] == "permission_denied" and err["hint"].startswith("sudo bk update --apply")

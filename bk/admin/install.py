@@ -534,10 +534,11 @@ def _now_iso() -> str:
 
 # ------------------------------------------------------------- applying
 
-def _need_root(euid: int | None, what: str) -> None:
+def need_root(command: str, euid: int | None = None) -> None:
+    """``command`` as typed, e.g. ``bk admin install`` or ``bk update --apply``."""
     if (os.geteuid() if euid is None else euid) != 0:
-        raise PermissionDenied(f"bk admin {what} changes system files and must run as root",
-                               hint=f"sudo bk admin {what} ...")
+        raise PermissionDenied(f"{command} changes system files and must run as root",
+                               hint=f"sudo {command} ...")
 
 
 def _mkdir(path: str, mode: int) -> None:
@@ -592,7 +593,7 @@ def entry_for(a: Action) -> mf.Entry:
 
 
 def apply(p: Plan, *, euid: int | None = None, runner=None) -> Result:
-    _need_root(euid, "install")
+    need_root("bk admin install", euid)
     layout = p.layout
     now = _now_iso()
     m = p.manifest or mf.Manifest(layout.root, p.version, now, now)
@@ -804,7 +805,7 @@ def _mutable(e: mf.Entry, now: dict | None, purge: bool) -> Removal:
 
 
 def uninstall(up: UninstallPlan, *, euid: int | None = None) -> list[Removal]:
-    _need_root(euid, "uninstall")
+    need_root("bk admin uninstall", euid)
     if up.running:
         hint = ("sudo systemctl disable --now gpubk-monitor.service gpubk-broker.service" if up.systemd
                 else "stop the broker and the monitor first (kill -TERM their pids)")

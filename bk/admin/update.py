@@ -142,7 +142,7 @@ def _only_the_monitor_waits(report) -> bool:
 
 
 def apply(p: UpdatePlan, env: dict, *, runner=subprocess.run, euid: int | None = None) -> UpdateResult:
-    install._need_root(euid, "update --apply".replace("admin ", ""))
+    install.need_root("bk update --apply", euid)
     layout = p.layout
     m = mf.load(layout.config_dir)
     if m is None:

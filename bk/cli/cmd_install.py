@@ -295,9 +295,9 @@ def run_install(args, ctx) -> Output:
         result = install.dry_run(plan)
         return Output("admin install", result.to_json(), lambda term: _install_text(result),
                       warnings=list(plan.warnings))
-    from bk.cli.cmd_admin import _need_root
+    from bk.admin.install import need_root
 
-    _need_root("install")
+    need_root("bk admin install")
     if plan.changes and not args.yes:
         if not ctx.interactive:
             raise UsageError("bk admin install changes the system; confirm with --yes",
@@ -340,9 +340,9 @@ def _do_uninstall(args, ctx, up, command: str) -> Output:
         if up.running:
             lines.append("but first stop the services: " + "; ".join(up.running))
         return Output(command, data | {"status": "dry_run", "dry_run": True}, "\n".join(lines))
-    from bk.cli.cmd_admin import _need_root
+    from bk.admin.install import need_root
 
-    _need_root(command.split(" ", 1)[1])
+    need_root(f"bk {command}")
     if not args.yes:
         if not ctx.interactive:
             raise UsageError(f"bk {command} removes files; confirm with --yes",
@@ -408,9 +408,9 @@ def run_services(args, ctx) -> Output:
     if args.dry_run:
         result = install.dry_run(plan)
         return Output("admin services install", result.to_json(), lambda term: _install_text(result))
-    from bk.cli.cmd_admin import _need_root
+    from bk.admin.install import need_root
 
-    _need_root("services install")
+    need_root("bk admin services install")
     result = install.apply(plan)
     return Output("admin services install", result.to_json(), lambda term: _install_text(result))
 
@@ -435,9 +435,9 @@ def run_login_hook(args, ctx) -> Output:
         result = install.dry_run(plan)
         return Output(f"admin login-hook {args.hook_action}", result.to_json(),
                       lambda term: "\n".join(["would:", *_plan_lines(plan)]))
-    from bk.cli.cmd_admin import _need_root
+    from bk.admin.install import need_root
 
-    _need_root(f"login-hook {args.hook_action}")
+    need_root(f"bk admin login-hook {args.hook_action}")
     result = install.apply(plan)
     st = loginhook.status(layout)
     return Output(f"admin login-hook {args.hook_action}", result.to_json() | {"hook": st},
@@ -459,9 +459,9 @@ def run_update(args, ctx) -> Output:
     up = update.plan(args.root, args.archive, python=args.python)
     if not args.apply:
         return Output("update", up.to_json() | {"status": "plan"}, lambda term: update.plan_text(up))
-    from bk.cli.cmd_admin import _need_root
+    from bk.admin.install import need_root
 
-    _need_root("update --apply".replace("admin ", ""))
+    need_root("bk update --apply")
     if not args.yes:
         if not ctx.interactive:
             raise UsageError("bk update --apply replaces the installed archive; confirm with --yes",

@@ -271,6 +271,9 @@ def test_uninstall_refuses_while_the_broker_runs(pyz, root):
 
 
 def test_not_root_is_refused_before_anything_changes(pyz, root):
+    shutil.copy(pyz, root / "bk.pyz")              # where nobody can read it
+    os.chmod(root / "bk.pyz", 0o644)
+    pyz = root / "bk.pyz"
     before = tree(root)
     p = subprocess.run(["setpriv", "--reuid", str(NOBODY), "--regid", str(NOBODY), "--clear-groups",
                         PYTHON, str(pyz), "--json", "admin", "install", "--root", str(root), "--yes", *BASE],

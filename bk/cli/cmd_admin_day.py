@@ -52,7 +52,7 @@ def register_maintain(actions, parser_class) -> None:
         "(--keep) or cancel them (--cancel-overlapping: the owners are told the reason). Without "
         "flags at a terminal it asks, one question at a time. Defaults: now, 2 h, level warning.",
         epilog="Examples:\n  sudo bk admin maintain                                   guided\n"
-               "  sudo bk admin maintain --reason 'driver update' -d 3h --start 18:00 --keep --yes\n"
+               "  sudo bk admin maintain --reason 'driver update' -d 3h -t 18:00 --keep --yes\n"
                "  sudo bk admin maintain --reason reboot --cancel-overlapping --yes --json\n"
                "  sudo bk admin maintain list\n  sudo bk admin maintain end 3f2a9c1b",
         formatter_class=RAW)

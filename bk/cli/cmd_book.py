@@ -17,7 +17,7 @@ EXAMPLES = {
   bk 1 2h -t 20:00           at 20:00 exactly (tomorrow if today's has passed)
   bk 1 2h -t 20:00 --queue   at 20:00 or the earliest start after it
   bk 2 1h -g 0,1 --dry-run   show where it would go, book nothing
-  bk 2 8h -t 20:00 -- ./train.sh   book, and run ./train.sh at 20:00 (see bk run)
+  bk 2 8h -t 20:00 -- ./train.sh   and run ./train.sh at 20:00 (bk run)
 """,
     EXCLUSIVE: """Examples:
   bk x 1 2h                  one whole GPU for two hours, now

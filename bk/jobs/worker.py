@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable
 
 from bk.core import jobs as J
-from bk.core.errors import BkError, Busy
+from bk.core.errors import BkError, Busy, InvalidInput, NotFound, PermissionDenied
 from bk.core.record import dataclass, field
 from bk.jobs import launcher, logs, specs
 from bk.store.fsutil import open_file, replace_file
@@ -79,7 +79,13 @@ class Worker:
         jid = res.job.extra["id"]
         try:
             self.host.set_state(res, status, reason, exit_code)
-        except BkError as e:
+        except (NotFound, PermissionDenied, InvalidInput) as e:
+            # Retrying cannot help: the booking left the ledger, or the job
+            # changed meanwhile (a retry, a cancel).  Said once, then dropped.
+            self.unsent.pop(jid, None)
+            self.log(f"job {jid[:8]}: not recorded as {status}: {e.message}")
+            return False
+        except BkError as e:             # busy, the broker restarting, a full disk: next tick
             self.unsent[jid] = (res, status, reason, exit_code)
             self.log(f"could not record job {jid[:8]} as {status} yet ({e.message}); will retry")
             return False
@@ -162,13 +168,13 @@ class Worker:
                 logs.rotate(self.host.jobs_path, jid)
             except BkError as e:
                 self.log(f"job {jid[:8]}: log rotation failed: {e.message}")
+        if any(r.job.status == J.RUNNING and j not in self.children and j not in self.unsent
+               for j, r in jobs.items()):
+            self.recover()                       # a previous worker's jobs: it died
         for jid, res in jobs.items():
             if jid in self.children or jid in self.unsent:
                 continue
             status = res.job.status
-            if status == J.RUNNING:
-                self.recover()                   # a previous worker's: it died
-                continue
             if status != J.PENDING:
                 continue
             if res.cancelled_at is not None:

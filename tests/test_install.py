@@ -395,7 +395,7 @@ def test_a_rerun_after_a_failure_finishes_and_still_uninstalls_cleanly(root, mon
     assert tree(root) == before
 
 
-def test_with_systemd_it_reloads_enables_and_starts_and_restarts_on_a_reconcile(root):
+def test_with_systemd_it_reloads_enables_and_starts_and_restarts_on_a_reconcile(pyz, root):
     """systemd is not PID 1 on the test machines, so the plan is told it is
     and systemctl is a fake that records what it was asked."""
     from bk.admin import install as inst
@@ -408,12 +408,13 @@ def test_with_systemd_it_reloads_enables_and_starts_and_restarts_on_a_reconcile(
 
     env = {"PATH": "/usr/bin:/bin", "HOME": "/root"}
     units = ["gpubk-broker.service", "gpubk-monitor.service"]
-    p = inst.plan(inst.Options(root=str(root), service_user="nobody", gpu_count=4, python=PYTHON), env)
+    p = inst.plan(inst.Options(root=str(root), service_user="nobody", gpu_count=4, python=PYTHON,
+                               archive=str(pyz)), env)
     p.systemd = True
     inst.apply(p, runner=fake)
     assert calls == [["systemctl", "daemon-reload"], ["systemctl", "enable", "--now", *units]]
     calls.clear()
-    p = inst.plan(inst.Options(root=str(root), python=PYTHON), env)
+    p = inst.plan(inst.Options(root=str(root), python=PYTHON, archive=str(pyz)), env)
     p.systemd = True
     result = inst.apply(p, runner=fake)
     assert result.status == "unchanged"

@@ -449,7 +449,7 @@ def _plan(options: Options, env: dict) -> Plan:
     python = _python(options, m)
     hook = options.login_hook if options.login_hook is not None else bool(
         m and m.find(layout.hook) is not None)
-    entries, source = archive.source_entries(options.archive, _now_iso())
+    entries, source = archive.source_entries(options.archive)
     version = archive.build_record(entries).get("version") or "?"
     pyz = archive.archive_bytes(entries, python)
 

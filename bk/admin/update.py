@@ -77,7 +77,7 @@ def plan(root: str, new_archive: str | None, *, python: str | None = None) -> Up
         entries = archive.read_entries(new_archive)
         source = new_archive
     else:
-        entries, source = archive.source_entries(None, "")
+        entries, source = archive.source_entries(None)
     new_version = archive.build_record(entries).get("version") or "?"
     systemd = services.systemd_running(layout.root)
     stop = "stop gpubk-broker and gpubk-monitor" if systemd else \

@@ -1,0 +1,63 @@
+"""The installer's archive writer and build.py agree byte for byte.
+
+``build.py`` keeps its own copy of the archive format (it must build any
+tree alone), and ``bk.admin.archive`` writes ``/opt/gpubk/bk.pyz``; the same
+entries compiled by the same interpreter must give the same archive, so an
+installed bk reports the build's content hash and a reinstall of the same
+archive changes nothing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+from bk.admin import archive
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _build_module():
+    spec = importlib.util.spec_from_file_location("bk_build_for_archive_test", ROOT / "build.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module          # dataclasses look their module up there
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules[spec.name]
+    return module
+
+
+def test_rewriting_the_built_archive_for_the_same_python_gives_the_same_bytes(pyz):
+    rebuilt = archive.archive_bytes(archive.read_entries(str(pyz)), sys.executable)
+    assert rebuilt == pyz.read_bytes()
+
+
+def test_the_format_constants_are_build_pys():
+    build = _build_module()
+    for name in ("SHEBANG", "RESOURCE_DIRS", "RESOURCE_PACKAGE", "BUILD_JSON", "CODE_PREFIX", "COMPRESS_LEVEL",
+                 "FILE_ATTR", "DIR_ATTR", "ZIP_TIME_MIN", "ZIP_TIME_MAX", "JUNK_DIRS", "JUNK_SUFFIXES",
+                 "MAIN_PY", "RESOURCES_INIT_PY", "_COMPILE_WORKER"):
+        assert getattr(archive, name) == getattr(build, name), name
+    entries = {"b/x.py": b"x = 1\n", "a.txt": b"a", "bk/_build.json": b"{}"}
+    assert archive.content_sha256(entries) == build.content_sha256(entries)
+    assert archive.directories(["a/b/c.py"]) == build.directories(["a/b/c.py"])
+    assert [archive.is_junk(n) for n in ("x~", ".a", "a.py")] == [build.is_junk(n) for n in ("x~", ".a", "a.py")]
+
+
+def test_a_foreign_zip_is_not_taken_for_an_archive(tmp_path):
+    import zipfile
+
+    import pytest
+
+    from bk.core.errors import ConfigError
+
+    path = tmp_path / "other.zip"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("hello.txt", "hi")
+    with pytest.raises(ConfigError, match="not a bk archive"):
+        archive.read_entries(str(path))
+    (tmp_path / "junk.pyz").write_bytes(b"#!/bin/sh\nnot a zip\n")
+    with pytest.raises(ConfigError, match="not a readable bk archive"):
+        archive.read_entries(str(tmp_path / "junk.pyz"))

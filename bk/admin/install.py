@@ -297,6 +297,7 @@ def _python(options: Options, m: mf.Manifest | None) -> str:
         raise InvalidInput(f"--python must be an absolute path, got {python!r}")
     if not os.access(python, os.X_OK):
         raise InvalidInput(f"{python} is not an executable interpreter", hint="e.g. --python /usr/bin/python3")
+    units.check_path(python, "the interpreter")      # the launcher and units name it unquoted
     real = os.path.realpath(python)
     if real.startswith(("/home/", "/root/", "/run/user/")):
         # ProtectHome=yes in both units hides these from the services, and
@@ -318,7 +319,7 @@ def launcher_text(layout: Layout, python: str) -> bytes:
     return ("\n".join(lines) + "\n").encode()
 
 
-def _parents(path: str, done: set[str], role_root: str) -> list[Action]:
+def _parents(path: str, done: set[str]) -> list[Action]:
     """mkdir actions for the missing directories above ``path``, top first;
     the existing ones must be safe (root-owned, not writable by others)."""
     missing = []
@@ -413,7 +414,7 @@ def _link_action(path: str, target: str, m: mf.Manifest | None, warnings: list[s
     entry = m.find(path) if m else None
     want = {"kind": "link", "target": target}
     if now is None:
-        return [*_parents(path, done, "parent"),
+        return [*_parents(path, done),
                 Action("link", path, "command", "the bk command", kind="link", target=target)]
     if entry is not None and mf.same(now, entry.expected()) or mf.same(now, want):
         if entry is None:
@@ -459,16 +460,16 @@ def _plan(options: Options, env: dict) -> Plan:
     vals = units.values(bk=layout.launcher, uid=ip.service_uid, gid=gid, monitor_uid=monitor_uid,
                         data_dir=ip.options.data_dir, socket_dir=os.path.dirname(ip.options.socket),
                         group_access=group_access)
-    res = _resources(entries)
+    res = _resources(entries, source)
     files: list[tuple[str, bytes, int, str]] = [
         (layout.pyz, pyz, 0o644, "archive"),
         (layout.launcher, launcher_text(layout, python), 0o755, "launcher"),
     ]
     for name in units.SYSTEM_UNITS:
         files.append((os.path.join(layout.unit_dir, name),
-                      units.render(res[f"install/{name}"].decode(), vals).encode(), 0o644, "unit"))
+                      units.render(res.text(f"install/{name}"), vals).encode(), 0o644, "unit"))
     files.append((os.path.join(layout.user_unit_dir, units.WORKER_UNIT),
-                  units.render(res[f"install/{units.WORKER_UNIT}"].decode(), vals).encode(), 0o644, "user-unit"))
+                  units.render(res.text(f"install/{units.WORKER_UNIT}"), vals).encode(), 0o644, "user-unit"))
     for name in sorted(n for n in res if n.startswith("man/") and n.rsplit(".", 1)[-1] in MAN_SECTIONS):
         files.append((layout.man(name[4:]), res[name], 0o644, "man"))
     if "install/completion/bk.bash" in res:
@@ -476,7 +477,7 @@ def _plan(options: Options, env: dict) -> Plan:
     if "install/completion/_bk" in res:
         files.append((layout.zsh_completion, res["install/completion/_bk"], 0o644, "completion"))
     if hook:
-        files.append((layout.hook, units.render(res[f"install/{units.LOGIN_HOOK}"].decode(),
+        files.append((layout.hook, units.render(res.text(f"install/{units.LOGIN_HOOK}"),
                                                 {"BK": layout.launcher}).encode(), 0o644, "login-hook"))
 
     actions: list[Action] = []
@@ -487,7 +488,7 @@ def _plan(options: Options, env: dict) -> Plan:
     actions += [Action("init", s.path, "parent", s.why, kind="dir", mode=s.mode, uid=s.uid, gid=s.gid, step=s)
                 for s in conf]
     for path, data, mode, role in files:
-        actions += _parents(path, done, "parent")
+        actions += _parents(path, done)
         actions.append(file_action(path, data, mode, role, m, drifted))
     for s in ip.steps:
         if s.why != "configuration directory":
@@ -521,9 +522,24 @@ def _plan(options: Options, env: dict) -> Plan:
     return p
 
 
-def _resources(entries: dict[str, bytes]) -> dict[str, bytes]:
+class _Resources(dict):
+    """The archive's ``bk/resources/`` entries by their repository names (``install/...``, ``man/...``)."""
+
+    source = ""
+
+    def text(self, name: str) -> str:
+        try:
+            return self[name].decode()
+        except KeyError:
+            raise ConfigError(f"the archive {self.source} has no {name} to install",
+                              hint="install from a bk.pyz built by python3 build.py from a complete tree") from None
+
+
+def _resources(entries: dict[str, bytes], source: str) -> _Resources:
     prefix = "bk/resources/"
-    return {n[len(prefix):]: b for n, b in entries.items() if n.startswith(prefix) and not n.endswith("/")}
+    res = _Resources({n[len(prefix):]: b for n, b in entries.items() if n.startswith(prefix) and not n.endswith("/")})
+    res.source = source
+    return res
 
 
 def _now_iso() -> str:

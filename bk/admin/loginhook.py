@@ -14,14 +14,9 @@ from __future__ import annotations
 import os
 
 from bk.admin import manifest as mf
-from bk.admin import units
 from bk.core.errors import ConfigError
 
 ROLE = "login-hook"
-
-
-def script(launcher: str) -> bytes:
-    return units.render_named(units.LOGIN_HOOK, {"BK": units.check_path(launcher, "the bk launcher")})
 
 
 def status(layout) -> dict:

@@ -2,8 +2,9 @@
 hook) for one server.
 
 The templates are plain files in the repository's ``install/`` directory,
-shipped in the archive as ``bk/resources/install/`` and read with
-``importlib.resources`` (``bk.buildinfo.resource_text``).  They hold
+shipped in the archive as ``bk/resources/install/``.  The installer renders
+the templates of the archive it installs (for an upgrade, the new one's),
+not those of the bk that runs it.  They hold
 ``@NAME@`` tokens; rendering replaces every one and refuses a template that
 names a value it was not given (or a value that would break the unit
 syntax), so a new token can never reach a server unrendered.
@@ -24,16 +25,6 @@ _TOKEN = re.compile(r"@([A-Z_]+)@")
 # systemd splits on white space and gives % and \ and quotes meaning; the
 # paths bk writes into a unit are its own and never need them.
 _UNSAFE = re.compile(r"[\s%\\\"'$;`]")
-
-
-def template(name: str) -> str:
-    from bk.buildinfo import resource_text
-
-    try:
-        return resource_text("install", name)
-    except FileNotFoundError:
-        raise ConfigError(f"this bk has no install/{name} to install",
-                          hint="run the installer from bk.pyz built by python3 build.py") from None
 
 
 def render(text: str, values: dict[str, str]) -> str:
@@ -62,6 +53,3 @@ def values(*, bk: str, uid: int, gid: int, monitor_uid: int, data_dir: str, sock
             "MONITOR_UID": str(monitor_uid), "RUNTIME_MODE": "2750" if group_access else "0755",
             "READ_WRITE": " ".join(rw), "MONITOR_READ_WRITE": " ".join(rw)}
 
-
-def render_named(name: str, vals: dict[str, str]) -> bytes:
-    return render(template(name), vals).encode()

@@ -177,6 +177,13 @@ def test_a_command_directory_not_owned_by_root_is_refused(pyz, root):
     assert tree(root) == before
     rc, env = install(pyz, root, "--command-path", "/usr/bin/bk")
     assert os.readlink(root / "usr/bin/bk") == f"{root}/opt/gpubk/bin/bk"
+    # A reinstall keeps the link where it is; --no-command-link takes it away.
+    rc, env = install(pyz, root)
+    assert env["data"]["command_path"] == "/usr/bin/bk" and not (root / "usr/local/bin/bk").exists()
+    rc, env = install(pyz, root, "--no-command-link")
+    assert env["data"]["command_path"] is None and not os.path.lexists(root / "usr/bin/bk")
+    bk(pyz, "admin", "uninstall", "--root", str(root), "--yes", "--purge-data")
+    assert tree(root) == before
 
 
 def test_an_identical_link_is_adopted_and_left_on_uninstall(pyz, root):

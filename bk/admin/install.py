@@ -126,8 +126,8 @@ class Options:
     gpu_count: int | None = None
     slot_minutes: int | None = None
     max_shared_users: int | None = None
-    command_path: str = DEFAULT_COMMAND
-    command_link: bool = True
+    command_path: str | None = None         # None: as installed, else /usr/local/bin/bk
+    command_link: bool | None = None        # None: as installed (a link on a first install)
     login_hook: bool | None = None          # None: as installed (no hook on a first install)
     python: str | None = None
     archive: str | None = None              # install this archive instead of the running bk
@@ -181,6 +181,7 @@ class Plan:
     systemd: bool = False
     service_commands: list[list[str]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    command_path: str | None = None   # as on the server (no root prefix); None: no link
 
     @property
     def changes(self) -> list[Action]:
@@ -193,7 +194,7 @@ class Plan:
                 "service_user": ip.service_user, "service_uid": ip.service_uid,
                 "config_file": ip.options.config_file, "config": ip.config,
                 "data_dir": ip.options.data_dir, "socket": ip.options.socket,
-                "command_path": self.options.command_path if self.options.command_link else None,
+                "command_path": self.command_path,
                 "login_hook": self.hook_wanted,
                 "actions": [a.to_json() for a in self.actions],
                 "systemd": self.systemd, "service_commands": [" ".join(c) for c in self.service_commands],
@@ -496,8 +497,12 @@ def _plan(options: Options, env: dict) -> Plan:
                                   kind="file" if s.action == "write" or s.why == "trusted configuration" else "dir",
                                   mode=s.mode, uid=s.uid, gid=s.gid, step=s))
     warnings: list[str] = []
-    if options.command_link:
-        actions += _link_action(_target(layout, options.command_path, "--command-path") or "",
+    installed = m.options.get("command_path") if m else None
+    link = options.command_link if options.command_link is not None else (
+        m is None or "command_path" not in m.options or bool(installed))
+    command_path = (options.command_path or installed or DEFAULT_COMMAND) if link else None
+    if command_path is not None:
+        actions += _link_action(_target(layout, command_path, "--command-path") or "",
                                 layout.launcher, m, warnings, done)
     if m is not None:
         # Tracked files this install no longer writes (a hook turned off, a
@@ -505,7 +510,7 @@ def _plan(options: Options, env: dict) -> Plan:
         wanted = {a.path for a in actions}
         for e in m.entries:
             if e.path not in wanted and e.role in ("archive", "launcher", "unit", "user-unit", "man",
-                                                    "completion", "login-hook"):
+                                                    "completion", "login-hook", "command"):
                 now = mf.state(e.path)
                 if now is not None and not mf.same(now, e.expected()):
                     drifted.append(e)
@@ -515,7 +520,7 @@ def _plan(options: Options, env: dict) -> Plan:
         _refuse_drift(drifted, layout.config_dir, "bk admin install")
     systemd = services.systemd_running(layout.root)
     p = Plan(options, layout, m is not None, m, ip, python, source, version, actions, systemd,
-             services.start_commands(m is None, options.start), warnings)
+             services.start_commands(m is None, options.start), warnings, command_path)
     if ip.options.data_dir.startswith(("/home/", "/root/", "/tmp/")) and layout.root == "/":
         warnings.append(f"the data directory {ip.options.data_dir} is hidden from the services "
                         "(ProtectHome=, PrivateTmp=)")
@@ -608,11 +613,19 @@ def entry_for(a: Action) -> mf.Entry:
                     sha256=mf.sha256_bytes(a.data or b""), before=a.before)
 
 
+def _recorded_options(p: Plan) -> dict:
+    return {"python": p.python, "command_path": p.command_path, "login_hook": p.hook_wanted,
+            "data_dir": p.init_plan.options.data_dir, "socket": p.init_plan.options.socket,
+            "service_uid": p.init_plan.service_uid}
+
+
 def apply(p: Plan, *, euid: int | None = None, runner=None) -> Result:
     need_root("bk admin install", euid)
     layout = p.layout
     now = _now_iso()
     m = p.manifest or mf.Manifest(layout.root, p.version, now, now)
+    # The settings first: an install interrupted halfway is rerun with them.
+    m.options = _recorded_options(p)
     stopped = _stop_for_archive(p, runner)
     applied: list[Action] = []
     pending: list[mf.Entry] = []       # recorded once the manifest's directory exists
@@ -649,9 +662,7 @@ def apply(p: Plan, *, euid: int | None = None, runner=None) -> Result:
         applied.append(a)
     m.version = p.version
     m.updated_at = now
-    m.options = {"python": p.python, "command_path": p.options.command_path if p.options.command_link else None,
-                 "login_hook": p.hook_wanted, "data_dir": p.init_plan.options.data_dir,
-                 "socket": p.init_plan.options.socket, "service_uid": p.init_plan.service_uid}
+    m.options = _recorded_options(p)
     mf.save(layout.config_dir, m)
     os.chmod(mf.manifest_path(layout.config_dir), 0o600)
     init.verify(p.init_plan)

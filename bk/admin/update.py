@@ -161,10 +161,7 @@ def apply(p: UpdatePlan, env: dict, *, runner=subprocess.run, euid: int | None =
     with open(layout.pyz, "rb") as f:
         old = f.read()
     install.write_file(previous, old, 0o644)
-    options = install.Options(root=layout.root, archive=p.new_archive, python=p.python,
-                              command_link=bool(m.options.get("command_path")),
-                              command_path=m.options.get("command_path") or install.DEFAULT_COMMAND,
-                              start=False)
+    options = install.Options(root=layout.root, archive=p.new_archive, python=p.python, start=False)
     try:
         ip = install.plan(options, env)
         install.apply(ip, runner=runner)

@@ -73,10 +73,10 @@ def register_admin(actions, parser_class) -> None:
                      help="slice length, a divisor of 60 (default 5)")
     ins.add_argument("--max-shared-users", metavar="N", type=common.positive_int,
                      help="share slots per GPU (default 2)")
-    ins.add_argument("--command-path", metavar="PATH", default="/usr/local/bin/bk",
-                     help="where the bk command link goes (default /usr/local/bin/bk)")
-    ins.add_argument("--no-command-link", dest="command_link", action="store_false",
-                     help="install no bk command link")
+    ins.add_argument("--command-path", metavar="PATH",
+                     help="where the bk command link goes (default /usr/local/bin/bk, or as installed)")
+    ins.add_argument("--no-command-link", dest="command_link", action="store_false", default=None,
+                     help="install no bk command link (a reinstall removes the one it made)")
     ins.add_argument("--login-hook", dest="login_hook", action="store_true", default=None,
                      help="also install the login notice hook /etc/profile.d/gpubk.sh")
     ins.add_argument("--no-login-hook", dest="login_hook", action="store_false",
@@ -267,7 +267,7 @@ def _guided(args, ctx):
         Question("slot_minutes", "Slice length in minutes", common.positive_int, str(args.slot_minutes or 5)),
         Question("max_shared_users", "Share slots per GPU", common.positive_int, str(args.max_shared_users or 2)),
         Question("data_dir", "Data directory", absolute, args.data_dir or "/var/lib/gpubk"),
-        Question("command_path", "The bk command", absolute, args.command_path),
+        Question("command_path", "The bk command", absolute, args.command_path or "/usr/local/bin/bk"),
         Question("login_hook", "Show notices at login (Y/n)", yesno, "y" if args.login_hook is not False else "n",
                  shown="Y/n" if args.login_hook is not False else "y/N"),
     ]
@@ -425,8 +425,7 @@ def run_login_hook(args, ctx) -> Output:
         st = loginhook.status(layout)
         return Output("admin login-hook status", st, f"login hook: {st['status']} ({st['path']})")
     loginhook.require_installed(layout)
-    options = install.Options(root=args.root, login_hook=args.hook_action == "install",
-                              command_link=_has_link(layout))
+    options = install.Options(root=args.root, login_hook=args.hook_action == "install")
     plan = install.plan(options, ctx.env)
     # Only the hook (and the directory it needs); the rest is left to a reconcile.
     plan.actions = [a for a in plan.actions if a.role == "login-hook"
@@ -443,12 +442,6 @@ def run_login_hook(args, ctx) -> Output:
     return Output(f"admin login-hook {args.hook_action}", result.to_json() | {"hook": st},
                   lambda term: f"login hook: {st['status']} ({st['path']})")
 
-
-def _has_link(layout) -> bool:
-    from bk.admin import manifest as mf
-
-    m = mf.load(layout.config_dir)
-    return bool(m and m.options.get("command_path"))
 
 
 # ------------------------------------------------------------- update

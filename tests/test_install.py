@@ -229,6 +229,18 @@ def test_group_access_units_and_directories(pyz, root):
     for name in ("gpubk-broker.service", "gpubk-monitor.service"):
         unit = (root / "etc/systemd/system" / name).read_text()
         assert f"Group={gid}" in unit and "RuntimeDirectoryMode=2750" in unit
+        if shutil.which("systemd-analyze"):
+            v = subprocess.run(["systemd-analyze", "verify", str(root / "etc/systemd/system" / name)],
+                               capture_output=True, text=True,
+                               env=dict(os.environ, MANPATH=str(root / "usr/local/share/man")))
+            assert v.returncode == 0 and v.stderr == "", v.stderr
+
+
+def test_without_a_terminal_it_needs_yes_and_changes_nothing(pyz, root):
+    before = tree(root)
+    p = bk(pyz, "admin", "install", "--root", str(root), "--no-start", *BASE, check=False)
+    assert p.returncode == 2 and "confirm with --yes" in p.stderr
+    assert tree(root) == before
 
 
 def test_install_from_an_installed_package_builds_the_archive(root, capsys):

@@ -125,3 +125,16 @@ def test_anyone_may_preview_but_only_root_applies(pyz, root):
     p = launcher(root, "--json", "update", str(new), "--apply", "--yes", "--root", str(root), user=65534)
     err = json.loads(p.stdout)["error"]
     assert p.returncode == 5 and err["code"] == "permission_denied" and err["hint"].startswith("sudo bk update --apply")
+
+
+def test_the_installed_command_can_upgrade_itself(pyz, root, tmp_path):
+    """``sudo bk update NEW.pyz --apply`` run by the installed bk replaces the
+    very archive it runs from, and still finishes and reports."""
+    kept = with_bookings(pyz, root)
+    new = variant(pyz, tmp_path / "new.pyz", version="9.8.8")
+    os.chmod(tmp_path, 0o755)
+    p = launcher(root, "--json", "update", str(new), "--apply", "--yes", "--root", str(root))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert json.loads(p.stdout)["data"]["status"] == "updated"
+    assert launcher(root, "--version").stdout.strip() == "bk 9.8.8"
+    assert bookings(root) == kept

@@ -648,6 +648,8 @@ def apply(p: Plan, *, euid: int | None = None, runner=None) -> Result:
             pending.append(entry)
         if a.op != "adopt":            # an identical file or link: recorded, not touched
             _do(a, p.init_plan.config)
+            if a.role == "archive":
+                _reread_if_running(a.path)
         if pending and os.path.isdir(layout.config_dir):
             for e in pending:
                 m.record(e)
@@ -687,6 +689,22 @@ def apply(p: Plan, *, euid: int | None = None, runner=None) -> Result:
     if not applied:
         status = "unchanged"
     return Result(p, status, applied, ran, notes)
+
+
+def _reread_if_running(path: str) -> None:
+    """This process may run from the archive just replaced (``sudo bk update
+    NEW.pyz --apply`` run by the installed bk).  zipimport keeps the table of
+    contents it read at start-up and reopens the file by name for each
+    import: the modules still to import would be read from the new file at
+    the old offsets.  ``invalidate_caches`` makes it read the new table
+    (zipimporter.invalidate_caches, Python 3.10+)."""
+    from bk.admin.archive import running_archive
+
+    running = running_archive()
+    if running and os.path.realpath(running) == os.path.realpath(path):
+        import importlib
+
+        importlib.invalidate_caches()
 
 
 def _stop_for_archive(p: Plan, runner) -> bool:

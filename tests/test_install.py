@@ -449,3 +449,25 @@ def test_with_systemd_it_reloads_enables_and_starts_and_restarts_on_a_reconcile(
     from bk.admin import services
 
     assert services.active_units(status) == [units[0]]
+
+
+def test_a_replaced_file_is_backed_up_and_restored(pyz, root):
+    """The README's venv: /opt/gpubk already holds a virtual environment
+    whose bin/bk is pip's script.  Install replaces it with the launcher
+    (keeping a root-only copy); uninstall puts pip's script back."""
+    venv_bin = root / "opt/gpubk/bin"
+    venv_bin.mkdir(parents=True)
+    (venv_bin / "bk").write_text("#!/opt/gpubk/bin/python\nfrom bk.cli.main import main\nmain()\n")
+    os.chmod(venv_bin / "bk", 0o755)
+    os.symlink("/usr/bin/python3", venv_bin / "python")
+    before = tree(root)
+    rc, env = install(pyz, root)
+    ops = {a["path"]: a["op"] for a in env["data"]["actions"]}
+    assert ops[f"{root}/opt/gpubk/bin/bk"] == "replace"
+    assert "exec /usr/bin/python3" in (venv_bin / "bk").read_text()
+    man = json.loads((root / "etc/gpubk/install-manifest.json").read_text())
+    entry = next(e for e in man["entries"] if e["path"] == f"{root}/opt/gpubk/bin/bk")
+    backup = root / "etc/gpubk/install-backup" / entry["before"]["backup"]
+    assert owner_mode(backup) == (0, 0, 0o600) and owner_mode(backup.parent) == (0, 0, 0o700)
+    bk(pyz, "admin", "uninstall", "--root", str(root), "--yes", "--purge-data")
+    assert tree(root) == before

@@ -471,3 +471,20 @@ def test_a_replaced_file_is_backed_up_and_restored(pyz, root):
     assert owner_mode(backup) == (0, 0, 0o600) and owner_mode(backup.parent) == (0, 0, 0o700)
     bk(pyz, "admin", "uninstall", "--root", str(root), "--yes", "--purge-data")
     assert tree(root) == before
+
+
+def test_with_systemd_uninstall_disables_the_units_before_removing_them(pyz, root):
+    from bk.admin import install as inst
+
+    install(pyz, root)
+    calls: list[list[str]] = []
+
+    def fake(cmd, **kw):
+        calls.append(cmd)
+        return subprocess.CompletedProcess(cmd, 0, "inactive\n", "")
+
+    up = inst.uninstall_plan(str(root), only_services=True, runner=fake)
+    up.systemd = True
+    inst.uninstall(up, runner=fake)
+    assert ["systemctl", "disable", "gpubk-broker.service", "gpubk-monitor.service"] in calls
+    assert not (root / "etc/systemd/system/gpubk-broker.service").exists()

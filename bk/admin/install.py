@@ -849,12 +849,18 @@ def _mutable(e: mf.Entry, now: dict | None, purge: bool) -> Removal:
     return Removal("purge", e, "removed with its contents")
 
 
-def uninstall(up: UninstallPlan, *, euid: int | None = None) -> list[Removal]:
+def uninstall(up: UninstallPlan, *, euid: int | None = None, runner=None) -> list[Removal]:
     need_root("bk admin uninstall", euid)
     if up.running:
         hint = ("sudo systemctl disable --now gpubk-monitor.service gpubk-broker.service" if up.systemd
                 else "stop the broker and the monitor first (kill -TERM their pids)")
         raise ConfigError("the services are still running: " + "; ".join(up.running), hint=hint)
+    if up.systemd and any(r.entry.role == "unit" and r.op == "remove" for r in up.removals):
+        # Stopped is not disabled: enable's links in *.wants/ would dangle
+        # once the unit files are gone.
+        import subprocess
+
+        services.run([["systemctl", "disable", *services.UNITS]], runner or subprocess.run)
     cfg_dir = up.layout.config_dir
     m = up.manifest
     # The manifest's own directory and those above it hold the manifest

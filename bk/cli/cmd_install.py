@@ -360,7 +360,7 @@ def _do_uninstall(args, ctx, up, command: str) -> Output:
 
     done = install.uninstall(up)
     lines = [f"bk {command} did:", *[ln for ln in _removal_lines(up)]]
-    if up.systemd and up.only_services:
+    if up.systemd:                                  # the unit files are gone: tell systemd
         services.run([["systemctl", "daemon-reload"]])
     if not up.only_services:
         lines.append("the /opt/gpubk directory goes last, by hand if you made it: sudo rm -rf /opt/gpubk; hash -r")

@@ -45,30 +45,9 @@ def run(args, ctx) -> Output:
         table = common.reservations_table(items, view, term, tz=call.tz, show_user=scope == "all")
         if len(items) < total:   # a cut list says so: the rest exists
             table += f"\nshowing {len(items)} of {total} (bk l{_flag(scope)} -n {total} for all)"
-        return table + _job_lines(items, view, call.actor.uid)
+        return table + common.job_lines(items, view, call.actor.uid)
 
     return Output("list", {"scope": scope, "reservations": rows, "total": total}, human)
-
-
-def _job_lines(items, view, uid: int) -> str:
-    """Each booking's attached command: its state, and for your own its
-    summary and why it waits (bk j has the rest)."""
-    from bk.cli.render import safe
-
-    lines = []
-    for r in items:
-        if r.job is None:
-            continue
-        num = view.numbers.get(r.id)
-        head = f"job of {num} [{r.short_id}]" if num else f"job of {r.short_id}"
-        text = f"{head}: {safe(r.job.status)}"
-        if r.uid == uid:
-            text += f" ({safe(r.job.summary or '')})"
-            reason = r.job.extra.get("reason")
-            if reason and r.job.status in ("pending", "failed", "uncertain"):
-                text += f": {safe(reason)}"
-        lines.append(text)
-    return "".join("\n" + line for line in lines)
 
 
 def _flag(scope: str) -> str:

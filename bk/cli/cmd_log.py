@@ -75,6 +75,25 @@ def _span_of(summary: dict | None, tz, now: int) -> str:
             f"{timegrid.format_span(_t(summary['start']), _t(summary['end']), tz, now)}")
 
 
+def _said(d, key: str) -> str:
+    return safe((d or {}).get(key) or "")
+
+
+# The administrator's and the worker's actions, in words (the action names are
+# the audit log's constants; an unknown one is shown as it is).
+_WORDS = {
+    "blackout_add": lambda e, who: f"maintenance window set by {who}: {_said(e.get('after'), 'reason')}".rstrip(": "),
+    "blackout_end": lambda e, who: f"maintenance window {safe(e.get('result') or 'ended')} by {who}",
+    "notice_publish": lambda e, who: f"announcement published by {who}: {_said(e.get('after'), 'text')}".rstrip(": "),
+    "notice_archive": lambda e, who: f"announcement archived by {who}: {_said(e.get('before'), 'text')}".rstrip(": "),
+    "notice_edit": lambda e, who: f"announcement edited by {who}: {_said(e.get('after'), 'text')}".rstrip(": "),
+    "policy_bind": lambda e, who: f"GPU policy bound to the ledger by {who}",
+    "recover": lambda e, who: f"lost commits accepted by {who}",
+    "job": lambda e, who: (f"job {_said(e.get('before'), 'job')} -> {_said(e.get('after'), 'job')} "
+                           f"by {who}"),
+}
+
+
 def describe(e: dict, tz, now: int) -> str:
     """One audit entry in words (whatever the log holds is shown escaped:
     ``safe``)."""
@@ -88,6 +107,8 @@ def describe(e: dict, tz, now: int) -> str:
         text = f"edited by {who}: {change_text(e.get('before'), e.get('after'), tz, now) or 'no change'}"
     elif action in ("cancel", "admin_cancel"):
         text = f"cancelled by {who}" + (f": {safe(e['reason'])}" if e.get("reason") else "")
+    elif action in _WORDS:
+        text = _WORDS[action](e, who)
     else:
         text = f"{action} by {who}" + (f": {safe(e['result'])}" if e.get("result") else "")
     if e.get("op_id"):

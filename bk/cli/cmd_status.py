@@ -49,6 +49,7 @@ def status_output(ctx, *, verbose: bool) -> Output:
             block = title + "\n" + common.reservations_table(st.reservations, st.view, term, tz=tz,
                                                              show_user=verbose)
             used = usage_lines(st, term)
+            block += common.job_lines(st.reservations, st.view, call.actor.uid)
             parts.append(block + ("\n" + used if used else ""))
         else:
             parts.append("no current or upcoming bookings" if verbose else

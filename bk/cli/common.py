@@ -192,3 +192,24 @@ def reservations_table(items, view, term, *, tz, show_user: bool) -> str:
     # then user names; IDs and times are never cut.
     order = [len(headers) - 1, headers.index("STATUS"), *([2] if show_user else [])]
     return table(body, headers, term, shrink=list(dict.fromkeys(order)))
+
+
+def job_lines(items, view, uid: int) -> str:
+    """Each booking's attached command: its state, and for your own its
+    summary and why it waits (bk j has the rest)."""
+    from bk.cli.render import safe
+
+    lines = []
+    for r in items:
+        if r.job is None:
+            continue
+        num = view.numbers.get(r.id)
+        head = f"job of {num} [{r.short_id}]" if num else f"job of {r.short_id}"
+        text = f"{head}: {safe(r.job.status)}"
+        if r.uid == uid:
+            text += f" ({safe(r.job.summary or '')})"
+            reason = r.job.extra.get("reason")
+            if reason and r.job.status in ("pending", "failed", "uncertain"):
+                text += f": {safe(reason)}"
+        lines.append(text)
+    return "".join("\n" + line for line in lines)

@@ -106,3 +106,12 @@ def test_logs_are_bounded_by_age_and_total(jobs):
     assert logs.clean(jobs, running=set(), now=1000 + 10_050, max_age_s=10_000) == [ids[0]]
     assert logs.clean(jobs, running=set(), now=1300, total_bytes=1500) == [ids[1]]
     assert set(logs.sizes(jobs)) == {ids[2]}
+
+
+def test_every_directory_a_spec_creates_is_private(tmp_path):
+    """A trial BK_DATA_DIR that the first job spec creates (data/state/jobs)
+    must come out 0700 at every level, like the ledger makes it."""
+    jobs = str(tmp_path / "data" / "state" / "jobs")
+    specs.write_spec(jobs, JID, ["true"], "/tmp", "/usr/bin", 5)
+    for d in (tmp_path / "data", tmp_path / "data" / "state", tmp_path / "data" / "state" / "jobs"):
+        assert stat.S_IMODE(os.stat(d).st_mode) == 0o700, d

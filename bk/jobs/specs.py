@@ -61,6 +61,28 @@ class Spec:
     digest: str
 
 
+def _private_dirs(path: str) -> None:
+    """Create ``path`` and every missing directory above it 0700.
+    ``os.makedirs(mode=)`` gives that mode only to the last one, so a trial
+    ``BK_DATA_DIR`` that the job spec creates first would be left 0755 (and
+    fail the data directory's own check)."""
+    missing = []
+    while path and not os.path.isdir(path):
+        missing.append(path)
+        up = os.path.dirname(path)
+        if up == path:
+            break
+        path = up
+    for d in reversed(missing):
+        try:
+            os.mkdir(d, DIR_MODE)
+            os.chmod(d, DIR_MODE, follow_symlinks=False)
+        except FileExistsError:
+            pass
+        except OSError as e:
+            raise io_error(e, "creating", d) from None
+
+
 class JobsDir:
     """``with JobsDir(path, create=True) as d``: the open jobs directory and
     its ``specs``/``logs`` sub-directories, checked like every state path."""
@@ -75,12 +97,7 @@ class JobsDir:
         mode = DIR_MODE if self.create else None
         if self.create:
             parent = os.path.dirname(self.path)
-            if not os.path.isdir(parent):
-                try:
-                    os.makedirs(parent, DIR_MODE, exist_ok=True)
-                    os.chmod(parent, DIR_MODE, follow_symlinks=False)
-                except OSError as e:
-                    raise io_error(e, "creating", parent) from None
+            _private_dirs(parent)
         self.fd = open_dir(self.path, self.safety, create_mode=mode)
         return self
 

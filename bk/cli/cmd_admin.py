@@ -24,8 +24,9 @@ INIT_EPILOG = """Examples:
 
 It creates no accounts or groups: create them first (useradd --system gpubk).
 It writes the config last, and never over one that says something else.
-Then start the broker as the service account: sudo -u gpubk bk broker, or
-from a systemd unit (docs/GUIDE.md has one to copy)."""
+Then start the broker as the service account: sudo -u gpubk bk broker. For
+units that start it at boot, use sudo bk admin install instead (init plus
+the archive, units, man pages and completion)."""
 
 
 def register(sub) -> None:
@@ -182,10 +183,10 @@ def _plan_text(result, applied: bool) -> str:
             + (f" (group {p.options.group})" if p.options.group else "")]
     if result.status in ("created", "unchanged"):
         tail.append(f"next: start the broker as {p.service_user}: sudo -u {p.service_user} "
-                    f"BK_CONFIG_FILE={p.options.config_file} bk broker (or a systemd unit: docs/GUIDE.md)")
+                    f"BK_CONFIG_FILE={p.options.config_file} bk broker (or let sudo bk admin install set up units that start it at boot)")
         if p.options.socket.startswith("/run/"):
-            tail.append("note: /run is emptied at boot; a systemd unit recreates the socket "
-                        "directory with RuntimeDirectory=")
+            tail.append("note: /run is emptied at boot; the units bk admin install writes "
+                        "recreate the socket directory (RuntimeDirectory=)")
     return "\n".join([head, *lines, *tail])
 
 

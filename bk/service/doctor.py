@@ -453,13 +453,13 @@ FIXES = {
     "config": "sudo bk admin init, or correct the file (man 5 gpubk-config)",
     "data directory": "ls -ld DIR: it must be a real directory owned by its writer (you in private mode, "
                       "the service account on a server), not writable by group or others",
-    "ledger": "see docs/GUIDE.md section 5.9 (backups, validation and recovery)",
+    "ledger": "see docs/GUIDE.md section 5.10 (backups, validation and recovery)",
     "backups": "move the invalid backups aside (they are never used); the next writes make new ones",
     "audit log": "sudo bk admin data recover --dry-run shows what the ledger lacks",
     "lock": "see who holds it: ls -l /proc/*/fd 2>/dev/null | grep ledger.lock",
     "gpu_backend": "set gpu_count in the configuration (sudo bk admin init --gpu-count N); install "
                    "nvidia-ml-py for live data",
-    "ledger_read": "sudo bk doctor shows what the service account sees; docs/GUIDE.md section 5.9",
+    "ledger_read": "sudo bk doctor shows what the service account sees; docs/GUIDE.md section 5.10",
     "broker": "systemctl status gpubk-broker",
     "probe": "fix the broker first (systemctl status gpubk-broker)",
     "atomic replace": "the data directory's file system refuses a write, an fsync or a rename: "

@@ -47,7 +47,6 @@ LAYERS: dict[str, frozenset[str]] = {
     "bk.admin": BASE | {"bk", "bk.buildinfo", "bk.store", "bk.gpu"},
     # The packages to come.
     "bk.monitor": BASE | {"bk.store", "bk.gpu", "bk.service"},
-    "bk.worker": BASE | {"bk.ipc", "bk.service"},
     "bk.tui": BASE | {"bk.service"},
     "bk.mcp": BASE | {"bk.service"},
     "bk.cluster": BASE | {"bk.ipc", "bk.service"},
@@ -227,7 +226,7 @@ def _check(mod: str, source: str, *, is_package: bool = False) -> str:
     ("bk.tui.app", "from bk.store.ledger import Store\n", "imports bk.store.ledger, but bk.tui"),
     ("bk.mcp.server", "from bk.ipc import client\n", "imports bk.ipc"),
     ("bk.monitor.daemon", "from bk.cli import render\n", "imports bk.cli"),
-    ("bk.worker.run", "from bk.store import ledger\n", "imports bk.store"),
+    ("bk.jobs.worker", "from bk.service import app\n", "imports bk.service"),
     ("bk.cluster.ssh", "from bk.gpu import open_backend\n", "imports bk.gpu"),
     ("bk.foo.bar", "from bk.core.errors import BkError\n", "bk.foo has no row in LAYERS"),
     ("bk.foo", "import json\n", "bk.foo has no row in LAYERS"),

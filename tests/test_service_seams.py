@@ -97,7 +97,9 @@ def test_every_row_is_complete():
     assert set(ops.OPERATIONS) == {"book", "edit", "cancel", "notice_publish", "notice_archive", "job_state",
                                    "data_lost", "data_recover", "audit", "probe", "ping",
                                    # the administrator's (bk.cli.cmd_admin_day runs them with Service.run)
-                                   "blackout_add", "blackout_end", "notice_edit", "policy_bind"}
+                                   "blackout_add", "blackout_end", "notice_edit", "policy_bind",
+                                   # the agent's (bk.service.agent): a write and local reads
+                                   "cleanup", "context", "list", "recommend", "usage", "job_log"}
     for op in ops.OPERATIONS.values():
         assert op.access in (ops.READ, ops.WRITE) and op.who in (ops.ANYONE, ops.OWNER, ops.ADMIN, ops.HOST)
         if op.access == ops.WRITE:
@@ -148,7 +150,7 @@ def test_every_service_write_is_a_row(tmp_path):
     # job_state: the worker's row, which bk.service.jobs runs with Service.run.
     # The administrator's maintenance, notice edit and policy binding rows, likewise.
     assert {op.name for op in ops.writes()} == {n for n, _ in seen[:5]} | {"data_recover", "job_state"} \
-        | {"blackout_add", "blackout_end", "notice_edit", "policy_bind"}
+        | {"blackout_add", "blackout_end", "notice_edit", "policy_bind", "cleanup"}
 
 
 def test_a_write_without_a_row_cannot_be_dispatched(tmp_path, monkeypatch):

@@ -196,7 +196,7 @@ class Dispatcher:
         call = None
         try:
             name, fields = protocol.parse_request(obj)
-            op = ops.get(name)
+            op = ops.served(name)      # the allowlist: local reads are not broker ops
             command = op.name
             req = op.decode(fields)
             call = self.service.call(actor_for(peer), telemetry=self.latest.current(), peer_pid=peer.pid)

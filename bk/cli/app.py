@@ -54,6 +54,8 @@ COMMAND_WORDS: dict[str, tuple[str, ...]] = {
     "bk.cli.cmd_jobs": ("j", "jobs", "w", "worker"),
     "bk.cli.cmd_monitor": ("m", "monitor"),
     "bk.cli.cmd_usage": ("u", "usage"),
+    "bk.cli.cmd_mcp": ("mcp",),
+    "bk.cli.cmd_agent": ("agent",),
     "bk.cli.cmd_help": ("help",),
 }
 COMMAND_MODULES: tuple[str, ...] = tuple(COMMAND_WORDS)
@@ -69,7 +71,6 @@ BOOK_SHORTHAND = "book"
 PLANNED: tuple[tuple[tuple[str, ...], str, str], ...] = (
     (("t", "tui"), "the full-screen timeline", "bk tl (the text timeline)"),
     (("c", "cluster", "@NODE"), "cluster mode", "ssh HOST bk ... on each server"),
-    (("mcp", "agent"), "MCP tools and agent commands", "bk ... --json (one JSON envelope)"),
 )
 _PLANNED = {word: row for row in PLANNED for word in row[0]}
 

@@ -10,7 +10,13 @@ destroys something.  Everything else is derived from this table:
   with the spec, rebuild the result with the result type);
 * the local side (``LocalGateway``: run ``apply`` in one transaction, or
   ``serve`` for a read only the host may make);
-* later, MCP tool schemas and annotations and the agent JSON (``schema``).
+* the agent surface (``bk.service.agent``: ``bk mcp`` tools, ``bk agent``):
+  input schemas from ``schema``, hints from access/destructive/idempotent.
+
+A read row with ``served=False`` is never a broker operation: anyone may
+make it from the committed ledger or their own files, so every caller runs
+its ``serve`` in its own process (``agent.perform``); ``served()`` is the
+broker's allowlist.
 
 Adding a write is one apply function plus one row.
 """
@@ -21,7 +27,7 @@ from collections.abc import Callable
 
 from bk.core.errors import InvalidInput
 from bk.core.record import dataclass
-from bk.service import booking, fields, notices, requests, results, specs
+from bk.service import agent, booking, fields, notices, requests, results, specs
 from bk.service.jobs import JobResult
 from bk.service.requests import (
     AuditRequest,
@@ -55,6 +61,7 @@ class Operation:
     admin_hint: str | None = None     # for ADMIN rows: the command that does it with sudo
     accepts_loss: bool = False        # WRITE: may commit over commits only the audit log has (recovery)
     rebinds: bool = False             # WRITE: changes the bound policy itself (skips the store's binding check)
+    served: bool = True               # False: a local read, never a broker op (each caller serves it)
 
     def decode(self, wire: object):
         """The typed request from untrusted JSON, shape-checked."""
@@ -159,6 +166,24 @@ def _check_notice_edit(req):
     maintenance.check_notice_edit(req)
 
 
+def _apply_cleanup(state, req, call):
+    return agent.apply_cleanup(state, req, call)
+
+
+def _serve_agent(name: str):
+    def serve(service, req, call):
+        return getattr(agent, f"serve_{name}")(service, req, call)
+    serve.__name__ = f"serve_{name}"
+    return serve
+
+
+def _check_recommend(req):
+    from bk.service.requests import BookRequest, check_request
+
+    check_request(BookRequest(req.count, req.duration, mode=req.mode, share=req.share, mem_mib=req.mem_mib,
+                              start=req.start, pinned=req.pinned, excluded=req.excluded))
+
+
 OPERATIONS: dict[str, Operation] = {op.name: op for op in (
     Operation("book", "book GPUs, shared or exclusive, now or later", BookRequest, specs.BOOK_FIELDS,
               results.BookResult, WRITE, ANYONE, idempotent=False, destructive=False,
@@ -209,7 +234,36 @@ OPERATIONS: dict[str, Operation] = {op.name: op for op in (
               READ, ANYONE, idempotent=True, destructive=False, serve=_serve_probe),
     Operation("ping", "the broker's version and the caller as the kernel sees it", Empty, (),
               results.PingResult, READ, ANYONE, idempotent=True, destructive=False, serve=_serve_ping),
+    # The agent's writes and local reads (bk.service.agent): bk mcp tools and bk agent.
+    Operation("cleanup", "cancel your current and upcoming bookings made with an op-id prefix (or all of "
+              "them), in one commit", agent.CleanupRequest, agent.CLEANUP_FIELDS, agent.CleanupResult,
+              WRITE, OWNER, idempotent=True, destructive=True, apply=_apply_cleanup, check=agent.check_cleanup),
+    Operation("context", "who you are, the rules, the GPUs and their live state, your bookings, the time",
+              Empty, (), agent.Data, READ, ANYONE, idempotent=True, destructive=False,
+              serve=_serve_agent("context"), served=False),
+    Operation("list", "your current and upcoming bookings, numbered (or everyone's, or your history)",
+              agent.ListRequest, agent.LIST_FIELDS, agent.Data, READ, ANYONE, idempotent=True,
+              destructive=False, serve=_serve_agent("list"), served=False),
+    Operation("recommend", "when and where GPUs are free: options, each with the command that books it "
+              "(books nothing)", agent.RecommendRequest, agent.RECOMMEND_FIELDS, agent.Data, READ, ANYONE,
+              idempotent=True, destructive=False, serve=_serve_agent("recommend"), served=False,
+              check=_check_recommend),
+    Operation("usage", "your GPU usage (booked, active, idle), or one booking's", agent.UsageRequest,
+              agent.USAGE_FIELDS, agent.Data, READ, ANYONE, idempotent=True, destructive=False,
+              serve=_serve_agent("usage"), served=False),
+    Operation("job_log", "the output of the command attached to one of your bookings", agent.JobLogRequest,
+              agent.JOB_LOG_FIELDS, agent.Data, READ, ANYONE, idempotent=True, destructive=False,
+              serve=_serve_agent("job_log"), served=False),
 )}
+
+
+def served(name: str) -> Operation:
+    """The row the broker serves for ``name``: local reads are unknown there."""
+    op = OPERATIONS.get(name) if isinstance(name, str) else None
+    if op is None or not op.served:
+        raise InvalidInput(f"unknown operation {str(name)[:40]!r}",
+                           hint="operations: " + ", ".join(n for n, o in OPERATIONS.items() if o.served))
+    return op
 
 
 def get(name: str) -> Operation:

@@ -1,0 +1,463 @@
+"""The agent surface: the operations a program (a coding agent, ``bk mcp``,
+``bk agent``) may ask for, derived from the operation table.
+
+Facts that shape it:
+
+* An agent speaks JSON objects, never command words.  The one place that
+  turns an untrusted JSON object into a typed request is a row's field spec
+  (``bk.service.fields``), so every tool's input schema is the row's
+  ``schema()`` and every tool call is the row's ``decode``: the broker, MCP
+  and ``bk agent`` refuse the same arguments with the same messages.
+* Some of what an agent needs is a read anyone may make from the committed
+  ledger or their own files (the list, advice, usage, a job's log).  Those
+  are rows too (``served=False``), so their schemas and annotations come from
+  the same table; they run in the caller's own process, never on the
+  broker (the broker's allowlist is the ``served`` rows only).
+* The caller is the process: ``open_app`` opens the Service exactly as the
+  CLI does (private mode here, a shared server through the broker, which
+  names the caller by SO_PEERCRED).  No argument can name a user.
+
+Decisions: a tool's result is the ``gpubk.v1`` envelope (``bk --json``'s,
+the broker's), with the tool's name as ``command``; ``create`` is the
+``book`` row with ``op_id`` spelled ``operation_id`` (a retry with the same
+id answers ``exists`` with the first booking and changes nothing);
+``edit``/``cancel`` take a list number, an ID prefix or a full ID, resolved
+as every front end resolves it (an op-id retry names the booking the first
+call changed).  ``cleanup`` cancels the caller's current and upcoming
+bookings made with an op-id prefix (an agent's session tag), in one commit.
+
+Extending: ``TOOL_PROVIDERS`` names functions ``(app) -> [AgentTool]`` that
+add tools when they apply (the cluster tools, when a catalog exists);
+``register_provider`` adds one in-process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from bk.core.errors import InvalidInput
+from bk.core.models import MODES, Reservation
+from bk.core.record import dataclass, field, replace
+from bk.service.fields import Field
+from bk.service.results import _malformed, _Rendered
+from bk.service.specs import OP_ID, OP_ID_HELP, RESERVATION_ID
+
+SCHEMA = "gpubk.agent.v1"        # the version of this surface (tool names, arguments), in context
+MAX_RECOMMEND = 20
+MAX_LOG_BYTES = 1 << 20
+DEFAULT_LOG_BYTES = 64 * 1024
+LIST_SCOPES = ("mine", "all", "history")
+
+
+# ------------------------------------------------------------ request types
+
+@dataclass(frozen=True)
+class RecommendRequest:
+    count: int
+    duration: int
+    mode: str = "shared"
+    share: int = 1
+    mem_mib: int | None = None
+    start: int | None = None
+    pinned: tuple[int, ...] | None = None
+    excluded: tuple[int, ...] = ()
+    limit: int = 3
+
+
+@dataclass(frozen=True)
+class ListRequest:
+    scope: str = "mine"
+    limit: int | None = None
+
+
+@dataclass(frozen=True)
+class UsageRequest:
+    reservation: str | None = None
+
+
+@dataclass(frozen=True)
+class JobLogRequest:
+    ref: str
+    max_bytes: int = DEFAULT_LOG_BYTES
+
+
+@dataclass(frozen=True)
+class CleanupRequest:
+    op_id_prefix: str | None = None
+    all: bool = False
+    dry_run: bool = False
+
+
+RECOMMEND_FIELDS = (Field("count", "int", lo=1, hi=64, help="number of GPUs"),
+                    Field("duration", "int", lo=1, help="seconds"),
+                    Field("mode", "choice", choices=MODES), Field("share", "int", lo=1, hi=64),
+                    Field("mem_mib", "int", lo=1, help="VRAM per GPU in MiB"),
+                    Field("start", "int", help="earliest start, epoch seconds (UTC); default now"),
+                    Field("pinned", "gpus", help="exactly these GPUs"),
+                    Field("excluded", "gpus", help="never these GPUs"),
+                    Field("limit", "int", lo=1, hi=MAX_RECOMMEND, help="how many options (default 3)"))
+LIST_FIELDS = (Field("scope", "choice", choices=LIST_SCOPES,
+                     help="mine: your current and upcoming (default); all: everyone's; history: your ended"),
+               Field("limit", "int", lo=1, hi=10000, help="at most this many"))
+USAGE_FIELDS = (Field("reservation", "text", max_len=36, pattern=RESERVATION_ID,
+                      help="one booking's booked and active seconds; default: your dashboard"),)
+JOB_LOG_FIELDS = (Field("ref", "text", min_len=1, max_len=64,
+                        help="the job: its booking's list number or ID prefix, or the job's own ID prefix"),
+                  Field("max_bytes", "int", lo=1, hi=MAX_LOG_BYTES,
+                        help=f"the last this many bytes of output (default {DEFAULT_LOG_BYTES})"))
+CLEANUP_FIELDS = (Field("op_id_prefix", "text", min_len=1, max_len=128, pattern=OP_ID,
+                        help="cancel your current and upcoming bookings whose op-id starts with this; "
+                        + OP_ID_HELP),
+                  Field("all", "bool", help="cancel all your current and upcoming bookings"),
+                  Field("dry_run", "bool", help="show what would be cancelled; change nothing"))
+
+
+def check_cleanup(req: CleanupRequest) -> None:
+    if (req.op_id_prefix is None) == (not req.all):
+        raise InvalidInput("cleanup takes either op_id_prefix or all: true (not both, not neither)",
+                           hint='e.g. {"op_id_prefix": "agent-run-7-"}')
+
+
+# ------------------------------------------------------------ results
+
+@dataclass(frozen=True)
+class Data(_Rendered):
+    """A local read's result: its JSON, made by the serve function with the
+    call's view (nothing to re-render)."""
+
+    json: dict | None = field(default=None, compare=False)
+
+    def rendered(self, view) -> Data:
+        return self
+
+
+@dataclass(frozen=True)
+class CleanupResult(_Rendered):
+    status: str                          # cancelled | nothing | dry_run
+    cancelled: tuple = ()                # Reservations, as cancelled
+    dry_run: bool = False
+    json: dict | None = field(default=None, compare=False)
+
+    def rendered(self, view) -> CleanupResult:
+        return replace(self, json={"status": self.status, "dry_run": self.dry_run,
+                                   "reservations": [view.reservation(r) for r in self.cancelled],
+                                   "count": len(self.cancelled)})
+
+    def to_wire(self) -> dict:
+        return {**self.to_json(), "records": [r.to_dict() for r in self.cancelled]}
+
+    @classmethod
+    def from_wire(cls, data: dict) -> CleanupResult:
+        try:
+            recs = tuple(Reservation.from_dict(r) for r in data["records"])
+            return cls(str(data["status"]), recs, bool(data.get("dry_run")),
+                       {k: v for k, v in data.items() if k != "records"})
+        except (KeyError, TypeError, ValueError) as e:
+            raise _malformed("cleanup result", e) from None
+
+
+# ------------------------------------------------------------ the rows' work
+
+def apply_cleanup(state, req: CleanupRequest, call):
+    """Cancel the caller's live bookings that match, in this one transaction;
+    a retry finds nothing left to cancel (``nothing``), so it is idempotent."""
+    from bk.service import booking
+    from bk.service.requests import CancelRequest
+    from bk.store.ledger import Mutation
+
+    uid, now = call.actor.uid, call.now
+    hits = [r for r in state.reservations if r.uid == uid and r.is_live(now)
+            and (req.all or (r.op_id or "").startswith(req.op_id_prefix or "\0"))]
+    done, audit, changed = [], [], False
+    for r in hits:
+        m = booking.apply_cancel(state, CancelRequest(r.id, dry_run=req.dry_run), call)
+        done.append(m.result.reservation)
+        audit.extend(m.audit)
+        changed = changed or m.changed
+    status = "nothing" if not hits else "dry_run" if req.dry_run else "cancelled"
+    return Mutation(changed, audit, CleanupResult(status, tuple(done), req.dry_run))
+
+
+def serve_list(app, req: ListRequest, call) -> Data:
+    """What ``bk l --json`` shows (``data``): the same rows, the same numbers."""
+    from bk.service.views import View
+
+    state = app.ledger(call=call)
+    every = app.list(req.scope, call=call, state=state)
+    items = every[:req.limit] if req.limit else every
+    if req.scope == "mine":
+        numbers = {r.id: i for i, r in enumerate(every, 1)}
+    else:
+        numbers = app.numbers(state, call=call) if req.scope == "all" else {}
+    view = View.of(call, numbers)
+    return Data({"scope": req.scope, "reservations": [view.reservation(r) for r in items], "total": len(every)})
+
+
+def serve_recommend(app, req: RecommendRequest, call) -> Data:
+    """``bk slots``' options: each with its start, GPUs and the command that books it."""
+    from bk.service.requests import BookRequest
+
+    book = BookRequest(req.count, req.duration, mode=req.mode, share=req.share, mem_mib=req.mem_mib,
+                       start=req.start, queue=req.start is not None, pinned=req.pinned, excluded=req.excluded)
+    rec = app.recommend(book, alternatives=req.limit, call=call)
+    return Data({**rec.to_json(), "free_now": any(not p.queued and p.start <= call.now for p in rec.options)})
+
+
+def serve_usage(app, req: UsageRequest, call) -> Data:
+    """The caller's usage dashboard (``bk u --json``), or one booking's totals."""
+    from bk.service import usage
+
+    if req.reservation is None:
+        return Data(usage.dashboard(app, call=call).to_json())
+    booked, active = usage.store_of(app).booking_usage(req.reservation)
+    return Data({"reservation": req.reservation, "booked_s": booked, "active_s": active,
+                 "idle_s": max(booked - active, 0)})
+
+
+def serve_job_log(app, req: JobLogRequest, call) -> Data:
+    """The tail of a job's output (``bk j log``), at most ``max_bytes``."""
+    from bk.jobs import logs
+    from bk.service import jobs
+
+    res = jobs.resolve_job(app, call, req.ref)
+    data, cut = logs.read(jobs.jobs_path(app), res.job.extra.get("id") or "", req.max_bytes)
+    return Data({"job": jobs.job_json(res), "log": data.decode("utf-8", "replace"), "truncated": cut})
+
+
+def serve_context(app, req, call) -> Data:
+    """Everything an agent asks first: who it is, the rules, the GPUs and
+    their live state, its bookings, the time, and what it may call."""
+    from bk import __version__
+    from bk.core.models import iso
+    from bk.service.status import live_gpus
+    from bk.service.telemetry import monitor_json
+    from bk.service.views import View
+
+    state = app.ledger(call=call)
+    mine = app.own_current(state, call=call)
+    view = View.of(call, {r.id: i for i, r in enumerate(mine, 1)})
+    inv = call.telemetry.inventory()
+    live, missing = live_gpus(app, state=state, call=call)
+    p = call.policy
+    gpus = [{"index": g.index, "name": g.name, "uuid": g.uuid, "mem_total_mib": g.mem_total_mib,
+             "disabled": g.index in p.disabled_gpus,
+             **({k: v for k, v in live[g.index].to_json().items() if k != "index"} if g.index in live else {})}
+            for g in inv.gpus]
+    try:
+        monitor = monitor_json(call.telemetry)
+    except Exception:       # a context without the monitor's state is still a context
+        monitor = None
+    return Data({
+        "agent_schema": SCHEMA, "version": __version__,
+        "now": iso(call.now), "now_epoch": call.now,
+        "you": {"uid": call.actor.uid, "user": call.actor.user, "admin": call.actor.is_admin},
+        "mode": app.settings.mode,
+        "policy": {"gpu_count": p.gpu_count, "slot_minutes": p.slot_minutes,
+                   "max_shared_users": p.max_shared_users, "booking_horizon_days": p.booking_horizon_days,
+                   "max_booking_hours": p.max_booking_hours, "queue_search_hours": p.queue_search_hours,
+                   "require_shared_memory": p.require_shared_memory},
+        "gpus": gpus, "telemetry": missing, "monitor": monitor,
+        "reservations": [view.reservation(r) for r in mine],
+        "tools": [t.name for t in tools(app)],
+        "units": "times: ISO-8601 UTC in results, epoch seconds (UTC) in arguments; durations: seconds; "
+                 "memory: MiB per GPU",
+    })
+
+
+# ------------------------------------------------------------ the tool table
+
+@dataclass(frozen=True)
+class AgentTool:
+    """One tool: its name, what it does, its JSON input schema, its hints,
+    and ``run(app, arguments, call) -> result`` (a rendered result with
+    ``to_json``).  ``from_row`` derives all of it from an operation row."""
+
+    name: str
+    summary: str
+    schema: dict
+    read_only: bool
+    destructive: bool
+    idempotent: bool
+    run: Callable
+    row: str | None = None
+    renames: tuple = ()                # (argument name, request field name)
+
+    @classmethod
+    def from_row(cls, name: str, row: str, *, summary: str | None = None, hide: tuple = (),
+                 renames: tuple = (), run: Callable | None = None, notes: tuple = ()) -> AgentTool:
+        """The tool for ``row``: its schema less ``hide``, with ``renames``
+        ((argument, field)) and ``notes`` ((field, description)) applied."""
+        from bk.service import ops
+
+        op = ops.get(row)
+        schema = op.schema()
+        props = dict(schema["properties"])
+        for f in hide:
+            props.pop(f)
+        for f, text in notes:
+            props[f] = {**props[f], "description": text}
+        for arg, field_name in renames:
+            props[arg] = props.pop(field_name)
+        required = [next((a for a, f in renames if f == r), r) for r in schema.get("required", ())]
+        out = {"type": "object", "properties": props, "additionalProperties": False}
+        if required:
+            out["required"] = required
+        return cls(name, summary or op.summary, out, op.access == ops.READ, op.destructive, op.idempotent,
+                   run or _run_row, row, tuple(renames))
+
+    def request_fields(self, arguments: object) -> dict:
+        """The row's fields from the tool's arguments (renames undone);
+        unknown ones are left for the row's decode to refuse by name."""
+        if arguments is None:
+            return {}
+        if not isinstance(arguments, dict):
+            raise InvalidInput("the arguments must be a JSON object")
+        back = {arg: f for arg, f in self.renames}
+        known = set(self.schema["properties"])
+        out = {}
+        for k, v in arguments.items():
+            if k not in known:
+                raise InvalidInput(f"unknown argument {str(k)[:40]!r}; {self.name} takes "
+                                   + (", ".join(sorted(known)) or "no arguments"))
+            out[back.get(k, k)] = v
+        return out
+
+
+def _run_row(tool: AgentTool, app, arguments, call):
+    from bk.service import ops
+
+    op = ops.get(tool.row)
+    return perform(app, op, op.decode(tool.request_fields(arguments)), call)
+
+
+def perform(app, op, req, call):
+    """Run a row for this process's caller: a local read here (what the
+    caller may read anyway), anything else through the service's gateway
+    (this host's store, or the broker)."""
+    if not op.served:
+        op.validate(req)
+        return op.serve(app, req, call).rendered(None)
+    if op.name == "book":
+        return app.book(req, call=call)       # with the nearest-start hint on a conflict
+    return app.run(op.name, req, call=call)
+
+
+def _resolved(tool: AgentTool, app, arguments, call, action: str):
+    """``edit``/``cancel``: ``ref`` may be a list number or an ID prefix; an
+    op-id that already did this names the booking it did it to."""
+    from bk.service import ops
+
+    op = ops.get(tool.row)
+    wire = tool.request_fields(arguments)
+    ref = wire.get("ref")
+    if not isinstance(ref, str):
+        return perform(app, op, op.decode(wire), call)      # the decode says what is wrong
+    op_id = wire.get("op_id")
+    earlier = app.op_reservation(op_id, action, call=call) if isinstance(op_id, str) else None
+    if earlier is None:
+        from bk.service.fields import check_text
+
+        check_text(ref, "field 'ref'", max_len=64, min_len=1)
+        earlier = app.resolve(ref, call=call)
+    return perform(app, op, op.decode({**wire, "ref": earlier.id}), call)
+
+
+def _edit(tool, app, arguments, call):
+    return _resolved(tool, app, arguments, call, "edit")
+
+
+def _cancel(tool, app, arguments, call):
+    return _resolved(tool, app, arguments, call, "cancel")
+
+
+_JOB_FIELDS = ("job_id", "job_digest", "job_summary")
+_REF = (("ref", "the booking: its list number (1, 2, ...), an ID prefix of 4+ characters, or its full ID"),)
+
+
+def builtin_tools() -> list[AgentTool]:
+    row = AgentTool.from_row
+    return [
+        row("context", "context", summary="who you are, the rules, every GPU and its live state, your "
+            "bookings and the time: call this first"),
+        row("recommend", "recommend"),
+        row("create", "book", hide=_JOB_FIELDS, renames=(("operation_id", "op_id"),),
+            summary="book GPUs, shared or exclusive, now or later; give operation_id so that a retry "
+            "returns the first result and books nothing more"),
+        row("list", "list"),
+        row("edit", "edit", renames=(("operation_id", "op_id"),), run=_edit, notes=_REF,
+            summary="change one of your bookings (ref: list number, ID prefix or full ID); times are "
+            "epoch seconds"),
+        row("cancel", "cancel", renames=(("operation_id", "op_id"),), run=_cancel, notes=_REF,
+            summary="cancel one of your bookings (ref: list number, ID prefix or full ID); an active one "
+            "ends now"),
+        row("usage", "usage"),
+        row("job_log", "job_log"),
+        row("cleanup", "cleanup"),
+    ]
+
+
+# Functions ``(app) -> list[AgentTool]`` named "module:function", imported
+# when tools are listed.  CLUSTER: add "bk.cluster.agent:tools" here; return
+# [] when no catalog exists, so the cluster tools appear only with one.
+TOOL_PROVIDERS: list[str] = []
+_PROVIDERS: list[Callable] = []
+
+
+def register_provider(fn: Callable) -> None:
+    """Add a function ``(app) -> [AgentTool]`` whose tools join the table."""
+    if fn not in _PROVIDERS:
+        _PROVIDERS.append(fn)
+
+
+def tools(app) -> list[AgentTool]:
+    import importlib
+
+    out = builtin_tools()
+    providers = list(_PROVIDERS)
+    for name in TOOL_PROVIDERS:
+        mod, _, fn = name.partition(":")
+        try:
+            providers.append(getattr(importlib.import_module(mod), fn))
+        except (ImportError, AttributeError):
+            continue
+    names = {t.name for t in out}
+    for provider in providers:
+        for t in provider(app):
+            if t.name not in names:
+                out.append(t)
+                names.add(t.name)
+    return out
+
+
+def find(app, name: object) -> AgentTool | None:
+    return next((t for t in tools(app) if t.name == name), None) if isinstance(name, str) else None
+
+
+def call_tool(app, tool: AgentTool, arguments, call) -> dict:
+    """The tool's envelope: success with the result's JSON, or the error
+    (a ``BkError``) as the failure envelope.  Anything else propagates."""
+    from bk.core.envelope import failure, success
+    from bk.core.errors import BkError
+
+    try:
+        result = invoke(app, tool, arguments, call)
+        return success(tool.name, result.to_json(), list(call.warnings))
+    except BkError as e:
+        return failure(tool.name, e, list(call.warnings))
+
+
+def invoke(app, tool: AgentTool, arguments, call):
+    """Run ``tool``: its result (``to_json``), or a ``BkError``."""
+    return tool.run(tool, app, arguments, call)
+
+
+def describe(tool: AgentTool) -> dict:
+    """A tool as ``bk agent operation`` lists it."""
+    return {"name": tool.name, "summary": tool.summary, "read_only": tool.read_only,
+            "destructive": tool.destructive, "idempotent": tool.idempotent, "input_schema": tool.schema}
+
+
+def server_version() -> str:
+    from bk import __version__
+
+    return __version__

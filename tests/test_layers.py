@@ -63,6 +63,9 @@ EXCEPTIONS: dict[str, dict[str, str]] = {
         "bk.admin": "`bk admin install`, `uninstall`, `services`, `login-hook` and `bk update` run in this "
                     "process; imported only when those commands run",
     },
+    "bk.cli.cmd_tui": {
+        "bk.tui": "`bk t` runs the full-screen timeline in this process; imported only when that command runs",
+    },
     "bk.cli.cmd_monitor": {
         "bk.monitor": "`bk m` runs the monitor daemon in this process; imported only when that command runs",
     },

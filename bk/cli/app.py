@@ -39,6 +39,7 @@ COMMAND_WORDS: dict[str, tuple[str, ...]] = {
     "bk.cli.cmd_cancel": ("d", "del", "rm", "cancel"),
     "bk.cli.cmd_status": ("st", "status"),
     "bk.cli.cmd_timeline": ("tl", "timeline"),
+    "bk.cli.cmd_tui": ("t", "tui"),
     "bk.cli.cmd_slots": ("slots", "g", "gpu"),
     "bk.cli.cmd_notices": ("n", "notices"),
     "bk.cli.cmd_log": ("history", "lg", "log"),
@@ -69,7 +70,6 @@ BOOK_SHORTHAND = "book"
 # one says so and exits 2 rather than guessing a neighbour ("bk run" is not
 # "bk rm"); ``bk help`` lists them under the same table.
 PLANNED: tuple[tuple[tuple[str, ...], str, str], ...] = (
-    (("t", "tui"), "the full-screen timeline", "bk tl (the text timeline)"),
     (("c", "cluster", "@NODE"), "cluster mode", "ssh HOST bk ... on each server"),
 )
 _PLANNED = {word: row for row in PLANNED for word in row[0]}

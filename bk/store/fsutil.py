@@ -326,6 +326,20 @@ def read_all(fd: int) -> bytes:
         off += len(chunk)
 
 
+def read_file(dirfd: int, name: str, path: str, safety: Safety, flags: int = os.O_RDONLY) -> bytes | None:
+    """The whole of ``name`` in ``dirfd``, opened with the safety checks of
+    ``open_file``; None when it does not exist.  ``path`` names it in errors."""
+    fd = open_file(dirfd, name, path, safety, flags)
+    if fd is None:
+        return None
+    try:
+        return read_all(fd)
+    except OSError as e:
+        raise io_error(e, "reading", path) from None
+    finally:
+        os.close(fd)
+
+
 def write_all(fd: int, data: bytes) -> None:
     """``os.write`` may write less than asked (a signal, a full disk that
     fills midway): loop until everything is written or it raises."""

@@ -60,7 +60,7 @@ from bk.store.fsutil import (
     open_dir,
     open_file,
     open_subdir,
-    read_all,
+    read_file,
     replace_file,
     unlink_quietly,
     write_all,
@@ -206,15 +206,7 @@ class Store:
         return ReadResult(got.state, got.warnings, got.source)
 
     def _read(self, dirfd: int, name: str, path: str) -> bytes | None:
-        fd = open_file(dirfd, name, path, self.safety)
-        if fd is None:
-            return None
-        try:
-            return read_all(fd)
-        except OSError as e:
-            raise io_error(e, "reading", path) from None
-        finally:
-            os.close(fd)
+        return read_file(dirfd, name, path, self.safety)
 
     def _parse(self, data: bytes):
         """Bytes -> (state, meta, problems).  Validation depends only on the

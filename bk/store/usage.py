@@ -73,6 +73,7 @@ from bk.store.fsutil import (
     open_file,
     open_subdir,
     read_all,
+    read_file,
     replace_file,
     unlink_quietly,
     write_all,
@@ -245,15 +246,7 @@ class UsageStore:
                            create_mode=self.dir_mode if create else None)
 
     def _read(self, dirfd: int, name: str, path: str) -> bytes | None:
-        fd = open_file(dirfd, name, path, self.safety, os.O_RDONLY | O_CLOEXEC)
-        if fd is None:
-            return None
-        try:
-            return read_all(fd)
-        except OSError as e:
-            raise io_error(e, "reading", path) from None
-        finally:
-            os.close(fd)
+        return read_file(dirfd, name, path, self.safety, os.O_RDONLY | O_CLOEXEC)
 
     def _lock(self, root: int) -> FileLock:
         return FileLock(root, ".lock", os.path.join(self.dir, ".lock"), self.safety, mode=0o600,

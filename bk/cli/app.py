@@ -55,6 +55,7 @@ COMMAND_WORDS: dict[str, tuple[str, ...]] = {
     "bk.cli.cmd_jobs": ("j", "jobs", "w", "worker"),
     "bk.cli.cmd_monitor": ("m", "monitor"),
     "bk.cli.cmd_usage": ("u", "usage"),
+    "bk.cli.cmd_cluster": ("c", "cluster"),
     "bk.cli.cmd_mcp": ("mcp",),
     "bk.cli.cmd_agent": ("agent",),
     "bk.cli.cmd_help": ("help",),
@@ -70,7 +71,6 @@ BOOK_SHORTHAND = "book"
 # one says so and exits 2 rather than guessing a neighbour ("bk run" is not
 # "bk rm"); ``bk help`` lists them under the same table.
 PLANNED: tuple[tuple[tuple[str, ...], str, str], ...] = (
-    (("c", "cluster", "@NODE"), "cluster mode", "ssh HOST bk ... on each server"),
 )
 _PLANNED = {word: row for row in PLANNED for word in row[0]}
 
@@ -294,6 +294,11 @@ def _strip_json(argv: list[str]) -> tuple[list[str], bool]:
 
 
 def _rewrite_shorthand(argv: list[str]) -> list[str]:
+    # ``bk @gpu-a l`` is ``bk c at gpu-a -- l``; ``bk c 2 1h`` is ``bk c book 2 1h``.
+    if argv and argv[0][:1] == "@" and len(argv[0]) > 1 and "bk.cli.cmd_cluster" in COMMAND_MODULES:
+        return ["c", "at", argv[0][1:], "--", *argv[1:]]
+    if len(argv) > 1 and argv[0] in ("c", "cluster") and argv[1].isdigit():
+        return [argv[0], "book", *argv[1:]]
     if argv and argv[0].isdigit() and "bk.cli.cmd_book" in COMMAND_MODULES:
         return [BOOK_SHORTHAND, *argv]
     return argv

@@ -1,0 +1,220 @@
+"""One node, over SSH: run a ``bk`` command there and read its reply.
+
+Every command goes through the node's ``bk c node --expect ID --json --
+WORDS``: the node checks that it is the node the catalog means before it
+runs anything (a write can never reach the wrong ledger), runs WORDS as its
+own ``bk`` would, and wraps the reply with its identity (id, host name,
+version, clock, capabilities).  The client checks that identity again, so
+a node that ignores ``--expect`` (another program answering on that host,
+an old bk) is caught too.
+
+What can go wrong, and what the caller hears (``NodeFailure.state``):
+``unreachable`` (ssh could not connect or authenticate: its own message is
+kept), ``timeout`` (no full reply within the node's ``timeout_s``: killed),
+``too_large`` (a reply past the bound: killed), ``bad_reply`` (not one JSON
+envelope), ``wrong_identity`` (another node answered), ``unsupported`` (the
+node's bk has no cluster commands), ``cancelled``.  None of them is fatal
+for the other nodes: the fan-out reports it in that node's row.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+
+from bk.cluster.catalog import NodeEntry
+from bk.core.envelope import is_envelope
+from bk.core.errors import BkError, ConfigError, Unavailable, error_from
+from bk.core.record import dataclass
+
+# What a node must understand for the client to use it.
+NODE_PROTOCOL = "node.v1"
+
+
+class NodeFailure(Exception):
+    """A node gave no usable reply; ``state`` says how (module docstring)."""
+
+    def __init__(self, node: str, state: str, message: str, hint: str | None = None,
+                 seconds: float | None = None):
+        super().__init__(message)
+        self.node, self.state, self.message, self.hint, self.seconds = node, state, message, hint, seconds
+
+    def to_json(self) -> dict:
+        return {"state": self.state, "message": self.message, "hint": self.hint}
+
+    def as_error(self) -> BkError:
+        cls = ConfigError if self.state == "wrong_identity" else Unavailable
+        return cls(f"{self.node}: {self.message}", self.hint,
+                   details={"node": self.node, "state": self.state})
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A node's answer: who answered (``node``: its identity block), the
+    command's own envelope (``envelope``, with ``--json``) or its text, and
+    the clock skew (the node's clock minus ours at the middle of the call)."""
+
+    name: str
+    node: dict
+    envelope: dict | None
+    text: str | None
+    stderr: str
+    exit: int
+    seconds: float
+    skew_s: float | None
+
+    @property
+    def ok(self) -> bool:
+        return self.envelope is not None and self.envelope.get("ok") is True
+
+    @property
+    def data(self) -> dict:
+        return (self.envelope or {}).get("data") or {}
+
+    @property
+    def warnings(self) -> list:
+        return list((self.envelope or {}).get("warnings") or [])
+
+    def error(self) -> BkError | None:
+        """The command's own error (a conflict, not found), as its class."""
+        if self.envelope is None or self.envelope.get("ok") is not False:
+            return None
+        e = self.envelope.get("error") or {}
+        return error_from(e.get("code"), e.get("message"), e.get("hint"), e.get("details"))
+
+
+def _iso_seconds(text: object) -> float | None:
+    if not isinstance(text, str):
+        return None
+    from bk.core.utctime import parse_utc
+
+    try:
+        return float(parse_utc(text))
+    except (ValueError, BkError):
+        return None
+
+
+class NodeClient:
+    """Runs commands on one catalog node.  ``runner`` is the SSH seam
+    (``bk.remote.ssh.run``'s signature); ``wall`` the clock for skew."""
+
+    def __init__(self, entry: NodeEntry, *, runner: Callable | None = None,
+                 wall: Callable[[], float] = time.time, env: dict | None = None,
+                 cancelled: Callable[[], bool] | None = None):
+        from bk.remote import ssh
+
+        self.entry = entry
+        self._runner = runner or ssh.run
+        self._wall = wall
+        self._env = env
+        self._cancelled = cancelled
+
+    def argv(self, words: list[str], *, as_json: bool = True, columns: int | None = None) -> list[str]:
+        from bk.remote import ssh
+
+        e = self.entry
+        # The wrapper always answers JSON; --text asks for the command's text inside it.
+        remote = [*e.remote_command, "c", "node", *(["--expect", e.id] if e.id else []), "--json"]
+        if not as_json:
+            remote.append("--text")
+        if columns:
+            remote += ["--columns", str(columns)]
+        remote += ["--", *words]
+        if e.local:
+            return remote
+        return ssh.ssh_argv(e.target, remote, port=e.port, connect_timeout=max(1, min(10, int(e.timeout_s))),
+                            known_hosts=e.known_hosts, identity_file=e.identity_file)
+
+    def call(self, words: list[str], *, as_json: bool = True, columns: int | None = None,
+             timeout: float | None = None) -> Reply:
+        e = self.entry
+        before = self._wall()
+        out = self._runner(self.argv(words, as_json=as_json, columns=columns),
+                           timeout=timeout or e.timeout_s, cancelled=self._cancelled, env=self._env)
+        after = self._wall()
+        if out.ended == "timeout":
+            raise NodeFailure(e.name, "timeout", f"no reply within {timeout or e.timeout_s:g} s (killed)",
+                              f"raise its timeout: sudo bk admin cluster set {e.name} --timeout 30",
+                              out.seconds)
+        if out.ended == "too_large":
+            raise NodeFailure(e.name, "too_large", "the reply was larger than the limit (killed)",
+                              "the node's bk may be broken: try ssh HOST bk c id --json", out.seconds)
+        if out.ended == "cancelled":
+            raise NodeFailure(e.name, "cancelled", "cancelled", None, out.seconds)
+        if out.ended == "not_started":
+            raise NodeFailure(e.name, "unreachable", out.stderr_text, "is ssh installed?", out.seconds)
+        doc = _decode(out.stdout)
+        if doc is None:
+            if out.rc == 255 and not e.local:
+                msg = out.stderr_text.splitlines()[-1] if out.stderr_text else "ssh failed"
+                raise NodeFailure(e.name, "unreachable", f"ssh: {msg}", _ssh_hint(msg, e), out.seconds)
+            shown = (out.stdout[:80].decode("utf-8", "replace") or out.stderr_text[:160] or "nothing")
+            if out.rc == 127:
+                raise NodeFailure(e.name, "unsupported", f"no bk on the node ({out.stderr_text[:160]})",
+                                  "install bk there, or set remote_command in the catalog", out.seconds)
+            raise NodeFailure(e.name, "bad_reply", f"not a bk reply (exit {out.rc}): {shown!r}",
+                              "check the node by hand: ssh HOST bk c id --json", out.seconds)
+        if doc.get("ok") is False:
+            err = doc.get("error") or {}
+            details = err.get("details") or {}
+            if details.get("reason") == "wrong_identity":
+                raise NodeFailure(e.name, "wrong_identity", str(err.get("message")), err.get("hint"),
+                                  out.seconds)
+            if doc.get("command") != "cluster node":
+                raise NodeFailure(e.name, "unsupported", f"its bk has no cluster commands: {err.get('message')}",
+                                  "update bk on the node", out.seconds)
+            raise NodeFailure(e.name, "bad_reply", f"{err.get('code')}: {err.get('message')}",
+                              err.get("hint"), out.seconds)
+        data = doc["data"]
+        node = data.get("node") if isinstance(data.get("node"), dict) else {}
+        if e.id and node.get("id") != e.id:
+            raise NodeFailure(e.name, "wrong_identity",
+                              f"the node answered as {node.get('id')!r} ({node.get('hostname')}), "
+                              f"but the catalog says {e.name} is {e.id}",
+                              f"if the node was really reinstalled, check it (bk c probe {e.name} {e.target}) "
+                              f"and update the catalog; otherwise something else answers at {e.target}",
+                              out.seconds)
+        node_now = node.get("now_epoch")
+        if isinstance(node_now, bool) or not isinstance(node_now, (int, float)):
+            node_now = _iso_seconds(node.get("now"))
+        skew = None if node_now is None else round(node_now - (before + after) / 2, 3)
+        inner = data.get("reply")
+        if as_json and not is_envelope(inner):
+            raise NodeFailure(e.name, "bad_reply", "the node's reply carries no command envelope",
+                              None, out.seconds)
+        return Reply(e.name, node, inner if as_json else None,
+                     None if as_json else str(data.get("text") or ""), str(data.get("stderr") or ""),
+                     int(data.get("exit") or 0), out.seconds, skew)
+
+
+def terminal_argv(entry: NodeEntry, words: list[str]) -> list[str]:
+    """The command line that runs ``words`` on the node with a terminal
+    (``ssh -t``): for ``bk c tui``, which hands the terminal to the node's
+    full-screen view."""
+    from bk.remote import ssh
+
+    remote = [*entry.remote_command, *words]
+    if entry.local:
+        return remote
+    return ssh.ssh_argv(entry.target, remote, port=entry.port, known_hosts=entry.known_hosts,
+                        identity_file=entry.identity_file, tty=True)
+
+
+def _decode(raw: bytes) -> dict | None:
+    """The one envelope the node printed, or None."""
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+    return doc if is_envelope(doc) else None
+
+
+def _ssh_hint(msg: str, e: NodeEntry) -> str:
+    low = msg.lower()
+    if "host key verification failed" in low or "no matching host key" in low:
+        return (f"the host key of {e.target} is unknown or changed: verify it and add it to "
+                f"{e.known_hosts or '~/.ssh/known_hosts'} (ssh-keyscan, then compare fingerprints)")
+    if "permission denied" in low:
+        return f"set up key login for your account: ssh-copy-id {e.target}"
+    return f"is {e.target} up?  try: ssh {e.target} true"

@@ -72,6 +72,9 @@ EXCEPTIONS: dict[str, dict[str, str]] = {
     "bk.cli.cmd_monitor": {
         "bk.monitor": "`bk m` runs the monitor daemon in this process; imported only when that command runs",
     },
+    "bk.cli.cmd_mcp": {
+        "bk.mcp": "`bk mcp` runs the MCP server in this process; imported only when that command runs",
+    },
     "bk.cli.cmd_cluster": {
         "bk.cluster": "`bk c` and `bk @NODE` are the cluster client, and `bk c node` its node half",
     },

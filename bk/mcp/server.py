@@ -53,7 +53,7 @@ def read_messages(stream, limit: int = protocol.MAX_MESSAGE_BYTES, *, log=stderr
         size = len(line)
         while True:                     # drop the rest of the oversized line
             rest = stream.readline(CHUNK)
-            size += len(rest)
+            size += len(rest) - rest.endswith(b"\n")
             if not rest or rest.endswith(b"\n"):
                 break
         yield size

@@ -323,11 +323,26 @@ class AgentTool:
         return out
 
 
+def _decode(tool: AgentTool, op, wire: dict):
+    """The row's decode, its messages naming the tool's arguments
+    (``operation_id``, not the row's ``op_id``)."""
+    try:
+        return op.decode(wire)
+    except InvalidInput as e:
+        message = e.message
+        for arg, name in tool.renames:
+            message = message.replace(f"field {name!r}", f"argument {arg!r}").replace(
+                f", {name}", f", {arg}").replace(f" {name},", f" {arg},")
+        if message == e.message:
+            raise
+        raise InvalidInput(message, e.hint, details=e.details) from None
+
+
 def _run_row(tool: AgentTool, app, arguments, call):
     from bk.service import ops
 
     op = ops.get(tool.row)
-    return perform(app, op, op.decode(tool.request_fields(arguments)), call)
+    return perform(app, op, _decode(tool, op, tool.request_fields(arguments)), call)
 
 
 def perform(app, op, req, call):
@@ -351,7 +366,7 @@ def _resolved(tool: AgentTool, app, arguments, call, action: str):
     wire = tool.request_fields(arguments)
     ref = wire.get("ref")
     if not isinstance(ref, str):
-        return perform(app, op, op.decode(wire), call)      # the decode says what is wrong
+        return perform(app, op, _decode(tool, op, wire), call)      # the decode says what is wrong
     op_id = wire.get("op_id")
     earlier = app.op_reservation(op_id, action, call=call) if isinstance(op_id, str) else None
     if earlier is None:
@@ -359,7 +374,7 @@ def _resolved(tool: AgentTool, app, arguments, call, action: str):
 
         check_text(ref, "field 'ref'", max_len=64, min_len=1)
         earlier = app.resolve(ref, call=call)
-    return perform(app, op, op.decode({**wire, "ref": earlier.id}), call)
+    return perform(app, op, _decode(tool, op, {**wire, "ref": earlier.id}), call)
 
 
 def _edit(tool, app, arguments, call):

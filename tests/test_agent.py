@@ -1,0 +1,218 @@
+"""``bk agent`` and the agent surface (``bk.service.agent``): compact JSON
+in and out, the same rows as ``bk mcp``, the same results as the CLI, and
+the table's local reads kept off the broker."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from helpers_cli import ME, NOW_ISO, SLICE, bk_fixture
+
+from bk.core.models import iso
+from bk.service import agent, ops
+
+
+@pytest.fixture
+def bk(monkeypatch, capsys):
+    yield from bk_fixture(monkeypatch, capsys)
+
+
+def line(r) -> dict:
+    """The one compact JSON line ``bk agent`` prints."""
+    lines = r.out.splitlines()
+    assert len(lines) == 1, r.out
+    env = json.loads(lines[0])
+    assert lines[0] == json.dumps(env, separators=(",", ":"), ensure_ascii=False)
+    return env
+
+
+def agent_call(bk, tool: str, arguments: dict | None = None, *extra):
+    r = bk("agent", "operation", tool, json.dumps(arguments or {}), *extra)
+    return r, line(r)
+
+
+def test_context_says_who_when_and_what(bk):
+    r = bk("agent", "context")
+    assert r.code == 0
+    env = line(r)
+    assert env["schema"] == "gpubk.v1" and env["command"] == "context" and env["ok"]
+    d = env["data"]
+    assert d["agent_schema"] == agent.SCHEMA and d["now"] == NOW_ISO
+    assert d["you"] == {"uid": ME.uid, "user": ME.user, "admin": False}
+    assert [g["index"] for g in d["gpus"]] == [0, 1, 2, 3] and d["policy"]["gpu_count"] == 4
+    assert d["tools"] == ["context", "recommend", "create", "list", "edit", "cancel", "usage", "job_log", "cleanup"]
+
+
+def test_operation_lists_the_table_derived_tools(bk):
+    r = bk("agent", "operation")
+    d = line(r)["data"]
+    by = {o["name"]: o for o in d["operations"]}
+    assert by["create"]["input_schema"]["properties"]["operation_id"]["anyOf"][0]["pattern"].startswith("^")
+    assert by["cancel"]["destructive"] and by["cancel"]["idempotent"] and not by["cancel"]["read_only"]
+    assert by["list"]["read_only"] and by["list"]["input_schema"] == ops.get("list").schema()
+    assert by["recommend"]["summary"] == ops.get("recommend").summary
+
+
+def test_create_retry_edit_cancel_with_operation_ids(bk):
+    _, made = agent_call(bk, "create", {"count": 2, "duration": 3600, "operation_id": "run-1"})
+    res = made["data"]["reservation"]
+    assert made["data"]["status"] == "created" and res["gpus"] == [0, 1] and res["start"] == iso(SLICE)
+    _, again = agent_call(bk, "create", {"count": 2, "duration": 3600, "operation_id": "run-1"})
+    assert again["data"]["status"] == "exists" and again["data"]["reservation"]["id"] == res["id"]
+    assert len(bk.data("l")["reservations"]) == 1
+    # The same op-id for another request is refused, not silently reused.
+    r, other = agent_call(bk, "create", {"count": 1, "duration": 600, "operation_id": "run-1"})
+    assert r.code == 2 and not other["ok"]
+
+    r = bk("agent", "edit", json.dumps({"ref": "1", "duration": 7200, "operation_id": "run-1-x"}))
+    edited = line(r)["data"]
+    assert edited["status"] == "updated" and edited["reservation"]["end"] == iso(SLICE + 7200)
+    r = bk("agent", "edit", json.dumps({"ref": "1", "duration": 7200, "operation_id": "run-1-x"}))
+    assert line(r)["data"]["status"] == "exists"
+
+    r = bk("agent", "cancel", json.dumps({"ref": res["id"][:6], "operation_id": "run-1-c"}))
+    assert r.code == 0 and line(r)["data"]["status"] == "cancelled"
+    # Retried after it is gone from the list: the op-id names the booking it cancelled.
+    r = bk("agent", "cancel", json.dumps({"ref": "1", "operation_id": "run-1-c"}))
+    assert r.code == 0 and line(r)["data"]["status"] == "exists"
+    assert bk.data("l")["reservations"] == []
+
+
+def test_the_same_booking_through_the_agent_and_the_cli_is_the_same_json(bk):
+    cli = bk.data("1", "1h", "-m", "12g", "--op-id", "cli-1")["reservation"]
+    bk.ok("d", "1")
+    _, made = agent_call(bk, "create", {"count": 1, "duration": 3600, "mem_mib": 12288, "operation_id": "ag-1"})
+    ours = made["data"]["reservation"]
+    differ = {"id", "short_id", "op_id"}
+    assert {k: v for k, v in ours.items() if k not in differ} == {k: v for k, v in cli.items() if k not in differ}
+    # And the list is bk l's, number for number.
+    assert agent_call(bk, "list", {})[1]["data"] == bk.data("l")
+    assert agent_call(bk, "list", {"scope": "history"})[1]["data"] == bk.data("l", "--history")
+
+
+def test_recommend_is_bk_slots(bk):
+    env = line(bk("agent", "recommend", json.dumps({"count": 2, "duration": 3600, "limit": 2})))
+    assert env["ok"]
+    slots = bk.data("slots", "2", "1h", "-n", "2")
+    assert env["data"]["options"] == slots["options"] and env["data"]["free_now"] is True
+
+
+def test_cleanup_cancels_only_the_tagged_bookings_once(bk):
+    for i in range(2):
+        agent_call(bk, "create", {"count": 1, "duration": 3600, "operation_id": f"sess-a-{i}"})
+    agent_call(bk, "create", {"count": 1, "duration": 3600, "operation_id": "other-1"})
+    _, dry = agent_call(bk, "cleanup", {"op_id_prefix": "sess-a-", "dry_run": True})
+    assert dry["data"]["status"] == "dry_run" and dry["data"]["count"] == 2
+    assert len(bk.data("l")["reservations"]) == 3
+    _, done = agent_call(bk, "cleanup", {"op_id_prefix": "sess-a-"})
+    assert done["data"]["status"] == "cancelled"
+    assert sorted(r["op_id"] for r in done["data"]["reservations"]) == ["sess-a-0", "sess-a-1"]
+    assert all(r["status"] == "cancelled" for r in done["data"]["reservations"])
+    _, again = agent_call(bk, "cleanup", {"op_id_prefix": "sess-a-"})
+    assert again["data"] == {"status": "nothing", "dry_run": False, "reservations": [], "count": 0}
+    assert [r["op_id"] for r in bk.data("l")["reservations"]] == ["other-1"]
+    r, both = agent_call(bk, "cleanup", {})
+    assert r.code == 2 and "op_id_prefix or all" in both["error"]["message"]
+
+
+def test_cleanup_never_touches_another_users_booking(bk):
+    from bk.service.requests import BookRequest
+
+    bk.service().book(BookRequest(1, 3600, op_id="sess-a-bob"))
+    _, done = agent_call(bk, "cleanup", {"all": True})
+    assert done["data"]["status"] == "nothing"
+    assert len(bk.data("l", "--all")["reservations"]) == 1
+
+
+def test_errors_are_envelopes_with_the_exit_status(bk):
+    r, env = agent_call(bk, "nope")
+    assert r.code == 2 and env["error"]["code"] == "invalid_input" and "unknown operation" in env["error"]["message"]
+    r = bk("agent", "recommend", "{not json")
+    assert r.code == 2 and line(r)["error"]["message"].startswith("the arguments are not JSON")
+    r = bk("agent", "recommend", "[1]")
+    assert r.code == 2 and "JSON object" in line(r)["error"]["message"]
+    r, env = agent_call(bk, "create", {"count": 1.5, "duration": 60})
+    assert r.code == 2 and "integer" in env["error"]["message"]
+    r = bk("agent", "cancel", json.dumps({"ref": "7"}))
+    assert r.code == 4 and line(r)["error"]["code"] == "not_found"
+    # With --json the failure is the CLI's own envelope, the same shape.
+    r = bk("agent", "cancel", json.dumps({"ref": "7"}), "--json")
+    assert r.code == 4 and r.error["code"] == "not_found"
+
+
+def test_arguments_from_stdin(bk, monkeypatch):
+    import io
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO('{"scope": "all"}'))
+    r = bk("agent", "operation", "list", "-")
+    assert r.code == 0 and line(r)["data"]["scope"] == "all"
+
+
+def test_local_reads_are_not_broker_operations(tmp_path):
+    """The broker's allowlist is the served rows: a local read is an
+    unknown operation there; the agent's one write (cleanup) is served,
+    for the caller the kernel names and no one else."""
+    from bk.broker.handlers import Dispatcher, Peer
+    from bk.service import open_app
+    from bk.service.requests import BookRequest
+
+    env = {"BK_DATA_DIR": str(tmp_path / "d"), "HOME": str(tmp_path), "BK_GPU_COUNT": "2",
+           "XDG_CACHE_HOME": str(tmp_path / "c")}
+    app = open_app(env)
+    d = Dispatcher(app)
+    me = Peer(1, os.geteuid(), os.getegid())
+    for name in ("list", "context", "recommend", "usage", "job_log"):
+        assert not ops.get(name).served
+        reply = d.dispatch({"op": name, "fields": {}}, me)
+        assert reply["error"]["code"] == "invalid_input" and "unknown operation" in reply["error"]["message"]
+    assert "list" not in reply["error"]["hint"] and "cleanup" in reply["error"]["hint"]
+    app.book(BookRequest(1, 3600, op_id="t-1"))
+    other = Peer(2, 4242, 4242)
+    assert d.dispatch({"op": "cleanup", "fields": {"all": True}}, other)["data"]["status"] == "nothing"
+    reply = d.dispatch({"op": "cleanup", "fields": {"op_id_prefix": "t-"}}, me)
+    assert reply["ok"] and reply["data"]["status"] == "cancelled" and reply["data"]["count"] == 1
+    from bk.service.agent import CleanupResult
+
+    assert CleanupResult.from_wire(reply["data"]).cancelled[0].op_id == "t-1"
+
+
+def test_a_tool_provider_adds_tools(bk):
+    def provider(app):
+        return [agent.AgentTool("cluster_ping", "say hello", {"type": "object", "properties": {}}, True, False,
+                                True, lambda tool, app, arguments, call: agent.Data({"hello": True}))]
+
+    agent.register_provider(provider)
+    try:
+        _, env = agent_call(bk, "cluster_ping")
+        assert env["data"] == {"hello": True}
+        assert "cluster_ping" in line(bk("agent", "context"))["data"]["tools"]
+    finally:
+        agent._PROVIDERS.remove(provider)
+
+
+def test_mcp_help_prints_the_client_snippet_and_tools_list(pyz, tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BK_")}
+    env.update({"HOME": str(tmp_path), "BK_DATA_DIR": str(tmp_path / "d"), "BK_GPU_COUNT": "2",
+                "XDG_CACHE_HOME": str(tmp_path / "c"), "COLUMNS": "80"})
+    out = subprocess.run([sys.executable, str(pyz), "mcp", "--help"], capture_output=True, text=True,
+                         env=env, timeout=60)
+    assert out.returncode == 0
+    start = out.stdout.index("{")
+    snippet = json.loads(out.stdout[start:out.stdout.index("\n  }\n", start) + 4])
+    assert snippet == {"mcpServers": {"bk": {"command": "bk", "args": ["mcp"]}}}
+    words = " ".join(out.stdout.split())
+    assert "at most 1 MiB a message" in words and "2026-07-28 (server/discover)" in words
+    listed = subprocess.run([sys.executable, str(pyz), "mcp", "--tools", "--json"], capture_output=True,
+                            text=True, env=env, timeout=60)
+    tools = json.loads(listed.stdout)["data"]["tools"]
+    assert [t["name"] for t in tools][:3] == ["context", "recommend", "create"]
+    served = subprocess.run([sys.executable, str(pyz), "mcp", "--json"], capture_output=True, text=True,
+                            env=env, timeout=60, input="")
+    assert served.returncode == 2 and json.loads(served.stdout)["error"]["code"] == "invalid_input"
+    agent_out = subprocess.run([sys.executable, str(pyz), "agent", "context"], capture_output=True, text=True,
+                               env=env, timeout=60)
+    assert agent_out.returncode == 0 and json.loads(agent_out.stdout)["data"]["policy"]["gpu_count"] == 2

@@ -42,17 +42,18 @@ def copy_tree(dest: Path, root: Path = ROOT) -> Path:
     dest.mkdir(parents=True)
     shutil.copytree(root / "bk", dest / "bk", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy2(root / "build.py", dest / "build.py")
-    for name in build.RESOURCE_DIRS:
+    for name in build.archive.RESOURCE_DIRS:
         if (root / name).is_dir():
             shutil.copytree(root / name, dest / name)
     return dest
 
 
 def make_tree(dest: Path, files: dict[str, str]) -> Path:
-    """A minimal tree: build.py, bk/__init__.py, bk/buildinfo.py, plus ``files``."""
-    (dest / "bk").mkdir(parents=True)
+    """A minimal tree: build.py, bk/__init__.py, bk/buildinfo.py, the archive
+    format build.py loads (bk/admin/archive.py), plus ``files``."""
+    (dest / "bk" / "admin").mkdir(parents=True)
     shutil.copy2(ROOT / "build.py", dest / "build.py")
-    for name in ("__init__.py", "buildinfo.py"):
+    for name in ("__init__.py", "buildinfo.py", "admin/archive.py"):
         shutil.copy2(ROOT / "bk" / name, dest / "bk" / name)
     for name, text in files.items():
         (dest / name).parent.mkdir(parents=True, exist_ok=True)
@@ -185,7 +186,8 @@ def test_refusal_is_exit_status_2(tmp_path):
     proc = run_build(tree, tree / "bk" / "bk.pyz")
     assert proc.returncode == 2
     assert "inside bk/" in proc.stderr and proc.stdout == ""
-    assert sorted(p.name for p in (tree / "bk").iterdir()) == ["__init__.py", "buildinfo.py"]
+    assert sorted(p.name for p in (tree / "bk").iterdir()) == ["__init__.py", "admin", "buildinfo.py"]
+    assert [p.name for p in (tree / "bk" / "admin").iterdir()] == ["archive.py"]
 
 
 def test_refuses_to_overwrite_a_file_that_is_not_an_archive(tmp_path, capsys):
@@ -225,7 +227,7 @@ def test_archive_layout(pyz, snapshot):
             assert (info.compress_type, info.external_attr >> 16) == (zipfile.ZIP_STORED, 0o100644)
         else:
             assert (info.compress_type, info.external_attr >> 16) == (zipfile.ZIP_DEFLATED, 0o100644)
-    assert {n for n in names if n.endswith("/")} == build.directories(names)
+    assert {n for n in names if n.endswith("/")} == build.archive.directories(names)
 
     sources = {f"bk/{p.relative_to(snapshot / 'bk').as_posix()}" for p in (snapshot / "bk").rglob("*.py")}
     assert sources <= set(entries)
@@ -247,7 +249,7 @@ def test_archive_layout(pyz, snapshot):
     assert record["python"] == "{}.{}".format(*sys.version_info[:2])
     content = {n: b for n, b in entries.items()
                if not n.endswith((".pyc", "/")) and n != "bk/_build.json"}
-    assert record["content_sha256"] == build.content_sha256(content)
+    assert record["content_sha256"] == build.archive.content_sha256(content)
     assert build.check_archive(pyz, snapshot) == []
     assert "not a bk archive" in build.check_archive(snapshot / "build.py", snapshot)[0]
 
@@ -282,8 +284,8 @@ def test_timestamps_before_1980_are_clamped_in_the_zip_only(tmp_path):
 def test_build_time_sources(tmp_path):
     tree = make_tree(tmp_path / "tree", {})
     assert build.build_time(tree, {"SOURCE_DATE_EPOCH": "1234567890"}) == 1234567890
-    assert build.build_time(tree, {"SOURCE_DATE_EPOCH": ""}) == build.ZIP_TIME_MIN
-    assert build.build_time(tree, {}) == build.ZIP_TIME_MIN  # no .git
+    assert build.build_time(tree, {"SOURCE_DATE_EPOCH": ""}) == build.archive.ZIP_TIME_MIN
+    assert build.build_time(tree, {}) == build.archive.ZIP_TIME_MIN  # no .git
     with pytest.raises(build.BuildError) as caught:
         build.build_time(tree, {"SOURCE_DATE_EPOCH": "-5"})
     assert caught.value.exit_code == build.EXIT_USAGE
@@ -359,7 +361,8 @@ def test_junk_is_left_out_and_resources_are_not_compiled(resource_pyz):
         names = archive.namelist()
     assert names == [
         "__main__.py", "__main__.pyc",
-        "bk/", "bk/__init__.py", "bk/__init__.pyc", "bk/_build.json", "bk/buildinfo.py", "bk/buildinfo.pyc",
+        "bk/", "bk/__init__.py", "bk/__init__.pyc", "bk/_build.json",
+        "bk/admin/", "bk/admin/archive.py", "bk/admin/archive.pyc", "bk/buildinfo.py", "bk/buildinfo.pyc",
         "bk/ns/", "bk/ns/mod.py", "bk/ns/mod.pyc",
         "bk/resources/", "bk/resources/__init__.py", "bk/resources/__init__.pyc",
         "bk/resources/install/", "bk/resources/install/helper.py",

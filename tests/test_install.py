@@ -266,11 +266,11 @@ def test_install_from_an_installed_package_builds_the_archive(root, capsys):
     with zipfile.ZipFile(root / "opt/gpubk/bk.pyz") as z:
         recorded = json.loads(z.read("bk/_build.json"))["content_sha256"]
         names = z.namelist()
-        content = {n: z.read(n) for n in names if build.is_content_entry(n)}
+        content = {n: z.read(n) for n in names if build.archive.is_content_entry(n)}
     # build.py's digest of what was installed is what the archive records,
     # and build.py would have packed the same entries (compared by name: the
     # tree may change under a test while others work in it).
-    assert recorded == build.content_sha256(content)
+    assert recorded == build.archive.content_sha256(content)
     assert set(content) == set(build.collect(build.ROOT))
     assert "bk/resources/install/gpubk-broker.service" in names and "bk/resources/man/bk.1" in names
     p = subprocess.run([str(root / "opt/gpubk/bin/bk"), "--version"], capture_output=True, text=True)

@@ -1,17 +1,18 @@
-"""The bk archive: its format (the same as ``build.py``'s, byte for byte)
-and the archive an installation runs, ``/opt/gpubk/bk.pyz``, with bytecode
-for the server's interpreter.
+"""The bk archive: its format, and the archive an installation runs,
+``/opt/gpubk/bk.pyz``, with bytecode for the server's interpreter.
 
-One format, two writers.  ``build.py`` writes ``dist/bk.pyz`` from a source
-tree; the installer writes ``/opt/gpubk/bk.pyz`` from a running archive or
-an installed package.  Both must produce the same entries, the same content
-hash and the same zip layout.  ``build.py`` must build any tree on its own
-(its tests copy it alone into a scratch tree), so it cannot load this
-module; the first half of this module (down to ``write_zip``) restates the
-format and imports nothing from bk, and a test holds the two to the same
-bytes: the same entries written by both are the same archive
-(``tests/test_install.py``).  ``build.py``'s module essay explains the
-bytecode, the child compiler and the reproducibility rules.
+One format, one writer, two callers.  ``build.py`` writes ``dist/bk.pyz``
+from a source tree; the installer writes ``/opt/gpubk/bk.pyz`` from a running
+archive or an installed package.  Both must produce the same entries, the
+same content hash and the same zip layout, so both use the first half of
+this module (down to ``write_zip``).  ``build.py`` runs with only the
+standard library and must build a tree whose bk it cannot import, so it
+loads this file by its path; that half therefore imports nothing from bk,
+and the second half imports bk only inside its functions.  A test holds the
+callers to the same bytes: the built archive rewritten for the same Python
+is the same archive (``tests/test_install_archive.py``).  ``build.py``'s
+module essay explains the bytecode, the child compiler and the
+reproducibility rules.
 
 Facts about installing.  zipimport loads ``bk/x.pyc`` from the archive only
 when its magic number is the running interpreter's; otherwise it silently
@@ -143,6 +144,20 @@ def is_junk(name: str) -> bool:
     return name.startswith((".", "#")) or name.endswith(JUNK_SUFFIXES)
 
 
+def walk_files(top: str) -> list[tuple[str, str]]:
+    """(path relative to top with '/' separators, full path) for every
+    regular, non-junk file below ``top``, in no particular order."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(top):
+        dirnames[:] = [d for d in dirnames if d not in JUNK_DIRS and not is_junk(d)]
+        for filename in filenames:
+            path = os.path.join(dirpath, filename)
+            # Follows symlinks; skips sockets and FIFOs (opening a FIFO blocks).
+            if is_junk(filename) or not stat.S_ISREG(os.stat(path).st_mode):
+                continue
+            found.append((os.path.relpath(path, top).replace(os.sep, "/"), path))
+    return found
+
 
 def content_sha256(entries: dict[str, bytes]) -> str:
     """sha256 over ``name NUL size NUL bytes`` for each entry in name order.
@@ -215,6 +230,38 @@ def compile_pycs(sources: dict[str, bytes], python: str | None = None) -> dict[s
     if errors:
         raise ArchiveError("cannot compile:\n  " + "\n  ".join(errors))
     return {name[:-3] + ".pyc": pyc for name, (_, pyc) in zip(names, results, strict=True)}
+
+
+def iso_utc(epoch: int) -> str:
+    """The build record's time: ``built_at`` in ISO-8601 UTC."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
+
+
+def epoch_of(iso: str | None) -> int:
+    """The inverse of :func:`iso_utc`; 1980-01-01 for a missing or bad time."""
+    import calendar
+
+    try:
+        return calendar.timegm(time.strptime(iso or "", "%Y-%m-%dT%H:%M:%SZ"))
+    except ValueError:
+        return ZIP_TIME_MIN
+
+
+def record_bytes(info: dict) -> bytes:
+    """The bytes of ``bk/_build.json`` for the build record ``info``."""
+    return (json.dumps(info, indent=2, sort_keys=True) + "\n").encode()
+
+
+def assemble(sources: dict[str, bytes], info: dict, python: str | None = None) -> dict[str, bytes]:
+    """Every entry of an archive: ``sources`` (modules and resources, no
+    bytecode), the build record ``info``, a ``.pyc`` for each module compiled
+    for ``python`` (default: this interpreter) and a directory entry for each
+    folder.  Raises ArchiveError when a module does not compile."""
+    entries = dict(sources)
+    entries[BUILD_JSON] = record_bytes(info)
+    entries.update(compile_pycs({n: b for n, b in sources.items() if is_module(n)}, python))
+    entries.update(dict.fromkeys(directories(entries), b""))
+    return entries
 
 
 def write_zip(f, entries: dict[str, bytes], epoch: int) -> None:
@@ -292,17 +339,12 @@ def collect_installed() -> dict[str, bytes]:
     top = os.path.dirname(os.path.abspath(bk.__file__))
     entries: dict[str, bytes] = {"__main__.py": MAIN_PY}
     newest = 0.0
-    for dirpath, dirnames, filenames in os.walk(top):
+    for rel, full in walk_files(top):
         # bk/resources of a pip install is added below, under its own rule.
-        dirnames[:] = sorted(d for d in dirnames if d not in JUNK_DIRS and not is_junk(d)
-                             and not (dirpath == top and d == "resources"))
-        for name in filenames:
-            if name.endswith(".py") and not is_junk(name):
-                full = os.path.join(dirpath, name)
-                rel = os.path.relpath(full, os.path.dirname(top)).replace(os.sep, "/")
-                with open(full, "rb") as f:
-                    entries[rel] = f.read()
-                    newest = max(newest, os.fstat(f.fileno()).st_mtime)
+        if rel.endswith(".py") and not rel.startswith("resources/"):
+            with open(full, "rb") as f:
+                entries[f"bk/{rel}"] = f.read()
+                newest = max(newest, os.fstat(f.fileno()).st_mtime)
     entries[f"{RESOURCE_PACKAGE}/__init__.py"] = RESOURCES_INIT_PY
     for sub in RESOURCE_DIRS:
         for rel in resource_path_names(sub):
@@ -315,10 +357,9 @@ def collect_installed() -> dict[str, bytes]:
     # the same package installs as the same bytes and a reconcile is a no-op.
     stamp = os.environ.get("SOURCE_DATE_EPOCH", "").strip()
     epoch = int(stamp) if stamp.isdigit() else max(int(newest), ZIP_TIME_MIN)
-    info = {"version": __version__, "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch)),
-            "content_sha256": content_sha256(entries),
+    info = {"version": __version__, "built_at": iso_utc(epoch), "content_sha256": content_sha256(entries),
             "python": None}
-    entries[BUILD_JSON] = (json.dumps(info, indent=2, sort_keys=True) + "\n").encode()
+    entries[BUILD_JSON] = record_bytes(info)
     return entries
 
 
@@ -350,30 +391,17 @@ def python_version(python: str) -> str:
 def archive_bytes(entries: dict[str, bytes], python: str) -> bytes:
     """The archive of ``entries`` with bytecode for ``python``: the same
     layout build.py writes, stamped with the build's own time."""
-    entries = {n: b for n, b in entries.items() if not n.endswith((".pyc", "/"))}
-    version = python_version(python)
+    sources = {n: b for n, b in entries.items() if not n.endswith((".pyc", "/")) and n != BUILD_JSON}
+    info = build_record(entries)
+    info["python"] = python_version(python)
     try:
-        pycs = compile_pycs({n: b for n, b in entries.items() if is_module(n)}, python)
+        complete = assemble(sources, info, python)
     except ArchiveError as e:
         raise _config_error(f"{python} cannot compile bk: {e.message}",
                             hint=e.hint or "bk needs Python 3.10 or newer; name one with --python") from None
-    info = build_record(entries)
-    info["python"] = version
-    entries[BUILD_JSON] = (json.dumps(info, indent=2, sort_keys=True) + "\n").encode()
-    entries.update(pycs)
-    entries.update(dict.fromkeys(directories(entries), b""))
     buf = io.BytesIO()
-    write_zip(buf, entries, _epoch(info.get("built_at")))
+    write_zip(buf, complete, epoch_of(info.get("built_at")))
     return buf.getvalue()
-
-
-def _epoch(iso: str | None) -> int:
-    import calendar
-
-    try:
-        return calendar.timegm(time.strptime(iso or "", "%Y-%m-%dT%H:%M:%SZ"))
-    except ValueError:
-        return ZIP_TIME_MIN
 
 
 def source_entries(new_archive: str | None) -> tuple[dict[str, bytes], str]:

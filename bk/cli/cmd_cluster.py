@@ -399,7 +399,7 @@ def run_tui(args, ctx) -> Output:
         out.warnings = [*out.warnings, why]
         return out
     entry = cluster.catalog.get(name)
-    reply = cluster.client(entry).call(["c", "id"])
+    reply = cluster.at(name, ["c", "id"], as_json=True)
     if "tui" not in (reply.node.get("capabilities") or ()) or importlib.util.find_spec("bk.cli.cmd_tui") is None:
         out = run_overview(args, ctx)
         out.warnings = [*out.warnings, f"{name} has no full-screen view (bk t) in its bk; here is the node table"]
@@ -416,13 +416,16 @@ def run_probe(args, ctx) -> Output:
     import shlex
 
     from bk.cluster import catalog
-    from bk.cluster.node import NodeClient
+    from bk.cluster.node import NodeClient, NodeFailure
 
     catalog.check_name(args.name)
     catalog.check_target(args.target)
     entry = catalog.NodeEntry(args.name, "", args.target, args.priority, args.timeout, True, args.port,
                               args.known_hosts, args.identity_file, tuple(shlex.split(args.remote_command)))
-    reply = NodeClient(entry).call(["c", "id"])
+    try:
+        reply = NodeClient(entry).call(["c", "id"])
+    except NodeFailure as f:
+        raise f.as_error() from None
     ident = reply.data if reply.ok else reply.node
     cmd = ["sudo", "bk", "admin", "cluster", "add", args.name, args.target, "--id", str(ident.get("id"))]
     for flag, v in (("--port", args.port), ("--known-hosts", args.known_hosts),

@@ -90,7 +90,9 @@ class Cluster:
         rec = self.recommend(slot_words)
         if rec.best is None:
             why = "; ".join(f"{r.node}: {r.problem}" for r in rec.rows if r.problem) or "no node has room"
-            raise Conflict(f"no node can take this booking ({why})",
+            cls = Conflict if all(r.problem == "no option fits" or r.info.get("state") == "error"
+                                  for r in rec.rows) else Unavailable
+            raise cls(f"no node can take this booking ({why})",
                            hint="see the options per node: bk c rec ...",
                            details={"nodes": [r.to_json() for r in rec.rows]})
         best = rec.best
@@ -126,7 +128,10 @@ class Cluster:
             raise _unknown(node, op_id, lost, again) from None
 
     def at(self, node: str, words: list[str], *, as_json: bool, columns: int | None = None) -> Reply:
-        return self.client(node).call(words, as_json=as_json, columns=columns)
+        try:
+            return self.client(node).call(words, as_json=as_json, columns=columns)
+        except NodeFailure as f:
+            raise f.as_error() from None
 
 
 def _written(reply: Reply, recovered: bool, retried: bool) -> WriteOutcome:

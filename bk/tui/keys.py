@@ -73,7 +73,7 @@ class ViewState:
     theme: str = "dark"
     message: str | None = None
     error: bool = False
-    tour_page: int = 0
+    tour_page: int = 0                 # the page of the tour, or of the help
 
 
 def say(state: ViewState, text: str | None, error: bool = False) -> ViewState:
@@ -319,7 +319,11 @@ def handle(state: ViewState, key: str, world) -> tuple[ViewState, Action | None]
     if key == "RESIZE":
         return state, None
     if state.mode == "help":
-        return replace(state, mode="browse"), None
+        from bk.tui.text import help_pages
+
+        if key not in ("q", "ESC") and state.tour_page + 1 < help_pages(state.width, state.height):
+            return replace(state, tour_page=state.tour_page + 1), None
+        return replace(state, mode="browse", tour_page=0), None
     if state.mode == "tour":
         return _tour_key(state, key)
     if state.mode == "confirm":
@@ -368,7 +372,7 @@ def _browse_key(state: ViewState, key: str, world) -> tuple[ViewState, Action | 
         theme = "light" if state.theme == "dark" else "dark"
         return say(replace(state, theme=theme), f"theme: {theme}"), None
     if key == "?":
-        return replace(state, mode="help"), None
+        return replace(state, mode="help", tour_page=0), None
     if key == "t":
         return replace(state, mode="tour", tour_page=0), None
     if key == "r":

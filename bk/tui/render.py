@@ -168,6 +168,19 @@ def _mem(mib) -> str:
     return timegrid.format_memory(mib) if mib else "auto"
 
 
+def _gib(mib: int) -> str:
+    return f"{mib / 1024:.1f}"
+
+
+def _when(a: int, b: int, world, cs: Charset) -> str:
+    """``10:00–11:30`` today, ``07-14 09:00–11:00`` another day, the end's
+    day too when it is not the start's."""
+    da, db, dn = (datetime.fromtimestamp(t, world.tz) for t in (a, b, world.now))
+    head = _hm(a, world.tz) if da.date() == dn.date() else f"{da.month:02d}-{da.day:02d} {_hm(a, world.tz)}"
+    tail = _hm(b, world.tz) if db.date() == da.date() else f"{db.month:02d}-{db.day:02d} {_hm(b, world.tz)}"
+    return f"{head}{cs.dash}{tail}"
+
+
 def _rule(width: int, title: str, theme: Theme, cs: Charset) -> tuple:
     line = Line(width, theme)
     line.add(cs.hline * 2 + " ", "rule").add(clean(title), "title").add(" ", "rule")
@@ -218,7 +231,7 @@ def render(state: keys.ViewState, world, size: tuple[int, int], theme: Theme, ch
         lines += [Line(width, theme).fill() for _ in range(height - 1)]
         return Frame(width, height, tuple(lines))
     if state.mode == "help":
-        return _help(width, height, theme, charset)
+        return _help(state.tour_page, width, height, theme, charset)
     if state.mode == "tour":
         return _tour(state.tour_page, width, height, theme, charset)
     return _main(state, world, width, height, theme, charset)
@@ -237,18 +250,16 @@ def _too_small(width: int, height: int, theme: Theme) -> Frame:
     return Frame(width, height, tuple(lines))
 
 
-def _help(width: int, height: int, theme: Theme, cs: Charset) -> Frame:
-    body: list[tuple[str, str]] = []
-    keyw = max(len(k) for _, rows in text.HELP for k, _ in rows) + 2
-    for title, rows in text.HELP:
-        body.append((title, "title"))
-        for k, what in rows:
-            for i, part in enumerate(wrap(what, max(10, width - 6 - keyw))):
-                body.append(((k if i == 0 else "").ljust(keyw) + part, "normal"))
-    body.append(("", "normal"))
-    body.append((text.LEGEND_UNICODE if cs.name == "unicode" else text.LEGEND_ASCII, "keys"))
-    body.append(("any key closes this help", "keys"))
-    return Frame(width, height, tuple(_box(body, "bk t: keys", width, height, theme, cs)))
+def _help(page: int, width: int, height: int, theme: Theme, cs: Charset) -> Frame:
+    body = text.help_lines(width, cs.name == "unicode")
+    per = max(1, height - 3)
+    pages = text.help_pages(width, height)
+    page = min(max(page, 0), pages - 1)
+    shown = body[page * per:(page + 1) * per]
+    foot = (f"page {page + 1}/{pages}: any key for more, q closes" if page + 1 < pages
+            else "any key closes this help")
+    shown += [("", "normal")] * (per - len(shown)) + [(foot, "keys")]
+    return Frame(width, height, tuple(_box(shown, "bk t: keys", width, height, theme, cs)))
 
 
 def _tour(page: int, width: int, height: int, theme: Theme, cs: Charset) -> Frame:
@@ -281,14 +292,15 @@ def _main(state, world, width: int, height: int, theme: Theme, cs: Charset) -> F
     out: list[tuple] = []
     # header
     head = Line(width, theme)
-    parts = [f" bk t {cs.dash} {_local(now, world)}",
-             f"{_span(frm, to, world, cs)} {timegrid.format_duration(step)}/col",
+    parts = [f" bk t {cs.dash} {_local(now, world)}" if width >= 100 else f" {_local(now, world)}",
+             f"{_when(frm, to, world, cs)} {timegrid.format_duration(step)}/col",
              f"monitor {_state_word(world.monitor)}", f"worker {_state_word(world.worker)}",
              f"{clean(world.actor_user)}{' (shared)' if world.shared else ''}"]
     shown_parts: list[str] = []
     for p in parts:       # in order of importance, while they fit
-        if width_of(cs.sep.join([*shown_parts, p])) <= width:
-            shown_parts.append(p)
+        if width_of(cs.sep.join([*shown_parts, p])) > width:
+            break
+        shown_parts.append(p)
     head.add(cs.sep.join(shown_parts), "header")
     out.append(head.fill("header"))
     # announcements
@@ -367,10 +379,10 @@ def _main(state, world, width: int, height: int, theme: Theme, cs: Charset) -> F
     out.append(_rule(width, f"Bookings: {len(live)} now or later" + (f", {len(rows) - len(live)} past in view"
                                                                     if len(rows) > len(live) else ""),
                      theme, cs))
-    idw = max([len(s) for s in ids.values()] + [4])
+    idw = min(12, max([len(s) for s in ids.values()] + [4]))
     wide = width >= 120
-    th = Line(width, theme).add(f"   {'ID'.ljust(idw)} {'USER':<9}{'GPUS':<8}{'MODE':<11}{'MEM':<7}"
-                                f"{'WHEN':<24}{'STATUS':<13}" + ("NOTE" if wide else ""), "th")
+    th = Line(width, theme).add(f"   {'ID'.ljust(idw)} {'USER':<8}{'GPUS':<6}{'MODE':<11}{'MEM':<6}"
+                                f"{'WHEN':<18}{'STATUS':<13}" + ("NOTE" if wide else ""), "th")
     out.append(th.fill("th"))
     sel_i = next((i for i, r in enumerate(rows) if r.id == state.sel), None)
     if sel_i is None and state.focus == "table" and rows and state.sel is None:
@@ -388,9 +400,9 @@ def _main(state, world, width: int, height: int, theme: Theme, cs: Charset) -> F
         note = r.note or (r.job.summary if r.job is not None and r.job.summary else "")
         job = f"job {r.job.status}" if r.job is not None else ""
         tail = " ".join(x for x in (job, clean(note)) if x) if wide else ""
-        s = (f" {letter} {ids[r.id].ljust(idw)} {clean(r.user)[:8]:<9}{_gpus(r.gpus)[:7]:<8}"
-             f"{_mode(r, cap):<11}{(_mem(r.mem_mib) if r.mode != EXCLUSIVE else '-'):<7}"
-             f"{_span(r.start, r.end, world, cs):<24}{_status(r, now):<13}{tail}")
+        s = (f" {letter} {ids[r.id][:idw].ljust(idw)} {clean(r.user)[:7]:<8}{_gpus(r.gpus)[:5]:<6}"
+             f"{_mode(r, cap):<11}{(_mem(r.mem_mib) if r.mode != EXCLUSIVE else '-'):<6}"
+             f"{_when(r.start, r.end, world, cs):<18}{_status(r, now):<13}{tail}")
         out.append(Line(width, theme).add(s, kind).fill(kind))
     for _ in range(table_n - len(shown)):
         out.append(Line(width, theme).add("   (no bookings in view: press a to add one)" if not rows and _ == 0
@@ -494,8 +506,8 @@ def _detail(world, g, width: int, theme: Theme, cs: Charset) -> list[tuple]:
     parts = [f"state {row.state}", f"share {row.share_used}/{row.capacity}"]
     parts.append(f"util {row.util}%" if row.util is not None else "util ?")
     if row.mem_total_mib:
-        used = timegrid.format_memory(row.mem_used_mib) if row.mem_used_mib is not None else "?"
-        parts.append(f"mem {used}/{timegrid.format_memory(row.mem_total_mib)}")
+        used = _gib(row.mem_used_mib) if row.mem_used_mib is not None else "?"
+        parts.append(f"mem {used}/{_gib(row.mem_total_mib)} GiB")
     if row.temperature is not None:
         parts.append(f"{row.temperature}°C" if cs.name == "unicode" else f"{row.temperature}C")
     if row.next_free is not None:
@@ -508,7 +520,7 @@ def _detail(world, g, width: int, theme: Theme, cs: Charset) -> list[tuple]:
     else:
         second = cs.sep.join(
             f"{p.pid} {clean(p.user or '?')} {clean(p.label or '')} "
-            f"{timegrid.format_memory(p.mem_mib) if p.mem_mib else ''} {p.state}".replace("  ", " ")
+            f"{_gib(p.mem_mib) + ' GiB' if p.mem_mib else ''} {p.state}".replace("  ", " ")
             for p in row.processes)
     out.append(Line(width, theme).add(" " + second, "keys" if row.processes is None else "normal").fill())
     return out
@@ -518,10 +530,10 @@ def _status_line(state, world, width: int, theme: Theme, cs: Charset) -> tuple:
     line = Line(width, theme)
     if state.mode == "confirm":
         r = next((r for r in world.reservations if r.id == state.confirm), None)
-        what = (f"{r.id[:8]} (GPU {_gpus(r.gpus)}, {_span(r.start, r.end, world, cs)})" if r else state.confirm)
         running = r is not None and r.start <= world.now < r.end
-        return line.add(f" cancel {what}{' (it is running)' if running else ''}? "
-                        "y cancels it, any other key keeps it", "error").fill()
+        what = (f"{r.id[:8]} (GPU {_gpus(r.gpus)}, {_span(r.start, r.end, world, cs)}"
+                f"{', running' if running else ''})" if r else str(state.confirm)[:8])
+        return line.add(f" cancel {what}? y: yes, other key: no", "error").fill()
     if state.message:
         return line.add(" " + clean(state.message), "error" if state.error else "status").fill()
     if world.error:

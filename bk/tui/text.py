@@ -68,3 +68,33 @@ TOUR = (
      "monitor and your worker, the line under it announcements. Run bk tutorial --tui to see "
      "this tour again, or press t."),
 )
+
+
+def _wrap(s: str, w: int) -> list[str]:
+    out, cur = [], ""
+    for word in s.split():
+        if cur and len(cur) + 1 + len(word) > w:
+            out.append(cur)
+            cur = word
+        else:
+            cur = f"{cur} {word}" if cur else word
+    return [*out, cur] if cur else out or [""]
+
+
+def help_lines(width: int, unicode: bool) -> list[tuple[str, str]]:
+    """The help page's lines at ``width`` as (text, kind)."""
+    body: list[tuple[str, str]] = []
+    keyw = max(len(k) for _, rows in HELP for k, _ in rows) + 2
+    for title, rows in HELP:
+        body.append((title, "title"))
+        for k, what in rows:
+            for i, part in enumerate(_wrap(what, max(10, width - 6 - keyw))):
+                body.append(((k if i == 0 else "").ljust(keyw) + part, "normal"))
+    body.append(("", "normal"))
+    body += [(line, "keys") for line in _wrap(LEGEND_UNICODE if unicode else LEGEND_ASCII, width - 6)]
+    return body
+
+
+def help_pages(width: int, height: int) -> int:
+    per = max(1, height - 3)
+    return -(-len(help_lines(width, True)) // per)

@@ -216,3 +216,21 @@ def test_mcp_help_prints_the_client_snippet_and_tools_list(pyz, tmp_path):
     agent_out = subprocess.run([sys.executable, str(pyz), "agent", "context"], capture_output=True, text=True,
                                env=env, timeout=60)
     assert agent_out.returncode == 0 and json.loads(agent_out.stdout)["data"]["policy"]["gpu_count"] == 2
+
+
+def test_create_with_a_command_attaches_a_job_once(bk, tmp_path):
+    args = {"count": 1, "duration": 3600, "operation_id": "job-1", "command": ["/bin/true", "x"],
+            "cwd": str(tmp_path)}
+    _, made = agent_call(bk, "create", args)
+    job = made["data"]["reservation"]["job"]
+    assert made["ok"] and job["status"] == "pending" and job["summary"] == "true +1 arg"
+    assert any("no bk worker is running" in w for w in made["warnings"])
+    _, again = agent_call(bk, "create", args)
+    assert again["data"]["status"] == "exists" and again["data"]["reservation"]["job"]["id"] == job["id"]
+    specs = [p for p in bk.data_dir.rglob("*") if p.is_file() and "specs" in p.parts]
+    assert len(specs) == 1 and job["id"] in specs[0].name, specs      # the retry left no second spec
+    for bad, words in (({"command": []}, "list of 1-"), ({"command": ["a\0b"]}, "no NUL"),
+                       ({"command": ["/bin/true"], "cwd": "rel"}, "absolute"), ({"cwd": "/"}, "goes with"),
+                       ({"command": ["/no/such/program"]}, "no such file")):
+        r, env = agent_call(bk, "create", {"count": 1, "duration": 60, **bad})
+        assert r.code == 2 and words in env["error"]["message"], (bad, env)

@@ -284,9 +284,11 @@ class AgentTool:
 
     @classmethod
     def from_row(cls, name: str, row: str, *, summary: str | None = None, hide: tuple = (),
-                 renames: tuple = (), run: Callable | None = None, notes: tuple = ()) -> AgentTool:
+                 renames: tuple = (), run: Callable | None = None, notes: tuple = (),
+                 extra: tuple = ()) -> AgentTool:
         """The tool for ``row``: its schema less ``hide``, with ``renames``
-        ((argument, field)) and ``notes`` ((field, description)) applied."""
+        ((argument, field)) and ``notes`` ((field, description)) applied,
+        plus ``extra`` ((argument, schema)) that its ``run`` takes itself."""
         from bk.service import ops
 
         op = ops.get(row)
@@ -298,6 +300,7 @@ class AgentTool:
             props[f] = {**props[f], "description": text}
         for arg, field_name in renames:
             props[arg] = props.pop(field_name)
+        props.update(dict(extra))
         required = [next((a for a, f in renames if f == r), r) for r in schema.get("required", ())]
         out = {"type": "object", "properties": props, "additionalProperties": False}
         if required:
@@ -377,6 +380,53 @@ def _resolved(tool: AgentTool, app, arguments, call, action: str):
     return perform(app, op, _decode(tool, op, {**wire, "ref": earlier.id}), call)
 
 
+MAX_ARGV, MAX_ARG = 256, 4096
+_COMMAND = (("command", {"type": "array", "minItems": 1, "maxItems": MAX_ARGV,
+                         "items": {"type": "string", "maxLength": MAX_ARG},
+                         "description": "a command to run on the booked GPUs when the booking starts (no "
+                         "shell: the program and its arguments); your bk worker starts it"}),
+            ("cwd", {"type": "string", "maxLength": MAX_ARG,
+                     "description": "the command's working directory, absolute (default: where the "
+                     "server was started)"}))
+
+
+def _create(tool, app, arguments, call):
+    """``create``: the book row, with a command attached when asked
+    (``bk run N DUR -- CMD``: a private spec, the booking with its digest)."""
+    import os
+
+    from bk.service import ops
+
+    op = ops.get(tool.row)
+    wire = tool.request_fields(arguments)
+    argv, cwd = wire.pop("command", None), wire.pop("cwd", None)
+    req = _decode(tool, op, wire)
+    if argv is None:
+        if cwd is not None:
+            raise InvalidInput("argument 'cwd' goes with 'command'")
+        return perform(app, op, req, call)
+    if not isinstance(argv, list) or not 1 <= len(argv) <= MAX_ARGV or not all(
+            isinstance(a, str) and len(a) <= MAX_ARG and "\0" not in a and _encodable(a) for a in argv):
+        raise InvalidInput(f"argument 'command' must be a list of 1-{MAX_ARGV} strings (the program and its "
+                           f"arguments, at most {MAX_ARG} characters each, no NUL)",
+                           hint='e.g. ["python3", "train.py", "--lr", "3e-4"]')
+    if cwd is None:
+        cwd = os.getcwd()
+    elif not isinstance(cwd, str) or not cwd.startswith("/") or "\0" in cwd or not _encodable(cwd):
+        raise InvalidInput("argument 'cwd' must be an absolute path", hint='e.g. "/home/you/project"')
+    from bk.service import jobs
+
+    return jobs.attach_command(app, call, req, argv, cwd=cwd, env=dict(os.environ))
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:       # a lone surrogate
+        return False
+    return True
+
+
 def _edit(tool, app, arguments, call):
     return _resolved(tool, app, arguments, call, "edit")
 
@@ -395,9 +445,10 @@ def builtin_tools() -> list[AgentTool]:
         row("context", "context", summary="who you are, the rules, every GPU and its live state, your "
             "bookings and the time: call this first"),
         row("recommend", "recommend"),
-        row("create", "book", hide=_JOB_FIELDS, renames=(("operation_id", "op_id"),),
-            summary="book GPUs, shared or exclusive, now or later; give operation_id so that a retry "
-            "returns the first result and books nothing more"),
+        row("create", "book", hide=_JOB_FIELDS, renames=(("operation_id", "op_id"),), extra=_COMMAND,
+            run=_create, summary="book GPUs, shared or exclusive, now or later, optionally with a command "
+            "to run on them; give operation_id so that a retry returns the first result and books "
+            "nothing more"),
         row("list", "list"),
         row("edit", "edit", renames=(("operation_id", "op_id"),), run=_edit, notes=_REF,
             summary="change one of your bookings (ref: list number, ID prefix or full ID); times are "

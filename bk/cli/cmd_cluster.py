@@ -208,7 +208,7 @@ def _cluster(ctx):
     from bk.cluster import catalog
     from bk.cluster.client import Cluster
 
-    return Cluster(catalog.load(ctx.env), env=None)
+    return Cluster(catalog.load(ctx.env), env=ctx.env)
 
 
 def _term_line(node: dict) -> str:
@@ -423,7 +423,7 @@ def run_probe(args, ctx) -> Output:
     entry = catalog.NodeEntry(args.name, "", args.target, args.priority, args.timeout, True, args.port,
                               args.known_hosts, args.identity_file, tuple(shlex.split(args.remote_command)))
     try:
-        reply = NodeClient(entry).call(["c", "id"])
+        reply = NodeClient(entry, env=ctx.env).call(["c", "id"])
     except NodeFailure as f:
         raise f.as_error() from None
     ident = reply.data if reply.ok else reply.node

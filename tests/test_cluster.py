@@ -1,0 +1,375 @@
+"""The cluster without sshd: the catalog's validation and trust check, the
+ssh runner's bounds (real child processes), one node's reply decoding and
+identity check (a fake runner standing in for ssh), the best-node rule,
+the lost-reply protocol, the node half of ``bk c`` in-process, and
+``sudo bk admin cluster``.  tests/test_cluster_sshd.py does it for real."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from bk.cli import app as cli_app
+from bk.cluster import catalog as cat
+from bk.cluster.client import Cluster, RecRow, best_row
+from bk.cluster.node import NodeClient, NodeFailure
+from bk.core.errors import ConfigError, Unavailable
+from bk.remote import ssh
+
+ROOT = Path(__file__).resolve().parent.parent
+NODE_A = "d-" + "a" * 24
+NODE_B = "d-" + "b" * 24
+
+
+# ------------------------------------------------------------- catalog
+
+def node_doc(**over) -> dict:
+    return {"id": NODE_A, "target": "gpu-a.lab", **over}
+
+
+def test_a_target_with_a_user_is_refused():
+    with pytest.raises(ConfigError, match="names a user") as e:
+        cat.parse({"nodes": {"gpu-a": node_doc(target="alice@gpu-a.lab")}}, "c.json")
+    assert "'gpu-a.lab'" in e.value.hint
+
+
+@pytest.mark.parametrize("target", ["-oProxyCommand=sh", "a b", "host;rm", "", "gpu-a.lab:22"])
+def test_targets_that_are_not_hosts_are_refused(target):
+    with pytest.raises(ConfigError, match="not a host"):
+        cat.parse({"nodes": {"gpu-a": node_doc(target=target)}}, "c.json")
+
+
+def test_unknown_keys_are_refused_with_did_you_mean():
+    with pytest.raises(ConfigError, match="unknown key 'priorty'") as e:
+        cat.parse({"nodes": {"gpu-a": node_doc(priorty=1)}}, "c.json")
+    assert "did you mean 'priority'" in e.value.hint
+    with pytest.raises(ConfigError, match="unknown key 'node'") as e:
+        cat.parse({"node": {}}, "c.json")
+    assert "did you mean 'nodes'" in e.value.hint
+
+
+def test_ids_names_and_people_are_checked():
+    with pytest.raises(ConfigError, match="not a node id"):
+        cat.parse({"nodes": {"gpu-a": node_doc(id="gpu-a")}}, "c.json")
+    with pytest.raises(ConfigError, match="same id"):
+        cat.parse({"nodes": {"a": node_doc(), "b": node_doc(target="b")}}, "c.json")
+    with pytest.raises(ConfigError, match="node name"):
+        cat.parse({"nodes": {"GPU A": node_doc()}}, "c.json")
+    with pytest.raises(ConfigError, match="not in nodes"):
+        cat.parse({"nodes": {"a": node_doc()}, "people": {"b": {"1001": "alice"}}}, "c.json")
+    c = cat.parse({"nodes": {"a": node_doc(port=2222, remote_command="/opt/gpubk/bin/bk")},
+                   "people": {"a": {"1001": "alice"}}}, "c.json")
+    assert c.get("a").remote_command == ("/opt/gpubk/bin/bk",) and c.person("a", 1001) == "alice"
+    assert cat.parse(json.loads(json.dumps(c.to_json())), "again") == c.__class__(c.nodes, c.people, "again")
+
+
+def _write(path, doc) -> str:
+    path.write_text(json.dumps(doc))
+    os.chmod(path, 0o644)
+    return str(path)
+
+
+def test_a_catalog_not_owned_by_root_is_refused(tmp_path):
+    path = _write(tmp_path / "cluster.json", {"nodes": {"a": node_doc()}})
+    if os.geteuid() == 0:
+        os.chown(path, 1, 1)
+    with pytest.raises(ConfigError, match="not root"):
+        cat.load({"BK_CLUSTER_FILE": path})
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="root owns the file it checks")
+def test_a_writable_catalog_is_refused_and_a_good_one_loads(tmp_path):
+    os.chmod(tmp_path, 0o755)
+    path = _write(tmp_path / "cluster.json", {"nodes": {"a": node_doc()}})
+    assert cat.load({"BK_CLUSTER_FILE": path}).get("a").id == NODE_A
+    os.chmod(path, 0o666)
+    with pytest.raises(ConfigError, match="writable by group or others"):
+        cat.load({"BK_CLUSTER_FILE": path})
+
+
+def test_a_missing_catalog_says_how_to_make_one(tmp_path):
+    with pytest.raises(ConfigError, match="no cluster catalog") as e:
+        cat.load({"BK_CLUSTER_FILE": str(tmp_path / "none.json")})
+    assert "bk c probe" in e.value.hint
+
+
+# ------------------------------------------------------------- the runner
+
+def test_ssh_argv_quotes_every_word_and_sets_the_safety_options():
+    argv = ssh.ssh_argv("gpu-a", ["bk", "book", "1", "30m", "--note", "a; rm -rf / #"], port=2222,
+                        connect_timeout=7, known_hosts="/etc/gpubk/known_hosts")
+    assert argv[:2] == ["ssh", "-T"]
+    for opt in ("BatchMode=yes", "StrictHostKeyChecking=yes", "ConnectTimeout=7",
+                "UserKnownHostsFile=/etc/gpubk/known_hosts"):
+        assert opt in argv
+    assert argv[argv.index("--") + 1] == "gpu-a"
+    assert argv[-1] == "bk book 1 30m --note 'a; rm -rf / #'"
+
+
+def py(code: str) -> list[str]:
+    return [sys.executable, "-c", code]
+
+
+def test_the_runner_returns_output_and_status():
+    out = ssh.run(py("import sys; print('hi'); sys.stderr.write('oops'); sys.exit(3)"), timeout=30)
+    assert (out.ended, out.rc, out.stdout, out.stderr_text) == ("exit", 3, b"hi\n", "oops")
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_the_runner_kills_at_the_deadline(tmp_path):
+    pidfile = tmp_path / "pid"
+    code = f"import os, time; open({str(pidfile)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+    out = ssh.run(py(code), timeout=1.0)
+    assert out.ended == "timeout" and out.rc is None
+    assert _gone(int(pidfile.read_text()))
+
+
+def test_the_runner_bounds_the_reply():
+    out = ssh.run(py("import sys\nwhile True: sys.stdout.write('x' * 65536)"), timeout=30, max_bytes=100_000)
+    assert out.ended == "too_large" and len(out.stdout) == 100_000
+
+
+def test_the_runner_can_be_cancelled():
+    flag = threading.Event()
+    threading.Timer(0.2, flag.set).start()
+    out = ssh.run(py("import time; time.sleep(60)"), timeout=30, cancelled=flag.is_set)
+    assert out.ended == "cancelled"
+
+
+def test_a_missing_program_is_not_started():
+    out = ssh.run(["/nonexistent/ssh"], timeout=5)
+    assert out.ended == "not_started" and "cannot run" in out.stderr_text
+
+
+# ------------------------------------------------------------- one node
+
+def entry(name="a", nid=NODE_A, **over) -> cat.NodeEntry:
+    return cat.parse_node(name, {"id": nid, "target": f"{name}.lab", "timeout_s": 5, **over}, "test")
+
+
+def wrapped(nid: str, inner: dict, now: float = 1_000_000.0) -> bytes:
+    return json.dumps({"schema": "gpubk.v1", "command": "cluster node", "ok": True, "warnings": [],
+                       "data": {"node": {"id": nid, "hostname": "h", "version": "0.1.0", "now_epoch": now,
+                                         "capabilities": ["node.v1"]}, "reply": inner}}).encode()
+
+
+def ok(command: str, data: dict) -> dict:
+    return {"schema": "gpubk.v1", "command": command, "ok": True, "data": data, "warnings": []}
+
+
+class FakeSsh:
+    """Answers each call with the next scripted Outcome; records the argv."""
+
+    def __init__(self, *answers):
+        self.answers = list(answers)
+        self.calls: list[list[str]] = []
+
+    def __call__(self, argv, *, timeout, cancelled=None, env=None):
+        self.calls.append(list(argv))
+        a = self.answers.pop(0)
+        return a(argv) if callable(a) else a
+
+
+def reply(stdout: bytes, rc: int = 0, stderr: bytes = b"", ended: str = "exit") -> ssh.Outcome:
+    return ssh.Outcome(ended, rc if ended == "exit" else None, stdout, stderr, 0.01)
+
+
+def client(fake, e=None) -> NodeClient:
+    return NodeClient(e or entry(), runner=fake, wall=lambda: 1_000_000.0)
+
+
+def test_a_good_reply_carries_identity_and_skew():
+    fake = FakeSsh(reply(wrapped(NODE_A, ok("list", {"reservations": []}), now=1_000_002.5)))
+    r = client(fake).call(["l"])
+    assert r.ok and r.skew_s == 2.5 and r.node["id"] == NODE_A
+    remote = fake.calls[0][-1]
+    assert remote.startswith(f"bk c node --expect {NODE_A} --json -- l")
+
+
+@pytest.mark.parametrize("answer, state", [
+    (reply(b"Welcome to gpu-z!\n"), "bad_reply"),
+    (reply(wrapped(NODE_B, ok("list", {}))), "wrong_identity"),
+    (reply(b"", rc=255, stderr=b"Host key verification failed.\n"), "unreachable"),
+    (reply(b"", rc=127, stderr=b"sh: 1: bk: not found\n"), "unsupported"),
+    (reply(b"", ended="timeout"), "timeout"),
+    (reply(b"x" * 10, ended="too_large"), "too_large"),
+    (reply(json.dumps({"schema": "gpubk.v1", "command": "c", "ok": False, "warnings": [],
+                       "error": {"code": "invalid_input", "message": "unknown command 'c'"}}).encode(), rc=2),
+     "unsupported"),
+    (reply(json.dumps({"schema": "gpubk.v1", "command": "cluster node", "ok": False, "warnings": [],
+                       "error": {"code": "config", "message": "this is node d-...",
+                                 "details": {"reason": "wrong_identity"}}}).encode(), rc=78),
+     "wrong_identity"),
+])
+def test_bad_replies_are_named(answer, state):
+    with pytest.raises(NodeFailure) as e:
+        client(FakeSsh(answer)).call(["l"])
+    assert e.value.state == state
+    if state == "unreachable":
+        assert "host key" in e.value.hint
+
+
+def test_the_best_node_is_the_earliest_start_then_priority_then_name():
+    def row(name, pri, start):
+        opts = ({"start": start, "gpus": [0]},) if start else ()
+        return RecRow(name, pri, opts, None if opts else "no option fits", {})
+
+    rows = [row("c", 0, "2026-07-13T11:00:00Z"), row("b", 5, "2026-07-13T10:00:00Z"),
+            row("a", 9, "2026-07-13T10:00:00Z"), row("d", -1, None)]
+    assert best_row(rows).node == "b"
+    rows.append(row("e", 5, "2026-07-13T10:00:00Z"))
+    assert best_row(rows).node == "b"          # same start and priority: the name
+    assert best_row([row("d", 0, None)]) is None
+
+
+# ------------------------------------------------------------- lost replies
+
+def booked(nid=NODE_A, status="created", rid="r-1"):
+    return reply(wrapped(nid, ok("book", {"status": status, "reservation": {"id": rid, "short_id": rid}})))
+
+
+def op_found(action="create", rid="r-1", found=True):
+    return reply(wrapped(NODE_A, ok("cluster op", {"op_id": "K", "found": found, "action": action if found else None,
+                                                   "reservation": {"id": rid} if found else None})))
+
+
+def cluster_with(fake) -> Cluster:
+    c = cat.Catalog((entry(),), {}, "test")
+    return Cluster(c, make_client=lambda e, cancelled=None: NodeClient(e, runner=fake, wall=lambda: 1e6))
+
+
+def test_a_lost_reply_is_looked_up_before_anything_is_retried():
+    fake = FakeSsh(reply(b"", ended="timeout"), op_found())
+    out = cluster_with(fake).write("a", ["book", "1", "30m"], "K", "book")
+    assert out.recovered and out.reply_data["reservation"]["id"] == "r-1"
+    assert len(fake.calls) == 2 and "c op K" in fake.calls[1][-1]
+    assert "--op-id K" in fake.calls[0][-1]
+
+
+def test_a_write_that_did_not_happen_is_sent_again_with_the_same_op_id():
+    fake = FakeSsh(reply(b"", rc=255, stderr=b"Connection reset by peer"), op_found(found=False), booked())
+    out = cluster_with(fake).write("a", ["book", "1", "30m", "--", "./train.sh", "--op-id", "x"], "K", "book")
+    assert out.retried and not out.recovered
+    assert fake.calls[0][-1] == fake.calls[2][-1]
+    assert fake.calls[0][-1].endswith("book 1 30m --op-id K -- ./train.sh --op-id x")
+
+
+def test_when_the_node_cannot_say_the_outcome_is_unknown_with_the_op_id():
+    fake = FakeSsh(reply(b"", ended="timeout"), reply(b"", ended="timeout"))
+    with pytest.raises(Unavailable) as e:
+        cluster_with(fake).write("a", ["d", "3f2a", "-y"], "K", "cancel")
+    assert e.value.details["state"] == "outcome_unknown" and "--op-id K" in e.value.hint
+
+
+def test_a_wrong_identity_is_never_retried():
+    fake = FakeSsh(reply(wrapped(NODE_B, ok("book", {}))))
+    with pytest.raises(ConfigError):
+        cluster_with(fake).write("a", ["book", "1", "30m"], "K", "book")
+    assert len(fake.calls) == 1
+
+
+# ------------------------------------------------------------- the CLI
+
+def test_at_node_and_cluster_shorthand_words():
+    assert cli_app.normalise(["@gpu-a", "l", "--all"]) == ["c", "at", "gpu-a", "--", "l", "--all"]
+    assert cli_app.normalise(["c", "2", "1h"]) == ["c", "book", "2", "1h"]
+    assert cli_app.normalise(cli_app.normalise(["@gpu-a", "1", "30m"])) == ["c", "at", "gpu-a", "--", "1", "30m"]
+    assert cli_app.planned("c") is None and cli_app.planned("@gpu-a") is None
+
+
+def run_bk(capsys, *argv, env):
+    capsys.readouterr()
+    code = cli_app.run(list(argv), env)
+    out = capsys.readouterr().out
+    return code, json.loads(out)
+
+
+@pytest.fixture
+def node_env(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BK_", "XDG_"))}
+    env.update({"BK_DATA_DIR": str(tmp_path / "data"), "BK_GPU_COUNT": "2", "HOME": str(tmp_path)})
+    return env
+
+
+def test_the_node_half_checks_its_identity_first(capsys, node_env):
+    code, ident = run_bk(capsys, "c", "id", "--json", env=node_env)
+    assert code == 0 and ident["data"]["id"].startswith("d-") and "node.v1" in ident["data"]["capabilities"]
+    nid = ident["data"]["id"]
+    code, env = run_bk(capsys, "c", "node", "--expect", NODE_B, "--json", "--", "1", "30m", env=node_env)
+    assert code == 78 and env["error"]["details"]["reason"] == "wrong_identity"
+    code, env = run_bk(capsys, "c", "node", "--expect", nid, "--json", "--", "1", "30m", "--op-id", "K",
+                       env=node_env)
+    assert code == 0 and env["data"]["node"]["id"] == nid
+    assert env["data"]["reply"]["data"]["status"] == "created"
+    code, env = run_bk(capsys, "c", "op", "K", "--json", env=node_env)
+    assert env["data"]["found"] and env["data"]["action"] == "create"
+    code, env = run_bk(capsys, "c", "op", "nope", "--json", env=node_env)
+    assert code == 0 and env["data"]["found"] is False
+
+
+@pytest.mark.parametrize("words", [["admin", "init"], ["w", "start"], ["broker"], ["c", "node", "--", "l"], ["m"]])
+def test_the_node_half_runs_only_everyday_commands(capsys, node_env, words):
+    code, env = run_bk(capsys, "c", "node", "--json", "--", *words, env=node_env)
+    assert code == 2 and "does not run" in env["error"]["message"]
+
+
+def test_the_stored_node_id_wins_over_the_derived_one(capsys, node_env, tmp_path):
+    from bk.cluster import identity
+
+    (tmp_path / "data").mkdir(mode=0o700)
+    nid = identity.store_new(str(tmp_path / "data"), owner=None)
+    assert nid.startswith("n-") and identity.store_new(str(tmp_path / "data"), owner=None) == nid
+    code, env = run_bk(capsys, "c", "id", "--json", env=node_env)
+    assert env["data"]["id"] == nid and env["data"]["id_source"] == "stored"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="writes a root-owned catalog")
+def test_admin_cluster_edits_the_catalog(capsys, node_env, tmp_path):
+    os.chmod(tmp_path, 0o755)
+    (tmp_path / "data").mkdir(mode=0o700)
+    path = tmp_path / "etc" / "cluster.json"
+    # The local node runs the bk on PATH: this tree's.
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "bk").write_text(f"#!/bin/sh\nPYTHONPATH={ROOT} exec {sys.executable} -m bk \"$@\"\n")
+    os.chmod(bindir / "bk", 0o755)
+    env = {**node_env, "BK_CLUSTER_FILE": str(path), "PATH": f"{bindir}:{os.environ['PATH']}"}
+    code, out = run_bk(capsys, "admin", "cluster", "init", "here", "--yes", "--json", env=env)
+    assert code == 0, out
+    assert out["data"]["catalog"]["nodes"]["here"]["target"] == "local"
+    code, out = run_bk(capsys, "admin", "cluster", "add", "b", "gpu-b", "--id", NODE_B, "--port", "2222",
+                       "--json", env=env)
+    assert code == 0 and os.stat(path).st_mode & 0o777 == 0o644
+    code, out = run_bk(capsys, "admin", "cluster", "add", "c", "bob@gpu-c", "--id", NODE_A, "--json", env=env)
+    assert code == 78 and "names a user" in out["error"]["message"]
+    code, out = run_bk(capsys, "admin", "cluster", "add", "b2", "gpu-b2", "--id", NODE_B, "--json", env=env)
+    assert code == 2 and "already in the catalog" in out["error"]["message"]
+    for argv in (("set", "b", "--priority", "3", "--timeout", "30"), ("disable", "b"), ("map", "b", "1001", "alice")):
+        code, out = run_bk(capsys, "admin", "cluster", *argv, "--json", env=env)
+        assert code == 0, out
+    code, out = run_bk(capsys, "admin", "cluster", "set", "b", "--priority", "9", "--dry-run", "--json", env=env)
+    assert out["data"]["dry_run"] and out["data"]["catalog"]["nodes"]["b"]["priority"] == 9
+    doc = cat.load(env)
+    b = doc.get("b")
+    assert (b.priority, b.timeout_s, b.enabled, b.port, doc.person("b", 1001)) == (3, 30.0, False, 2222, "alice")
+    # bk c: the disabled node is listed, not asked; the local one answers.
+    code, out = run_bk(capsys, "c", "--json", env=env)
+    assert code == 0, json.dumps(out["data"]["nodes"])
+    states = {n["name"]: n["state"] for n in out["data"]["nodes"]}
+    assert states == {"here": "ok", "b": "disabled"}
+    for argv in (("unmap", "b", "1001"), ("remove", "b")):
+        code, out = run_bk(capsys, "admin", "cluster", *argv, "--json", env=env)
+        assert code == 0, out
+    assert [n.name for n in cat.load(env).nodes] == ["here"]

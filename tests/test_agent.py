@@ -234,3 +234,28 @@ def test_create_with_a_command_attaches_a_job_once(bk, tmp_path):
                        ({"command": ["/no/such/program"]}, "no such file")):
         r, env = agent_call(bk, "create", {"count": 1, "duration": 60, **bad})
         assert r.code == 2 and words in env["error"]["message"], (bad, env)
+
+
+def test_an_agents_job_runs_and_its_log_reads_back(pyz, tmp_path):
+    """Through the built archive: create with a command, the worker runs it
+    (bk w once), job_log returns its output, bounded by max_bytes."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BK_", "XDG_"))}
+    env.update({"HOME": str(tmp_path), "BK_DATA_DIR": str(tmp_path / "d"), "BK_GPU_COUNT": "2",
+                "XDG_CACHE_HOME": str(tmp_path / "c"), "TZ": "UTC"})
+
+    def bk_(*args):
+        p = subprocess.run([sys.executable, str(pyz), *args], capture_output=True, text=True, env=env,
+                           cwd=tmp_path, timeout=120)
+        return p.returncode, p.stdout
+
+    code, out = bk_("agent", "operation", "create", json.dumps(
+        {"count": 1, "duration": 600, "operation_id": "j-1", "command": ["/bin/echo", "hello from the agent"]}))
+    assert code == 0 and json.loads(out)["data"]["reservation"]["job"]["status"] == "pending"
+    code, _ = bk_("w", "once")
+    assert code == 0
+    code, out = bk_("agent", "operation", "job_log", json.dumps({"ref": "1"}))
+    d = json.loads(out)["data"]
+    assert code == 0 and d["job"]["status"] == "succeeded" and "hello from the agent" in d["log"]
+    code, out = bk_("agent", "operation", "job_log", json.dumps({"ref": "1", "max_bytes": 5}))
+    d = json.loads(out)["data"]
+    assert len(d["log"].encode()) <= 5 and d["truncated"] is True

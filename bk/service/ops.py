@@ -56,7 +56,7 @@ class Operation:
     idempotent: bool                  # a retry of the same request changes nothing more
     destructive: bool                 # it removes or stops something
     apply: Callable | None = None     # WRITE: (state, request, call) -> Mutation
-    serve: Callable | None = None     # READ on the host: (service, request, call) -> result
+    serve: Callable | None = None     # READ: (service, request, call) -> result, on the host (or served=False: here)
     check: Callable | None = None     # shape rules beyond the field spec, every front end
     admin_hint: str | None = None     # for ADMIN rows: the command that does it with sudo
     accepts_loss: bool = False        # WRITE: may commit over commits only the audit log has (recovery)

@@ -259,3 +259,17 @@ def test_an_agents_job_runs_and_its_log_reads_back(pyz, tmp_path):
     code, out = bk_("agent", "operation", "job_log", json.dumps({"ref": "1", "max_bytes": 5}))
     d = json.loads(out)["data"]
     assert len(d["log"].encode()) <= 5 and d["truncated"] is True
+
+
+def test_a_failing_provider_leaves_the_builtin_tools(bk):
+    from bk.core.errors import ConfigError
+
+    def broken(app):
+        raise ConfigError("the catalog is unreadable")
+
+    agent.register_provider(broken)
+    try:
+        r = bk("agent", "context")
+        assert r.code == 0 and line(r)["data"]["tools"][:9] == [t.name for t in agent.builtin_tools()]
+    finally:
+        agent._PROVIDERS.remove(broken)

@@ -476,7 +476,11 @@ def register_provider(fn: Callable) -> None:
 
 
 def tools(app) -> list[AgentTool]:
+    """The built-in tools, then each provider's (a provider that fails with
+    a ``BkError`` adds none; its own tools report such errors when called)."""
     import importlib
+
+    from bk.core.errors import BkError
 
     out = builtin_tools()
     providers = list(_PROVIDERS)
@@ -488,7 +492,11 @@ def tools(app) -> list[AgentTool]:
             continue
     names = {t.name for t in out}
     for provider in providers:
-        for t in provider(app):
+        try:
+            added = provider(app)
+        except BkError:      # a broken catalog must not take the built-in tools down with it
+            continue
+        for t in added:
             if t.name not in names:
                 out.append(t)
                 names.add(t.name)

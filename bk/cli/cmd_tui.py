@@ -11,6 +11,7 @@ with ``tui.started`` false.
 from __future__ import annotations
 
 import argparse
+import signal
 
 from bk.cli.render import Output
 
@@ -53,8 +54,12 @@ def run(args, ctx) -> Output:
                       interval=max(0.2, args.interval), tour=True if args.tour else None)
     words = [f"{what} {', '.join(i[:8] for i in ids)}" for what, ids in
              (("booked", done["booked"]), ("changed", done["changed"]), ("cancelled", done["cancelled"])) if ids]
-    data = {"tui": {"started": True, "reason": None}, **{k: list(v) for k, v in done.items()}}
-    return Output("tui", data, "bk t: " + "; ".join(words) if words else None)
+    sig = done.get("signal")
+    data = {"tui": {"started": True, "reason": None, "signal": sig},
+            **{k: list(done[k]) for k in ("booked", "changed", "cancelled")}}
+    # Ended by SIGTERM or SIGHUP: the shell's convention, 128 + the signal.
+    code = 128 + int(signal.Signals[sig]) if sig else 0
+    return Output("tui", data, "bk t: " + "; ".join(words) if words else None, exit_code=code)
 
 
 def fallback(ctx, reason: str) -> Output:

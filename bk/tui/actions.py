@@ -42,8 +42,8 @@ def _call(app, snapshot):
 
 
 def failed(e: BkError) -> Outcome:
-    return Outcome(f"{e.message}" + (f" (hint: {e.hint})" if e.hint else "") + ": nothing was changed",
-                   error=True)
+    # The verdict first: a long reason is cut at the screen's edge, the verdict never.
+    return Outcome("nothing changed: " + e.message + (f" (hint: {e.hint})" if e.hint else ""), error=True)
 
 
 def _book_request(d, call, *, queue: bool = False):

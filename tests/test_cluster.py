@@ -373,3 +373,38 @@ def test_admin_cluster_edits_the_catalog(capsys, node_env, tmp_path):
         code, out = run_bk(capsys, "admin", "cluster", *argv, "--json", env=env)
         assert code == 0, out
     assert [n.name for n in cat.load(env).nodes] == ["here"]
+
+
+def test_a_given_op_id_is_looked_for_on_every_node_before_booking():
+    """A retry by a program (same op-id) must not book again on another
+    node that has become the best one meanwhile."""
+    fakes = {NODE_A: FakeSsh(op_found(found=False)),
+             NODE_B: FakeSsh(reply(wrapped(NODE_B, ok("cluster op", {"op_id": "K", "found": True,
+                                                                     "action": "create",
+                                                                     "reservation": {"id": "r-b"}}))))}
+    c = cat.Catalog((entry("a", NODE_A), entry("b", NODE_B)), {}, "test")
+    cl = Cluster(c, make_client=lambda e, cancelled=None: NodeClient(e, runner=fakes[e.id], wall=lambda: 1e6))
+    done = cl.book(["1", "30m"], lambda o: ["book", "1", "30m"], op_id="K")
+    assert (done.node, done.result["status"], done.result["reservation"]["id"]) == ("b", "exists", "r-b")
+    assert all(not f.answers for f in fakes.values())       # one lookup each, no slots, no book
+
+
+def test_a_given_op_id_books_nothing_while_a_node_cannot_say(monkeypatch):
+    fakes = {NODE_A: FakeSsh(op_found(found=False)), NODE_B: FakeSsh(reply(b"", ended="timeout"))}
+    c = cat.Catalog((entry("a", NODE_A), entry("b", NODE_B)), {}, "test")
+    cl = Cluster(c, make_client=lambda e, cancelled=None: NodeClient(e, runner=fakes[e.id], wall=lambda: 1e6))
+    with pytest.raises(Unavailable, match="cannot tell"):
+        cl.book(["1", "30m"], lambda o: ["book", "1", "30m"], op_id="K")
+
+
+def test_the_cluster_tools_appear_only_with_a_catalog(monkeypatch, tmp_path):
+    from bk.service import agent
+
+    monkeypatch.setenv("BK_CLUSTER_FILE", str(tmp_path / "none.json"))
+    assert not [t for t in agent.tools(None) if t.name.startswith("cluster_")]
+    _write(tmp_path / "c.json", {"nodes": {}})
+    monkeypatch.setenv("BK_CLUSTER_FILE", str(tmp_path / "c.json"))
+    names = {t.name: t for t in agent.tools(None) if t.name.startswith("cluster_")}
+    assert set(names) == {"cluster_context", "cluster_recommend", "cluster_create"}
+    assert names["cluster_context"].read_only and not names["cluster_create"].read_only
+    assert "operation_id" in names["cluster_create"].schema["required"]

@@ -87,6 +87,10 @@ class Cluster:
 
     def book(self, slot_words: list[str], book_words: Callable[[dict], list[str]], *,
              op_id: str | None = None, dry_run: bool = False) -> Booked:
+        if op_id:
+            done = self._already(op_id)
+            if done is not None:
+                return done
         rec = self.recommend(slot_words)
         if rec.best is None:
             why = "; ".join(f"{r.node}: {r.problem}" for r in rec.rows if r.problem) or "no node has room"
@@ -101,6 +105,24 @@ class Cluster:
         op_id = op_id or new_op_id()
         outcome = self.write(best.node, book_words(best.option), op_id, "book")
         return Booked(rec, best.node, outcome.reply_data, op_id, outcome.recovered, outcome.retried)
+
+    def _already(self, op_id: str) -> Booked | None:
+        """A caller's op-id may have booked already, on any node (a retry
+        after a lost reply, by a program): the best node now may be another
+        one, so every node is asked before anything is booked.  A node that
+        cannot answer might hold it: then nothing is booked."""
+        got = self.fan_out(lambda c: lookup(c, op_id, "book"))
+        for n, r in got:
+            if isinstance(r, dict):
+                return Booked(Recommendation((), None), n.name, {"status": "exists", "reservation": r}, op_id,
+                              recovered=False, retried=False)
+        failed = [(n.name, r) for n, r in got if isinstance(r, NodeFailure)]
+        if failed:
+            names = ", ".join(f"{name} ({f.state})" for name, f in failed)
+            raise Unavailable(f"cannot tell whether op-id {op_id} already booked on {names}, so nothing was booked",
+                              hint="retry when the node answers (bk c check); a new op-id books anew",
+                              details={"op_id": op_id, "nodes": [name for name, _ in failed]})
+        return None
 
     def write(self, node: str, words: list[str], op_id: str, action: str) -> WriteOutcome:
         """``words`` (a bk write) on ``node`` with ``op_id``; the lost-reply

@@ -465,7 +465,7 @@ def builtin_tools() -> list[AgentTool]:
 # Functions ``(app) -> list[AgentTool]`` named "module:function", imported
 # when tools are listed.  CLUSTER: add "bk.cluster.agent:tools" here; return
 # [] when no catalog exists, so the cluster tools appear only with one.
-TOOL_PROVIDERS: list[str] = []
+TOOL_PROVIDERS: list[str] = ["bk.cluster.agent:tools"]
 _PROVIDERS: list[Callable] = []
 
 

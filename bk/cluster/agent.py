@@ -1,0 +1,107 @@
+"""The cluster tools of ``bk mcp`` and ``bk agent``: context, recommend and
+create on the best node.  ``bk.service.agent`` lists this module in its
+``TOOL_PROVIDERS``; ``tools`` returns none when there is no catalog, so the
+tools appear only where cluster mode is set up.
+
+Arguments follow the agent surface: durations in seconds, memory in MiB per
+GPU, times in epoch seconds (UTC); ``cluster_create`` takes an
+``operation_id`` and repeats as the CLI's ``bk c N DUR --op-id`` does (the
+op-id goes to the chosen node; a lost reply is looked up there first).
+"""
+
+from __future__ import annotations
+
+import os
+
+from bk.core.errors import InvalidInput
+
+_REQUEST = {
+    "count": {"type": "integer", "minimum": 1, "description": "number of GPUs"},
+    "duration": {"type": "integer", "minimum": 60, "description": "length in seconds"},
+    "mem_mib": {"type": "integer", "minimum": 1, "description": "expected VRAM per GPU, MiB"},
+    "start": {"type": "integer", "description": "earliest start, epoch seconds (default now)"},
+    "exclusive": {"type": "boolean", "description": "whole GPUs (default shared)"},
+}
+
+
+def _words(args: dict) -> list[str]:
+    count, duration = args.get("count"), args.get("duration")
+    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+        raise InvalidInput("count must be a whole number of GPUs, at least 1")
+    if not isinstance(duration, int) or isinstance(duration, bool) or duration < 60:
+        raise InvalidInput("duration must be whole seconds, at least 60")
+    words = [str(count), f"{-(-duration // 60)}m"]
+    mem = args.get("mem_mib")
+    if mem is not None:
+        if not isinstance(mem, int) or isinstance(mem, bool) or mem < 1:
+            raise InvalidInput("mem_mib must be a whole number of MiB")
+        words += ["-m", f"{mem}m"]
+    start = args.get("start")
+    if start is not None:
+        from bk.core.utctime import format_utc
+
+        if not isinstance(start, int) or isinstance(start, bool):
+            raise InvalidInput("start must be epoch seconds")
+        words += ["--start", format_utc(start)]
+    return words
+
+
+def _cluster():
+    from bk.cluster import catalog
+    from bk.cluster.client import Cluster
+
+    env = dict(os.environ)
+    return Cluster(catalog.load(env), env=env)
+
+
+def _context(tool, app, args, call):
+    return _cluster().overview()
+
+
+def _recommend(tool, app, args, call):
+    words = _words(args) + ["-n", "1"] + (["--mode", "exclusive"] if args.get("exclusive") else [])
+    return _cluster().recommend(words)
+
+
+def _create(tool, app, args, call):
+    op_id = args.get("operation_id")
+    if not isinstance(op_id, str) or not op_id:
+        raise InvalidInput("operation_id is required: retry with the same one after an error or a timeout")
+    base = _words(args)
+    slot_words = base + ["-n", "1"] + (["--mode", "exclusive"] if args.get("exclusive") else [])
+    head = list(base)
+    if "--start" in head:                # replaced by the chosen option's start
+        i = head.index("--start")
+        del head[i:i + 2]
+    head.insert(0, "x" if args.get("exclusive") else "book")
+    note = args.get("note")
+
+    def book_words(option: dict) -> list[str]:
+        return [*head, "--start", option["start"], "--queue", *(["--note", note] if note else [])]
+    return _cluster().book(slot_words, book_words, op_id=op_id)
+
+
+def _schema(props: dict, required: tuple) -> dict:
+    return {"type": "object", "properties": props, "required": list(required), "additionalProperties": False}
+
+
+def tools(app) -> list:
+    """The cluster tools, or none without a catalog."""
+    from bk.cluster import catalog
+    from bk.service.agent import AgentTool
+
+    if not catalog.exists(dict(os.environ)):
+        return []
+    return [
+        AgentTool("cluster_context", "every cluster node's state and bookings (several servers over SSH)",
+                  _schema({}, ()), True, False, True, _context),
+        AgentTool("cluster_recommend", "the earliest fitting start on every cluster node, and the best node "
+                  "(earliest start, then the catalog's priority)", _schema(_REQUEST, ("count", "duration")),
+                  True, False, True, _recommend),
+        AgentTool("cluster_create", "book on the single best cluster node; give an operation_id and retry "
+                  "with the same one after an error or a timeout (it books once)",
+                  _schema({**_REQUEST, "note": {"type": "string", "description": "a note others see"},
+                           "operation_id": {"type": "string", "description": "idempotency key"}},
+                          ("count", "duration", "operation_id")),
+                  False, False, True, _create),
+    ]

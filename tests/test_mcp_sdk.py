@@ -1,13 +1,15 @@
 """The official MCP Python SDK client (``mcp``, a test dependency only)
 drives the built ``bk.pyz mcp`` over stdio: once in its default mode (it
 probes ``server/discover`` and settles on 2026-07-28) and once with the
-handshake forced (``mode="legacy"``: ``initialize``, 2025-11-25).  An agent's
+handshake forced (``mode="legacy"``: ``initialize``, 2025-11-25), and once
+through ``stdio_client`` and a bare ``ClientSession``.  An agent's
 whole round: list the tools, ask for advice, book with an operation id,
 retry it (the same booking, nothing new), list, cancel.  The SDK also checks
 each structuredContent against the tool's outputSchema."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -34,9 +36,26 @@ def server_params(pyz: Path, tmp_path: Path) -> StdioServerParameters:
     return StdioServerParameters(command=sys.executable, args=[str(pyz), "mcp"], env=env, cwd=str(tmp_path))
 
 
+@contextlib.asynccontextmanager
+async def connected(params: StdioServerParameters, mode: str):
+    """``Client`` in ``mode``, or for "session" the lower-level pair the SDK
+    documents for stdio servers: ``stdio_client`` and a ``ClientSession``
+    that runs the ``initialize`` handshake itself."""
+    if mode != "session":
+        async with Client(params, mode=mode) as c:
+            yield c
+        return
+    from mcp import ClientSession
+    from mcp.client.stdio import stdio_client
+
+    async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        yield session
+
+
 async def agent_round(params: StdioServerParameters, mode: str) -> dict:
     seen: dict = {}
-    async with Client(params, mode=mode) as c:
+    async with connected(params, mode) as c:
         seen["version"] = c.protocol_version
         seen["server"] = c.server_info.name if c.server_info else None
         listed = await c.list_tools()
@@ -60,7 +79,8 @@ async def agent_round(params: StdioServerParameters, mode: str) -> dict:
     return seen
 
 
-@pytest.mark.parametrize("mode, version", [("auto", "2026-07-28"), ("legacy", "2025-11-25")])
+@pytest.mark.parametrize("mode, version", [("auto", "2026-07-28"), ("legacy", "2025-11-25"),
+                                           ("session", "2025-11-25")])
 def test_official_client_plans_books_retries_and_cancels(pyz, tmp_path, mode, version):
     seen = anyio.run(agent_round, server_params(pyz, tmp_path), mode)
     assert seen["version"] == version and seen["server"] == "gpubk"

@@ -269,8 +269,9 @@ def serve_context(app, req, call) -> Data:
 @dataclass(frozen=True)
 class AgentTool:
     """One tool: its name, what it does, its JSON input schema, its hints,
-    and ``run(app, arguments, call) -> result`` (a rendered result with
-    ``to_json``).  ``from_row`` derives all of it from an operation row."""
+    and ``run(tool, app, arguments, call) -> result`` (a rendered result
+    with ``to_json``, or a ``BkError``).  ``from_row`` derives all of it
+    from an operation row."""
 
     name: str
     summary: str
@@ -309,8 +310,8 @@ class AgentTool:
                    run or _run_row, row, tuple(renames))
 
     def request_fields(self, arguments: object) -> dict:
-        """The row's fields from the tool's arguments (renames undone);
-        unknown ones are left for the row's decode to refuse by name."""
+        """The row's fields from the tool's arguments (renames undone); an
+        argument the tool does not take is refused here, by its own name."""
         if arguments is None:
             return {}
         if not isinstance(arguments, dict):

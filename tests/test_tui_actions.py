@@ -153,3 +153,11 @@ def test_why_not(monkeypatch):
     assert "no terminal" in why_not({"TERM": "xterm"}, Tty(False), Tty(True))
     assert "TERM=dumb" in why_not({"TERM": "dumb"}, Tty(True), Tty(True))
     assert "TERM=(unset)" in why_not({}, Tty(True), Tty(True))
+
+
+def test_tutorial_tui_without_a_terminal_prints_the_tour(bk):
+    r = bk("tutorial", "--tui")
+    assert r.code == 0 and "1. The timeline" in r.out and "6. More" in r.out
+    assert "needs its full screen" in r.err
+    data = bk.data("tutorial", "--tui")
+    assert [p["title"] for p in data["tour"]][:2] == ["The timeline", "Reading a cell"]

@@ -231,3 +231,14 @@ def test_ctrl_z_and_fg(pane):
     pane.wait(lambda s: "Bookings:" in s and pane.flag("alternate_on") == "1")
     pane.keys("q")
     pane.restored(0)
+
+
+def test_tutorial_tui_opens_the_tour(pane):
+    pane.run("bk tutorial --tui")
+    pane.wait("bk t: the tour")
+    pane.keys("Space")
+    pane.wait("2/6  Reading a cell")
+    pane.keys("q")
+    pane.wait("Bookings:")
+    pane.keys("q")
+    pane.restored(0)

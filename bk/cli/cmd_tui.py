@@ -73,3 +73,34 @@ def fallback(ctx, reason: str) -> Output:
         out.warnings.append(f"bk t cannot open the full screen: {reason}; here is the text timeline "
                             "(bk tl)")
     return out
+
+
+def tour(ctx, args) -> Output:
+    """``bk tutorial --tui``: the screen opened on its guided tour; where no
+    screen can start, the tour's pages as text."""
+    from bk.tui.text import TOUR
+
+    pages = [{"title": t, "text": words} for t, words in TOUR]
+    from bk.tui.driver import why_not
+
+    reason = "--json asks for one envelope, not a screen" if ctx.json else why_not(ctx.env)
+    if reason is None:
+        from bk.tui.driver import run as run_screen
+
+        run_screen(ctx.app(), ctx.env, tour=True)
+        return Output("tutorial", {"tui": {"started": True, "reason": None}, "tour": pages})
+
+    def human(term) -> str:
+        from bk.cli.render import wrap
+
+        out = []
+        for i, p in enumerate(pages, 1):
+            out.append(term.style(f"{i}. {p['title']}", "bold"))
+            out.append(wrap(p["text"], term.width, "   "))
+            out.append("")
+        return "\n".join(out)
+
+    out = Output("tutorial", {"tui": {"started": False, "reason": reason}, "tour": pages}, human)
+    if not ctx.json:
+        out.warnings.append(f"the tour of bk t needs its full screen: {reason}; here are its pages")
+    return out

@@ -18,8 +18,10 @@ def register(sub) -> None:
         "tutorial", help="a walkthrough of bk on this server (read-only)",
         description="Walk through booking, listing, editing and cancelling GPUs, with this "
         "server's rules and real commands. Nothing is booked.",
-        epilog="Examples:\n  bk tutorial\n  bk tutorial | less",
+        epilog="Examples:\n  bk tutorial\n  bk tutorial | less\n  bk tutorial --tui       the guided tour of bk t",
         formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tui", action="store_true",
+                   help="the guided tour of the full-screen timeline (bk t); as text without a terminal")
     p.set_defaults(handler=run, command="tutorial")
 
 
@@ -72,6 +74,10 @@ def steps(pol: dict) -> list[dict]:
 
 
 def run(args, ctx) -> Output:
+    if getattr(args, "tui", False):
+        from bk.cli.cmd_tui import tour
+
+        return tour(ctx, args)
     pol = policy_summary(ctx.call().policy)
     data = {"policy": pol, "steps": steps(pol)}
 

@@ -67,5 +67,10 @@ def run(args, ctx) -> Output:
                          hint="bk mcp --tools --json")
     from bk.mcp import server
 
+    if ctx.stdin_tty:        # a person ran it by hand: say what it is waiting for
+        import sys
+
+        sys.stderr.write("bk mcp: serving MCP (JSON-RPC, one message per line) on this terminal; it is "
+                         "meant for agent clients (bk mcp --help shows how to connect one). Ctrl-D ends.\n")
     code = server.serve(app)
     return Output("mcp", {"served": True}, None, exit_code=code)

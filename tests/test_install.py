@@ -364,6 +364,7 @@ def test_an_install_stopped_at_any_step_is_removed_completely(root, monkeypatch,
     crash, a full disk), uninstall finds everything done so far and removes
     it, and a rerun of install completes."""
     from bk.admin import install as inst
+    from bk.admin import install_apply, uninstall
     from bk.core.errors import IOFailure
 
     before = tree(root)
@@ -372,29 +373,30 @@ def test_an_install_stopped_at_any_step_is_removed_completely(root, monkeypatch,
     p = inst.plan(opts, env)
     changes = [a for a in p.actions if a.changes]
     target = changes[fail_at]
-    real = inst._do
+    real = install_apply._do
 
     def failing(a, doc):
         if a is target:
             raise IOFailure(f"injected failure at {a.path}")
         real(a, doc)
 
-    monkeypatch.setattr(inst, "_do", failing)
+    monkeypatch.setattr(install_apply, "_do", failing)
     with pytest.raises(IOFailure):
-        inst.apply(p)
-    monkeypatch.setattr(inst, "_do", real)
+        install_apply.apply(p)
+    monkeypatch.setattr(install_apply, "_do", real)
     if (root / "etc/gpubk").exists() and (root / "etc/gpubk/install-manifest.json").exists():
-        up = inst.uninstall_plan(str(root), purge_data=True)
-        inst.uninstall(up)
+        up = uninstall.uninstall_plan(str(root), purge_data=True)
+        uninstall.uninstall(up)
     assert tree(root) == before, f"left behind after a failure at {target.path}"
     # And a failed install can simply be run again.
-    inst.apply(inst.plan(opts, env))
+    install_apply.apply(inst.plan(opts, env))
     assert (root / "opt/gpubk/bin/bk").exists()
 
 
 @pytest.mark.parametrize("fail_at", [3, 15, -2])
 def test_a_rerun_after_a_failure_finishes_and_still_uninstalls_cleanly(root, monkeypatch, fail_at):
     from bk.admin import install as inst
+    from bk.admin import install_apply, uninstall
     from bk.core.errors import IOFailure
 
     before = tree(root)
@@ -402,15 +404,15 @@ def test_a_rerun_after_a_failure_finishes_and_still_uninstalls_cleanly(root, mon
     opts = inst.Options(root=str(root), service_user="nobody", gpu_count=4, python=PYTHON, start=False)
     p = inst.plan(opts, env)
     target = [a for a in p.actions if a.changes][fail_at]
-    real = inst._do
-    monkeypatch.setattr(inst, "_do", lambda a, doc: (_ for _ in ()).throw(IOFailure("injected"))
+    real = install_apply._do
+    monkeypatch.setattr(install_apply, "_do", lambda a, doc: (_ for _ in ()).throw(IOFailure("injected"))
                         if a is target else real(a, doc))
     with pytest.raises(IOFailure):
-        inst.apply(p)
-    monkeypatch.setattr(inst, "_do", real)
-    result = inst.apply(inst.plan(opts, env))
+        install_apply.apply(p)
+    monkeypatch.setattr(install_apply, "_do", real)
+    result = install_apply.apply(inst.plan(opts, env))
     assert result.status in ("reconciled", "installed")
-    inst.uninstall(inst.uninstall_plan(str(root), purge_data=True))
+    uninstall.uninstall(uninstall.uninstall_plan(str(root), purge_data=True))
     assert tree(root) == before
 
 
@@ -418,6 +420,7 @@ def test_with_systemd_it_reloads_enables_and_starts_and_restarts_on_a_reconcile(
     """systemd is not PID 1 on the test machines, so the plan is told it is
     and systemctl is a fake that records what it was asked."""
     from bk.admin import install as inst
+    from bk.admin import install_apply
 
     calls: list[list[str]] = []
 
@@ -430,12 +433,12 @@ def test_with_systemd_it_reloads_enables_and_starts_and_restarts_on_a_reconcile(
     p = inst.plan(inst.Options(root=str(root), service_user="nobody", gpu_count=4, python=PYTHON,
                                archive=str(pyz)), env)
     p.systemd = True
-    inst.apply(p, runner=fake)
+    install_apply.apply(p, runner=fake)
     assert calls == [["systemctl", "daemon-reload"], ["systemctl", "enable", "--now", *units]]
     calls.clear()
     p = inst.plan(inst.Options(root=str(root), python=PYTHON, archive=str(pyz)), env)
     p.systemd = True
-    result = inst.apply(p, runner=fake)
+    result = install_apply.apply(p, runner=fake)
     assert result.status == "unchanged"
     assert calls == [["systemctl", "daemon-reload"], ["systemctl", "enable", "--now", *units],
                      ["systemctl", "restart", *units]]
@@ -474,7 +477,7 @@ def test_a_replaced_file_is_backed_up_and_restored(pyz, root):
 
 
 def test_with_systemd_uninstall_disables_the_units_before_removing_them(pyz, root):
-    from bk.admin import install as inst
+    from bk.admin import uninstall
 
     install(pyz, root)
     calls: list[list[str]] = []
@@ -483,8 +486,8 @@ def test_with_systemd_uninstall_disables_the_units_before_removing_them(pyz, roo
         calls.append(cmd)
         return subprocess.CompletedProcess(cmd, 0, "inactive\n", "")
 
-    up = inst.uninstall_plan(str(root), only_services=True, runner=fake)
+    up = uninstall.uninstall_plan(str(root), only_services=True, runner=fake)
     up.systemd = True
-    inst.uninstall(up, runner=fake)
+    uninstall.uninstall(up, runner=fake)
     assert ["systemctl", "disable", "gpubk-broker.service", "gpubk-monitor.service"] in calls
     assert not (root / "etc/systemd/system/gpubk-broker.service").exists()

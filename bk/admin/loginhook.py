@@ -5,8 +5,8 @@ The script (``install/profile.d/gpubk.sh``) is rendered with the path of
 the installed launcher and written to ``<root>/etc/profile.d/gpubk.sh``;
 it is an ordinary tracked file of the install manifest, so ``bk admin
 install --login-hook`` and this command share one code path
-(``bk.admin.install.file_action``/``apply``) and ``bk admin uninstall``
-removes it with the rest.
+(``bk.admin.tracked.file_action``, then ``bk.admin.install_apply.apply``)
+and ``bk admin uninstall`` removes it with the rest.
 """
 
 from __future__ import annotations

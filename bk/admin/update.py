@@ -26,15 +26,17 @@ import json
 import os
 import subprocess
 
-from bk.admin import archive, install, services
+from bk.admin import archive, install, install_apply, services
 from bk.admin import manifest as mf
+from bk.admin.layout import Layout, need_root
+from bk.admin.tracked import write_file
 from bk.core.errors import ConfigError
 from bk.core.record import dataclass, field, replace
 
 
 @dataclass
 class UpdatePlan:
-    layout: install.Layout
+    layout: Layout
     new_archive: str | None
     new_source: str
     installed_version: str | None
@@ -68,7 +70,7 @@ def _version_of(path: str) -> str | None:
 
 
 def plan(root: str, new_archive: str | None, *, python: str | None = None) -> UpdatePlan:
-    layout = install.Layout(os.path.normpath(root))
+    layout = Layout(os.path.normpath(root))
     if not os.path.exists(layout.pyz):
         raise ConfigError(f"bk is not installed here: {layout.pyz} is missing",
                           hint="install it first: sudo python3 bk.pyz admin install")
@@ -108,7 +110,7 @@ def result_text(r: UpdateResult) -> str:
     return "\n".join([head, *r.notes])
 
 
-def verify(layout: install.Layout, env: dict, runner=subprocess.run) -> dict:
+def verify(layout: Layout, env: dict, runner=subprocess.run) -> dict:
     """``bk doctor --probe --strict`` as the installed launcher runs it (the new archive)."""
     run_env = {"PATH": env.get("PATH", "/usr/bin:/bin"), "HOME": env.get("HOME", "/")}
     if layout.root != "/":
@@ -142,7 +144,7 @@ def _only_the_monitor_waits(report) -> bool:
 
 
 def apply(p: UpdatePlan, env: dict, *, runner=subprocess.run, euid: int | None = None) -> UpdateResult:
-    install.need_root("bk update --apply", euid)
+    need_root("bk update --apply", euid)
     layout = p.layout
     m = mf.load(layout.config_dir)
     if m is None:
@@ -160,11 +162,11 @@ def apply(p: UpdatePlan, env: dict, *, runner=subprocess.run, euid: int | None =
     previous = layout.pyz + ".previous"
     with open(layout.pyz, "rb") as f:
         old = f.read()
-    install.write_file(previous, old, 0o644)
+    write_file(previous, old, 0o644)
     options = install.Options(root=layout.root, archive=p.new_archive, python=p.python, start=False)
     try:
         ip = install.plan(options, env)
-        install.apply(ip, runner=runner)
+        install_apply.apply(ip, runner=runner)
         if p.systemd:
             services.run(services.start_commands(False, True), runner)
             result = verify(layout, env, runner)
@@ -185,7 +187,7 @@ def apply(p: UpdatePlan, env: dict, *, runner=subprocess.run, euid: int | None =
         try:
             # Everything back as the previous archive installs it: the
             # archive, and the units, launcher and pages it carries.
-            install.apply(install.plan(replace(options, archive=previous), env), runner=runner)
+            install_apply.apply(install.plan(replace(options, archive=previous), env), runner=runner)
         except ConfigError as e:
             notes.append(f"reinstalling the previous archive failed ({e.message}); put back the archive alone")
             _rollback(layout, old)
@@ -199,9 +201,9 @@ def apply(p: UpdatePlan, env: dict, *, runner=subprocess.run, euid: int | None =
     return UpdateResult(p, status, result, notes)
 
 
-def _rollback(layout: install.Layout, old: bytes) -> None:
+def _rollback(layout: Layout, old: bytes) -> None:
     """The previous archive back in place, and the manifest saying so."""
-    install.write_file(layout.pyz, old, 0o644)
+    write_file(layout.pyz, old, 0o644)
     m = mf.load(layout.config_dir)
     if m is None:
         return

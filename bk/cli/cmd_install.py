@@ -1,9 +1,9 @@
 """``bk admin install|uninstall|services|login-hook`` and ``bk update``:
 the server's lifecycle.
 
-``bk.admin.install`` plans and applies (and ``bk.admin.update`` for
-upgrades); this module asks the questions, shows the plan, and renders the
-result.  ``register_admin`` attaches the admin actions to the ``bk admin``
+``bk.admin.install`` plans, ``bk.admin.install_apply`` applies,
+``bk.admin.uninstall`` undoes (and ``bk.admin.update`` upgrades); this
+module asks the questions, shows the plan, and renders the result.  ``register_admin`` attaches the admin actions to the ``bk admin``
 parser (one call from ``bk.cli.cmd_admin``); ``register`` adds ``bk update``.
 """
 
@@ -166,7 +166,7 @@ INIT_WHYS = ("parent directory", "data directory", "socket directory", "configur
 
 
 def _plan_lines(plan, *, all_steps: bool = False) -> list[str]:
-    from bk.admin.install import group_name, owner_name
+    from bk.admin.layout import group_name, owner_name
 
     lines = []
     for a in plan.actions:
@@ -278,10 +278,11 @@ def _guided(args, ctx):
 
 
 def run_install(args, ctx) -> Output:
-    from bk.admin import install
+    from bk.admin import install, install_apply
+    from bk.admin.layout import Layout
 
     options = _options(args)
-    reinstall = os.path.exists(install.Layout(os.path.normpath(args.root)).config) if os.path.isabs(args.root) \
+    reinstall = os.path.exists(Layout(os.path.normpath(args.root)).config) if os.path.isabs(args.root) \
         else False
     if not args.yes and not args.dry_run and ctx.interactive and not reinstall:
         from bk.cli.guided import Cancelled
@@ -295,7 +296,7 @@ def run_install(args, ctx) -> Output:
         result = install.dry_run(plan)
         return Output("admin install", result.to_json(), lambda term: _install_text(result),
                       warnings=list(plan.warnings))
-    from bk.admin.install import need_root
+    from bk.admin.layout import need_root
 
     need_root("bk admin install")
     if plan.changes and not args.yes:
@@ -309,7 +310,7 @@ def run_install(args, ctx) -> Output:
         if not ctx.confirm("Apply this plan?"):
             return Output("admin install", install.dry_run(plan).to_json() | {"status": "declined"},
                           "nothing changed", exit_code=EXIT_PARTIAL)
-    result = install.apply(plan)
+    result = install_apply.apply(plan)
     return Output("admin install", result.to_json(), lambda term: _install_text(result),
                   warnings=list(plan.warnings),
                   done=None if result.status == "unchanged" else f"bk admin install {result.status}")
@@ -325,14 +326,14 @@ def _removal_lines(up) -> list[str]:
 
 
 def run_uninstall(args, ctx) -> Output:
-    from bk.admin import install
+    from bk.admin import uninstall
 
-    up = install.uninstall_plan(args.root, purge_data=args.purge_data)
+    up = uninstall.uninstall_plan(args.root, purge_data=args.purge_data)
     return _do_uninstall(args, ctx, up, "admin uninstall")
 
 
 def _do_uninstall(args, ctx, up, command: str) -> Output:
-    from bk.admin import install
+    from bk.admin import uninstall
 
     data = up.to_json()
     if args.dry_run:
@@ -340,7 +341,7 @@ def _do_uninstall(args, ctx, up, command: str) -> Output:
         if up.running:
             lines.append("but first stop the services: " + "; ".join(up.running))
         return Output(command, data | {"status": "dry_run", "dry_run": True}, "\n".join(lines))
-    from bk.admin.install import need_root
+    from bk.admin.layout import need_root
 
     need_root(f"bk {command}")
     if not args.yes:
@@ -358,7 +359,7 @@ def _do_uninstall(args, ctx, up, command: str) -> Output:
     import bk.cli.main  # noqa: F401
     from bk.admin import services  # noqa: F401
 
-    done = install.uninstall(up)
+    done = uninstall.uninstall(up)
     lines = [f"bk {command} did:", *[ln for ln in _removal_lines(up)]]
     if up.systemd:                                  # the unit files are gone: tell systemd
         services.run([["systemctl", "daemon-reload"]])
@@ -372,9 +373,10 @@ def _do_uninstall(args, ctx, up, command: str) -> Output:
 # ------------------------------------------------------------- services
 
 def run_services(args, ctx) -> Output:
-    from bk.admin import install, services
+    from bk.admin import install, install_apply, services, uninstall
+    from bk.admin.layout import Layout
 
-    layout = install.Layout(os.path.normpath(args.root))
+    layout = Layout(os.path.normpath(args.root))
     if args.services_action == "status":
         from bk.admin import manifest as mf
 
@@ -398,7 +400,7 @@ def run_services(args, ctx) -> Output:
 
         return Output("admin services status", st, human)
     if args.services_action == "uninstall":
-        up = install.uninstall_plan(args.root, only_services=True)
+        up = uninstall.uninstall_plan(args.root, only_services=True)
         return _do_uninstall(args, ctx, up, "admin services uninstall")
     # install: the whole reconcile, which refreshes the units among the rest.
     from bk.core.record import replace
@@ -408,19 +410,20 @@ def run_services(args, ctx) -> Output:
     if args.dry_run:
         result = install.dry_run(plan)
         return Output("admin services install", result.to_json(), lambda term: _install_text(result))
-    from bk.admin.install import need_root
+    from bk.admin.layout import need_root
 
     need_root("bk admin services install")
-    result = install.apply(plan)
+    result = install_apply.apply(plan)
     return Output("admin services install", result.to_json(), lambda term: _install_text(result))
 
 
 # ------------------------------------------------------------- login hook
 
 def run_login_hook(args, ctx) -> Output:
-    from bk.admin import install, loginhook
+    from bk.admin import install, install_apply, loginhook
+    from bk.admin.layout import Layout
 
-    layout = install.Layout(os.path.normpath(args.root))
+    layout = Layout(os.path.normpath(args.root))
     if args.hook_action == "status":
         st = loginhook.status(layout)
         return Output("admin login-hook status", st, f"login hook: {st['status']} ({st['path']})")
@@ -434,10 +437,10 @@ def run_login_hook(args, ctx) -> Output:
         result = install.dry_run(plan)
         return Output(f"admin login-hook {args.hook_action}", result.to_json(),
                       lambda term: "\n".join(["would:", *_plan_lines(plan)]))
-    from bk.admin.install import need_root
+    from bk.admin.layout import need_root
 
     need_root(f"bk admin login-hook {args.hook_action}")
-    result = install.apply(plan)
+    result = install_apply.apply(plan)
     st = loginhook.status(layout)
     return Output(f"admin login-hook {args.hook_action}", result.to_json() | {"hook": st},
                   lambda term: f"login hook: {st['status']} ({st['path']})")
@@ -452,7 +455,7 @@ def run_update(args, ctx) -> Output:
     up = update.plan(args.root, args.archive, python=args.python)
     if not args.apply:
         return Output("update", up.to_json() | {"status": "plan"}, lambda term: update.plan_text(up))
-    from bk.admin.install import need_root
+    from bk.admin.layout import need_root
 
     need_root("bk update --apply")
     if not args.yes:

@@ -1,0 +1,120 @@
+"""Which settings an install uses: the flags, completed from what is
+already installed.
+
+A second run of install is a reconcile: it must not need every flag again,
+and it must not change what cannot change.  The GPU count, the slot length
+and the share slots are bound into the ledger at its first booking; the
+service account, the data directory, the access rule and the group are what
+the files on disk already belong to.  So the installed config supplies the
+flags not given, and a flag that disagrees with it is refused by name
+before anything changes.  A flag given with its default value, which the
+config leaves unsaid, is not a disagreement.
+
+The interpreter comes from ``--python``, else the manifest's record of the
+last install, else the one running the installer; it must be one the
+services can see (``ProtectHome=yes``) and every user can run, and its path
+must be one a unit can name unquoted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import sys
+from typing import TYPE_CHECKING
+
+from bk.admin import init, units
+from bk.admin import manifest as mf
+from bk.admin.layout import Layout, target
+from bk.core.errors import ConfigError, InvalidInput
+
+if TYPE_CHECKING:
+    from bk.admin import install
+
+BOUND_FLAGS = {"gpu_count": "--gpu-count", "slot_minutes": "--slot-minutes",
+               "max_shared_users": "--max-shared-users"}
+OWNER_FLAGS = {"service_user": "--service-user", "data_dir": "--data-dir", "access": "--access",
+               "group": "--group"}
+
+
+def existing_config(path: str) -> dict | None:
+    """The installed trusted config (checked like every client checks it), or None."""
+    if not os.path.lexists(path):
+        return None
+    from bk.store.config import check_trusted
+
+    check_trusted(path)
+    try:
+        with open(path, "rb") as f:
+            doc = json.loads(f.read(1 << 20))
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{path} exists but cannot be read as JSON: {e}", hint="fix it, then rerun") from None
+    return doc if isinstance(doc, dict) else None
+
+
+def settle(options: install.Options, layout: Layout, cfg: dict | None) -> init.Options:
+    """init's options: the flags, with what the installed config says for the
+    ones not given; a flag that disagrees with the installed config is refused."""
+    data_dir = target(layout, options.data_dir, "--data-dir")
+    given = {"gpu_count": options.gpu_count, "slot_minutes": options.slot_minutes,
+             "max_shared_users": options.max_shared_users, "data_dir": data_dir,
+             "access": options.access, "group": options.group}
+    if cfg is not None:
+        user = None
+        if "service_uid" in cfg:
+            try:
+                user = pwd.getpwuid(int(cfg["service_uid"])).pw_name
+            except (KeyError, ValueError, TypeError):
+                user = None
+        have = {"gpu_count": cfg.get("gpu_count"), "slot_minutes": cfg.get("slot_minutes"),
+                "max_shared_users": cfg.get("max_shared_users"), "data_dir": cfg.get("data_dir"),
+                "access": cfg.get("access", "all"), "group": cfg.get("group")}
+        bound, owned = [], []
+        for key, default in (("slot_minutes", 5), ("max_shared_users", 2), ("access", "all")):
+            if have[key] is None and given[key] == default:
+                given[key] = None       # the default, which the config leaves unsaid
+        for key in ("slot_minutes", "max_shared_users"):
+            have[key] = have[key] if have[key] is not None else {"slot_minutes": 5, "max_shared_users": 2}[key]
+        for key, value in given.items():
+            if value is not None and value != have[key] and not (key == "gpu_count" and have[key] is None):
+                shown = f"{BOUND_FLAGS.get(key) or OWNER_FLAGS[key]} {value} (installed: {have[key]})"
+                (bound if key in BOUND_FLAGS else owned).append(shown)
+        if options.service_user is not None and user is not None and options.service_user != user:
+            owned.append(f"--service-user {options.service_user} (installed: {user})")
+        if bound:
+            raise InvalidInput("these flags would change settings bound into the ledger at its first booking: "
+                               + "; ".join(bound) + "; nothing was changed",
+                               hint="leave them out to keep the installed ones (a reinstall keeps config and "
+                                    "data); a new GPU count means a new ledger: see bk-admin(8)")
+        if owned:
+            raise InvalidInput("these flags disagree with the installed configuration: " + "; ".join(owned)
+                               + "; nothing was changed",
+                               hint="leave them out to keep the installed ones, or uninstall first")
+        merged = {k: (v if v is not None else cfg.get(k)) for k, v in given.items()}
+        service_user = options.service_user or user
+    else:
+        merged = dict(given)
+        service_user = options.service_user
+    return init.Options(service_user=service_user, data_dir=merged["data_dir"] or layout.p("/var/lib/gpubk"),
+                        socket=layout.socket, access=merged["access"] or "all", group=merged["group"],
+                        gpu_count=merged["gpu_count"], slot_minutes=merged["slot_minutes"],
+                        max_shared_users=merged["max_shared_users"], config_file=layout.config)
+
+
+def interpreter(options: install.Options, m: mf.Manifest | None) -> str:
+    """The interpreter the launcher and the archive's bytecode are for."""
+    python = options.python or (m.options.get("python") if m else None) or sys.executable
+    if not python or not os.path.isabs(python):
+        raise InvalidInput(f"--python must be an absolute path, got {python!r}")
+    if not os.access(python, os.X_OK):
+        raise InvalidInput(f"{python} is not an executable interpreter", hint="e.g. --python /usr/bin/python3")
+    units.check_path(python, "the interpreter")      # the launcher and units name it unquoted
+    real = os.path.realpath(python)
+    if real.startswith(("/home/", "/root/", "/run/user/")):
+        # ProtectHome=yes in both units hides these from the services, and
+        # other users usually cannot run an interpreter in root's home.
+        raise InvalidInput(f"the interpreter {python} lives in a home directory ({real}), which the "
+                           "services cannot see (ProtectHome=yes) and other users may not run",
+                           hint="name a system interpreter: --python /usr/bin/python3")
+    return python

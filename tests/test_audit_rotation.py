@@ -16,7 +16,7 @@ import helpers_store as H
 import pytest
 from helpers_admin import private
 
-from bk.store import audit
+from bk.store import segments
 from bk.store.ledger import Store
 
 
@@ -37,18 +37,18 @@ def all_records(s: Store) -> list[dict]:
 def test_segments_are_sealed_and_readers_see_every_record_once(tmp_path):
     s = store(tmp_path / "d")
     commits(s, 40)
-    seg_dir = tmp_path / "d" / audit.SEGMENTS
+    seg_dir = tmp_path / "d" / segments.SEGMENTS
     names = sorted(p.name for p in seg_dir.iterdir() if p.name.endswith(".jsonl"))
     assert len(names) >= 3
     for name in names:
-        seal = (seg_dir / (name + audit.SEAL_SUFFIX)).read_text().split()
+        seal = (seg_dir / (name + segments.SEAL_SUFFIX)).read_text().split()
         assert seal == [hashlib.sha256((seg_dir / name).read_bytes()).hexdigest(), name]
     # The live log holds the commits since the last rotation (it began with the
     # commit that rotated it), under the segment size; every commit is somewhere, once.
     live = [json.loads(x) for x in (tmp_path / "d" / "audit.jsonl").read_text().splitlines()]
     assert max(r["seq"] for r in live) == 40 and (tmp_path / "d" / "audit.jsonl").stat().st_size < 1500
     newest = max(names)
-    assert int(audit.SEGMENT.match(newest).group(2)) + 1 == min(r["seq"] for r in live)
+    assert int(segments.SEGMENT.match(newest).group(2)) + 1 == min(r["seq"] for r in live)
     seqs = [r["seq"] for r in all_records(s)]
     assert seqs == list(range(1, 41))
     assert [r["seq"] for r in s.audit_tail(limit=5).entries] == [36, 37, 38, 39, 40]
@@ -63,7 +63,7 @@ def test_segments_are_sealed_and_readers_see_every_record_once(tmp_path):
 def test_a_tampered_segment_is_named(tmp_path):
     s = store(tmp_path / "d")
     commits(s, 20)
-    seg = sorted((tmp_path / "d" / audit.SEGMENTS).glob("*.jsonl"))[0]
+    seg = sorted((tmp_path / "d" / segments.SEGMENTS).glob("*.jsonl"))[0]
     with open(seg, "ab") as f:
         f.write(b'{"seq": 1, "index": 7}\n')
     checks = {name: (ok, detail) for name, ok, detail in s.check()}
@@ -74,10 +74,10 @@ def test_a_tampered_segment_is_named(tmp_path):
 def test_retention_drops_old_segments_but_keeps_the_newest(tmp_path):
     s = store(tmp_path / "d", audit_retention_days=10)
     commits(s, 30)
-    before = sorted((tmp_path / "d" / audit.SEGMENTS).glob("*.jsonl"))
+    before = sorted((tmp_path / "d" / segments.SEGMENTS).glob("*.jsonl"))
     later = store(tmp_path / "d", now=H.NOW + 11 * 86400, audit_retention_days=10)
     commits(later, 12, "later")
-    after = sorted((tmp_path / "d" / audit.SEGMENTS).glob("*.jsonl"))
+    after = sorted((tmp_path / "d" / segments.SEGMENTS).glob("*.jsonl"))
     assert not set(before) & set(after[:-1]) and after
     assert not [p for p in before if p.exists() and p != after[0]]
     seqs = [r["seq"] for r in all_records(later)]
@@ -101,7 +101,7 @@ def test_killed_between_sealing_and_replacing_the_live_log_loses_nothing(tmp_pat
     assert [r["seq"] for r in all_records(s)] == list(range(1, seq + 1))     # duplicates folded
     commits(s, 10, "again")
     assert [r["seq"] for r in all_records(s)] == list(range(1, seq + 11))
-    firsts = [audit.SEGMENT.match(p.name).group(1) for p in (data / audit.SEGMENTS).glob("*.jsonl")]
+    firsts = [segments.SEGMENT.match(p.name).group(1) for p in (data / segments.SEGMENTS).glob("*.jsonl")]
     assert len(firsts) == len(set(firsts))                # the interrupted segment was replaced
 
 
@@ -116,7 +116,7 @@ def test_bk_lg_and_history_read_across_segments_through_the_archive(bk):
     for i in range(12):
         bk.book("1", "30m", "-t", f"{13 + i % 8}:00", "--again")
     bk.data_of("e", first["short_id"], "-d", "1h")
-    assert len(list((bk.data / audit.SEGMENTS).glob("*.jsonl"))) >= 2
+    assert len(list((bk.data / segments.SEGMENTS).glob("*.jsonl"))) >= 2
     entries = bk.data_of("lg", "-n", "100")["entries"]
     assert [e["seq"] for e in entries] == list(range(1, 15))
     events = bk.data_of("history", first["short_id"])["events"]

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Iterator
 
 from bk.core.record import dataclass, field
@@ -252,129 +251,15 @@ def journal_of(ledger_bytes: bytes) -> list[dict]:
     return records if isinstance(records, list) else []
 
 
-# --- rotation ------------------------------------------------------------------
-#
-# The live log grows by every commit; without rotation it is kept forever.
-# When it passes ``segment_bytes`` the writer (holding the ledger lock, after
-# its own records are appended) seals everything older than its commit into
-# ``audit.d/audit-FIRST-LAST.jsonl`` (the commits it holds) next to
-# ``audit-FIRST-LAST.jsonl.sha256`` (its SHA-256, as sha256sum writes it),
-# then replaces the live log with its own commit's records only, so the log
-# still ends with the commit the ledger's journal holds and the repair step
-# (``repair``) works as before.  Sealed segments whose newest record is older
-# than the retention are deleted.
-#
-# Crashes: before the segment is renamed into place the live log is whole
-# (a stray seal is replaced next time); after it, before the live log is
-# replaced, the segment and the log both hold the older commits: readers
-# de-duplicate by ``(seq, index)``, and the next rotation, which starts at
-# the same first commit, replaces that segment.  Nothing is lost at any step.
-
-SEGMENTS = "audit.d"
-SEGMENT = re.compile(r"^audit-(\d{10})-(\d{10})\.jsonl$")
-SEAL_SUFFIX = ".sha256"
-
-
-def _first_seq(data: bytes) -> int | None:
-    for line in data.split(b"\n"):
-        if line.strip():
-            try:
-                return parse(line)["seq"]
-            except ValueError:
-                continue
-    return None
-
-
-def _last_time(fd: int) -> str | None:
-    for _off, line, terminated in Backwards(fd, os.fstat(fd).st_size, BLOCK):
-        if terminated and line.strip():
-            try:
-                t = parse(line).get("time")
-            except ValueError:
-                continue
-            return t if isinstance(t, str) else None
-    return None
-
-
-def segment_names(sfd: int) -> list[str]:
-    """Sealed segments, newest first (their names sort by commit)."""
-    return sorted((n for n in os.listdir(sfd) if SEGMENT.match(n)), reverse=True)
-
-
-def rotate(afd: int, start: int, *, seal_and_write, replace_live, sfd: int, cutoff: str) -> list[str]:
-    """Seal the log's bytes before ``start`` (the older commits) and keep
-    only those after it.  ``seal_and_write(name, data, seal)`` writes the
-    seal then the segment into ``sfd`` atomically; ``replace_live(data)``
-    replaces the live log.  Returns the segments deleted for retention."""
-    import hashlib
-
-    head = os.pread(afd, start, 0) if start > 0 else b""
-    first = _first_seq(head)
-    if first is None:
-        return []
-    last = first
-    for line in reversed(head.rstrip(b"\n").split(b"\n")):
-        try:
-            last = parse(line)["seq"]
-            break
-        except ValueError:
-            continue
-    name = f"audit-{first:010d}-{last:010d}.jsonl"
-    for old in segment_names(sfd):            # an interrupted earlier attempt from the same commit
-        if int(SEGMENT.match(old).group(1)) == first and old != name:
-            _unlink(sfd, old)
-            _unlink(sfd, old + SEAL_SUFFIX)
-    seal = f"{hashlib.sha256(head).hexdigest()}  {name}\n".encode()
-    seal_and_write(name, head, seal)
-    size = os.fstat(afd).st_size
-    replace_live(os.pread(afd, size - start, start))
-    gone = []
-    for old in segment_names(sfd)[1:]:
-        fd = os.open(old, os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0), dir_fd=sfd)
-        try:
-            newest = _last_time(fd)
-        finally:
-            os.close(fd)
-        if newest is not None and newest < cutoff:
-            _unlink(sfd, old)
-            _unlink(sfd, old + SEAL_SUFFIX)
-            gone.append(old)
-    return gone
-
-
-def _unlink(dirfd: int, name: str) -> None:
+def head_problem(fd: int) -> str | None:
+    """The log must start at commit 1, or where retention trimmed it, at a
+    line that is a whole record: None when it does, else what is wrong."""
+    head = os.pread(fd, 4096, 0)
+    if not head:
+        return None
     try:
-        os.unlink(name, dir_fd=dirfd)
-    except FileNotFoundError:
-        pass
-
-
-def verify_segment(sfd: int, name: str) -> str | None:
-    """None when the segment matches its seal, else what is wrong."""
-    import hashlib
-
-    try:
-        fd = os.open(name + SEAL_SUFFIX, os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0), dir_fd=sfd)
-    except FileNotFoundError:
-        return f"{name} has no seal"
-    try:
-        want = os.read(fd, 4096).split(b" ", 1)[0].decode("ascii", "replace")
-    finally:
-        os.close(fd)
-    h = hashlib.sha256()
-    fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0), dir_fd=sfd)
-    try:
-        while chunk := os.read(fd, BLOCK):
-            h.update(chunk)
-    finally:
-        os.close(fd)
-    return None if h.hexdigest() == want else f"{name} does not match its seal (changed after it was sealed)"
-
-
-def merge_tails(newer: AuditTail, older: AuditTail, limit: int) -> AuditTail:
-    """``newer`` (the live log, or segments read so far) completed with the
-    records of an older segment, de-duplicated, the newest ``limit`` kept."""
-    seen = {(r["seq"], r["index"]) for r in newer.entries}
-    both = [r for r in older.entries if (r["seq"], r["index"]) not in seen] + newer.entries
-    both.sort(key=lambda r: (r["seq"], r["index"]))
-    return AuditTail(both[-limit:] if limit > 0 else [], older.problems + newer.problems, older.complete)
+        rec = json.loads(head.split(b"\n", 1)[0])
+        ok = isinstance(rec, dict) and isinstance(rec.get("seq"), int)
+    except ValueError:
+        ok = False
+    return None if ok else "the audit log does not start with a whole record (its head is damaged)"

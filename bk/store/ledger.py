@@ -26,9 +26,11 @@ are those of the ``BK_TEST_CRASH_AT`` test hook):
 11. ``backup_written``  a copy in backups/ (not synced: a torn backup fails
                  validation and the next older one is used); rotate.
 
-After step 10, a log past its segment size is rotated (``audit.rotate``:
+After step 10, a log past its segment size is rotated (``bk.store.segments``:
 older commits sealed into audit.d/, ``segment_written`` the test step);
-a failure there is a warning, never an undone commit.
+a failure there is a warning, never an undone commit.  This module is the
+transaction; ``bk.store.audit`` is the journal's format and the live log,
+``bk.store.segments`` its sealed past.
 
 A crash before 8 leaves the old ledger (and maybe a stale temp file, removed
 by the next writer); at or after 8 the new one.  The audit log never holds
@@ -51,7 +53,7 @@ from bk.core import ledgerdoc, utctime
 from bk.core.errors import BkError, ConfigError, Internal, IOFailure, LostCommits, WrongAccount
 from bk.core.models import LedgerState
 from bk.core.record import dataclass, field
-from bk.store import archive, audit
+from bk.store import archive, audit, segments
 from bk.store.fsutil import (
     Safety,
     ensure_free,
@@ -84,10 +86,6 @@ CRASH_ENV = "BK_TEST_CRASH_AT"
 STEPS = ("locked", "read", "repaired", "applied", "archived", "audit_synced", "tmp_partial",
          "tmp_written", "tmp_synced", "replaced", "dir_synced", "audit_partial",
          "audit_appended", "backup_written")
-# Reached only when the audit log is rotated (tests set a small segment size).
-ROTATION_STEPS = ("segment_written",)
-AUDIT_SEGMENT_BYTES = 8 << 20
-SEGMENT_ENV = "BK_TEST_AUDIT_SEGMENT_BYTES"     # tests only: a small segment size
 
 
 @dataclass(frozen=True)
@@ -184,7 +182,10 @@ class Store:
         self.clock, self.monotonic, self.sleep = clock, monotonic, sleep
         self.capacity, self.min_free = capacity, min_free_bytes
         self.audit_retention = audit_retention_days * 86400
-        self.audit_segment_bytes = audit_segment_bytes or int(os.environ.get(SEGMENT_ENV) or AUDIT_SEGMENT_BYTES)
+        self.audit_segment_bytes = audit_segment_bytes or int(os.environ.get(segments.SEGMENT_ENV)
+                                                              or segments.SEGMENT_BYTES)
+        self.segments = segments.Segments(data_dir, self.safety, file_mode=self.modes.audit,
+                                          dir_mode=0o700 if private else 0o750)
         self._tlock = threading.Lock()
         self._active: int | None = None
         self._valid: bytes | None = None       # the last ledger bytes known to validate
@@ -523,27 +524,15 @@ class Store:
                             f"to {self.paths.audit} ({e.strerror}); the next write adds them")
 
     def _rotate_audit(self, dirfd: int, afd: int, start: int, now: int, warnings: list[str]) -> None:
-        """Seal the older commits of a log past its segment size (see
-        ``audit.rotate``); keep sealed segments for the retention."""
+        """Seal the older commits of a log past its segment size; keep sealed
+        segments for the retention (``bk.store.segments``)."""
+        def replace_live(data: bytes) -> None:
+            replace_file(dirfd, AUDIT, self.paths.data_dir, data, self.modes.audit)
+
         try:
-            if os.fstat(afd).st_size < self.audit_segment_bytes:
-                return
-            spath = os.path.join(self.paths.data_dir, audit.SEGMENTS)
-            sfd = open_subdir(dirfd, audit.SEGMENTS, spath, self.safety,
-                              create_mode=0o700 if self.private else 0o750)
-            try:
-                def seal_and_write(name: str, data: bytes, seal: bytes) -> None:
-                    replace_file(sfd, name + audit.SEAL_SUFFIX, spath, seal, self.modes.audit)
-                    replace_file(sfd, name, spath, data, self.modes.audit)
-                    self._step("segment_written")
-
-                def replace_live(data: bytes) -> None:
-                    replace_file(dirfd, AUDIT, self.paths.data_dir, data, self.modes.audit)
-
-                audit.rotate(afd, start, seal_and_write=seal_and_write, replace_live=replace_live, sfd=sfd,
-                             cutoff=utctime.format_utc(now - self.audit_retention))
-            finally:
-                os.close(sfd)
+            if os.fstat(afd).st_size >= self.audit_segment_bytes:
+                self.segments.rotate(dirfd, afd, start, replace_live=replace_live, step=self._step,
+                                     cutoff=utctime.format_utc(now - self.audit_retention))
         except (BkError, OSError) as e:
             warnings.append(f"the audit log {self.paths.audit} could not be rotated: "
                             f"{getattr(e, 'message', None) or e}; the next write tries again")
@@ -594,52 +583,14 @@ class Store:
                 if fd is not None:
                     os.close(fd)
             if len(tail.entries) < limit and tail.complete:
-                tail = self._segments_tail(dirfd, tail, limit, uid, max_bytes)
+                tail = self.segments.complete(dirfd, tail, limit, uid, max_bytes)
             return tail
         finally:
             os.close(dirfd)
 
-    def _segments_tail(self, dirfd: int, tail: audit.AuditTail, limit: int, uid: int | None,
-                       max_bytes: int) -> audit.AuditTail:
-        """Older records from the sealed segments, newest segment first,
-        until ``limit`` records are found (``bk lg`` and ``bk history``
-        read across rotations)."""
-        spath = os.path.join(self.paths.data_dir, audit.SEGMENTS)
-        sfd = open_subdir(dirfd, audit.SEGMENTS, spath, self.safety)
-        if sfd is None:
-            return tail
-        try:
-            for name in audit.segment_names(sfd):
-                if len(tail.entries) >= limit or not tail.complete:
-                    break
-                path = os.path.join(spath, name)
-                fd = open_file(sfd, name, path, self.safety)
-                if fd is None:
-                    continue
-                try:
-                    older = audit.read_tail(fd, limit=limit - len(tail.entries), uid=uid,
-                                            max_bytes=max_bytes, path=path)
-                except OSError as e:
-                    raise io_error(e, "reading", path) from None
-                finally:
-                    os.close(fd)
-                tail = audit.merge_tails(tail, older, limit)
-        finally:
-            os.close(sfd)
-        return tail
-
     def audit_segments(self) -> list[tuple[str, str | None]]:
         """Each sealed segment, newest first, with what is wrong with it (None: its seal matches)."""
-        def scan(dirfd):
-            spath = os.path.join(self.paths.data_dir, audit.SEGMENTS)
-            sfd = open_subdir(dirfd, audit.SEGMENTS, spath, self.safety)
-            if sfd is None:
-                return []
-            try:
-                return [(n, audit.verify_segment(sfd, n)) for n in audit.segment_names(sfd)]
-            finally:
-                os.close(sfd)
-        return self._in_dir(scan, [])
+        return self._in_dir(self.segments.verify, [])
 
     def _journal(self, dirfd: int) -> list[dict]:
         data = self._read(dirfd, LEDGER, self.paths.ledger)
@@ -753,36 +704,22 @@ class Store:
         torn_only = all("incomplete" in p for p in tail.problems)
         start = self._audit_start()
         problems = list(tail.problems[:3]) + ([start] if start else [])
-        segments = self.audit_segments()
-        bad = [why for _n, why in segments if why]
-        if segments:
-            problems.append(f"{len(segments)} sealed segment{'s' if len(segments) != 1 else ''} in "
-                            f"{audit.SEGMENTS}/" + (": " + "; ".join(bad[:3]) if bad else ", every seal matches"))
+        sealed = self.audit_segments()
+        if sealed:
+            problems.append(segments.describe(sealed))
+        bad = any(why for _n, why in sealed)
         return torn_only and not start and not bad, "; ".join([agree] + problems)
 
     def _audit_start(self) -> str | None:
-        """The log must start at commit 1 (or where retention trimmed it, at a
-        line that is a whole record); None when it does."""
         def first(dirfd):
             fd = open_file(dirfd, AUDIT, self.paths.audit, self.safety)
             if fd is None:
                 return None
             try:
-                return os.pread(fd, 4096, 0)
+                return audit.head_problem(fd)
             finally:
                 os.close(fd)
-        head = self._in_dir(first)
-        if not head:
-            return None
-        import json
-
-        line = head.split(b"\n", 1)[0]
-        try:
-            rec = json.loads(line)
-            ok = isinstance(rec, dict) and isinstance(rec.get("seq"), int)
-        except ValueError:
-            ok = False
-        return None if ok else "the audit log does not start with a whole record (its head is damaged)"
+        return self._in_dir(first)
 
     def _check_lock(self):
         state, pid = self._in_dir(lambda fd: lock_probe(fd, LOCK, self.paths.lock, self.safety),
@@ -866,8 +803,8 @@ def _crash_point(spec: str | None) -> tuple[str, int] | None:
     if not spec:
         return None
     step, _, count = spec.partition(":")
-    if step not in STEPS + ROTATION_STEPS:
-        raise ConfigError(f"{CRASH_ENV}={spec!r}: unknown step; steps: {', '.join(STEPS + ROTATION_STEPS)}")
+    if step not in STEPS + segments.STEPS:
+        raise ConfigError(f"{CRASH_ENV}={spec!r}: unknown step; steps: {', '.join(STEPS + segments.STEPS)}")
     return step, int(count or 1)
 
 

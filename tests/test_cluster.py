@@ -408,3 +408,11 @@ def test_the_cluster_tools_appear_only_with_a_catalog(monkeypatch, tmp_path):
     assert set(names) == {"cluster_context", "cluster_recommend", "cluster_create"}
     assert names["cluster_context"].read_only and not names["cluster_create"].read_only
     assert "operation_id" in names["cluster_create"].schema["required"]
+
+
+def test_the_node_half_keeps_a_command_after_dash_dash_intact(capsys, node_env):
+    code, env = run_bk(capsys, "c", "node", "--json", "--", "1", "30m", "-t", "+2h", "--", "echo", "hi",
+                       env=node_env)
+    assert code == 0 and env["data"]["reply"]["ok"], env
+    code, jobs = run_bk(capsys, "j", "--json", env=node_env)
+    assert [j["summary"] for j in jobs["data"]["jobs"]] == ["echo +1 arg"]

@@ -141,6 +141,10 @@ def test_book_with_a_command_and_dry_run(lab):
     code, env = lab.bk_json(cat, "c", "1", "30m", "--note", "a; rm -rf / #")
     assert code == 0, env
     assert env["data"]["reservation"]["note"] == "a; rm -rf / #"      # one word on the node's shell
+    code, env = lab.bk_json(cat, "c", "1", "30m", "-t", "+2h", "--", "echo", "hi there; exit 3")
+    assert code == 0 and env["data"]["recovered"] is False, env
+    code, jobs = lab.bk_json(cat, "@a", "j")
+    assert [j["summary"] for j in jobs["data"]["jobs"]] == ["echo +1 arg"], jobs
     cancel_all(lab, cat, "a")
 
 

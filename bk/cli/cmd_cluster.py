@@ -370,7 +370,7 @@ def run_at(args, ctx) -> Output:
         action = "edit" if first in EDIT_WORDS else "cancel" if first in CANCEL_WORDS else "book"
         op_id = new_op_id()
         out = cluster.write(args.node, words, op_id, action)
-        return Output(f"@{args.node}", {"node": args.node, "op_id": op_id, "recovered": out.recovered,
+        return Output(action, {"node": args.node, "op_id": op_id, "recovered": out.recovered,
                                         **out.reply_data}, None, warnings=list(out.warnings or []))
     reply = cluster.at(args.node, words, as_json=ctx.json, columns=Term.detect(env=ctx.env).width)
     if ctx.json:
@@ -487,7 +487,8 @@ def run_node(args, ctx) -> Output:
     env = dict(ctx.env)
     if args.columns:
         env["COLUMNS"] = str(args.columns)
-    rc, out, err = _capture(words + ([] if args.text else ["--json"]), env)
+    cut = words.index("--") if "--" in words else len(words)     # -- CMD is the command's, keep it last
+    rc, out, err = _capture(words[:cut] + ([] if args.text else ["--json"]) + words[cut:], env)
     if args.text:
         return Output("cluster node", {"node": ident, "text": out, "stderr": err, "exit": rc}, "")
     try:

@@ -251,6 +251,22 @@ def journal_of(ledger_bytes: bytes) -> list[dict]:
     return records if isinstance(records, list) else []
 
 
+def describe_lost(records: list[dict]) -> str:
+    """``bookings a1b2c3d4 (ada: create), ...`` from lost audit records (the commits
+    a ledger lacks that the log still witnesses)."""
+    seen: dict[str, str] = {}
+    for e in records:
+        rid = e.get("reservation")
+        if rid:
+            who = e.get("user") or str(e.get("uid"))
+            seen.setdefault(rid, f"{str(rid)[:8]} ({who}: {e.get('action')})")
+    if not seen:
+        return f"{len(records)} audit record{'s' if len(records) != 1 else ''} and no booking"
+    shown = list(seen.values())
+    more = f" and {len(shown) - 10} more" if len(shown) > 10 else ""
+    return "bookings " + ", ".join(shown[:10]) + more
+
+
 def head_problem(fd: int) -> str | None:
     """The log must start at commit 1, or where retention trimmed it, at a
     line that is a whole record: None when it does, else what is wrong."""

@@ -473,7 +473,7 @@ class Store:
             else f"is at commit {got.meta.seq}")
         return LostCommits(
             f"the audit log records commits {got.meta.seq + 1}-{last_seq} that the ledger lacks "
-            f"(the ledger {where}); " + describe_lost(lost) + "; refusing to write over them",
+            f"(the ledger {where}); " + audit.describe_lost(lost) + "; refusing to write over them",
             hint="put the newer ledger back if you have one; else accept the loss, which the audit "
                  "log keeps: bk admin data recover (sudo on a shared server)",
             details={"ledger_seq": got.meta.seq, "audit_seq": last_seq,
@@ -695,7 +695,7 @@ class Store:
             lost = self.lost_commits()
             records = lost[2] if lost else []
             return False, (f"audit log has commits the ledger lacks ({seq + 1}-{last}): "
-                           f"{describe_lost(records)}; writes are refused until they are restored "
+                           f"{audit.describe_lost(records)}; writes are refused until they are restored "
                            "or the loss is accepted (bk admin data recover)")
         agree = (f"agrees with the ledger (commit {seq})" if last == seq else
                  f"commit {seq}'s records are in the ledger's journal; the next write adds them")
@@ -780,21 +780,6 @@ class Store:
     def _step(self, step: str) -> None:
         if self._hit(step):
             _die()
-
-
-def describe_lost(records: list[dict]) -> str:
-    """``bookings a1b2c3d4 (ada: create), ...`` from lost audit records."""
-    seen: dict[str, str] = {}
-    for e in records:
-        rid = e.get("reservation")
-        if rid:
-            who = e.get("user") or str(e.get("uid"))
-            seen.setdefault(rid, f"{str(rid)[:8]} ({who}: {e.get('action')})")
-    if not seen:
-        return f"{len(records)} audit record{'s' if len(records) != 1 else ''} and no booking"
-    shown = list(seen.values())
-    more = f" and {len(shown) - 10} more" if len(shown) > 10 else ""
-    return "bookings " + ", ".join(shown[:10]) + more
 
 
 def _crash_point(spec: str | None) -> tuple[str, int] | None:

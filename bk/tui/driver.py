@@ -234,15 +234,26 @@ def _main(win, app, env, loader, cs, theme_name, first_tour, done) -> None:
     redraw = [True]
     signal.signal(signal.SIGTSTP, suspend)
     loader.start()
-    last_seq = -1
+    last_seq, last_look = -1, None
     while True:
         world = loader.latest
         seq = world.seq if world is not None else -1
+        look = None
+        if seq != last_seq and world is not None:
+            # A new world that shows what the last one showed (the same
+            # minute, the same bookings and GPUs) needs no frame: an idle
+            # screen draws once a minute, not once a second.
+            look = looks(world)
+            if look == last_look and not redraw[0]:
+                last_seq = seq
+                look = None
         if redraw[0] or seq != last_seq:
             th = theme.theme_for(state.theme, env)
             frame = render.render(state, world, (state.width, state.height), th, cs)
             screen.draw(frame)
             redraw[0], last_seq = False, seq
+            if world is not None:
+                last_look = look if look is not None else looks(world)
         try:
             k = win.get_wch()
         except curses.error:
@@ -280,6 +291,12 @@ def _main(win, app, env, loader, cs, theme_name, first_tour, done) -> None:
                                   theme.theme_for(state.theme, env), cs))
         state = apply_outcome(state, action, actions.perform(app, action, loader.snapshot), world, done)
         loader.wake()
+
+
+def looks(world) -> tuple:
+    """What a frame of ``world`` depends on besides the screen's state."""
+    return (world.now // 60, world.reservations, world.blackouts, world.notices, world.gpus, world.live,
+            world.monitor, world.worker, world.error, world.warnings)
 
 
 def apply_outcome(state, action, out, world, done: dict):

@@ -143,19 +143,18 @@ def table_rows(reservations, *, frm: int, to: int, now: int) -> list:
 def short_ids(all_ids, wanted) -> dict[str, str]:
     """The shortest prefix (at least ``ID_MIN`` characters) of each of
     ``wanted`` that no other ID of ``all_ids`` shares."""
+    import bisect
+    import os.path
+
     ids = sorted(set(all_ids))
-    pos = {x: i for i, x in enumerate(ids)}
     out = {}
     for x in wanted:
-        i = pos.get(x)
+        i = bisect.bisect_left(ids, x)
         need = ID_MIN
-        for j in (i - 1, i + 1) if i is not None else ():
+        # In sorted order the IDs sharing the longest prefix with x are its neighbours.
+        for j in (i - 1, i + 1):
             if 0 <= j < len(ids):
-                y = ids[j]
-                k = 0
-                while k < len(x) and k < len(y) and x[k] == y[k]:
-                    k += 1
-                need = max(need, k + 1)
+                need = max(need, len(os.path.commonprefix([x, ids[j]])) + 1)
         out[x] = x[:min(need, len(x))]
     return out
 

@@ -95,9 +95,10 @@ class Line:
         room = self.width - self.used
         if room <= 0 or not s:
             return self
-        s = clip(s, room)
+        if len(s) > room or not s.isascii():
+            s = clip(s, room)
         st = self.theme.style(kind)
-        if self.runs and self.runs[-1][1] == st:
+        if self.runs and self.runs[-1][1] is st:
             self.runs[-1] = (self.runs[-1][0] + s, st)
         else:
             self.runs.append((s, st))
@@ -287,7 +288,6 @@ def _main(state, world, width: int, height: int, theme: Theme, cs: Charset) -> F
     for r in rows:
         if r.uid == world.actor_uid:
             own_rows[r.id] = len(own_rows)
-    ids = layout.short_ids((r.id for r in world.reservations), (r.id for r in rows))
 
     out: list[tuple] = []
     # header
@@ -351,6 +351,7 @@ def _main(state, world, width: int, height: int, theme: Theme, cs: Charset) -> F
                                   actor_uid=world.actor_uid, dark=dark)
         line = Line(width, theme).add(f"GPU {g}".ljust(lw), "label_sel" if gi == cur_gpu else "label").add(" ")
         in_draft = draft is not None and g in draft.gpus
+        buf, buf_kind = [], None        # runs of one kind, added at once
         for c, cell in enumerate(cells):
             ch, kind = _glyph(cell, disabled, cap, cs)
             if in_draft and d_lo <= c <= d_hi:
@@ -359,7 +360,13 @@ def _main(state, world, width: int, height: int, theme: Theme, cs: Charset) -> F
             if gi == cur_gpu and c == cursor_col and state.mode == "browse":
                 kind = "cursor"
                 cursor_desc = _describe(cell, disabled, cap)
-            line.add(ch, kind)
+            if kind != buf_kind and buf:
+                line.add("".join(buf), buf_kind)
+                buf = []
+            buf.append(ch)
+            buf_kind = kind
+        if buf:
+            line.add("".join(buf), buf_kind)
         out.append(line.fill())
 
     # cursor line
@@ -379,11 +386,6 @@ def _main(state, world, width: int, height: int, theme: Theme, cs: Charset) -> F
     out.append(_rule(width, f"Bookings: {len(live)} now or later" + (f", {len(rows) - len(live)} past in view"
                                                                     if len(rows) > len(live) else ""),
                      theme, cs))
-    idw = min(12, max([len(s) for s in ids.values()] + [4]))
-    wide = width >= 120
-    th = Line(width, theme).add(f"   {'ID'.ljust(idw)} {'USER':<8}{'GPUS':<6}{'MODE':<11}{'MEM':<6}"
-                                f"{'WHEN':<18}{'STATUS':<13}" + ("NOTE" if wide else ""), "th")
-    out.append(th.fill("th"))
     sel_i = next((i for i, r in enumerate(rows) if r.id == state.sel), None)
     if sel_i is None and state.focus == "table" and rows and state.sel is None:
         sel_i = 0
@@ -391,6 +393,13 @@ def _main(state, world, width: int, height: int, theme: Theme, cs: Charset) -> F
     if sel_i is not None and table_n:
         first = min(max(0, sel_i - table_n + 1), max(0, len(rows) - table_n))
     shown = rows[first:first + table_n]
+    # The shortest unique prefix of each ID shown, among every ID of the ledger.
+    ids = layout.short_ids([r.id for r in world.reservations], [r.id for r in shown])
+    idw = min(12, max([len(s) for s in ids.values()] + [4]))
+    wide = width >= 120
+    th = Line(width, theme).add(f"   {'ID'.ljust(idw)} {'USER':<8}{'GPUS':<6}{'MODE':<11}{'MEM':<6}"
+                                f"{'WHEN':<18}{'STATUS':<13}" + ("NOTE" if wide else ""), "th")
+    out.append(th.fill("th"))
     for i, r in enumerate(shown, first):
         mine = r.uid == world.actor_uid
         letter = layout.own_letter(own_rows[r.id]) if mine else " "

@@ -211,6 +211,20 @@ def _cluster(ctx):
     return Cluster(catalog.load(ctx.env), env=ctx.env)
 
 
+def _when(start: str | None, end: str | None = None) -> str:
+    """An ISO-8601 UTC time (or span) from a node's JSON, local for people."""
+    from bk import clock
+    from bk.core.timegrid import format_local_short, format_span
+    from bk.core.utctime import parse_utc
+
+    if not start:
+        return "-"
+    tz, now = clock.local_tz(), clock.now()
+    if end:
+        return format_span(parse_utc(start), parse_utc(end), tz, now)
+    return format_local_short(parse_utc(start), tz, now)
+
+
 def _term_line(node: dict) -> str:
     state = node["state"]
     if state == "ok":
@@ -228,9 +242,10 @@ def run_overview(args, ctx) -> Output:
                 for n in data["nodes"]]
         text = table(rows, ("NODE", "TARGET", "STATE", "BOOKINGS"), term, shrink=2)
         res = [(x["node"] + "/" + x["short_id"], safe(x.get("person") or x["user"]),
-                ",".join(map(str, x["gpus"])), x["start"], x["end"], x["status"]) for x in data["reservations"]]
+                ",".join(map(str, x["gpus"])), _when(x["start"], x["end"]), x["status"])
+               for x in data["reservations"]]
         if res:
-            text += "\n\n" + table(res, ("NODE/ID", "USER", "GPUS", "START (UTC)", "END", "STATUS"), term)
+            text += "\n\n" + table(res, ("NODE/ID", "USER", "GPUS", "WHEN", "STATUS"), term)
         return text
     return Output("cluster", data, human, exit_code=0 if ov.complete else EXIT_PARTIAL)
 
@@ -271,12 +286,12 @@ def run_rec(args, ctx) -> Output:
         for r in rec.rows:
             if r.options:
                 o = r.options[0]
-                rows.append((r.node, o["start"], ",".join(map(str, o["gpus"])), r.priority, ""))
+                rows.append((r.node, _when(o["start"], o["end"]), ",".join(map(str, o["gpus"])), r.priority, ""))
             else:
                 rows.append((r.node, "-", "-", r.priority, safe(r.problem or "")))
-        text = table(rows, ("NODE", "START (UTC)", "GPUS", "PRIORITY", "PROBLEM"), term, shrink=4)
+        text = table(rows, ("NODE", "WHEN", "GPUS", "PRIORITY", "PROBLEM"), term, shrink=4)
         if rec.best:
-            text += f"\n\nbest: {rec.best.node} at {rec.best.option['start']}; book it with: bk c " \
+            text += f"\n\nbest: {rec.best.node} at {_when(rec.best.option['start'])}; book it with: bk c " \
                     + " ".join(_request_words(args, REC_PASS))
         else:
             text += "\n\nno node can take it"
@@ -308,10 +323,11 @@ def run_book(args, ctx) -> Output:
     def human(term) -> str:
         if done.dry_run:
             o = done.rec.best.option
-            return f"would book on {done.node}: GPUs {','.join(map(str, o['gpus']))} from {o['start']} (dry run)"
+            return (f"would book on {done.node}: GPUs {','.join(map(str, o['gpus']))} "
+                    f"{_when(o['start'], o.get('end'))} (dry run)")
         how = " (the reply was lost; the node confirms it)" if done.recovered else ""
         return (f"{data['status']} on {done.node}: {res.get('short_id')} GPUs "
-                f"{','.join(map(str, res.get('gpus') or []))} {res.get('start')} – {res.get('end')}{how}\n"
+                f"{','.join(map(str, res.get('gpus') or []))} {_when(res.get('start'), res.get('end'))}{how}\n"
                 f"edit: bk c e {done.node}/{res.get('short_id')} -d +30m · cancel: bk c d {done.node}/{res.get('short_id')}")
     return Output("cluster book", data, human,
                   done=None if done.dry_run else f"booked {res.get('short_id')} on {done.node}")
@@ -334,7 +350,7 @@ def _write_on(ctx, args, words: list[str], action: str, command: str) -> Output:
     res = data.get("reservation") or {}
 
     def human(term) -> str:
-        return (f"{data.get('status')} on {node}: {res.get('short_id')} {res.get('start')} – {res.get('end')}"
+        return (f"{data.get('status')} on {node}: {res.get('short_id')} {_when(res.get('start'), res.get('end'))}"
                 + (" (the reply was lost; the node confirms it)" if out.recovered else ""))
     return Output(command, data, human, warnings=list(out.warnings or []),
                   done=f"{data.get('status')} {res.get('short_id')} on {node}")

@@ -204,20 +204,26 @@ def _dir_steps(path: str, uid: int, gid: int, mode: int, why: str) -> list[Step]
     return steps + [Step("keep", path, uid, gid, mode, why)]
 
 
-def _existing_config(path: str, doc: dict) -> Step | None:
-    """None when no config exists; a 'keep' step when it already says what
-    init would write; otherwise a refusal."""
+def read_trusted(path: str, hint: str):
+    """The JSON value in the existing trusted config ``path``, which is
+    checked first as every client checks it; ``hint`` for a file that is
+    not JSON."""
     from bk.store.config import check_trusted
 
-    if not os.path.lexists(path):
-        return None
     check_trusted(path)
     try:
         with open(path, "rb") as f:
-            old = json.loads(f.read(1 << 20))
+            return json.loads(f.read(1 << 20))
     except (OSError, ValueError) as e:
-        raise ConfigError(f"{path} exists but cannot be read as JSON: {e}",
-                          hint="fix or move it away, then rerun") from None
+        raise ConfigError(f"{path} exists but cannot be read as JSON: {e}", hint=hint) from None
+
+
+def _existing_config(path: str, doc: dict) -> Step | None:
+    """None when no config exists; a 'keep' step when it already says what
+    init would write; otherwise a refusal."""
+    if not os.path.lexists(path):
+        return None
+    old = read_trusted(path, "fix or move it away, then rerun")
     if not isinstance(old, dict):
         raise ConfigError(f"{path} exists but is not a JSON object", hint="fix or move it away, then rerun")
     differ = [k for k in sorted(doc) if old.get(k) != doc[k]]

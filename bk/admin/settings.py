@@ -18,7 +18,6 @@ must be one a unit can name unquoted.
 
 from __future__ import annotations
 
-import json
 import os
 import pwd
 import sys
@@ -27,7 +26,7 @@ from typing import TYPE_CHECKING
 from bk.admin import init, units
 from bk.admin import manifest as mf
 from bk.admin.layout import Layout, target
-from bk.core.errors import ConfigError, InvalidInput
+from bk.core.errors import InvalidInput
 
 if TYPE_CHECKING:
     from bk.admin import install
@@ -42,14 +41,7 @@ def existing_config(path: str) -> dict | None:
     """The installed trusted config (checked like every client checks it), or None."""
     if not os.path.lexists(path):
         return None
-    from bk.store.config import check_trusted
-
-    check_trusted(path)
-    try:
-        with open(path, "rb") as f:
-            doc = json.loads(f.read(1 << 20))
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"{path} exists but cannot be read as JSON: {e}", hint="fix it, then rerun") from None
+    doc = init.read_trusted(path, "fix it, then rerun")
     return doc if isinstance(doc, dict) else None
 
 

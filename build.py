@@ -48,10 +48,10 @@ the interpreter and zlib; ``--check`` recomputes it from an archive.
 Where the format lives.  ``bk admin install`` writes an archive too (for the
 server's interpreter, from a pip install as well as from bk.pyz), so the
 format, the child compiler and the zip writer are one module shipped inside
-bk: ``bk/admin/archive.py``.  This script loads that file of the tree it
-builds by its path, not as ``bk.admin.archive``: importing the package would
-run the tree's ``bk/__init__.py`` and the admin package's imports, while the
-module itself imports only the standard library.  What stays here is the
+bk: ``bk/admin/archive.py``.  This script loads that file from the tree it
+sits in (``ROOT``), by its path, not as ``bk.admin.archive``: importing the
+package would run the tree's ``bk/__init__.py`` and the admin package's
+imports, while the module itself imports only the standard library.  What stays here is the
 command line and what only a build does: reading a source tree, choosing the
 timestamp, refusing bad outputs, replacing the output atomically.
 """

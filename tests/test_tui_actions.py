@@ -117,7 +117,11 @@ def test_loader_reads_the_world_without_the_lock(bk):
     assert w.now == NOW and w.actor_user == "ada" and len(w.reservations) == 1
     assert w.monitor["state"] == "absent" and [g.index for g in w.gpus] == [0, 1, 2, 3]
     assert loader.snapshot is not None
-    assert loader.load_once().seq == w.seq + 1
+    again = loader.load_once()
+    assert again.seq == w.seq + 1 and again.reservations == w.reservations
+    # A commit replaces the ledger file: the next look reads it again.
+    actions.book(app, keys.Draft(SLICE + 7200, 3600, (2,)))
+    assert len(loader.load_once().reservations) == 2
 
 
 def test_without_a_terminal_bk_t_prints_the_text_timeline(bk):

@@ -242,3 +242,21 @@ def test_tutorial_tui_opens_the_tour(pane):
     pane.wait("Bookings:")
     pane.keys("q")
     pane.restored(0)
+
+
+def test_an_exception_restores_the_terminal(pane):
+    """A bug in a key's handling (here: injected into the archive's own
+    modules, in the process) ends bk t with exit 70 and one error line, and
+    the terminal as it was."""
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import bk.tui.keys as k; h = k.handle\n"
+            "def boom(s, key, w):\n    if key == '!': raise RuntimeError('boom')\n    return h(s, key, w)\n"
+            "k.handle = boom\nfrom bk.cli.main import main; sys.exit(main(['t']))")
+    (pane.dir / "crash.py").write_text(code)
+    pane.run(f"echo BEFORE-TUI; {sys.executable} {pane.dir / 'crash.py'} {pane.pyz}")
+    if "the tour" in pane.wait(lambda s: "Bookings:" in s or "the tour" in s):
+        pane.keys("q")
+        pane.wait("Bookings:")
+    pane.keys("!")
+    s = pane.wait("error: unexpected error: RuntimeError: boom")
+    assert "BEFORE-TUI" in s
+    pane.restored(70)

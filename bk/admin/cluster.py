@@ -70,7 +70,7 @@ def map_person(c: cat.Catalog, node: str, uid: int, person: str) -> cat.Catalog:
         raise InvalidInput("the person's name is empty")
     people = {k: dict(v) for k, v in c.people.items()}
     people.setdefault(node, {})[str(uid)] = person
-    return cat.Catalog(c.nodes, people, c.path)
+    return cat.Catalog(c.nodes, people, c.path, c.history_dir)
 
 
 def unmap(c: cat.Catalog, node: str, uid: int) -> cat.Catalog:
@@ -79,7 +79,13 @@ def unmap(c: cat.Catalog, node: str, uid: int) -> cat.Catalog:
     if str(uid) not in people.get(node, {}):
         raise NotFound(f"UID {uid} on {node} is not mapped")
     del people[node][str(uid)]
-    return cat.Catalog(c.nodes, {k: v for k, v in people.items() if v}, c.path)
+    return cat.Catalog(c.nodes, {k: v for k, v in people.items() if v}, c.path, c.history_dir)
+
+
+def history_dir(c: cat.Catalog, path: str) -> cat.Catalog:
+    if not os.path.isabs(path):
+        raise InvalidInput(f"the history directory must be an absolute path, got {path!r}")
+    return cat.Catalog(c.nodes, c.people, c.path, os.path.normpath(path))
 
 
 def local_node_id(settings) -> str:

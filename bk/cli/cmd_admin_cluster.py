@@ -37,6 +37,8 @@ def register_admin(actions, parser_class) -> None:
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     init.add_argument("name", metavar="NAME", nargs="?", help="this server's node name")
     init.add_argument("--priority", type=int, default=0, metavar="N", help="its priority (default 0)")
+    init.add_argument("--history-dir", metavar="DIR",
+                      help="where the nodes export usage history, for bk c history (kept when not given)")
     _plan_flags(init)
     init.set_defaults(handler=run_init, command="admin cluster init")
 
@@ -147,6 +149,8 @@ def run_init(args, ctx) -> Output:
 
     admin.require_root("change the cluster catalog")
     c = admin.load(ctx.env)
+    if args.history_dir is not None:
+        c = admin.history_dir(c, args.history_dir)
     if args.name is None:
         return _commit(ctx, args, c, "the catalog is ready")
     cat.check_name(args.name)

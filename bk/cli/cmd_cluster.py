@@ -143,6 +143,27 @@ def register(sub) -> None:
     at.add_argument("node", metavar="NODE")
     at.set_defaults(handler=run_at, command="cluster at", takes_command=True)
 
+    hist = acts.add_parser("history", help="usage history of every node, from the shared export",
+                           description="Booked, active and unreserved GPU time per node and UID over a "
+                           "period, read from the directory the nodes export to (bk c export), with the "
+                           "catalog's people table applied. Default directory: the catalog's history_dir.",
+                           epilog="Examples:\n  bk c history --since 30d\n"
+                                  "  bk c history /shared/gpubk-history --since 2026-11-01 --until 2026-12-01",
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    hist.add_argument("dir", metavar="DIR", nargs="?", help="the shared export directory")
+    hist.add_argument("--since", metavar="WHEN", default="30d", help="start of the period (default 30d ago)")
+    hist.add_argument("--until", metavar="WHEN", help="end of the period (default now)")
+    hist.set_defaults(handler=run_history, command="cluster history")
+    exp = acts.add_parser("export", help="(on a node) copy this node's sealed usage days to shared storage",
+                          description="Copy this node's sealed, verified usage days into DIR/<node id>/, "
+                          "incrementally (unchanged days are skipped). Run it on each node, e.g. daily "
+                          "as the monitor's account, to a directory every client can read.",
+                          epilog="Examples:\n  bk c export /shared/gpubk-history\n"
+                                 "  sudo -u gpubk bk c export /shared/gpubk-history --json",
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+    exp.add_argument("dir", metavar="DIR", help="the shared export directory")
+    exp.set_defaults(handler=run_export, command="cluster export")
+
     # The node's half: what the client runs through ssh.
     ident = acts.add_parser("id", help="this node's identity (what the catalog records)",
                             description="This node's identity: id (from its data directory), host name, "
@@ -558,3 +579,54 @@ def run_op(args, ctx) -> Output:
             "reservation": View.of(call).reservation(res) if res is not None else None}
     human = (f"op {args.op_id}: {op.action} of {op.reservation[:8]}" if op else f"op {args.op_id}: not used here")
     return Output("cluster op", data, human)
+
+
+def run_export(args, ctx) -> Output:
+    from bk.cluster.history import export_node
+
+    ident = identity(ctx)
+    done = export_node(ctx.app().settings, args.dir, node=ident, now_iso=ident["now"])
+    data = done.to_json()
+    lines = [f"exported {len(done.copied)} day(s) to {done.dest}, {done.unchanged} unchanged"]
+    lines += [f"warning: not exported: {d} ({w})" for d, w in done.refused]
+    return Output("cluster export", data, "\n".join(lines), exit_code=EXIT_PARTIAL if done.refused else 0,
+                  done=lines[0])
+
+
+def run_history(args, ctx) -> Output:
+    from bk import clock
+    from bk.cluster import catalog as cat
+    from bk.cluster.history import read
+    from bk.core.usage import parse_since
+
+    c = cat.load(ctx.env, missing_ok=True)
+    where = args.dir or c.history_dir
+    if not where:
+        raise UsageError("name the export directory, or set history_dir in the catalog",
+                         hint="bk c history /shared/gpubk-history (the nodes write it: bk c export DIR)")
+    now, tz = clock.now(), clock.local_tz()
+    since = parse_since(args.since, now, tz)
+    until = now if args.until is None else parse_since(args.until, now, tz)
+    if until <= since:
+        raise InvalidInput(f"--until ({args.until}) must be after --since ({args.since})")
+    h = read(where, c, since, until)
+    data = h.to_json()
+
+    def hours(s: int) -> str:
+        return f"{s / 3600:.1f}"
+
+    def human(term) -> str:
+        rows = [(u["node"], u["uid"], safe(u["person"] or "-"), hours(u["booked_s"]), hours(u["active_s"]),
+                 hours(u["unreserved_s"])) for u in data["users"]]
+        text = table(rows, ("NODE", "UID", "PERSON", "BOOKED H", "ACTIVE H", "UNRESERVED H"), term) if rows \
+            else "no usage in that period"
+        if data["people"]:
+            text += "\n\n" + table([(safe(p["person"]), hours(p["booked_s"]), hours(p["active_s"]),
+                                      ",".join(p["nodes"])) for p in data["people"]],
+                                    ("PERSON", "BOOKED H", "ACTIVE H", "NODES"), term)
+        for n in data["nodes"]:
+            if n["problems"]:
+                text += f"\nwarning: {n['name'] or n['id']}: {len(n['problems'])} problem(s) in its export"
+        return text
+    bad = any(n["problems"] for n in data["nodes"])
+    return Output("cluster history", data, human, exit_code=EXIT_PARTIAL if bad else 0)

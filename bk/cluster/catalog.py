@@ -44,7 +44,7 @@ NODE_ID_RE = re.compile(r"^[a-z]-[0-9a-f]{8,64}$")
 
 NODE_KEYS = ("id", "target", "priority", "timeout_s", "enabled", "port", "known_hosts",
              "identity_file", "remote_command")
-TOP_KEYS = ("version", "nodes", "people")
+TOP_KEYS = ("version", "nodes", "people", "history_dir")
 
 
 @dataclass(frozen=True)
@@ -80,6 +80,7 @@ class Catalog:
     nodes: tuple[NodeEntry, ...] = ()
     people: dict = field(default_factory=dict)      # node -> {uid str: person}
     path: str | None = None
+    history_dir: str | None = None                  # where nodes export usage (bk c history)
 
     def get(self, name: str) -> NodeEntry:
         for n in self.nodes:
@@ -98,17 +99,21 @@ class Catalog:
         return self.people.get(node, {}).get(str(uid))
 
     def to_json(self) -> dict:
-        return {"version": VERSION, "nodes": {n.name: n.to_json() for n in self.nodes},
-                "people": {k: dict(sorted(v.items())) for k, v in sorted(self.people.items()) if v}}
+        out = {"version": VERSION, "nodes": {n.name: n.to_json() for n in self.nodes},
+               "people": {k: dict(sorted(v.items())) for k, v in sorted(self.people.items()) if v}}
+        if self.history_dir:
+            out["history_dir"] = self.history_dir
+        return out
 
     def with_node(self, entry: NodeEntry) -> Catalog:
         rest = tuple(n for n in self.nodes if n.name != entry.name)
-        return Catalog(tuple(sorted((*rest, entry), key=lambda n: n.name)), self.people, self.path)
+        return Catalog(tuple(sorted((*rest, entry), key=lambda n: n.name)), self.people, self.path,
+                       self.history_dir)
 
     def without(self, name: str) -> Catalog:
         self.get(name)
         people = {k: v for k, v in self.people.items() if k != name}
-        return Catalog(tuple(n for n in self.nodes if n.name != name), people, self.path)
+        return Catalog(tuple(n for n in self.nodes if n.name != name), people, self.path, self.history_dir)
 
 
 def _unknown(key: str, known, where: str, source: str) -> ConfigError:
@@ -211,7 +216,10 @@ def parse(doc: object, source: str) -> Catalog:
                                               for u, p in m.items()):
             raise ConfigError(f"{source}: people.{node} must map UIDs (as strings) to names")
         people[node] = dict(m)
-    return Catalog(nodes, people, source)
+    hist = doc.get("history_dir")
+    if hist is not None and (not isinstance(hist, str) or not os.path.isabs(hist)):
+        raise ConfigError(f"{source}: history_dir must be an absolute path, got {hist!r}")
+    return Catalog(nodes, people, source, hist)
 
 
 def catalog_path(env: dict) -> str:

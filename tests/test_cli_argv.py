@@ -135,7 +135,7 @@ def test_promised_commands_say_not_in_this_release(run):
         assert env["error"]["code"] == "invalid_input" and instead in env["error"]["hint"]
 
 
-@pytest.mark.parametrize("word", [w for row in cli_app.PLANNED for w in row[0]] + ["@gpu-a"])
+@pytest.mark.parametrize("word", [w for row in cli_app.PLANNED for w in row[0]])
 def test_each_planned_command(bk, word):
     r = bk(word, "1", "30m")
     assert r.code == 2, r

@@ -416,3 +416,29 @@ def test_the_node_half_keeps_a_command_after_dash_dash_intact(capsys, node_env):
     assert code == 0 and env["data"]["reply"]["ok"], env
     code, jobs = run_bk(capsys, "j", "--json", env=node_env)
     assert [j["summary"] for j in jobs["data"]["jobs"]] == ["echo +1 arg"]
+
+
+def test_at_node_and_bk_c_without_a_catalog_say_how_to_make_one(capsys, node_env, tmp_path):
+    env = {**node_env, "BK_CLUSTER_FILE": str(tmp_path / "none.json")}
+    for argv in (["@gpu-a", "1", "30m"], ["c"], ["c", "2", "1h"], ["c", "tui"]):
+        code, out = run_bk(capsys, *argv, "--json", env=env)
+        assert code == 78 and "no cluster catalog" in out["error"]["message"], out
+        assert "bk c probe" in out["error"]["hint"]
+    capsys.readouterr()
+    assert cli_app.run(["help", "c"], env) == 0 and "bk c rec 2 1h" in capsys.readouterr().out
+
+
+def test_bk_c_tui_without_a_terminal_view_prints_the_node_table(capsys, node_env, tmp_path):
+    os.chmod(tmp_path, 0o755)
+    code, ident = run_bk(capsys, "c", "id", "--json", env=node_env)
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "bk").write_text(f"#!/bin/sh\nPYTHONPATH={ROOT} exec {sys.executable} -m bk \"$@\"\n")
+    os.chmod(bindir / "bk", 0o755)
+    path = _write(tmp_path / "c.json", {"nodes": {"here": {"id": ident["data"]["id"], "target": "local"}}})
+    if os.geteuid() != 0:
+        pytest.skip("the catalog must be root's")
+    env = {**node_env, "BK_CLUSTER_FILE": path, "PATH": f"{bindir}:{os.environ['PATH']}"}
+    code, out = run_bk(capsys, "c", "tui", "--json", env=env)
+    assert code == 0 and out["command"] == "cluster" and out["data"]["nodes"][0]["state"] == "ok"
+    assert any("full-screen" in w for w in out["warnings"])

@@ -262,7 +262,8 @@ class CheckRow:
             reach = r.state not in ("unreachable", "timeout", "cancelled")
             checks = [("reachable", reach, r.message if not reach else "yes")]
             if reach:
-                checks.append(("identity", r.state != "wrong_identity", r.message))
+                checks.append(("identity" if r.state == "wrong_identity" else "reply", False,
+                               f"{r.state}: {r.message}"))
             return cls(base, tuple(checks))
         caps = tuple(r.node.get("capabilities") or ())
         skew = r.skew_s

@@ -442,3 +442,14 @@ def test_bk_c_tui_without_a_terminal_view_prints_the_node_table(capsys, node_env
     code, out = run_bk(capsys, "c", "tui", "--json", env=env)
     assert code == 0 and out["command"] == "cluster" and out["data"]["nodes"][0]["state"] == "ok"
     assert any("full-screen" in w for w in out["warnings"])
+
+
+def test_the_overview_names_people_and_keeps_going_past_a_failed_node():
+    listing = ok("list", {"scope": "all", "reservations": [{"id": "r-1", "short_id": "r-1", "uid": 1001,
+                                                             "user": "u1001", "gpus": [0]}]})
+    fakes = {NODE_A: FakeSsh(reply(wrapped(NODE_A, listing))), NODE_B: FakeSsh(reply(b"", ended="timeout"))}
+    c = cat.Catalog((entry("a", NODE_A), entry("b", NODE_B)), {"a": {"1001": "alice"}}, "test")
+    cl = Cluster(c, make_client=lambda e, cancelled=None: NodeClient(e, runner=fakes[e.id], wall=lambda: 1e6))
+    ov = cl.overview().to_json()
+    assert [(r["node"], r["person"]) for r in ov["reservations"]] == [("a", "alice")]
+    assert [n["state"] for n in ov["nodes"]] == ["ok", "timeout"] and ov["complete"] is False

@@ -145,6 +145,9 @@ def test_book_with_a_command_and_dry_run(lab):
     assert code == 0 and env["data"]["recovered"] is False, env
     code, jobs = lab.bk_json(cat, "@a", "j")
     assert [j["summary"] for j in jobs["data"]["jobs"]] == ["echo +1 arg"], jobs
+    code, chk = lab.bk_json(cat, "c", "check", "--jobs")
+    rows = {n["name"]: n for n in chk["data"]["nodes"]}
+    assert [j["summary"] for j in rows["a"]["jobs"]] == ["echo +1 arg"] and rows["b"]["jobs"] == []
     cancel_all(lab, cat, "a")
 
 

@@ -223,3 +223,9 @@ def test_at_node_json_is_the_nodes_envelope(lab):
     assert code == 0 and env["command"] == "info" and env["data"]["gpu_count"] == 4
     code, env = lab.bk_json(cat, "@b", "e", "9999", "-d", "+1h")
     assert code == 4 and env["error"]["code"] == "not_found"
+    # A write through @NODE gets an op-id too; -q prints only the ID, as on the node.
+    p = lab.bk(cat, "@b", "1", "30m", "-q")
+    assert p.returncode == 0, p.stderr
+    (made,) = mine(lab, "b", cat)
+    assert p.stdout.strip() == made["short_id"] and made["op_id"].startswith("c-")
+    cancel_all(lab, cat, "b")

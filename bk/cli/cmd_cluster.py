@@ -403,12 +403,23 @@ def run_at(args, ctx) -> Output:
     cut = words.index("--") if "--" in words else len(words)
     write = (first in BOOK_WORDS + EDIT_WORDS + CANCEL_WORDS or first.isdigit()) and "--op-id" not in words[:cut] \
         and "--dry-run" not in words[:cut]
-    if write and ctx.json:
+    if write:
+        # A write gets an op-id and the lost-reply protocol, as bk c does;
+        # the node answers in JSON and the line for people is made here.
         action = "edit" if first in EDIT_WORDS else "cancel" if first in CANCEL_WORDS else "book"
         op_id = new_op_id()
         out = cluster.write(args.node, words, op_id, action)
-        return Output(action, {"node": args.node, "op_id": op_id, "recovered": out.recovered,
-                                        **out.reply_data}, None, warnings=list(out.warnings or []))
+        data = {"node": args.node, "op_id": op_id, "recovered": out.recovered, **out.reply_data}
+        res = data.get("reservation") or {}
+        short = res.get("short_id")
+        if "-q" in words[:cut] or "--quiet" in words[:cut]:
+            human = str(short)
+        else:
+            human = (f"{data.get('status')} on {args.node}: {short} GPUs {','.join(map(str, res.get('gpus') or []))} "
+                     f"{_when(res.get('start'), res.get('end'))}"
+                     + (" (the reply was lost; the node confirms it)" if out.recovered else ""))
+        return Output(action, data, human, warnings=list(out.warnings or []),
+                      done=f"{data.get('status')} {short} on {args.node}")
     reply = cluster.at(args.node, words, as_json=ctx.json, columns=Term.detect(env=ctx.env).width)
     if ctx.json:
         env = reply.envelope

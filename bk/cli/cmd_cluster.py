@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 
 from bk.cli.render import Output, safe, table
-from bk.core.errors import EXIT_PARTIAL, ConfigError, InvalidInput, UsageError
+from bk.core.errors import EXIT_CAPACITY, EXIT_PARTIAL, ConfigError, InvalidInput, UsageError
 
 EPILOG = """Examples:
   bk c                       every node: state and bookings
@@ -317,7 +317,8 @@ def run_rec(args, ctx) -> Output:
         else:
             text += "\n\nno node can take it"
         return text
-    code = 0 if rec.best and all(r.problem is None or r.problem == "no option fits" for r in rec.rows) else EXIT_PARTIAL
+    answered = all(r.problem is None or r.problem == "no option fits" for r in rec.rows)
+    code = EXIT_PARTIAL if not answered else 0 if rec.best else EXIT_CAPACITY
     return Output("cluster rec", data, human, exit_code=code)
 
 

@@ -16,7 +16,8 @@ of a reservation at their default, null or no edits, are left out)::
      "policy": {...} | null,         # Policy.bound() recorded at the first write
      "journal": {"seq": 17, "audit": [...]},   # this commit's audit records
      "reservations": [{...}, ...], "blackouts": [...], "notices": [...],
-     "ops": [...], ...}              # unknown top-level keys round-trip
+     "ops": [...], ...,              # unknown top-level keys round-trip
+     "digest": "crc32:1a2b3c4d"}     # the seal: always the last key (below)
 
 Speed matters because every command reads the ledger: a 10,000-booking
 ledger has 30,000 timestamps.  ``datetime`` costs about 2 us per conversion,
@@ -25,11 +26,27 @@ writes (``YYYY-MM-DDTHH:MM:SSZ``) with plain integer arithmetic and a memo
 that decoding fills for encoding.  Reservations are converted field by field
 here rather than through ``Reservation.from_dict`` for the same reason; a
 test keeps the two in agreement.
+
+The seal.  Every writer runs the full invariant check (``check_state``)
+before it commits, so a reader that gets exactly the bytes a writer
+committed need not run it again (it is a quarter of a read).  The store
+therefore seals what it writes: ``seal`` appends ``"digest"`` as the last
+key, a CRC-32 of every byte before it, and ``sealed`` says whether a file's
+bytes still match.  A matching seal lets a read skip the invariant check
+(never the structural decoding); no seal (a ledger from an older bk, or one
+rewritten by a JSON tool, which moves the key) or a wrong one (an edit in
+place, a torn or damaged file) takes the full check, and a file that fails
+it is never used.  The digest guards against accidents, not adversaries:
+whoever can rewrite the ledger can rewrite its digest too, and can already
+write any booking.  CRC-32 rather than SHA-256 because ``zlib`` imports in
+0.1 ms and hashes 2 MB in 0.4 ms, while ``hashlib`` costs 2 ms to import
+(OpenSSL) and 1 ms to hash, on every command.
 """
 
 from __future__ import annotations
 
 import json
+import zlib
 
 from bk.core.models import (
     EXCLUSIVE,
@@ -53,7 +70,7 @@ MAX_PROBLEMS = 20
 
 _TOP_KEYS = frozenset((
     "format", "version", "seq", "commit", "written_at", "policy", "journal",
-    "reservations", "blackouts", "notices", "ops",
+    "reservations", "blackouts", "notices", "ops", "digest",
 ))
 _RES_KEYS = frozenset((
     "id", "uid", "user", "mode", "gpus", "share", "mem_mib", "start", "end", "created",
@@ -204,6 +221,31 @@ def dumps(doc: dict) -> bytes:
     and hashed) without paying for ``sort_keys`` on every commit."""
     text = json.dumps(doc, separators=(",", ":"), allow_nan=False, check_circular=False)
     return text.encode("ascii") + b"\n"
+
+
+_SEAL = b',"digest":"crc32:'
+_SEAL_LEN = len(_SEAL) + 8 + 3          # the head, eight hex digits, '"}' and the newline
+
+
+def seal(data: bytes) -> bytes:
+    """``dumps`` output with its digest appended as the document's last key."""
+    if not data.endswith(b"}\n") or len(data) < 4:
+        raise ValueError("not a dumps() document")
+    body = data[:-2]
+    return b'%s%s%08x"}\n' % (body, _SEAL, zlib.crc32(body))
+
+
+def sealed(data: bytes) -> bool | None:
+    """True: the last key is a digest of the bytes before it; False: it is
+    there and does not match; None: the document carries no seal."""
+    tail = data[-_SEAL_LEN:]
+    if len(data) <= _SEAL_LEN or not tail.startswith(_SEAL) or not tail.endswith(b'"}\n'):
+        return None
+    try:
+        want = int(tail[len(_SEAL):-3], 16)
+    except ValueError:
+        return False
+    return zlib.crc32(memoryview(data)[:-_SEAL_LEN]) == want
 
 
 def _no_constants(name: str):

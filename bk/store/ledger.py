@@ -189,19 +189,22 @@ class Store:
         self._tlock = threading.Lock()
         self._active: int | None = None
         self._valid: bytes | None = None       # the last ledger bytes known to validate
+        self._seen: ReadResult | None = None       # check(): the ledger check's read
         self._crash = _crash_point(os.environ.get(CRASH_ENV))
         self._crash_hits = 0
 
     # --- reading -----------------------------------------------------------
 
-    def read(self) -> ReadResult:
-        """The committed ledger, validated, without taking the lock."""
+    def read(self, *, verify: bool = False) -> ReadResult:
+        """The committed ledger, validated, without taking the lock.  With
+        ``verify`` the invariants are checked even when the seal matches
+        (``bk doctor``)."""
         dirfd = open_dir(self.paths.data_dir, self.safety)
         if dirfd is None:
             return ReadResult(LedgerState(), [], "empty")
         try:
             with _gc_paused():
-                got = self._load(dirfd)
+                got = self._load(dirfd, verify)
         finally:
             os.close(dirfd)
         return ReadResult(got.state, got.warnings, got.source)
@@ -209,21 +212,24 @@ class Store:
     def _read(self, dirfd: int, name: str, path: str) -> bytes | None:
         return read_file(dirfd, name, path, self.safety)
 
-    def _parse(self, data: bytes):
+    def _parse(self, data: bytes, verify: bool = False):
         """Bytes -> (state, meta, problems).  Validation depends only on the
-        bytes, so bytes this Store validated (or wrote) before skip it."""
+        bytes, so bytes this Store validated (or wrote) before skip the
+        invariant check, and so do bytes whose seal matches: a writer
+        checked them before it committed them (``ledgerdoc.seal``)."""
         try:
             doc = ledgerdoc.loads(data)
         except ValueError as e:
             return None, ledgerdoc.DocMeta(), [f"not valid JSON: {e}"]
         state, meta, problems = ledgerdoc.decode(doc)
-        if state is not None and not problems and data != self._valid:
+        if (state is not None and not problems and data != self._valid
+                and (verify or not ledgerdoc.sealed(data))):
             problems = ledgerdoc.check_state(state, self.capacity)
             if not problems:
                 self._valid = data
         return state, meta, problems
 
-    def _load(self, dirfd: int) -> _Loaded:
+    def _load(self, dirfd: int, verify: bool = False) -> _Loaded:
         """The ledger, or the newest valid backup, or an empty state.
 
         A fallback is only reported if the ledger is still the same file
@@ -233,7 +239,7 @@ class Store:
         writer was at work, and the load starts again."""
         for _attempt in range(3):
             try:
-                got = self._load_once(dirfd)
+                got = self._load_once(dirfd, verify)
             except IOFailure as e:
                 if not hasattr(e, "seen") or self._read(dirfd, LEDGER, self.paths.ledger) == e.seen:
                     raise
@@ -242,12 +248,12 @@ class Store:
                 return got
         return got
 
-    def _load_once(self, dirfd: int) -> _Loaded:
+    def _load_once(self, dirfd: int, verify: bool = False) -> _Loaded:
         p = self.paths
         data = self._read(dirfd, LEDGER, p.ledger)
         problems: list[str] = []
         if data is not None:
-            state, meta, problems = self._parse(data)
+            state, meta, problems = self._parse(data, verify)
             if not problems:
                 return _Loaded(state, meta, "ledger", [])
             if meta.newer:
@@ -400,8 +406,8 @@ class Store:
                 raise Internal("refusing to write an invalid ledger: " + "; ".join(problems[:5]),
                                details={"problems": problems})
             try:
-                data = ledgerdoc.dumps(ledgerdoc.encode(
-                    state, commit=_token_hex(8), written_at=now, journal=records))
+                data = ledgerdoc.seal(ledgerdoc.dumps(ledgerdoc.encode(
+                    state, commit=_token_hex(8), written_at=now, journal=records)))
                 lines = audit.encode(records)
                 groups = archive.group(moved, seq=state.seq, now=now)
             except (TypeError, ValueError, RecursionError) as e:
@@ -622,6 +628,7 @@ class Store:
     def check(self) -> list[tuple[str, bool, str]]:
         """Read-only health checks for ``bk doctor``: (name, ok, detail)."""
         out = []
+        self._seen = None
         for name, probe in (("data directory", self._check_dir), ("ledger", self._check_ledger),
                             ("backups", self._check_backups), ("audit log", self._check_audit),
                             ("lock", self._check_lock)):
@@ -664,20 +671,42 @@ class Store:
         return free >= self.min_free, detail
 
     def _check_ledger(self):
-        got = self.read()
+        # The full invariant check, whatever the seal says: doctor is where
+        # a reader's trust in the seal is itself checked.
+        got = self._seen = self.read(verify=True)
         st = got.state
         if got.source != "ledger":
             return got.source == "empty", (got.warnings[0] if got.warnings else "no ledger yet")
         bound = "policy not bound yet" if st.policy is None else "policy " + ", ".join(
             f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in sorted(st.policy.items()))
         n = len(st.reservations)
-        return True, f"valid: commit {st.seq}, {n} booking{'' if n == 1 else 's'}; {bound}"
+        seal = ledgerdoc.sealed(self._in_dir(lambda fd: self._read(fd, LEDGER, self.paths.ledger)) or b"")
+        seal_note = {True: "", None: "; not sealed (written by an older bk or rewritten by hand): reads "
+                                     "check it in full until the next write seals it",
+                     False: "; its seal does not match its bytes (edited in place?): reads check it in "
+                            "full until the next write seals it"}[seal]
+        return True, f"valid: commit {st.seq}, {n} booking{'' if n == 1 else 's'}; {bound}{seal_note}"
 
     def _check_backups(self):
+        def valid(data: bytes | None) -> bool:
+            # A backup is a committed ledger's bytes: a matching seal says
+            # they are what a writer checked, with no parse (a torn copy
+            # loses its seal).  Only one without a matching seal is parsed,
+            # as the fallback in _load_once would parse it.
+            if data is None:
+                return False
+            return ledgerdoc.sealed(data) or not self._parse(data)[2]
+
         def scan(dirfd):
             names = self._backup_names(dirfd)
-            return names, [n for n in names if not self._parse(self._read_backup(
-                dirfd, n, os.path.join(self.paths.backups_dir, n)) or b"")[2]]
+            bfd = open_subdir(dirfd, BACKUPS, self.paths.backups_dir, self.safety)
+            if bfd is None:
+                return [], []
+            try:
+                return names, [n for n in names if valid(
+                    self._read(bfd, n, os.path.join(self.paths.backups_dir, n)))]
+            finally:
+                os.close(bfd)
         names, good = self._in_dir(scan, ([], []))
         if not names:
             return True, "none yet"
@@ -689,7 +718,7 @@ class Store:
 
     def _check_audit(self):
         tail = self.audit_tail(limit=1, include_pending=False)
-        seq = self.read().state.seq
+        seq = (self._seen or self.read()).state.seq
         last = tail.entries[-1]["seq"] if tail.entries else 0
         if last > seq:
             lost = self.lost_commits()

@@ -198,7 +198,41 @@ def _key_of(path: str) -> str | None:
     return path[i + len(marker):] if i >= 0 else None
 
 
+# The tz database's own name for UTC, the zone of most servers.  It needs no
+# zoneinfo: importing that (and sysconfig, for its search path) costs more than
+# most commands' work (benchmarks/cli.py), and UTC has no rules to read.
+_UTC_KEYS = ("UTC", "Etc/UTC")
+_ZERO = timedelta(0)
+
+
+class NamedUTC(tzinfo):
+    """UTC under its tz database name: what ``ZoneInfo(key)`` would be for
+    ``key`` in ``_UTC_KEYS`` (offset 0, no DST, ``tzname`` "UTC", ``key``)."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key: str):
+        self.key = key
+
+    def utcoffset(self, dt: datetime | None) -> timedelta:
+        return _ZERO
+
+    def dst(self, dt: datetime | None) -> timedelta:
+        return _ZERO
+
+    def tzname(self, dt: datetime | None) -> str:
+        return "UTC"
+
+    def __str__(self) -> str:
+        return self.key
+
+    def __repr__(self) -> str:
+        return f"NamedUTC({self.key!r})"
+
+
 def _zone_named(key: str) -> tzinfo | None:
+    if key in _UTC_KEYS:
+        return NamedUTC(key)
     # Imported here: only commands that show local time pay for it.
     import zoneinfo
     try:
@@ -208,10 +242,14 @@ def _zone_named(key: str) -> tzinfo | None:
 
 
 def _zone_from_file(path: str) -> tzinfo | None:
+    real = os.path.realpath(path)
+    key = _key_of(real)
+    if key in _UTC_KEYS and os.path.isfile(real):
+        return NamedUTC(key)
     import zoneinfo
     try:
         with open(path, "rb") as f:
-            return zoneinfo.ZoneInfo.from_file(f, key=_key_of(os.path.realpath(path)))
+            return zoneinfo.ZoneInfo.from_file(f, key=key)
     except (ValueError, OSError):
         return None
 

@@ -15,9 +15,7 @@ at the user's own recent bookings.
 
 from __future__ import annotations
 
-import difflib
 import re
-import shlex
 from collections import Counter
 
 from bk.core import timegrid
@@ -82,10 +80,14 @@ class Preset:
         return ([] if self.mode == SHARED else ["x"]) + self._words()
 
     def book_command(self) -> str:
+        import shlex
+
         return shlex.join(["bk", *self.words()])
 
     def save_command(self, name: str | None = None) -> str:
         flags = ["-x"] if self.mode == EXCLUSIVE else []
+        import shlex
+
         return shlex.join(["bk", "p", "save", name or self.name, *self._words(), *flags])
 
     def to_dict(self) -> dict:
@@ -176,6 +178,9 @@ def get_preset(app, name: str) -> Preset:
 
 
 def _not_found(name: str, presets: dict) -> NotFound:
+    # Imported only for a name that is not there: every booking would pay ~1 ms.
+    import difflib
+
     close = difflib.get_close_matches(name, list(presets), n=1)
     if close:
         hint = f"did you mean {close[0]!r}?"

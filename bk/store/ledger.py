@@ -41,10 +41,12 @@ one complete version.  docs/ARCHITECTURE.md ("Storage") has the details.
 
 from __future__ import annotations
 
+# _thread, not threading: its lock is all a transaction needs, and threading's
+# import (weakref sets, the main thread's bookkeeping) is paid by every command.
+import _thread
 import gc
 import os
 import re
-import threading
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -186,7 +188,7 @@ class Store:
                                                               or segments.SEGMENT_BYTES)
         self.segments = segments.Segments(data_dir, self.safety, file_mode=self.modes.audit,
                                           dir_mode=0o700 if private else 0o750)
-        self._tlock = threading.Lock()
+        self._tlock = _thread.allocate_lock()
         self._active: int | None = None
         self._valid: bytes | None = None       # the last ledger bytes known to validate
         self._seen: ReadResult | None = None       # check(): the ledger check's read
@@ -329,10 +331,10 @@ class Store:
         read, the transaction is refused (``LostCommits``) unless
         ``accept_loss`` is exactly (the seq read, the newest audited seq):
         the caller saw that loss and accepts it, and no other."""
-        if self._active == threading.get_ident():
+        if self._active == _thread.get_ident():
             raise Internal("nested ledger transaction (apply() called transact())")
         with self._tlock:
-            self._active = threading.get_ident()
+            self._active = _thread.get_ident()
             try:
                 return self._transact(apply, policy, actor_uid, actor,
                                       warnings if warnings is not None else [], accept_loss)

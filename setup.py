@@ -49,7 +49,7 @@ class BuildPyWithResources(build_py):
         if getattr(self, "editable_mode", False):
             return
         builder = _archive_builder()
-        prefix = builder.RESOURCE_PACKAGE + "/"
+        prefix = builder.archive.RESOURCE_PACKAGE + "/"
         for name, data in sorted(builder.collect(ROOT).items()):
             if not name.startswith(prefix):
                 continue

@@ -29,7 +29,7 @@ def _archive_resources() -> dict[str, bytes]:
         import build as archive_builder
     finally:
         sys.path.remove(str(ROOT))
-    prefix = archive_builder.RESOURCE_PACKAGE + "/"
+    prefix = archive_builder.archive.RESOURCE_PACKAGE + "/"
     return {name: data for name, data in archive_builder.collect(ROOT).items() if name.startswith(prefix)}
 
 

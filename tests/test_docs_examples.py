@@ -22,7 +22,8 @@ files, the prompt's own `bk>` transcripts) are not run.
 
 Comparison is exact, line by line, after this normalisation only:
   - trailing spaces and trailing blank lines are ignored;
-  - booking IDs: each 8-hex-digit word in the expected output stands for the
+  - booking IDs: each 8-hex-digit word (or full UUID, compared by its first
+    eight digits) in the expected output stands for the
     ID the tool printed in that place, consistently through the whole
     scenario (the guide's 42430cd2 is "the first booking", whatever its real
     ID); a later command that names a guide ID or a 4+-digit prefix of one is
@@ -46,14 +47,21 @@ Directives: HTML comments on their own line(s) before a block, which a
 Markdown reader does not show:
   <!-- example: fresh -->            a fresh simulated server from this block on
   <!-- example: env K=V K2=V2 -->    set environment variables from this block
-                                     on (e.g. BK_NOW=2026-07-13T12:00:00Z)
+                                     on (e.g. BK_NOW=2026-07-13T12:00:00Z;
+                                     {dir} in V is the scenario directory)
   <!-- example: file NAME -->        the next block is not run: it is written
                                      to NAME in the scenario directory (e.g. the
                                      guide's sim.json, then `$ export
                                      BK_GPU_SIM_FILE=$PWD/sim.json`)
+  <!-- example: use NAME -->         write the guide's earlier `file NAME` block
+                                     to NAME again (a later section's fresh server)
   <!-- example: skip REASON -->      the next block is not run; REASON printed
   <!-- example: root -->             the next block needs root and a shared
                                      server (implied by its prompts)
+  <!-- example: setup CMD -->        run CMD here, unshown and unchecked, before
+                                     the next block: what a skipped block (a
+                                     dialog at a terminal) did, so the sessions
+                                     after it see the same schedule
 
 A missing guide (docs/GUIDE.zh-CN.md while it is being written) is skipped
 with that reason.
@@ -65,6 +73,7 @@ import os
 import pwd
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
@@ -80,7 +89,7 @@ NOW = "2026-07-13T10:41:30Z"
 PROMPT = re.compile(r"^(\$|ada\$|bob\$|gpubk\$|root#) (.*)$")
 DIRECTIVE = re.compile(r"^<!--\s*example:\s*(\w[\w-]*)\s*(.*?)\s*-->\s*$")
 EXIT = re.compile(r"^\[exit (\d+)\]$")
-HEX8 = re.compile(r"\b[0-9a-f]{8}\b")
+HEX8 = re.compile(r"\b[0-9a-f]{8}(?:-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})?\b")
 HEXWORD = re.compile(r"(?<![\w./-])[0-9a-f]{4,8}(?![\w./-])")
 
 
@@ -104,6 +113,8 @@ class Block:
     fresh: bool = False
     env: dict[str, str] = field(default_factory=dict)
     name: str = ""                  # file directive: where to write the body
+    setup: list[str] = field(default_factory=list)
+    uses: list[str] = field(default_factory=list)
     section: str = ""
 
 
@@ -149,6 +160,10 @@ def _classify(b: Block, lang: str, directives: list[tuple[str, str]]) -> None:
             b.kind, b.name = "file", arg
         elif word == "skip":
             b.kind, b.reason = "skip", arg or "marked skip"
+        elif word == "use":
+            b.uses.append(arg)
+        elif word == "setup":
+            b.setup.append(arg)
         elif word == "root":
             b.kind, b.reason = "root", "needs root and a shared server"
         else:
@@ -208,7 +223,9 @@ def match(expected: list[str], actual: list[str], ids: dict[str, str], loose: bo
             e, a = re.sub(r" {2,}", " ", e), re.sub(r" {2,}", " ", a)
         parts = HEX8.split(e)
         keys = HEX8.findall(e)
-        rx = "([0-9a-f]{8})".join(re.escape(p) for p in parts)
+        rx = "([0-9a-f]{8})(?:-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})?".join(
+            re.escape(p) for p in parts)
+        keys = [k[:8] for k in keys]
         got = re.fullmatch(rx, a)
         if not got:
             return None
@@ -341,21 +358,36 @@ class Scenario:
 
     def run(self, cmd: Command) -> tuple[int, list[str]]:
         state = self.dir / ".state"
-        script = (f"cd {shellquote(self.cwd)} || exit 99\n{substitute(cmd.text, self.ids)}\n"
+        # set -a exports every variable the command sets (id=$(bk ... -q)),
+        # so that env -0 carries it to the next command as a shell would.
+        script = (f"set -a\ncd {shellquote(self.cwd)} || exit 99\n{substitute(cmd.text, self.ids)}\n"
                   f"__rc=$?\nenv -0 > {state}.env\npwd > {state}.cwd\nexit $__rc\n")
         kw = {}
         if os.getuid() == 0:
             kw = {"user": self.reader.uid, "group": self.reader.gid, "extra_groups": []}
-        p = subprocess.run(["/bin/bash", "--noprofile", "--norc", "-c", script], env=self.env,
-                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                           timeout=60, **kw)
+        # Its own session, so that a command that does not end (a daemon the
+        # guide should have marked) is stopped with everything it started.
+        p = subprocess.Popen(["/bin/bash", "--noprofile", "--norc", "-c", script], env=self.env,
+                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, start_new_session=True, **kw)
+        try:
+            raw_out, _ = p.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            raw_out, _ = p.communicate()
+            return -1, ["(still running after 60 s: stopped; mark a daemon's block skip)"]
+        finally:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)    # what it left running in the background
+            except ProcessLookupError:
+                pass
         if (state.parent / (state.name + ".env")).exists():
             raw = (state.parent / (state.name + ".env")).read_bytes().decode()
             self.env = dict(kv.split("=", 1) for kv in raw.split("\0") if "=" in kv)
             for k in ("_", "SHLVL", "PWD", "OLDPWD", "__rc"):
                 self.env.pop(k, None)
             self.cwd = (state.parent / (state.name + ".cwd")).read_text().strip()
-        out = p.stdout.decode("utf-8", "replace").replace(str(self.dir), SHOWN_DIR)
+        out = raw_out.decode("utf-8", "replace").replace(str(self.dir), SHOWN_DIR)
         if self.reader.loose:
             out = re.sub(rf"\b{re.escape(self.reader.name)}\b", READER, out)
         lines = [ln.rstrip() for ln in out.split("\n")]
@@ -375,26 +407,38 @@ def _cases():
     for rel in GUIDES:
         found = guide_blocks(rel)
         if not found:
-            yield pytest.param(rel, None, id=f"{rel}-missing",
+            yield pytest.param(rel, None, {}, id=f"{rel}-missing",
                                marks=pytest.mark.skip(reason=f"{rel} does not exist (yet)"))
             continue
+        files = {b.name: b.body for b in found if b.kind == "file"}
         for n, sc in enumerate(scenarios(found), 1):
-            yield pytest.param(rel, sc, id=f"{Path(rel).name}-{n}-line{sc[0].line}")
+            yield pytest.param(rel, sc, files, id=f"{Path(rel).name}-{n}-line{sc[0].line}")
 
 
-@pytest.mark.parametrize(("rel", "scenario"), list(_cases()))
-def test_guide_examples(rel, scenario, reader, bindir, capsys):
+def write_file(sc: Scenario, reader: Reader, name: str, body: list[str]) -> None:
+    target = Path(sc.cwd) / name
+    target.write_text("\n".join(body) + "\n", encoding="utf-8")
+    if os.getuid() == 0:
+        os.chown(target, reader.uid, reader.gid)
+
+
+@pytest.mark.parametrize(("rel", "scenario", "files"), list(_cases()))
+def test_guide_examples(rel, scenario, files, reader, bindir, capsys):
     sc = Scenario(reader, bindir)
     failures: list[str] = []
     try:
         for b in scenario:
             for k, v in b.env.items():
-                sc.env[k] = v
+                sc.env[k] = v.replace("{dir}", str(sc.dir))
+            for name in b.uses:
+                assert name in files, f"{rel}:{b.line}: no earlier `file {name}` block"
+                write_file(sc, reader, name, files[name])
+            for cmd in b.setup:
+                rc, lines = sc.run(Command(cmd, [], 0))
+                if rc != 0:
+                    failures.append(f"{rel}:{b.line}: setup {cmd!r} exited {rc}:\n" + "\n".join(lines))
             if b.kind == "file":
-                target = Path(sc.cwd) / b.name
-                target.write_text("\n".join(b.body) + "\n", encoding="utf-8")
-                if os.getuid() == 0:
-                    os.chown(target, reader.uid, reader.gid)
+                write_file(sc, reader, b.name, b.body)
             elif b.kind in ("skip", "root"):
                 with capsys.disabled():
                     print(f"\n  skipped {rel}:{b.line}: {b.reason}", end="")

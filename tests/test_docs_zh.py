@@ -1,0 +1,92 @@
+"""The Chinese README and guide stay the English ones in another language: the
+same commands, the same documents linked, and links inside the guide that land
+on a heading.  (The guides' shell examples themselves are run, for both, by
+test_docs_examples.py.)"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+FENCE = re.compile(r"^( *)```[^\n]*\n(.*?)^\1```[ \t]*$", re.M | re.S)
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def read(rel: str) -> str:
+    return (ROOT / rel).read_text(encoding="utf-8")
+
+
+def sh_commands(text: str) -> list[str]:
+    """The command lines of the ```sh blocks, without their comments (which
+    each README writes in its own language)."""
+    out = []
+    for block in re.findall(r"^```sh\n(.*?)^```", text, re.M | re.S):
+        for line in block.splitlines():
+            cmd = re.sub(r"\s+#\s.*$", "", line).strip()
+            if cmd:
+                out.append(cmd)
+    return out
+
+
+def prose(text: str) -> str:
+    return FENCE.sub("", text)
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation (ASCII and
+    full-width alike) dropped, letters of every script kept, spaces to '-'."""
+    h = heading.strip().lower().replace("`", "")
+    return "".join(c for c in h if c.isalnum() or c in " -_").replace(" ", "-")
+
+
+def test_both_readmes_open_with_the_language_switch():
+    assert read("README.md").splitlines()[0] == "English | [简体中文](README.zh-CN.md)"
+    assert read("README.zh-CN.md").splitlines()[0] == "[English](README.md) | 简体中文"
+
+
+def test_the_chinese_readme_gives_the_same_commands():
+    en, zh = sh_commands(read("README.md")), sh_commands(read("README.zh-CN.md"))
+    assert en, "README.md has no ```sh blocks"
+    assert zh == en
+
+
+def test_the_chinese_readme_links_every_document_the_english_one_does():
+    def targets(rel: str) -> set[str]:
+        return {t for t in LINK.findall(read(rel)) if not t.startswith(("http", "#"))}
+    missing = targets("README.md") - targets("README.zh-CN.md") - {"README.zh-CN.md"}
+    assert not missing, f"README.zh-CN.md does not link {sorted(missing)}"
+    assert "docs/GUIDE.zh-CN.md" in targets("README.md")
+
+
+def test_the_chinese_guide_links_every_page_the_english_one_does():
+    def targets(rel: str) -> set[str]:
+        return {t for t in LINK.findall(prose(read(rel))) if not t.startswith("#")}
+    missing = targets("docs/GUIDE.md") - targets("docs/GUIDE.zh-CN.md") - {"GUIDE.zh-CN.md"}
+    assert not missing, f"GUIDE.zh-CN.md does not link {sorted(missing)}"
+
+
+def test_every_link_inside_the_chinese_guide_lands_on_a_heading():
+    text = prose(read("docs/GUIDE.zh-CN.md"))
+    anchors = {slug(ln.lstrip("#")) for ln in text.splitlines() if re.match(r"#{1,6} ", ln)}
+    broken = [t for t in LINK.findall(text) if t.startswith("#") and t[1:] not in anchors]
+    assert not broken, f"links to no heading: {broken}"
+
+
+def test_slug_matches_the_english_guides_own_anchors():
+    # the English guide links its headings by hand, so its links check slug()
+    text = prose(read("docs/GUIDE.md"))
+    anchors = {slug(ln.lstrip("#")) for ln in text.splitlines() if re.match(r"#{1,6} ", ln)}
+    links = [t[1:] for t in LINK.findall(text) if t.startswith("#")]
+    assert links and all(a in anchors for a in links), [a for a in links if a not in anchors]
+
+
+def test_the_chinese_guide_has_a_glossary_and_uses_its_terms():
+    text = read("docs/GUIDE.zh-CN.md")
+    glossary = text.split("## 术语表", 1)[1].split("\n## ", 1)[0]
+    rest = prose(text.split("## 术语表", 1)[1].split("\n## ", 1)[1])
+    for english, chinese in [("share slot", "份额槽"), ("ledger", "账本"), ("blackout", "封锁时段"),
+                             ("monitor", "监控进程"), ("shared / exclusive", "共享 / 独占")]:
+        assert re.search(rf"^\| {re.escape(english)}[^|]*\| {re.escape(chinese)}", glossary, re.M), english
+        for term in chinese.split(" / "):
+            assert term in rest, f"the glossary's {term} is not used in the guide"

@@ -117,9 +117,9 @@ def test_a_cut_list_says_how_much_it_left_out(bk):
     bk.service(BOB).book(BookRequest(count=1, duration=H))
     d = bk.data("l", "-n", "2")
     assert d["total"] == 3 and len(d["reservations"]) == 2
-    assert "showing 2 of 3 (bk l -n 3 for all)" in bk.ok("l", "-n", "2").out
+    assert "showing 2 of 3 (bk l -n 0 for all)" in bk.ok("l", "-n", "2").out
     assert "showing" not in bk.ok("l").out and bk.data("l")["total"] == 3
-    assert "showing 1 of 4 (bk l --all -n 4 for all)" in bk.ok("l", "--all", "-n", "1").out
+    assert "showing 1 of 4 (bk l --all -n 0 for all)" in bk.ok("l", "--all", "-n", "1").out
     assert bk.data("l", "--all", "-n", "1")["total"] == 4
 
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from test_store_ledger import POLICY, Clock, T, add, booking, commit, ledger_bytes
 
 from bk.core import ledgerdoc
 from bk.store import ledger as ledger_mod
 from bk.store.ledger import Store
-from tests.test_store_ledger import POLICY, T, Clock, add, booking, commit, ledger_bytes
 
 
 @pytest.fixture

@@ -103,7 +103,7 @@ def book_and_show(app, call, ctx, req, spec=None, *, command: str, quiet: bool =
         # Learned defaults: the third booking of one shape suggests a preset.
         from bk.service.presets import suggest_preset
 
-        suggestion = suggest_preset(app, result.reservation, call=call)
+        suggestion = suggest_preset(app, result.reservation, call=call, times=result.same_shape)
     return book_output(result, call, req=req, spec=spec, command=command, quiet=quiet, verbose=verbose,
                        suggestion=suggestion)
 

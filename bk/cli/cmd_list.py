@@ -6,6 +6,9 @@ import argparse
 
 from bk.cli import common
 from bk.cli.render import Output
+from bk.core.errors import InvalidInput
+
+DEFAULT_LIMIT = 20
 
 
 def register(sub) -> None:
@@ -14,19 +17,27 @@ def register(sub) -> None:
         description="List your current and upcoming bookings, numbered. The numbers are the "
         "same in every command: bk d 1 cancels number 1, bk e 2 -d 2h edits number 2.",
         epilog="Examples:\n  bk l\n  bk l --all             everyone's current and upcoming bookings\n"
+               "  bk l --all -n 0        all of them, however many\n"
                "  bk l --history -n 5    your last five ended or cancelled bookings",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     scope = p.add_mutually_exclusive_group()
     scope.add_argument("--all", action="store_true", help="everyone's bookings")
     scope.add_argument("--history", action="store_true", help="your ended and cancelled bookings")
-    p.add_argument("-n", "--limit", type=common.positive_int, metavar="N", help="show at most N")
+    p.add_argument("-n", "--limit", type=_limit, default=DEFAULT_LIMIT, metavar="N",
+                   help=f"show at most N (default {DEFAULT_LIMIT}; 0: all); a cut list says how many "
+                        "there are, and the JSON's total counts them all")
     p.set_defaults(handler=run, command="list")
 
 
 def run(args, ctx) -> Output:
     app, call = ctx.app(), ctx.call()
     scope = "all" if args.all else "history" if args.history else "mine"
-    state = app.ledger(call=call)        # one read: the list and the numbering
+    from bk.core.ledgerdoc import DocKeep
+
+    # One read: the list and the numbering.  Only the bookings it can show
+    # are built: yours (mine, history), or every live one (--all).
+    keep = DocKeep(uid=call.actor.uid, lo=call.now if scope == "all" else None)
+    state = app.ledger(call=call, keep=keep)
     every = app.list(scope, call=call, state=state)
     total = len(every)
     items = every[:args.limit] if args.limit else every
@@ -44,10 +55,21 @@ def run(args, ctx) -> Output:
                     "history": "no ended or cancelled bookings in the history"}[scope]
         table = common.reservations_table(items, view, term, tz=call.tz, show_user=scope == "all")
         if len(items) < total:   # a cut list says so: the rest exists
-            table += f"\nshowing {len(items)} of {total} (bk l{_flag(scope)} -n {total} for all)"
+            table += f"\nshowing {len(items)} of {total} (bk l{_flag(scope)} -n 0 for all)"
         return table + common.job_lines(items, view, call.actor.uid)
 
     return Output("list", {"scope": scope, "reservations": rows, "total": total}, human)
+
+
+def _limit(text: str) -> int:
+    """argparse ``type`` of -n: a whole number, 0 meaning no limit."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise InvalidInput(f"expected a whole number, got {text!r}") from None
+    if n < 0:
+        raise InvalidInput(f"expected 0 (all) or a positive number, got {n}")
+    return n
 
 
 def _flag(scope: str) -> str:

@@ -97,7 +97,22 @@ def run(args, ctx) -> Output:
         if bad:
             raise InvalidInput(f"no GPU {', '.join(map(str, bad))} here (GPUs 0 to {policy.gpu_count - 1})",
                                hint="see the GPUs with: bk st")
-    state = app.ledger(call=call)        # one read serves the GPU rows and the grid
+    from bk.core.ledgerdoc import DocKeep
+
+    asked_from, asked_step = frm, step
+
+    def window_for(shown: list[int]) -> tuple[int, int, int]:
+        label_w = len(f"GPU {max(shown)}") if shown else 5
+        return plan(max(10, ctx.term.width - label_w - 1), now, slot, frm=asked_from, window=window,
+                    step=asked_step)
+
+    # One read serves the GPU rows and the grid, and builds only the bookings
+    # the window shows (with yours, for the numbers, and any on a GPU this
+    # machine lacks, which adds a row).  Such a row widens the labels; if the
+    # window it gives is not the one read, the read is made again, whole.
+    guess = list(gpus) if gpus is not None else list(range(policy.gpu_count))
+    lo, hi, _ = window_for(guess)
+    state = app.ledger(call=call, keep=DocKeep(uid=call.actor.uid, lo=lo, hi=hi, gpu_count=policy.gpu_count))
     if gpus is not None:
         shown = list(gpus)
     else:   # this machine's GPUs, and any other a live booking holds
@@ -106,7 +121,9 @@ def run(args, ctx) -> Output:
         shown = shown_gpus(state.reservations, now, policy.gpu_count)
     label_w = len(f"GPU {max(shown)}") if shown else 5
     columns = max(10, ctx.term.width - label_w - 1)
-    frm, to, step = plan(columns, now, slot, frm=frm, window=window, step=step)
+    frm, to, step = window_for(shown)
+    if frm < lo or to > hi:
+        state = app.ledger(call=call)
     ncols = (to - frm) // step
     if ncols > MAX_COLUMNS or (ncols > columns and not ctx.json):
         raise InvalidInput(f"{ncols} columns do not fit a {ctx.term.width}-column terminal",

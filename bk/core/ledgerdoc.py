@@ -149,6 +149,31 @@ def reservation_to_dict(r: Reservation) -> dict:
     return d
 
 
+class DocKeep:
+    """Which reservations a view needs, tested on their document form
+    before any record is built: the caller's (``uid``), and those that hold
+    capacity somewhere in ``[lo, hi)`` (not cancelled; ``hi`` None: no end),
+    or at all on a GPU numbered ``gpu_count`` or more (a view shows those
+    GPUs whatever the window).  Times compare as the fixed-width strings
+    ``format_utc`` writes, which sort as the instants do."""
+
+    def __init__(self, *, uid: int | None = None, lo: int | None = None, hi: int | None = None,
+                 gpu_count: int | None = None):
+        self.uid, self.gpu_count = uid, gpu_count
+        self.window = lo is not None
+        self.lo = format_utc(lo) if lo is not None else ""
+        self.hi = format_utc(hi) if hi is not None else None
+
+    def __call__(self, d: dict) -> bool:
+        if self.uid is not None and d["uid"] == self.uid:
+            return True
+        if "cancelled_at" in d:
+            return False
+        if self.gpu_count is not None and d["end"] > self.lo and max(d["gpus"]) >= self.gpu_count:
+            return True
+        return self.window and d["end"] > self.lo and (self.hi is None or d["start"] < self.hi)
+
+
 def reservation_from_dict(d: dict) -> Reservation:
     """Like ``Reservation.from_dict``; raises KeyError/TypeError/ValueError."""
     unknown = d.keys() - _RES_KEYS
@@ -189,6 +214,7 @@ class DocMeta:
     written_at: int | None = None
     journal_seq: int | None = None
     journal: list[dict] = field(default_factory=list)
+    partial: bool = False            # decoded with ``keep``: only some reservations
 
     @property
     def newer(self) -> bool:
@@ -287,7 +313,7 @@ def _why(e: Exception) -> str:
     return str(e) or type(e).__name__
 
 
-def _records(doc: dict, key: str, conv, out: list, probs: _Problems) -> None:
+def _records(doc: dict, key: str, conv, out: list, probs: _Problems, keep=None) -> None:
     items = doc.get(key, [])
     if not isinstance(items, list):
         probs.add(f"{key}: expected a list, got {type(items).__name__}")
@@ -296,6 +322,12 @@ def _records(doc: dict, key: str, conv, out: list, probs: _Problems) -> None:
         if not isinstance(d, dict):
             probs.add(f"{key}[{i}]: expected an object, got {type(d).__name__}")
             continue
+        if keep is not None:
+            try:
+                if not keep(d):
+                    continue
+            except (KeyError, TypeError, ValueError, AttributeError):
+                pass                       # conversion says what is wrong with it
         try:
             out.append(conv(d))
         except (KeyError, TypeError, ValueError, AttributeError) as e:
@@ -303,9 +335,14 @@ def _records(doc: dict, key: str, conv, out: list, probs: _Problems) -> None:
             probs.add(f"{key}[{i}]{f' (id {rid[:8]})' if rid else ''}: {_why(e)}")
 
 
-def decode(doc: dict) -> tuple[LedgerState | None, DocMeta, list[str]]:
+def decode(doc: dict, keep=None) -> tuple[LedgerState | None, DocMeta, list[str]]:
     """Document -> (state, meta, problems).  ``state`` is None when the
-    document cannot be read at all (wrong format or version)."""
+    document cannot be read at all (wrong format or version).
+
+    ``keep``: a test of a reservation's raw dict (``DocKeep``); the others
+    are neither converted nor checked.  Only for a sealed document, whose
+    every record a writer checked, and only for a reader: the state is then
+    a part of the ledger, never one to commit."""
     meta = DocMeta()
     probs = _Problems()
     if not isinstance(doc, dict):
@@ -346,7 +383,8 @@ def decode(doc: dict) -> tuple[LedgerState | None, DocMeta, list[str]]:
         policy = None
     state = LedgerState(seq=seq, policy=policy,
                         extra={k: v for k, v in doc.items() if k not in _TOP_KEYS})
-    _records(doc, "reservations", reservation_from_dict, state.reservations, probs)
+    meta.partial = keep is not None
+    _records(doc, "reservations", reservation_from_dict, state.reservations, probs, keep)
     _records(doc, "blackouts", Blackout.from_dict, state.blackouts, probs)
     _records(doc, "notices", Notice.from_dict, state.notices, probs)
     _records(doc, "ops", OpRecord.from_dict, state.ops, probs)

@@ -61,9 +61,9 @@ class LedgerReader:
         self.store = store
         self._shared, self._group = shared, group
 
-    def read(self):
+    def read(self, keep=None):
         try:
-            return self.store.read()
+            return self.store.read(keep=keep) if keep is not None else self.store.read()
         except IOFailure as e:
             if self._shared and e.details.get("errno") in (errno.EACCES, errno.EPERM):
                 from bk.ipc.client import group_hint
@@ -185,9 +185,12 @@ class Service:
     def store(self):
         return self.reader.store
 
-    def ledger(self, *, call: Call | None = None) -> LedgerState:
+    def ledger(self, *, call: Call | None = None, keep=None) -> LedgerState:
+        """The committed ledger.  ``keep`` (``bk.core.ledgerdoc.DocKeep``):
+        the reservations the caller will look at; the state may then hold
+        only those (a view's read, never one to decide a write on)."""
         call = self._call(call)
-        read = self.reader.read()
+        read = self.reader.read(keep) if keep is not None else self.reader.read()
         call.warn(*read.warnings)
         bound = (read.state.policy or {}).get("gpu_count")
         if isinstance(bound, int) and bound != call.policy.gpu_count:

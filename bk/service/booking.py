@@ -33,6 +33,7 @@ from bk.core.models import (
     Reservation,
     iso,
 )
+from bk.core.record import replace
 from bk.core.timegrid import floor_slice
 from bk.service.context import Actor, Call
 from bk.service.requests import BookRequest, CancelRequest, EditRequest, canonical
@@ -233,8 +234,27 @@ def apply_book(state: LedgerState, req: BookRequest, call: Call) -> Mutation:
         return Mutation(False, [], result)
     state.reservations.append(res)
     _record_op(state, actor, req.op_id, CREATE, digest, res.id, now)
+    result = replace(result, same_shape=same_shape_count(state.reservations, actor.uid, res))
     return Mutation(True, [AuditEntry(CREATE, status, res.id, req.op_id, None, summary(res), res.uid)],
                     result)
+
+
+SHAPE_WINDOW = 20      # the user's latest bookings the preset suggestion looks at (presets.RECENT)
+
+
+def shape_of(r: Reservation) -> tuple:
+    """What makes two bookings "the same" for a preset: count, duration, mode, memory, share."""
+    return (len(r.gpus), r.end - r.start, r.mode, r.mem_mib, 1 if r.mode == EXCLUSIVE else r.share)
+
+
+def same_shape_count(reservations, uid: int, booked: Reservation, window: int = SHAPE_WINDOW) -> int:
+    """How many of ``uid``'s latest ``window`` bookings that are not cancelled
+    (newest first by creation) have ``booked``'s shape, ``booked`` counted
+    once whether or not it is among them."""
+    recent = sorted((r for r in reservations if r.uid == uid and r.cancelled_at is None),
+                    key=lambda r: (r.created, r.id), reverse=True)[:window]
+    shape = shape_of(booked)
+    return sum(1 for r in recent if shape_of(r) == shape) + (booked.id not in {r.id for r in recent})
 
 
 def _attached_job(req: BookRequest, now: int) -> Job | None:

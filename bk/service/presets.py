@@ -301,7 +301,7 @@ def learned_defaults(app, *, call) -> dict:
             "learned": len(recent)}
 
 
-def suggest_preset(app, booked: Reservation | None = None, *, call) -> dict | None:
+def suggest_preset(app, booked: Reservation | None = None, *, call, times: int | None = None) -> dict | None:
     """After a booking, a suggestion to save it as a preset, or None.
 
     It fires when the booking just made (``booked``, else the user's latest)
@@ -311,22 +311,23 @@ def suggest_preset(app, booked: Reservation | None = None, *, call) -> dict | No
     once rather than after every booking.  Returns ``{"times", "command",
     "hint"}``.
 
-    It sits on the booking path, so it reads the ledger once and looks only
-    at the hot ledger (live bookings and those ended within
-    ``archive_after_hours``), never at the archive.
+    It sits on the booking path and looks only at the hot ledger (live
+    bookings and those ended within ``archive_after_hours``), never at the
+    archive.  ``times``: the count the booking's own transaction made
+    (``BookResult.same_shape``); then the ledger is not read again.
     """
-    state = app.ledger(call=call)
-    uid = call.actor.uid
-    recent = sorted((r for r in state.reservations if r.uid == uid and r.cancelled_at is None),
-                    key=lambda r: (r.created, r.id), reverse=True)[:RECENT]
-    if booked is None:
-        if not recent:
-            return None
-        booked = recent[0]
+    from bk.service.booking import same_shape_count
+
+    if times is None or booked is None:
+        state = app.ledger(call=call)
+        uid = call.actor.uid
+        if booked is None:
+            mine = [r for r in state.reservations if r.uid == uid and r.cancelled_at is None]
+            if not mine:
+                return None
+            booked = max(mine, key=lambda r: (r.created, r.id))
+        times = same_shape_count(state.reservations, uid, booked, RECENT)
     shape = _shape(booked)
-    times = sum(1 for r in recent if _shape(r) == shape)
-    if booked.id not in {r.id for r in recent}:
-        times += 1
     if times != SUGGEST_AFTER:
         return None
     try:

@@ -56,19 +56,25 @@ class BookResult(_Rendered):
     placement: dict | None = None      # {"gpus": {index: reason}, "queued": bool, ...}
     dry_run: bool = False
     json: dict | None = field(default=None, compare=False)
+    # How many of the booker's recent bookings have this one's shape, counted
+    # in the transaction (the preset suggestion needs no second ledger read);
+    # None from a broker that does not count them.  Not part of the JSON.
+    same_shape: int | None = field(default=None, compare=False)
 
     def rendered(self, view: View) -> BookResult:
         return replace(self, json={"status": self.status, "reservation": view.reservation(self.reservation),
                                    "placement": self.placement, "dry_run": self.dry_run})
 
     def to_wire(self) -> dict:
-        return {**self.to_json(), "record": self.reservation.to_dict()}
+        return {**self.to_json(), "record": self.reservation.to_dict(), "same_shape": self.same_shape}
 
     @classmethod
     def from_wire(cls, data: dict) -> BookResult:
         res = _reservation(data)
+        same = data.get("same_shape")
         return cls(str(data.get("status", "created")), res, data.get("placement"),
-                   bool(data.get("dry_run")), {k: v for k, v in data.items() if k != "record"})
+                   bool(data.get("dry_run")), {k: v for k, v in data.items() if k not in ("record", "same_shape")},
+                   same_shape=same if type(same) is int else None)
 
 
 @dataclass(frozen=True)

@@ -133,6 +133,7 @@ class ReadResult:
     state: LedgerState
     warnings: list[str]
     source: str                      # "ledger", "backup:NAME" or "empty"
+    partial: bool = False            # only the reservations ``keep`` asked for (never to commit)
 
 
 @dataclass
@@ -197,24 +198,26 @@ class Store:
 
     # --- reading -----------------------------------------------------------
 
-    def read(self, *, verify: bool = False) -> ReadResult:
+    def read(self, *, verify: bool = False, keep: ledgerdoc.DocKeep | None = None) -> ReadResult:
         """The committed ledger, validated, without taking the lock.  With
         ``verify`` the invariants are checked even when the seal matches
-        (``bk doctor``)."""
+        (``bk doctor``).  ``keep``: the reservations the caller will look
+        at; a sealed ledger builds only those (``partial``), any other is
+        read whole, since its check needs every record."""
         dirfd = open_dir(self.paths.data_dir, self.safety)
         if dirfd is None:
             return ReadResult(LedgerState(), [], "empty")
         try:
             with _gc_paused():
-                got = self._load(dirfd, verify)
+                got = self._load(dirfd, verify, keep)
         finally:
             os.close(dirfd)
-        return ReadResult(got.state, got.warnings, got.source)
+        return ReadResult(got.state, got.warnings, got.source, got.meta.partial)
 
     def _read(self, dirfd: int, name: str, path: str) -> bytes | None:
         return read_file(dirfd, name, path, self.safety)
 
-    def _parse(self, data: bytes, verify: bool = False):
+    def _parse(self, data: bytes, verify: bool = False, keep=None):
         """Bytes -> (state, meta, problems).  Validation depends only on the
         bytes, so bytes this Store validated (or wrote) before skip the
         invariant check, and so do bytes whose seal matches: a writer
@@ -223,15 +226,15 @@ class Store:
             doc = ledgerdoc.loads(data)
         except ValueError as e:
             return None, ledgerdoc.DocMeta(), [f"not valid JSON: {e}"]
-        state, meta, problems = ledgerdoc.decode(doc)
-        if (state is not None and not problems and data != self._valid
-                and (verify or not ledgerdoc.sealed(data))):
+        sealed = not verify and ledgerdoc.sealed(data)
+        state, meta, problems = ledgerdoc.decode(doc, keep if sealed else None)
+        if state is not None and not problems and data != self._valid and not sealed:
             problems = ledgerdoc.check_state(state, self.capacity)
             if not problems:
                 self._valid = data
         return state, meta, problems
 
-    def _load(self, dirfd: int, verify: bool = False) -> _Loaded:
+    def _load(self, dirfd: int, verify: bool = False, keep=None) -> _Loaded:
         """The ledger, or the newest valid backup, or an empty state.
 
         A fallback is only reported if the ledger is still the same file
@@ -241,7 +244,7 @@ class Store:
         writer was at work, and the load starts again."""
         for _attempt in range(3):
             try:
-                got = self._load_once(dirfd, verify)
+                got = self._load_once(dirfd, verify, keep)
             except IOFailure as e:
                 if not hasattr(e, "seen") or self._read(dirfd, LEDGER, self.paths.ledger) == e.seen:
                     raise
@@ -250,12 +253,12 @@ class Store:
                 return got
         return got
 
-    def _load_once(self, dirfd: int, verify: bool = False) -> _Loaded:
+    def _load_once(self, dirfd: int, verify: bool = False, keep=None) -> _Loaded:
         p = self.paths
         data = self._read(dirfd, LEDGER, p.ledger)
         problems: list[str] = []
         if data is not None:
-            state, meta, problems = self._parse(data, verify)
+            state, meta, problems = self._parse(data, verify, keep)
             if not problems:
                 return _Loaded(state, meta, "ledger", [])
             if meta.newer:
@@ -267,7 +270,7 @@ class Store:
         for name in self._backup_names(dirfd):
             bpath = os.path.join(p.backups_dir, name)
             bdata = self._read_backup(dirfd, name, bpath)
-            bstate, bmeta, bprobs = self._parse(bdata) if bdata is not None else (None, None, ["gone"])
+            bstate, bmeta, bprobs = self._parse(bdata, verify, keep) if bdata is not None else (None, None, ["gone"])
             if not bprobs:
                 what = ("is missing" if data is None
                         else f"is invalid ({'; '.join(problems[:3])})")
@@ -363,6 +366,8 @@ class Store:
         now = self.clock()
         self._remove_temps(dirfd)
         got = self._load(dirfd)
+        if got.meta.partial:
+            raise Internal("a transaction read part of the ledger")
         warnings.extend(got.warnings)
         self._step("read")
         afd = open_file(dirfd, AUDIT, p.audit, self.safety, os.O_RDWR | os.O_APPEND,

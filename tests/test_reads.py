@@ -116,12 +116,14 @@ def _world(bk, seed: int) -> None:
             svc.cancel(CancelRequest(ref=r.reservation.id))
 
 
-VIEWS = [("l",), ("l", "--all"), ("l", "--history"), ("l", "--all", "-n", "0"),
+VIEWS = [("st",), ("st", "-v"), ("login",),
+         ("l",), ("l", "--all"), ("l", "--history"), ("l", "--all", "-n", "0"),
          ("tl",), ("tl", "--from", "-3h", "--window", "6h"), ("tl", "24h", "--step", "1h"), ("tl", "-g", "1,3")]
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_a_windowed_read_shows_what_a_whole_read_shows(bk, monkeypatch, seed):
+    bk.sim()                    # GPUs with processes: attribution runs on what was read
     _world(bk, seed)
     later = {"BK_NOW": "2026-07-14T09:02:10Z"}          # some ended, some running, some to come
     print(f"seed {seed}")

@@ -229,10 +229,15 @@ class LoginView:
 
 
 def status_view(app, verbose: bool = False, *, call=None) -> StatusView:
+    from bk.core.ledgerdoc import DocKeep
     from bk.service.views import View
 
     call = call or app.call()
-    state, now = app.ledger(call=call), call.now
+    now = call.now
+    # Everything here looks at bookings that hold capacity now or later
+    # (the GPU rows, their chains to "next free", attribution) or at yours:
+    # ended and cancelled ones are not built (a sealed ledger; DocKeep).
+    state = app.ledger(call=call, keep=DocKeep(uid=call.actor.uid, lo=now))
     mine = app.own_current(state, call=call)
     numbers = {r.id: i for i, r in enumerate(mine, 1)}
     snap = call.telemetry.snapshot()
@@ -306,10 +311,11 @@ def live_gpus(app, *, state=None, call=None) -> tuple[dict[int, GpuLive], str | 
 
 def login_view(app, lookahead: int = LOGIN_LOOKAHEAD_S, *, call=None) -> LoginView:
     """``bk login``: notices, and the caller's bookings active now or starting soon."""
+    from bk.core.ledgerdoc import DocKeep
     from bk.service.views import View
 
     call = call or app.call()
-    state, now = app.ledger(call=call), call.now
+    state, now = app.ledger(call=call, keep=DocKeep(uid=call.actor.uid)), call.now
     mine = app.own_current(state, call=call)
     numbers = {r.id: i for i, r in enumerate(mine, 1)}
     soon = [r for r in mine if r.start < now + lookahead]

@@ -272,11 +272,46 @@ demos only.
 .B BK_DEBUG
 Set to 1 to show the traceback of an unexpected error instead of one line.
 .TP
+.B BK_CLUSTER_FILE
+A cluster catalog to use instead of \fI/etc/gpubk/cluster.json\fR (\fBbk c\fR,
+\fBbk @NODE\fR); it is checked like the trusted configuration.
+.TP
+.B BK_RESERVATION_ID\fR, \fBBK_RESERVED_GPUS
+Set by \fBbk run\fR and the worker in a command's environment: the booking's
+ID and its GPU indices (\fB0,1\fR).
+.TP
+.B CUDA_VISIBLE_DEVICES\fR, \fBCUDA_DEVICE_ORDER
+Set for a command that \fBbk run\fR or the worker starts: the booked GPUs (their
+UUIDs on real GPUs, indices in a simulation) and \fBPCI_BUS_ID\fR; \fBbk g\fR
+prints the line that sets them.
+.TP
+.B BK_JOB_MARKER
+Set by the worker in each job's environment: an exact marker by which the next
+worker finds a job that outlived a crashed worker, to stop it and mark it
+\fBuncertain\fR. Do not set it yourself.
+.TP
+.B TZ
+The time zone of every time shown and of times you type (\fB\-t 20:00\fR);
+default the system's. JSON is always UTC.
+.TP
+.B COLUMNS
+The terminal width for \fBbk tl\fR and tables when standard output is not a
+terminal.
+.TP
 .B NO_COLOR
 When set to a non\-empty value, never colour the output.
 .TP
 .B TERM
-\fBdumb\fR turns off colours and other escape sequences.
+\fBdumb\fR turns off colours and other escape sequences; \fBbk t\fR then
+prints the text timeline.
+.TP
+.B COLORFGBG
+Set by some terminals; \fBbk t\fR starts with its light theme when it names a
+light background.
+.TP
+.B LANG\fR, \fBLC_ALL\fR, \fBLC_CTYPE
+Under a UTF\-8 locale \fBbk t\fR and \fBbk u\fR draw Unicode lines and blocks,
+otherwise plain ASCII.
 .TP
 .B XDG_DATA_HOME
 Private mode keeps its ledger in \fI$XDG_DATA_HOME/bk\fR (absolute values
@@ -312,6 +347,25 @@ Your presets (\fBbk preset\fR), mode 0600.
 .TP
 .I ~/.local/state/bk/prompt_history
 Lines typed at the \fBbk>\fR prompt, the last 1000.
+.TP
+.I ~/.local/state/bk/jobs/
+Your scheduled commands (0700): \fIspecs/ID.json\fR (a command line, its
+directory and \fBPATH\fR, 0600), \fIlogs/ID.log\fR (its output), and the
+worker's \fIworker.lock\fR and \fIworker.json\fR.
+.TP
+.I /var/lib/gpubk/monitor/
+The monitor's \fIsnapshot.json\fR, \fIheartbeat.json\fR and \fImonitor.lock\fR
+(see \fBbk m\fR and docs/TELEMETRY.md).
+.TP
+.I /var/lib/gpubk/usage/
+The usage history that \fBbk u\fR reads: \fIraw/DAY.jsonl\fR minute records,
+\fIhourly/DAY.jsonl\fR roll\-ups, and each day's \fI.seal\fR.
+.TP
+.I /etc/gpubk/cluster.json
+The cluster catalog for \fBbk c\fR and \fBbk @NODE\fR (root\-owned).
+.TP
+.I /etc/systemd/user/bk\-worker.service
+The per\-user worker unit (\fBsystemctl \-\-user enable \-\-now bk\-worker\fR).
 """
 
 JSON_AND_EXAMPLES = r""".SH JSON OUTPUT

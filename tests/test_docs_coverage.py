@@ -1,0 +1,267 @@
+"""The documents cover the tool: the two guides show the same `bk` commands,
+the man pages name every command, option, environment variable and config
+key, and every JSON field bk prints is in docs/JSON.md or docs/TELEMETRY.md.
+
+The lists are derived from the tool, never written here: the argparse tree
+(bk.cli.manpage.walk), the config keys (bk.store.config.KEYS), the BK_*
+variables the code reads, and the `--json` output of real commands run
+through the built archive on a simulated server."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bk.cli import manpage
+from bk.store.config import KEYS
+
+ROOT = Path(__file__).resolve().parent.parent
+EN, ZH = ROOT / "docs" / "GUIDE.md", ROOT / "docs" / "GUIDE.zh-CN.md"
+MAN = {name: (ROOT / "man" / name).read_text(encoding="utf-8")
+       for name in ("bk.1", "bk-admin.8", "gpubk-config.5")}
+
+
+# ----------------------------------------------------- commands in a guide
+
+def _tree():
+    return manpage.flatten(manpage.walk(manpage._parser()))
+
+
+def _resolver():
+    """words -> canonical command path, by the argparse tree."""
+    children: dict[tuple[str, ...], dict[str, str]] = {}
+    for c in _tree():
+        parent = tuple(c.path[:-1])
+        for name in (c.path[-1], *c.aliases):
+            children.setdefault(parent, {})[name] = c.path[-1]
+
+    def resolve(words: list[str]) -> str | None:
+        words = [w for w in words if not w.startswith("-")][:4] if words else []
+        if not words:
+            return "bk"
+        if re.fullmatch(r"\d+", words[0]):
+            return "book"
+        if words[0].startswith("@"):
+            return "@NODE"
+        path: list[str] = []
+        for w in words:
+            name = children.get(tuple(path), {}).get(w)
+            if name is None:
+                break
+            path.append(name)
+        return " ".join(path) or None
+    return resolve
+
+
+CODE_SPAN = re.compile(r"`((?:sudo )?bk(?:\.pyz)? [^`]*|bk)`")
+SHOWN = re.compile(r"^(?:\$|ada\$|bob\$|gpubk\$|root#) (?:sudo )?(?:python3 )?(?:\S*/)?bk(?:\.pyz)?(?: (.*))?$")
+PROMPT_LINE = re.compile(r"^bk> (.*)$")
+PLAIN = re.compile(r"^(?:sudo )?(?:[A-Z_]+=\S+ )*bk(?: (.*))?$")
+
+
+def _split(text: str) -> list[str]:
+    text = text.split(" #", 1)[0].split("  ", 1)[0]    # `bk w start    what it does` in recipes
+    try:
+        return shlex.split(text)
+    except ValueError:
+        return text.split()
+
+
+def guide_commands(path: Path) -> set[str]:
+    """The `bk` commands a guide shows: prompts, recipe lines, `bk>` lines and
+    inline code, each resolved to its canonical command path."""
+    resolve = _resolver()
+    found: set[str] = set()
+    in_code = False
+    for line in path.read_text(encoding="utf-8").split("\n"):
+        if line.startswith("```"):
+            in_code = not in_code
+            continue
+        candidates: list[str] = []
+        if in_code:
+            for rx in (SHOWN, PROMPT_LINE, PLAIN):
+                m = rx.match(line.strip() if rx is PLAIN else line)
+                if m:
+                    candidates.append(m.group(1) or "")
+                    break
+        else:
+            for m in CODE_SPAN.finditer(line):
+                candidates.append(m.group(1).split(" ", 1)[1] if " " in m.group(1) else "")
+        for text in candidates:
+            words = _split(text)
+            if "--" in words:
+                words = words[:words.index("--")]
+            name = resolve(words)
+            if name:
+                found.add(name)
+    return found
+
+
+def test_guide_shows_every_user_command():
+    from bk.cli.manpage_admin import ADMIN_WORDS, DAEMON_WORDS
+    shown = guide_commands(EN)
+    wanted = {" ".join(c.path) for c in _tree()
+              if c.path[0] not in ADMIN_WORDS + DAEMON_WORDS and len(c.path) == 1}
+    missing = sorted(wanted - shown)
+    assert not missing, f"docs/GUIDE.md never shows: {missing}"
+
+
+def test_both_guides_show_the_same_commands():
+    if not ZH.exists():
+        pytest.skip("docs/GUIDE.zh-CN.md does not exist (yet)")
+    en, zh = guide_commands(EN), guide_commands(ZH)
+    assert len(en) > 40
+    assert en == zh, (f"only in GUIDE.md: {sorted(en - zh)}; "
+                      f"only in GUIDE.zh-CN.md: {sorted(zh - en)}")
+
+
+def test_command_resolution():
+    resolve = _resolver()
+    assert resolve(["1", "30m"]) == "book"
+    assert resolve(["x", "1", "2h"]) == "exclusive"
+    assert resolve(["--json", "d", "99"]) == "cancel"
+    assert resolve(["admin", "notice", "publish", "hi"]) == "admin notice publish"
+    assert resolve(["@b", "l"]) == "@NODE"
+    assert resolve(["c", "rec", "2", "1h"]) == "cluster rec"
+    assert resolve(["nonsense"]) is None
+
+
+# ------------------------------------------------------------- man pages
+
+def test_every_command_and_option_is_in_bk_1_or_bk_admin_8():
+    pages = MAN["bk.1"] + MAN["bk-admin.8"]
+    missing = []
+    for c in _tree():
+        for name in (" ".join(c.path), *c.aliases):
+            if manpage.esc(name) not in pages:
+                missing.append(f"command {name}")
+        for o in c.options:
+            for flag in o.flags:
+                if f"\\fB{manpage.esc(flag)}\\fR" not in pages:
+                    missing.append(f"{' '.join(c.path)} {flag}")
+    assert not missing, f"in neither bk(1) nor bk-admin(8): {missing}"
+
+
+def test_every_config_key_is_in_gpubk_config_5():
+    missing = [k for k in KEYS if not re.search(rf"^\.B {re.escape(manpage.esc(k))}$", MAN["gpubk-config.5"], re.M)]
+    assert not missing, f"config keys without an entry in gpubk-config(5): {missing}"
+
+
+def _variables_read() -> set[str]:
+    names: set[str] = set()
+    for path in (ROOT / "bk").rglob("*.py"):
+        names |= set(re.findall(r"""["'](BK_[A-Z_]+)["']""", path.read_text(encoding="utf-8")))
+    return {n for n in names if not n.startswith("BK_TEST_") and n != "BK_VARS"}
+
+
+def test_every_environment_variable_is_in_a_man_page():
+    env_sections = "".join(section for page in MAN.values()
+                           for section in re.findall(r"^\.SH ENVIRONMENT\n(.*?)(?=^\.SH )", page, re.M | re.S))
+    names = _variables_read()
+    assert {"BK_DATA_DIR", "BK_NOW", "BK_GPU_COUNT"} <= names
+    missing = sorted(n for n in names if manpage.esc(n) not in env_sections)
+    assert not missing, f"variables bk reads that no ENVIRONMENT section names: {missing}"
+
+
+# ------------------------------------------------------------ JSON fields
+
+SIM = {"gpus": [
+    {"name": "NVIDIA A100-SXM4-40GB", "mem_total_mib": 40960, "mem_used_mib": 20480, "util": 63,
+     "temperature": 54, "processes": [{"pid": 4242, "mem_mib": 20000, "sm": 60, "uid": 1002,
+                                       "user": "bob", "label": "python"}]},
+    {"name": "NVIDIA A100-SXM4-40GB", "mem_total_mib": 40960, "mem_used_mib": 0, "util": 0,
+     "temperature": 31, "processes": []}]}
+
+# What a simulated private server can answer, one of each kind of output.
+COMMANDS = [
+    "1 1h -- /bin/true", "1 30m", "x 1 1h -t 12:00", "2 1h --dry-run", "l", "l --all", "l --history", "e 2 -d +30m",
+    "st", "st -v", "tl", "t", "slots 2 1h", "g", "g 2", "n", "n --all", "history 1", "lg", "info",
+    "login", "config", "doctor", "doctor --probe", "p save train 1 1h", "p", "p show train",
+    "p train --dry-run", "p delete train", "d 2 -y", "u", "u users", "u samples", "u events",
+    "u verify", "m --once", "m status", "j", "w", "run", "agent context",
+    "agent recommend '{\"count\": 1, \"duration\": 3600}'", "agent operation",
+    "admin maintain --reason x -t 13:00 -d 1h --dry-run", "admin maintain list",
+    "admin gpu-policy --disable 1 --dry-run", "admin services status", "admin login-hook status",
+    "j log 1", "1 7m", "d 99", "--version",
+]
+EXPECTED_ERRORS = ("1 7m", "d 99")              # for the error envelope's fields
+# Maps whose keys are data, not field names: JSON Schema (documented as such),
+# GPU indices, config keys (gpubk-config(5)), environment variable names.
+SKIP_UNDER = {"input_schema", "reasons", "gpus", "settings", "env", "units"}
+
+
+def _keys(value, out: set[str], parent: str = "") -> None:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if parent in SKIP_UNDER and (k.isdigit() or parent != "gpus"):
+                continue
+            if not k.isdigit():
+                out.add(k)
+            _keys(v, out, k)
+    elif isinstance(value, list):
+        for v in value:
+            _keys(v, out, parent)
+
+
+@pytest.fixture(scope="module")
+def outputs(pyz, tmp_path_factory):
+    d = tmp_path_factory.mktemp("jsonfields")
+    (d / "sim.json").write_text(json.dumps(SIM))
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(d), "BK_DATA_DIR": str(d / "data"),
+           "BK_GPU_SIM_FILE": str(d / "sim.json"), "BK_NOW": "2026-07-13T10:41:30Z", "TZ": "UTC",
+           "LANG": "C.UTF-8"}
+    docs = {}
+    for cmd in COMMANDS:
+        p = subprocess.run([sys.executable, str(pyz), "--json", *shlex.split(cmd)], env=env,
+                           capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+        assert p.stdout.strip(), f"bk --json {cmd}: no output; stderr: {p.stderr}"
+        docs[cmd] = json.loads(p.stdout)
+    return docs
+
+
+def _documented() -> str:
+    return "".join((ROOT / "docs" / n).read_text(encoding="utf-8") for n in ("JSON.md", "TELEMETRY.md"))
+
+
+def test_every_json_field_bk_prints_is_documented(outputs):
+    doc = _documented()
+    fields: dict[str, str] = {}
+    for cmd, envelope in outputs.items():
+        found: set[str] = set()
+        _keys(envelope, found)
+        for k in found:
+            fields.setdefault(k, cmd)
+    failed = sorted(cmd for cmd, e in outputs.items() if not e["ok"])
+    assert failed == sorted(EXPECTED_ERRORS), f"these should answer with data: {failed}"
+    assert {"schema", "reservation", "short_id", "mem_mib_effective", "monitor"} <= set(fields)
+    missing = sorted(f"{k} (bk --json {cmd})" for k, cmd in fields.items() if f"`{k}`" not in doc)
+    assert not missing, f"JSON fields in neither docs/JSON.md nor docs/TELEMETRY.md: {missing}"
+
+
+def test_every_snapshot_and_heartbeat_field_is_in_telemetry_md():
+    from bk.core.models import GpuInfo, GpuProcess
+    from bk.core.telemetry import Attribution, Snapshot
+    from bk.store.snapshot import heartbeat_doc, snapshot_doc
+
+    proc = GpuProcess(pid=4242, mem_mib=100, sm=5, uid=1002, user="bob", label="python")
+    snap = Snapshot(taken_at=1_783_939_290, source="sim-file", gpus=(
+        GpuInfo(index=0, uuid="GPU-0", name="x", mem_total_mib=1, mem_used_mib=1, util=1,
+                temperature=30, processes=(proc,)),), gaps=(), simulated=True)
+    doc = snapshot_doc(snap, interval_s=2.0, inventory_fingerprint="f", pid=os.getpid(),
+                       attributions={(0, 4242): Attribution("unreserved", "verified", 1002)})
+    hb = heartbeat_doc(status="running", pid=1, started_at=1, updated_at=2, interval_s=2.0,
+                       detail=None, samples=1)
+    text = (ROOT / "docs" / "TELEMETRY.md").read_text(encoding="utf-8")
+    found: set[str] = set()
+    _keys(doc, found)
+    _keys(hb, found)
+    assert {"taken_at", "fingerprint", "attribution", "container", "samples"} <= found
+    missing = sorted(k for k in found if f"`{k}`" not in text)
+    assert not missing, f"snapshot/heartbeat fields missing from docs/TELEMETRY.md: {missing}"

@@ -28,6 +28,7 @@ import time
 from datetime import datetime, timedelta, timezone, tzinfo
 
 from bk.core.errors import InvalidInput
+from bk.core.lazyre import Pattern
 from bk.core.models import parse_iso
 
 # Module attribute so tests can point it at a fixture.
@@ -36,7 +37,7 @@ ETC_LOCALTIME = "/etc/localtime"
 _EPOCH_NAIVE = datetime(1970, 1, 1)
 _SECOND = timedelta(seconds=1)
 _DAY_S = 86400
-_EPOCH_NUMBER = re.compile(r"\d+(?:\.\d*)?")
+_EPOCH_NUMBER = Pattern(r"\d+(?:\.\d*)?")
 
 
 def now() -> int:

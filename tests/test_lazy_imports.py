@@ -104,7 +104,7 @@ STDLIB = frozenset({
 # grammar, the service's call context and the ledger's read.
 BK_BASE = frozenset({
     "bk", "bk.cli", "bk.cli.app", "bk.cli.common", "bk.cli.main", "bk.cli.render", "bk.clock",
-    "bk.core", "bk.core.envelope", "bk.core.errors", "bk.core.ledgerdoc", "bk.core.models",
+    "bk.core", "bk.core.envelope", "bk.core.errors", "bk.core.lazyre", "bk.core.ledgerdoc", "bk.core.models",
     "bk.core.record", "bk.core.telemetry", "bk.core.timegrid", "bk.core.utctime", "bk.gpu",
     "bk.gpu.sim", "bk.service", "bk.service.app", "bk.service.context", "bk.service.requests",
     "bk.service.telemetry", "bk.service.views", "bk.store", "bk.store.archive", "bk.store.audit",

@@ -36,6 +36,7 @@ from collections.abc import Callable, Sequence
 
 from bk.core.envelope import failure, success
 from bk.core.errors import EXIT_IO, BkError
+from bk.core.lazyre import Pattern
 from bk.core.record import dataclass, field
 
 _CODES = {"bold": "1", "dim": "2", "red": "31", "green": "32", "yellow": "33", "blue": "34",
@@ -101,7 +102,7 @@ class Output:
     done: str | None = None
 
 
-_ANSI = re.compile(r"\033\[[0-9;]*m")
+_ANSI = Pattern(r"\033\[[0-9;]*m")
 
 # ------------------------------------------------------------ safe display
 
@@ -110,7 +111,7 @@ _ANSI = re.compile(r"\033\[[0-9;]*m")
 # controls (0x9b is a one-byte CSI to many terminals), the line and
 # paragraph separators, the bidi embeddings, overrides and isolates, and
 # lone surrogates (a JSON ledger can hold "\ud800"; no encoder can write it).
-_UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+_UNSAFE = Pattern(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
 _NAMED = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
 
 

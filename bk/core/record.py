@@ -164,9 +164,7 @@ def _process(cls, frozen: bool, bulk: bool = False):
     else:
         body = [f"    self.{name} = {value}" for name, value in values]
     lines = [f"def __init__(self, {', '.join(params)}):", *(body or ["    pass"])]
-    made: dict = {}
-    exec("\n".join(lines), env, made)
-    made["__init__"].__qualname__ = f"{cls.__qualname__}.__init__"
+    made: dict = {"__init__": _compiled_on_first_call(cls, "__init__", lines, env)}
     made.update(__repr__=_repr, __eq__=_eq)
     if frozen:
         made.update(__setattr__=_refuse_set, __delattr__=_refuse_del, __hash__=_hash)
@@ -196,15 +194,35 @@ def _frozen(cls, flist, env, params, values):
     body = [f"    o.{name} = {value}" for name, value in values]
     lines = [f"def __new__(cls, {', '.join(params)}):", "    o = _new(_hidden)", *body,
              "    o.__class__ = cls", "    return o"]
-    made: dict = {}
-    exec("\n".join(lines), env, made)
     ns = {k: v for k, v in cls.__dict__.items() if k not in ("__dict__", "__weakref__")}
     for f in flist:                  # defaults live in __new__: a class attribute would hide the slot
         ns.pop(f.name, None)
-    ns.update(__slots__=(), __new__=made["__new__"], __init__=object.__init__)
+    ns.update(__slots__=(), __init__=object.__init__)
     for name, fn in (("__repr__", _repr), ("__eq__", _eq), ("__hash__", _hash),
                      ("__setattr__", _refuse_set), ("__delattr__", _refuse_del)):
         ns.setdefault(name, fn)
     public = type(cls)(cls.__name__, (hidden,), ns)
-    made["__new__"].__qualname__ = f"{cls.__qualname__}.__new__"
+    public.__new__ = _compiled_on_first_call(public, "__new__", lines, env)
     return public
+
+
+def _compiled_on_first_call(cls, name: str, lines: list[str], env: dict):
+    """``cls.<name>`` (``__init__``, or a bulk record's ``__new__``), compiled
+    from ``lines`` when first called, which then takes its place.
+
+    Compiling is most of what a record costs at import (about 0.1 ms a
+    class), and a command loads some 80 record classes but makes instances
+    of a third of them: the operations' requests and results it does not run
+    are never built.  After the first call the class holds the compiled
+    function itself, so an instance costs what it did when every class was
+    compiled at import."""
+    def first_call(*args, **kwargs):
+        made: dict = {}
+        exec("\n".join(lines), env, made)
+        real = made[name]
+        real.__qualname__ = f"{cls.__qualname__}.{name}"
+        if cls.__dict__.get(name) is first_call:
+            setattr(cls, name, real)
+        return real(*args, **kwargs)
+    first_call.__qualname__ = f"{cls.__qualname__}.{name}"
+    return first_call

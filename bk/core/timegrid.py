@@ -43,6 +43,7 @@ import re
 from datetime import date, datetime, timedelta, tzinfo
 
 from bk.core.errors import InvalidInput
+from bk.core.lazyre import Pattern
 from bk.core.models import iso
 from bk.core.record import dataclass
 
@@ -60,42 +61,21 @@ START_EXAMPLES = "now, +30m, 20:00, 9pm, tomorrow 09:00, 07-13 20:00, 2026-07-13
 END_EXAMPLES = "+30m, -15m, 20:00, total 2h"
 
 
-class _Pattern:
-    """A regular expression compiled when first used.  Compiling this module's
-    patterns at import cost every command about a millisecond, and a command
-    uses one or two of them, or none (``bk l``)."""
-
-    __slots__ = ("text", "_compiled")
-
-    def __init__(self, text: str):
-        self.text, self._compiled = text, None
-
-    def _get(self) -> re.Pattern:
-        if self._compiled is None:
-            self._compiled = re.compile(self.text)
-        return self._compiled
-
-    def fullmatch(self, s: str) -> re.Match | None:
-        return self._get().fullmatch(s)
-
-    def findall(self, s: str) -> list:
-        return self._get().findall(s)
-
-
+# Compiled on first use (bk.core.lazyre): a command uses one or two of these, or none.
 # Units in d-h-m order, each optional; spaces between parts are tolerated.
-_DURATION = _Pattern(r"(?:(\d{1,9})\s*d)?\s*(?:(\d{1,9})\s*h)?\s*(?:(\d{1,9})\s*m)?")
-_WORDS = _Pattern(r"[a-z]+")
-_MEMORY = _Pattern(r"(\d{0,15})(?:\.(\d{1,9}))?\s*([gm])(?:i?b)?")
+_DURATION = Pattern(r"(?:(\d{1,9})\s*d)?\s*(?:(\d{1,9})\s*h)?\s*(?:(\d{1,9})\s*m)?")
+_WORDS = Pattern(r"[a-z]+")
+_MEMORY = Pattern(r"(\d{0,15})(?:\.(\d{1,9}))?\s*([gm])(?:i?b)?")
 _CLOCK = r"(?P<h>\d{1,2})(?::(?P<mi>\d{2}))?(?::(?P<s>\d{2}))?\s*(?P<ampm>am|pm)?"
-_START = _Pattern(
+_START = Pattern(
     r"(?:(?P<word>today|tomorrow|tom|tmr)\s+"
     r"|(?P<mo>\d{1,2})-(?P<md>\d{1,2})\s+"
     r"|(?P<y>\d{4})-(?P<ym>\d{1,2})-(?P<yd>\d{1,2})(?:\s+|t))?"
     + _CLOCK
     + r"\s*(?P<off>z|[+-]\d{2}(?::?\d{2})?)?"
 )
-_DATE_ONLY = _Pattern(r"(?:\d{4}-)?\d{1,2}-\d{1,2}|today|tomorrow|tom|tmr")
-_ISO = _Pattern(r"(\d{4})-(\d{2})-(\d{2})[t ](\d{2}):(\d{2})(?::(\d{2}))?(z|[+-]\d{2}:?\d{2})")
+_DATE_ONLY = Pattern(r"(?:\d{4}-)?\d{1,2}-\d{1,2}|today|tomorrow|tom|tmr")
+_ISO = Pattern(r"(\d{4})-(\d{2})-(\d{2})[t ](\d{2}):(\d{2})(?::(\d{2}))?(z|[+-]\d{2}:?\d{2})")
 
 
 # ---------------------------------------------------------------- the grid

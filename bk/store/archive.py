@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import json
 import os
-import re
 
 from bk.core import ledgerdoc, utctime
+from bk.core.lazyre import Pattern
 from bk.core.models import LedgerState, Reservation
 from bk.store.fsutil import (
     O_CLOEXEC,
@@ -42,7 +42,7 @@ from bk.store.fsutil import (
     write_all,
 )
 
-NAME = re.compile(r"^(\d{4})-(\d{2})\.jsonl$")
+NAME = Pattern(r"^(\d{4})-(\d{2})\.jsonl$")   # compiled when first used
 
 
 def committed(state: LedgerState, *, now: int, archive_after: int) -> dict[str, str]:

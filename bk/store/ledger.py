@@ -46,13 +46,13 @@ from __future__ import annotations
 import _thread
 import gc
 import os
-import re
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
 
 from bk.core import ledgerdoc, utctime
 from bk.core.errors import BkError, ConfigError, Internal, IOFailure, LostCommits, WrongAccount
+from bk.core.lazyre import Pattern
 from bk.core.models import LedgerState
 from bk.core.record import dataclass, field
 from bk.store import archive, audit, segments
@@ -83,7 +83,7 @@ LEDGER, LOCK, AUDIT, BACKUPS, ARCHIVE = "ledger.json", "ledger.lock", "audit.jso
 # Checks of files that only the owner may open in shared mode (see check()).
 PRIVATE_TO_OWNER = ("audit log", "lock")
 TMP_PREFIX = ".ledger.json.tmp-"
-BACKUP_NAME = re.compile(r"^ledger-(\d{10})\.json$")
+BACKUP_NAME = Pattern(r"^ledger-(\d{10})\.json$")   # compiled when first used
 CRASH_ENV = "BK_TEST_CRASH_AT"
 STEPS = ("locked", "read", "repaired", "applied", "archived", "audit_synced", "tmp_partial",
          "tmp_written", "tmp_synced", "replaced", "dir_synced", "audit_partial",

@@ -28,14 +28,14 @@ housekeeping after the commit, never part of it.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Callable
 
+from bk.core.lazyre import Pattern
 from bk.store import audit
 from bk.store.fsutil import Safety, io_error, open_file, open_subdir, replace_file
 
 SEGMENTS = "audit.d"
-SEGMENT = re.compile(r"^audit-(\d{10})-(\d{10})\.jsonl$")
+SEGMENT = Pattern(r"^audit-(\d{10})-(\d{10})\.jsonl$")   # compiled when first used
 SEAL_SUFFIX = ".sha256"
 SEGMENT_BYTES = 8 << 20
 SEGMENT_ENV = "BK_TEST_AUDIT_SEGMENT_BYTES"     # tests only: a small segment size

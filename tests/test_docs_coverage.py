@@ -133,6 +133,15 @@ def test_command_resolution():
     assert resolve(["nonsense"]) is None
 
 
+def test_readme_links_every_document():
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    listed = text[text.index("## Documentation"):]
+    docs = [f"docs/{p.name}" for p in sorted((ROOT / "docs").glob("*.md"))]
+    pages = [f"man/{p.name}" for p in sorted((ROOT / "man").iterdir())]
+    missing = [d for d in docs + pages if f"]({d})" not in listed]
+    assert not missing, f"README.md's Documentation list does not link: {missing}"
+
+
 # ------------------------------------------------------------- man pages
 
 def test_every_command_and_option_is_in_bk_1_or_bk_admin_8():

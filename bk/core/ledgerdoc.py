@@ -154,8 +154,9 @@ class DocKeep:
     before any record is built: the caller's (``uid``), and those that hold
     capacity somewhere in ``[lo, hi)`` (not cancelled; ``hi`` None: no end),
     or at all on a GPU numbered ``gpu_count`` or more (a view shows those
-    GPUs whatever the window).  Times compare as the fixed-width strings
-    ``format_utc`` writes, which sort as the instants do."""
+    GPUs whatever the window); with no argument, none (a read for the
+    policy, the notices, the blackouts).  Times compare as the fixed-width
+    strings ``format_utc`` writes, which sort as the instants do."""
 
     def __init__(self, *, uid: int | None = None, lo: int | None = None, hi: int | None = None,
                  gpu_count: int | None = None):

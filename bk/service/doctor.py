@@ -293,9 +293,10 @@ def _socket_check(app, call) -> dict:
 def _policy_check(app, call) -> dict:
     """The store's own rule (``bk.core.policy``): what fails here is what
     the next booking would refuse, and nothing else."""
+    from bk.core.ledgerdoc import DocKeep
     from bk.core.policy import policy_diff
 
-    state = app.ledger(call=call)
+    state = app.ledger(call=call, keep=DocKeep())       # the bound policy; no booking is needed
     if state.policy is None:
         return _check("policy", True, "not bound yet; the first booking records it")
     diff = policy_diff(state.policy, call.policy.bound())

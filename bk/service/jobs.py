@@ -178,7 +178,9 @@ def attach_command(app, call, req, argv: list[str], *, cwd: str, env: dict):
 
 def my_jobs(app, call) -> list[Reservation]:
     """The caller's bookings that carry a job, in the hot ledger, newest start first."""
-    state = app.ledger(call=call)
+    from bk.core.ledgerdoc import DocKeep
+
+    state = app.ledger(call=call, keep=DocKeep(uid=call.actor.uid))     # yours are all it looks at
     return sorted((r for r in state.reservations if r.uid == call.actor.uid and r.job is not None),
                   key=lambda r: (r.start, r.created), reverse=True)
 

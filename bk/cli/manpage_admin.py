@@ -119,8 +119,15 @@ root only, 0600.
 .TP
 .I /var/lib/gpubk
 The data directory, owned by the service account: \fIledger.json\fR (0644),
-its lock, \fIbackups/\fR, \fIarchive/\fR, \fIaudit.jsonl\fR (0600),
-\fImonitor/\fR (the snapshot and heartbeat) and \fIusage/\fR.
+its lock, \fIbackups/\fR, \fIarchive/\fR, \fIaudit.jsonl\fR (0640) and its
+sealed older segments in \fIaudit.d/\fR, \fImonitor/\fR (the monitor's
+\fIsnapshot.json\fR, \fIheartbeat.json\fR and \fImonitor.lock\fR, owned by the
+monitor account) and \fIusage/\fR (the usage history: \fIraw/\fR, \fIhourly/\fR
+and each day's seal).
+.TP
+.I /etc/gpubk/cluster.json
+The cluster catalog (\fBbk admin cluster\fR), root\-owned, mode 0644;
+\fBBK_CLUSTER_FILE\fR names another.
 .TP
 .I /run/gpubk/broker.sock
 The broker's socket; systemd creates \fI/run/gpubk\fR at every start

@@ -215,6 +215,9 @@ class NamedUTC(tzinfo):
     def __init__(self, key: str):
         self.key = key
 
+    def __getinitargs__(self) -> tuple[str]:     # how tzinfo pickles and copies it
+        return (self.key,)
+
     def utcoffset(self, dt: datetime | None) -> timedelta:
         return _ZERO
 

@@ -170,6 +170,8 @@ def test_the_allowlist_catches_an_import_and_names_who(tmp_path):
 def test_utc_zone_without_zoneinfo_matches_zoneinfo():
     # The local zone of most servers is read without importing zoneinfo; it must
     # show what ZoneInfo would.
+    import copy
+    import pickle
     import zoneinfo
     from datetime import datetime
 
@@ -182,5 +184,6 @@ def test_utc_zone_without_zoneinfo_matches_zoneinfo():
             a, b = datetime.fromtimestamp(t, ours), datetime.fromtimestamp(t, theirs)
             assert (a.isoformat(), a.tzname(), a.dst(), a.utcoffset()) == \
                    (b.isoformat(), b.tzname(), b.dst(), b.utcoffset())
+        assert pickle.loads(pickle.dumps(ours)).key == copy.deepcopy(ours).key == key
     assert clock.find_local_zone("UTC", "/nonexistent").name == "UTC"
     assert clock.find_local_zone(":Etc/UTC", "/nonexistent").to_json() == {"name": "Etc/UTC", "source": "TZ"}

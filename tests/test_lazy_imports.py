@@ -89,12 +89,13 @@ print(json.dumps({"code": code, "new": new, "who": {m: who.get(m, "?") for m in 
 """
 
 # What every command may import from the standard library (3.10 to 3.13 spell `re` and a
-# few others differently).  argparse brings gettext, and its first message lookup locale.
+# few others differently).  argparse brings gettext; its lookups, which would import locale,
+# are switched off (bk.cli.app).
 STDLIB = frozenset({
-    "__future__", "_collections", "_datetime", "_functools", "_json", "_locale", "_operator",
+    "__future__", "_collections", "_datetime", "_functools", "_json", "_operator",
     "_sre", "_struct", "argparse", "codecs", "collections", "collections.abc", "contextlib",
     "copyreg", "datetime", "enum", "errno", "fcntl", "functools", "gc", "gettext", "io",
-    "itertools", "json", "json.decoder", "json.encoder", "json.scanner", "keyword", "locale",
+    "itertools", "json", "json.decoder", "json.encoder", "json.scanner", "keyword",
     "math", "operator", "pwd", "re", "re._casefix", "re._compiler", "re._constants", "re._parser",
     "reprlib", "sre_compile", "sre_constants", "sre_parse", "struct", "time", "types", "warnings",
     "zlib",

@@ -27,6 +27,21 @@ from bk.core.record import dataclass, field
 
 PROG = "bk"
 
+# argparse looks each of its phrases ("usage:", "options", its error
+# templates) up with gettext on every call, and the first lookup imports
+# locale; each looks for a "messages" catalogue of every language named in
+# the environment on disk: about a millisecond of every command.  bk's help
+# and errors are English, and Parser.error reads argparse's English messages,
+# so argparse's phrases stay English: no lookup.
+argparse._ = str
+
+
+def _ngettext(singular: str, plural: str, n: int) -> str:
+    return singular if n == 1 else plural
+
+
+argparse.ngettext = _ngettext
+
 # One module per command group; each defines register(subparsers) and adds
 # exactly the words listed here.  Knowing the words up front lets a run build
 # only the parser of the command it runs: importing all groups and building

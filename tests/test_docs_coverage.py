@@ -248,7 +248,7 @@ COMMANDS = [
     "1 1h -- /bin/true", "1 30m", "x 1 1h -t 12:00", "2 1h --dry-run", "l", "l --all", "l --history", "e 2 -d +30m",
     "st", "st -v", "tl", "t", "slots 2 1h", "g", "g 2", "n", "n --all", "history 1", "lg", "info",
     "login", "config", "doctor", "doctor --probe", "p save train 1 1h", "p", "p show train",
-    "p train --dry-run", "p delete train", "d 2 -y", "u", "u users", "u samples", "u events",
+    "p train --dry-run", "p delete train", "d 2 -y", "u", "u users", "u samples --since 3h", "u events",
     "u verify", "m --once", "m status", "j", "w", "run", "agent context",
     "agent recommend '{\"count\": 1, \"duration\": 3600}'", "agent operation",
     "admin maintain --reason x -t 13:00 -d 1h --dry-run", "admin maintain list",
@@ -281,6 +281,7 @@ def outputs(pyz, tmp_path_factory):
     env = {"PATH": "/usr/bin:/bin", "HOME": str(d), "BK_DATA_DIR": str(d / "data"),
            "BK_GPU_SIM_FILE": str(d / "sim.json"), "BK_NOW": "2026-07-13T10:41:30Z", "TZ": "UTC",
            "LANG": "C.UTF-8"}
+    _usage_history(d / "data")
     docs = {}
     for cmd in COMMANDS:
         p = subprocess.run([sys.executable, str(pyz), "--json", *shlex.split(cmd)], env=env,
@@ -288,6 +289,30 @@ def outputs(pyz, tmp_path_factory):
         assert p.stdout.strip(), f"bk --json {cmd}: no output; stderr: {p.stderr}"
         docs[cmd] = json.loads(p.stdout)
     return docs
+
+
+def _usage_history(data_dir: Path) -> None:
+    """Two hours of minute records written by the real Folder and UsageStore,
+    so that every list of `bk u` has rows: a booking of ours used for the first
+    hour and idle for the second, and another user's unreserved process."""
+    from bk.core.models import GpuInfo, GpuProcess, Reservation
+    from bk.core.telemetry import Snapshot
+    from bk.core.usage import DAY, Folder
+    from bk.store.usage import UsageStore
+
+    now = 1_783_939_290                            # BK_NOW below
+    today = now - now % DAY
+    mine = Reservation("a" * 8 + "-0000-4000-8000-" + "0" * 12, os.getuid(), "me", "shared", (0,), 1,
+                       today + 8 * 3600, today + 10 * 3600, today)
+    folder, recs = Folder(60, 30), []
+    for t in range(today + 8 * 3600, today + 10 * 3600, 30):
+        procs = [GpuProcess(1, 100, 50, os.getuid())] if t < today + 9 * 3600 else []
+        others = [GpuProcess(2, 200, 20, 60001)]
+        gpus = (GpuInfo(0, "GPU-0", "sim", 1000, 100, 50, None, procs),
+                GpuInfo(1, "GPU-1", "sim", 1000, 200, 20, None, others))
+        recs += folder.add(t, Snapshot(t, "sim", gpus), None, [mine])
+    os.makedirs(data_dir, mode=0o700, exist_ok=True)
+    UsageStore(str(data_dir / "usage")).append(recs + folder.flush(), now=now)
 
 
 def _documented() -> str:

@@ -321,6 +321,11 @@ only; default \fI~/.local/share/bk\fR).
 Private mode reads \fI$XDG_CONFIG_HOME/bk/config.json\fR (default
 \fI~/.config/bk/config.json\fR).
 .TP
+.B XDG_CACHE_HOME
+The GPU inventory (count, UUIDs, names, memory) is cached in
+\fI$XDG_CACHE_HOME/bk\fR (default \fI~/.cache/bk\fR), keyed by a cheap
+fingerprint of the hardware; deleting it only costs the next command a look.
+.TP
 .B XDG_STATE_HOME
 Presets and the prompt history live in \fI$XDG_STATE_HOME/bk\fR (default
 \fI~/.local/state/bk\fR); with \fBBK_DATA_DIR\fR set (a trial run), in
@@ -347,6 +352,9 @@ Your presets (\fBbk preset\fR), mode 0600.
 .TP
 .I ~/.local/state/bk/prompt_history
 Lines typed at the \fBbk>\fR prompt, the last 1000.
+.TP
+.I ~/.cache/bk/
+The cached GPU inventory (see \fBXDG_CACHE_HOME\fR).
 .TP
 .I ~/.local/state/bk/jobs/
 Your scheduled commands (0700): \fIspecs/ID.json\fR (a command line, its

@@ -95,7 +95,29 @@ Each refuses to start as any other account (exit 77), with an untrusted
 configuration or directory (78), or while another copy runs (75); the units
 do not restart them after those."""
 
-FILES = r""".SH FILES
+FILES = r""".SH ENVIRONMENT
+.TP
+.B BK_CONFIG_FILE
+The trusted configuration to use instead of \fI/etc/gpubk/config.json\fR
+(root\-owned, in root\-owned directories); \fBbk admin init \-\-config\-file\fR
+writes one there.
+.TP
+.B BK_CLUSTER_FILE
+The cluster catalog to use instead of \fI/etc/gpubk/cluster.json\fR.
+.TP
+.B SUDO_USER
+Set by \fBsudo\fR: the default service account of \fBbk admin init\fR and
+\fBbk admin install\fR.
+.TP
+.B SOURCE_DATE_EPOCH
+The timestamp \fBbk admin install\fR and \fBbk update\fR stamp on an archive
+they rebuild from an installed package (default: the newest module's time),
+so the same package installs as the same bytes.
+.TP
+.B NOTIFY_SOCKET
+Set by systemd for \fBType=notify\fR units: \fBbk broker\fR reports ready and
+stopping there.
+.SH FILES
 \fBbk admin install\fR writes these (below \fB\-\-root\fR \fIDIR\fR when
 given) and records each one in its manifest:
 .TP

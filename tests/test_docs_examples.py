@@ -17,8 +17,10 @@ skipped as a whole (reported, with its line number).  Lines after a command,
 up to the next prompt line, are its expected output: stdout and stderr as one
 stream, in the order the tool wrote them.  A last output line `[exit N]` is
 the expected exit status (without it, 0).  A command ending in a backslash
-continues on the next line.  Blocks without prompts (```sh recipes, ```json
-files, the prompt's own `bk>` transcripts) are not run.
+continues on the next line.  Blocks without prompts (the prompt's own `bk>`
+transcripts) and blocks of any other language (```sh recipes, ```json files)
+are not run; tests/test_docs_coverage.py still checks that every command they
+show parses.
 
 Comparison is exact, line by line, after this normalisation only:
   - trailing spaces and trailing blank lines are ignored;
@@ -40,8 +42,10 @@ in it run in order and see each other's bookings.  The server is:
   cwd=<scenario>, `bk` on PATH (the built archive), run as the user ada
   (created for the test when running as root; otherwise the current user,
   whose name is then printed as ada and runs of spaces compare as one).
-`export` and `unset` in a command carry to the following commands of the
-scenario, as in a shell.
+Variables a command sets (`export`, `unset`, `id=$(bk 1 30m -q)`) and `cd`
+carry to the following commands of the scenario, as in one shell.  A command
+still running after 60 s is stopped with everything it started and fails the
+test (mark a daemon's block skip).
 
 Directives: HTML comments on their own line(s) before a block, which a
 Markdown reader does not show:
@@ -58,10 +62,11 @@ Markdown reader does not show:
   <!-- example: skip REASON -->      the next block is not run; REASON printed
   <!-- example: root -->             the next block needs root and a shared
                                      server (implied by its prompts)
-  <!-- example: setup CMD -->        run CMD here, unshown and unchecked, before
-                                     the next block: what a skipped block (a
-                                     dialog at a terminal) did, so the sessions
-                                     after it see the same schedule
+  <!-- example: setup CMD -->        run CMD here, unshown, before the next
+                                     block (its output is not compared, a
+                                     non-zero exit fails): what a skipped block
+                                     (a dialog at a terminal) did, so the
+                                     sessions after it see the same schedule
 
 A missing guide (docs/GUIDE.zh-CN.md while it is being written) is skipped
 with that reason.

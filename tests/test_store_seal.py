@@ -14,6 +14,7 @@ import pytest
 from test_store_ledger import POLICY, Clock, T, add, booking, commit, ledger_bytes
 
 from bk.core import ledgerdoc
+from bk.core.errors import Internal
 from bk.store import ledger as ledger_mod
 from bk.store.ledger import Store
 
@@ -212,5 +213,5 @@ def test_the_writer_still_refuses_an_invalid_state(store, monkeypatch):
     """The seal is only ever put on bytes that passed the check."""
     commit(store, add(booking(T, T + 600)))
     monkeypatch.setattr(ledger_mod.ledgerdoc, "check_state", lambda state, capacity=None: ["broken"])
-    with pytest.raises(Exception, match="refusing to write an invalid ledger"):
+    with pytest.raises(Internal, match="refusing to write an invalid ledger"):
         commit(store, add(booking(T + 600, T + 1200)))

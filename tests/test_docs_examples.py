@@ -81,6 +81,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -298,17 +299,31 @@ def scenarios(blocks: list[Block]) -> list[list[Block]]:
 
 
 class Reader:
-    """The user the `$ ` sessions run as: ada, made for the test when root."""
+    """The user the `$ ` sessions run as: ada, made for the test when root.
+
+    Two runs of this file may overlap (a full suite and a single test), and
+    one must not delete ada under the other.  Every run holds a shared flock
+    on LOCK while it uses ada; ada is made, and removed, only under the
+    exclusive lock, and removed only when this file made it (MARKER) and no
+    other run holds the lock.  flock(2) locks are dropped by the kernel when
+    a run dies, so a crashed run blocks nobody."""
+
+    LOCK, MARKER = "/tmp/bkdoc-ada.lock", "/tmp/bkdoc-ada.made"
 
     def __init__(self) -> None:
-        self.created = False
+        self.fd = None
         if os.getuid() == 0:
+            import fcntl
+
+            self.fd = os.open(self.LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
             try:
                 pwd.getpwnam(READER)
             except KeyError:
                 subprocess.run(["useradd", "-M", "-d", "/nonexistent", "-s", "/usr/sbin/nologin",
                                 READER], check=True, capture_output=True)
-                self.created = True
+                Path(self.MARKER).write_text(READER)
+            fcntl.flock(self.fd, fcntl.LOCK_SH)
             pw = pwd.getpwnam(READER)
             self.uid, self.gid, self.loose = pw.pw_uid, pw.pw_gid, False
             self.python = "/usr/bin/python3"
@@ -319,8 +334,25 @@ class Reader:
         self.name = pwd.getpwuid(self.uid).pw_name
 
     def cleanup(self) -> None:
-        if self.created:
-            subprocess.run(["userdel", READER], capture_output=True)
+        if self.fd is None:
+            return
+        import fcntl
+
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pass                                # another run still uses ada; it removes it
+        else:
+            if os.path.exists(self.MARKER):
+                # userdel refuses while a process of ada exists, and a process
+                # group killed with SIGKILL is reaped a moment later.
+                deadline = time.monotonic() + 10
+                while time.monotonic() < deadline:
+                    if subprocess.run(["userdel", READER], capture_output=True).returncode == 0:
+                        break
+                    time.sleep(0.05)            # poll with a deadline: ada's last process exiting
+                os.unlink(self.MARKER)
+        os.close(self.fd)
 
 
 @pytest.fixture(scope="module")

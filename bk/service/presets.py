@@ -271,11 +271,6 @@ def _recent_own(app, *, call, limit: int = RECENT) -> list[Reservation]:
     return sorted(seen.values(), key=lambda r: (r.created, r.id), reverse=True)[:limit]
 
 
-def _shape(r: Reservation) -> tuple:
-    share = 1 if r.mode == EXCLUSIVE else r.share
-    return (len(r.gpus), r.end - r.start, r.mode, r.mem_mib, share)
-
-
 def _most_common(values: list):
     """The most frequent value; ties go to the most recent (values come newest first)."""
     if not values:
@@ -316,7 +311,7 @@ def suggest_preset(app, booked: Reservation | None = None, *, call, times: int |
     archive.  ``times``: the count the booking's own transaction made
     (``BookResult.same_shape``); then the ledger is not read again.
     """
-    from bk.service.booking import same_shape_count
+    from bk.service.booking import same_shape_count, shape_of
 
     if times is None or booked is None:
         state = app.ledger(call=call)
@@ -327,7 +322,7 @@ def suggest_preset(app, booked: Reservation | None = None, *, call, times: int |
                 return None
             booked = max(mine, key=lambda r: (r.created, r.id))
         times = same_shape_count(state.reservations, uid, booked, RECENT)
-    shape = _shape(booked)
+    shape = shape_of(booked)
     if times != SUGGEST_AFTER:
         return None
     try:

@@ -1,11 +1,15 @@
 """The Chinese README and guide stay the English ones in another language: the
-same commands, the same documents linked, and links inside the guide that land
-on a heading.  (The guides' shell examples themselves are run, for both, by
+same examples (tools/sync_guide_examples.py carries them over), the same
+commands, the same documents linked, and links inside the guide that land on a
+heading.  (The guides' shell examples themselves are run, for both, by
 test_docs_examples.py.)"""
 
 from __future__ import annotations
 
+import importlib.util
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,6 +42,50 @@ def slug(heading: str) -> str:
     full-width alike) dropped, letters of every script kept, spaces to '-'."""
     h = heading.strip().lower().replace("`", "")
     return "".join(c for c in h if c.isalnum() or c in " -_").replace(" ", "-")
+
+
+def sync_tool():
+    spec = importlib.util.spec_from_file_location("sync_guide_examples",
+                                                  ROOT / "tools" / "sync_guide_examples.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_both_guides_show_the_same_examples_in_the_same_order():
+    tool = sync_tool()
+    en, zh = read("docs/GUIDE.md"), read("docs/GUIDE.zh-CN.md")
+    en_ex = [en[a:b] for a, b in tool.examples(en)]
+    zh_ex = [zh[a:b] for a, b in tool.examples(zh)]
+    assert len(en_ex) > 50
+    diff = [i for i, (e, z) in enumerate(zip(en_ex, zh_ex, strict=False)) if e != z]
+    assert len(en_ex) == len(zh_ex) and not diff, \
+        "the guides' examples differ: python3 tools/sync_guide_examples.py carries them over"
+
+
+def test_the_sync_tool_carries_a_changed_example_and_refuses_a_missing_one(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "tools").mkdir()
+    tool_src = (ROOT / "tools" / "sync_guide_examples.py").read_text()
+    (tmp_path / "tools" / "sync_guide_examples.py").write_text(tool_src)
+    block = "<!-- example: skip why -->\n```\n$ bk l\n{}\n```\n"
+    (tmp_path / "docs" / "GUIDE.md").write_text("# G\n\ntext\n\n" + block.format("new") +
+                                                "\nmore\n\n```json\n{}\n```\n")
+    zh = tmp_path / "docs" / "GUIDE.zh-CN.md"
+    zh.write_text("# 指南\n\n文字\n\n```\n$ bk l\nold\n```\n\n更多\n\n```json\n{}\n```\n")
+
+    def run(*args):
+        return subprocess.run([sys.executable, str(tmp_path / "tools" / "sync_guide_examples.py"),
+                               *args], capture_output=True, text=True)
+    assert run("--check").returncode == 1
+    assert run().returncode == 0
+    assert zh.read_text() == ("# 指南\n\n文字\n\n" + block.format("new") +
+                              "\n更多\n\n```json\n{}\n```\n")
+    assert run("--check").returncode == 0
+    zh.write_text("# 指南\n\n```json\n{}\n```\n")
+    p = run()
+    assert p.returncode == 2 and "only in GUIDE.md:5" in p.stderr
+    assert zh.read_text() == "# 指南\n\n```json\n{}\n```\n"
 
 
 def test_both_readmes_open_with_the_language_switch():

@@ -286,7 +286,6 @@ def test_at_node_and_cluster_shorthand_words():
     assert cli_app.normalise(["@gpu-a", "l", "--all"]) == ["c", "at", "gpu-a", "--", "l", "--all"]
     assert cli_app.normalise(["c", "2", "1h"]) == ["c", "book", "2", "1h"]
     assert cli_app.normalise(cli_app.normalise(["@gpu-a", "1", "30m"])) == ["c", "at", "gpu-a", "--", "1", "30m"]
-    assert cli_app.planned("c") is None and cli_app.planned("@gpu-a") is None
 
 
 def run_bk(capsys, *argv, env):

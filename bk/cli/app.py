@@ -81,32 +81,6 @@ _MODULE_OF = {w: m for m, words in COMMAND_WORDS.items() for w in words}
 # Words that are not commands but may stand first: `bk 1 30m` is `bk book 1 30m`.
 BOOK_SHORTHAND = "book"
 
-# Commands the product promises (SPEC 6.1, the seed README) that this release
-# does not have yet: (words, what it will be, what to use meanwhile).  Typing
-# one says so and exits 2 rather than guessing a neighbour ("bk run" is not
-# "bk rm"); ``bk help`` lists them under the same table.
-PLANNED: tuple[tuple[tuple[str, ...], str, str], ...] = (
-)
-_PLANNED = {word: row for row in PLANNED for word in row[0]}
-
-
-def planned(word: str) -> UsageError | None:
-    """The error for a promised command this release lacks, or None."""
-    row = _PLANNED.get("@NODE" if word.startswith("@") and len(word) > 1 else word)
-    if row is None:
-        return None
-    _, what, instead = row
-    return UsageError(f"bk {word} ({what}) is not in this release", hint=f"meanwhile use {instead}")
-
-
-def planned_table() -> str:
-    """The planned commands and their stand-ins, for help."""
-    lines = ["Planned, not in this release (and what to use meanwhile):"]
-    for words, what, instead in PLANNED:
-        lines += [f"  {', '.join(words)}: {what}", f"      {instead}"]
-    return "\n".join(lines)
-
-
 CHEAT_SHEET = """Book GPUs on a shared Linux server.
 
 Everyday commands:
@@ -210,9 +184,6 @@ class Parser(argparse.ArgumentParser):
 
         m = re.search(r"invalid choice: '([^']*)'", message)
         word = m.group(1) if m else "?"
-        promised = planned(word)
-        if promised is not None:
-            return promised
         sub = next((a for a in self._actions if isinstance(a, argparse._SubParsersAction)), None)
         names = sorted(sub.choices) if sub else []
         close = difflib.get_close_matches(word, names, n=1)
@@ -288,7 +259,7 @@ def build_parser(only: str | None = None) -> Parser:
     from bk import __version__
 
     parser = Parser(prog=PROG, description=CHEAT_SHEET,
-                    epilog=planned_table() + "\n\nRun 'bk help COMMAND' for one command, "
+                    epilog="Run 'bk help COMMAND' for one command, "
                     "'bk help preset save' for a sub-command, 'bk tutorial' for a walkthrough.",
                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", "-V", action="version", version=f"bk {__version__}")

@@ -27,7 +27,7 @@ def _subcommands(parser: argparse.ArgumentParser) -> argparse._SubParsersAction 
 
 
 def run(args, ctx) -> Output:
-    from bk.cli.app import build_parser, planned
+    from bk.cli.app import build_parser
 
     topic = list(args.topic or [])
     node = build_parser()
@@ -36,9 +36,6 @@ def run(args, ctx) -> Output:
     for word in topic:
         sub = _subcommands(node)
         if sub is None or word not in sub.choices:
-            promised = planned(word) if not path else None
-            if promised is not None:
-                raise promised
             where = f"bk {' '.join(path)}" if path else "bk"
             names = sorted(sub.choices) if sub is not None else []
             if not names:

@@ -407,7 +407,14 @@ class Service:
     def notices(self, include_archived: bool = False, state: LedgerState | None = None, *,
                 call: Call | None = None) -> list[Notice]:
         call = self._call(call)
-        state, now, actor = state or self.ledger(call=call), call.now, call.actor
+        if state is None:
+            from bk.core.ledgerdoc import DocKeep
+
+            # Notices are their own list in the document (an administrator's
+            # cancellation of your booking is a notice to you, not a field of
+            # the booking), so no reservation needs building (a sealed ledger).
+            state = self.ledger(call=call, keep=DocKeep())
+        now, actor = call.now, call.actor
         out = []
         for n in state.notices:
             if (n.archived or n.at > now) and not include_archived:

@@ -5,10 +5,10 @@ reuses the transaction's count)."""
 from __future__ import annotations
 
 import pytest
-from helpers_cli import BOB, ME, SLICE, bk_fixture
+from helpers_cli import BOB, ME, ROOT, SLICE, bk_fixture
 
 from bk.core.errors import BkError
-from bk.service.requests import BookRequest, CancelRequest
+from bk.service.requests import BookRequest, CancelRequest, NoticeRequest
 from bk.service.results import BookResult
 from bk.store.ledger import Store
 
@@ -171,3 +171,62 @@ def test_a_transaction_never_reads_part_of_the_ledger(bk):
     assert part.partial and part.state.reservations == []
     whole = store.read()
     assert not whole.partial and len(whole.state.reservations) == 3
+
+
+# Notices and advice: bk n reads no booking at all, bk g and bk slots only
+# yours and the live ones (what placement and attribution look at).
+ADVICE = [("n",), ("n", "--all"), ("g",), ("g", "1"), ("g", "2", "-m", "4g"), ("g", "4"),
+          ("g", "1", "--mode", "exclusive"), ("slots", "1", "30m"), ("slots", "2", "2h", "-n", "5"),
+          ("slots", "1", "1h", "--mode", "exclusive", "-t", "+2h"), ("st",)]
+
+
+@pytest.mark.parametrize("seed", [4, 5, 6])
+def test_notices_and_advice_from_a_partial_read_match_a_whole_read(bk, monkeypatch, seed):
+    import random
+
+    bk.sim()
+    _world(bk, seed)
+    rng = random.Random(seed)
+    admin = bk.service(ROOT)
+    admin.publish_notice(NoticeRequest("new drivers tonight"))
+    admin.publish_notice(NoticeRequest("later", level="warning", start=SLICE + 6 * H))
+    admin.publish_notice(NoticeRequest("gone by now", until=SLICE + H))
+    mine = [r for r in bk.service(ME).ledger().reservations if r.uid == ME.uid and r.cancelled_at is None]
+    for r in rng.sample(mine, min(3, len(mine))):       # admin cancellations: notices to ada
+        admin.cancel(CancelRequest(ref=r.id, reason=f"maintenance {r.id[:4]}"))
+    # Some ended, some running, some to come.  The clock reads os.environ, so
+    # the later time is set there rather than passed to one command.
+    monkeypatch.setenv("BK_NOW", "2026-07-14T09:02:10Z")
+    print(f"seed {seed}")
+    partial = {v: (bk(*v), bk.json(*v)) for v in ADVICE}
+    assert partial[("n",)][1].data["notices"], "the world has notices to compare"
+    from bk.core import ledgerdoc
+
+    monkeypatch.setattr(ledgerdoc, "sealed", lambda data: None)     # every read whole, checked
+    for v in ADVICE:
+        whole = (bk(*v), bk.json(*v))
+        assert whole == partial[v], v
+
+
+def test_notices_and_advice_build_only_what_they_look_at(bk, monkeypatch):
+    _fill(bk, 5)
+    bob = bk.service(BOB)
+    for i in range(30):
+        bob.book(BookRequest(count=1, duration=H, start=SLICE + 3600 * (i + 1), again=True))
+    from bk.service.app import Service
+
+    seen = []
+    real = Service.ledger
+
+    def spy(self, *, call=None, keep=None):
+        state = real(self, call=call, keep=keep)
+        seen.append(len(state.reservations))
+        return state
+    monkeypatch.setattr(Service, "ledger", spy)
+    from bk.core.models import iso
+
+    monkeypatch.setenv("BK_NOW", iso(SLICE + 23 * H + 1800))     # bob's from the 23rd on have not ended
+    bk.ok("n")
+    bk.ok("g", "1")
+    bk.ok("slots", "1", "1h")
+    assert seen == [0, 5 + 8, 5 + 8]        # none; yours, and bob's 8 not yet ended

@@ -87,7 +87,11 @@ def run_slots(args, ctx) -> Output:
 def run_gpu(args, ctx) -> Output:
     app, call = ctx.app(), ctx.call()
     now, tz = call.now, call.tz
-    state = app.ledger(call=call)  # one read serves both the current bookings and the recommendation
+    # One read serves both the current bookings and the recommendation: yours
+    # and the live ones, all either looks at.
+    from bk.service.app import live_keep
+
+    state = app.ledger(call=call, keep=live_keep(call))
     mine = app.own_current(state, call=call)
     view = common.view(call, {r.id: i for i, r in enumerate(mine, 1)})
     active = tuple(r for r in mine if r.status(now) == "active")

@@ -115,7 +115,7 @@ BK_BASE = frozenset({
 _STATUS = {"bk.cli.cmd_status", "bk.service.status", "bk.store.snapshot"}
 _PLACE = {"bk.core.capacity", "bk.core.scheduler", "bk.service.booking", "bk.service.builders",
           "bk.service.fields", "bk.service.results", "bk.service.specs"}
-_WRITE = _PLACE | {"bk.core.policy", "bk.service.agent", "bk.service.gateway", "bk.service.jobs",
+_WRITE = _PLACE | {"bk.core.policy", "bk.service.gateway",
                    "bk.service.notices", "bk.service.ops", "textwrap"}
 _SLOTS = _PLACE | {"bk.cli.cmd_slots", "bk.service.advice", "bk.service.status", "bk.store.snapshot",
                    "shlex"}

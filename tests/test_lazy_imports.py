@@ -107,16 +107,16 @@ BK_BASE = frozenset({
     "bk", "bk.cli", "bk.cli.app", "bk.cli.common", "bk.cli.main", "bk.cli.render", "bk.clock",
     "bk.core", "bk.core.envelope", "bk.core.errors", "bk.core.lazyre", "bk.core.ledgerdoc", "bk.core.models",
     "bk.core.record", "bk.core.telemetry", "bk.core.timegrid", "bk.core.utctime", "bk.gpu",
-    "bk.gpu.sim", "bk.service", "bk.service.app", "bk.service.context", "bk.service.requests",
-    "bk.service.telemetry", "bk.service.views", "bk.store", "bk.store.archive", "bk.store.audit",
+    "bk.gpu.sim", "bk.service", "bk.service.app", "bk.service.context",
+    "bk.service.telemetry", "bk.service.views", "bk.store",
     "bk.store.config", "bk.store.fsutil", "bk.store.ledger", "bk.store.lock", "bk.store.paths",
-    "bk.store.segments",
 })
 _STATUS = {"bk.cli.cmd_status", "bk.service.status", "bk.store.snapshot"}
 _PLACE = {"bk.core.capacity", "bk.core.scheduler", "bk.service.booking", "bk.service.builders",
-          "bk.service.fields", "bk.service.results", "bk.service.specs"}
+          "bk.service.fields", "bk.service.requests", "bk.service.results", "bk.service.specs"}
 _WRITE = _PLACE | {"bk.core.policy", "bk.service.gateway",
-                   "bk.service.notices", "bk.service.ops", "textwrap"}
+                   "bk.service.notices", "bk.service.ops", "bk.store.archive", "bk.store.audit",
+                   "bk.store.segments", "textwrap"}
 _SLOTS = _PLACE | {"bk.cli.cmd_slots", "bk.service.advice", "bk.service.status", "bk.store.snapshot",
                    "shlex"}
 
@@ -129,7 +129,7 @@ EVERYDAY: dict[str, frozenset[str]] = {
     "e 1 -d +30m": frozenset(_WRITE | {"bk.cli.cmd_edit"}),
     "d 1 -y": frozenset(_WRITE | {"bk.cli.cmd_cancel"}),
     "slots 2 1h": frozenset(_SLOTS),
-    "tl": frozenset({"bk.cli.cmd_timeline", "bk.service.builders", "bk.service.fields",
+    "tl": frozenset({"bk.cli.cmd_timeline", "bk.service.builders", "bk.service.fields", "bk.service.requests",
                      "bk.service.specs", "bk.service.status", "bk.service.timeline", "string",
                      "_string", "textwrap"}),
 }

@@ -55,7 +55,6 @@ from bk.core.errors import BkError, ConfigError, Internal, IOFailure, LostCommit
 from bk.core.lazyre import Pattern
 from bk.core.models import LedgerState
 from bk.core.record import dataclass, field
-from bk.store import archive, audit, segments
 from bk.store.fsutil import (
     Safety,
     ensure_free,
@@ -72,6 +71,9 @@ from bk.store.fsutil import (
 )
 from bk.store.lock import FileLock
 from bk.store.lock import probe as lock_probe
+
+# bk.store.archive, .audit and .segments are the writer's and the history
+# views' (about 1 ms to load): a read imports none of them (Store.segments).
 
 
 def _token_hex(nbytes: int) -> str:
@@ -185,16 +187,33 @@ class Store:
         self.clock, self.monotonic, self.sleep = clock, monotonic, sleep
         self.capacity, self.min_free = capacity, min_free_bytes
         self.audit_retention = audit_retention_days * 86400
-        self.audit_segment_bytes = audit_segment_bytes or int(os.environ.get(segments.SEGMENT_ENV)
-                                                              or segments.SEGMENT_BYTES)
-        self.segments = segments.Segments(data_dir, self.safety, file_mode=self.modes.audit,
-                                          dir_mode=0o700 if private else 0o750)
+        self._segment_bytes = audit_segment_bytes
+        self._segments = None
         self._tlock = _thread.allocate_lock()
         self._active: int | None = None
         self._valid: bytes | None = None       # the last ledger bytes known to validate
         self._seen: ReadResult | None = None       # check(): the ledger check's read
         self._crash = _crash_point(os.environ.get(CRASH_ENV))
         self._crash_hits = 0
+
+    @property
+    def segments(self):
+        """The sealed audit segments (``bk.store.segments``), made on first use."""
+        if self._segments is None:
+            from bk.store import segments
+
+            self._segments = segments.Segments(self.paths.data_dir, self.safety, file_mode=self.modes.audit,
+                                               dir_mode=0o700 if self.private else 0o750)
+        return self._segments
+
+    @property
+    def audit_segment_bytes(self) -> int:
+        """The live log's size past which a commit seals its older part."""
+        if self._segment_bytes is None:
+            from bk.store import segments
+
+            self._segment_bytes = int(os.environ.get(segments.SEGMENT_ENV) or segments.SEGMENT_BYTES)
+        return self._segment_bytes
 
     # --- reading -----------------------------------------------------------
 
@@ -362,6 +381,8 @@ class Store:
             os.close(dirfd)
 
     def _commit(self, dirfd, apply, policy, actor_uid, actor, warnings, accept_loss=None):
+        from bk.store import archive, audit
+
         p = self.paths
         now = self.clock()
         self._remove_temps(dirfd)
@@ -479,6 +500,8 @@ class Store:
         return got.state.seq, newest, [e for e in tail.entries if e.get("seq", 0) > got.state.seq]
 
     def _lost(self, got, last_seq: int) -> LostCommits:
+        from bk.store import audit
+
         tail = self.audit_tail(limit=5000, include_pending=False)
         lost = [e for e in tail.entries if e.get("seq", 0) > got.meta.seq]
         where = {"empty": "is missing, and so is every backup"}.get(
@@ -498,6 +521,8 @@ class Store:
         afd = open_subdir(dirfd, ARCHIVE, p.archive_dir, self.safety, create_mode=create)
         if afd is None:
             return
+        from bk.store import archive
+
         try:
             if groups:
                 archive.append(afd, p.archive_dir, self.safety, self.modes.ledger, groups)
@@ -578,9 +603,15 @@ class Store:
     # --- history and audit views ------------------------------------------------
 
     def audit_tail(self, limit: int = 50, uid: int | None = None, *,
-                   max_bytes: int = audit.MAX_SCAN, include_pending: bool = True) -> audit.AuditTail:
+                   max_bytes: int | None = None, include_pending: bool = True):
         """The newest ``limit`` audit records (of ``uid``: by or about that
-        user), oldest first, with the malformed lines met on the way."""
+        user), oldest first, with the malformed lines met on the way: an
+        ``audit.AuditTail``.  ``max_bytes``: how far back to scan (None:
+        ``audit.MAX_SCAN``)."""
+        from bk.store import audit
+
+        if max_bytes is None:
+            max_bytes = audit.MAX_SCAN
         dirfd = open_dir(self.paths.data_dir, self.safety)
         if dirfd is None:
             return audit.AuditTail()
@@ -606,6 +637,8 @@ class Store:
         return self._in_dir(self.segments.verify, [])
 
     def _journal(self, dirfd: int) -> list[dict]:
+        from bk.store import audit
+
         data = self._read(dirfd, LEDGER, self.paths.ledger)
         return audit.journal_of(data) if data else []
 
@@ -621,6 +654,8 @@ class Store:
             afd = open_subdir(dirfd, ARCHIVE, self.paths.archive_dir, self.safety)
             if afd is None:
                 return []
+            from bk.store import archive
+
             try:
                 with _gc_paused():
                     found, _problems = archive.read(afd, self.paths.archive_dir, self.safety,
@@ -724,6 +759,8 @@ class Store:
         return not bad, detail
 
     def _check_audit(self):
+        from bk.store import audit, segments
+
         tail = self.audit_tail(limit=1, include_pending=False)
         seq = (self._seen or self.read()).state.seq
         last = tail.entries[-1]["seq"] if tail.entries else 0
@@ -747,6 +784,8 @@ class Store:
         return torn_only and not start and not bad, "; ".join([agree] + problems)
 
     def _audit_start(self) -> str | None:
+        from bk.store import audit
+
         def first(dirfd):
             fd = open_file(dirfd, AUDIT, self.paths.audit, self.safety)
             if fd is None:
@@ -823,6 +862,8 @@ def _crash_point(spec: str | None) -> tuple[str, int] | None:
     the N-th time (default 1) this Store passes STEP."""
     if not spec:
         return None
+    from bk.store import segments
+
     step, _, count = spec.partition(":")
     if step not in STEPS + segments.STEPS:
         raise ConfigError(f"{CRASH_ENV}={spec!r}: unknown step; steps: {', '.join(STEPS + segments.STEPS)}")

@@ -21,12 +21,10 @@ from bk.cli.render import Output, fit, wrap
 from bk.core import timegrid
 from bk.core.errors import InvalidInput, UsageError
 from bk.core.models import parse_iso
-from bk.service.timeline import MAX_COLUMNS, plan, timeline_view
+from bk.service.timeline import MAX_COLUMNS, plan, time_labels, timeline_view
 
 # Label spacing candidates, in minutes: the first that is a multiple of the
 # step and leaves room for a 5-character label is used.
-LABEL_EVERY_MIN = (15, 30, 60, 120, 180, 240, 360, 720, 1440, 2880, 10080)
-LABEL_W = 5
 
 # (full or exclusive, free, now, legend separator): Unicode, then ASCII.
 GLYPHS = ("█", "·", "▼", " · ")
@@ -137,22 +135,7 @@ def run(args, ctx) -> Output:
 
 
 def _labels(frm: int, n: int, step: int, tz) -> str:
-    every = next((m * 60 for m in LABEL_EVERY_MIN if (m * 60) % step == 0 and m * 60 // step > LABEL_W),
-                 None)
-    line = [" "] * n
-    last_end = -1
-    for i in range(n):
-        t = frm + i * step
-        dt = datetime.fromtimestamp(t, tz)
-        wall = t + int(dt.utcoffset().total_seconds())
-        due = (wall % every == 0) if every else (i % (LABEL_W + 1) == 0)
-        if not due or i <= last_end or i + LABEL_W > n:
-            continue
-        text = dt.strftime("%m-%d") if (dt.hour, dt.minute) == (0, 0) or (every or 0) >= 86400 \
-            else dt.strftime("%H:%M")
-        line[i:i + LABEL_W] = text
-        last_end = i + LABEL_W
-    return "".join(line).rstrip()
+    return time_labels(frm, n, step, tz).rstrip()
 
 
 def render(tv, term, *, tz, now: int, label_w: int) -> str:

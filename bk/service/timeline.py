@@ -182,3 +182,32 @@ def timeline_view(app, *, frm: int, to: int, step: int, gpus: list[int] | None =
     view = View(now, call.actor.uid, policy, call.gpu_mem(), numbers)
     return TimelineView(now, grid, tuple(b for b in state.blackouts if b.end > frm and b.start < to),
                         tuple(shown), view)
+
+
+# The time ruler above a timeline's columns, shared by ``bk tl`` and ``bk t``:
+# a label (HH:MM, or MM-DD at midnight and for day-wide steps) every so many
+# minutes of local wall time, the first interval that leaves room for labels.
+LABEL_EVERY_MIN = (15, 30, 60, 120, 180, 240, 360, 720, 1440, 2880, 10080)
+LABEL_W = 5
+
+
+def time_labels(frm: int, n: int, step: int, tz) -> str:
+    """``n`` characters of labels for columns ``step`` seconds wide from ``frm``."""
+    from datetime import datetime
+
+    every = next((m * 60 for m in LABEL_EVERY_MIN if (m * 60) % step == 0 and m * 60 // step > LABEL_W),
+                 None)
+    line = [" "] * n
+    last_end = -1
+    for i in range(n):
+        t = frm + i * step
+        dt = datetime.fromtimestamp(t, tz)
+        wall = t + int(dt.utcoffset().total_seconds())
+        due = (wall % every == 0) if every else (i % (LABEL_W + 1) == 0)
+        if not due or i <= last_end or i + LABEL_W > n:
+            continue
+        label = dt.strftime("%m-%d") if (dt.hour, dt.minute) == (0, 0) or (every or 0) >= 86400 \
+            else dt.strftime("%H:%M")
+        line[i:i + LABEL_W] = label
+        last_end = i + LABEL_W
+    return "".join(line)

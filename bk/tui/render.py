@@ -24,11 +24,9 @@ from datetime import datetime
 from bk.core import timegrid
 from bk.core.models import EXCLUSIVE
 from bk.core.record import dataclass
+from bk.service.timeline import time_labels
 from bk.tui import keys, layout, text
 from bk.tui.theme import Charset, Style, Theme
-
-LABEL_EVERY_MIN = (15, 30, 60, 120, 180, 240, 360, 720, 1440, 2880, 10080)
-LABEL_W = 5
 
 
 @dataclass(frozen=True)
@@ -127,22 +125,7 @@ def _span(a: int, b: int, world, cs: Charset) -> str:
 
 
 def _labels(frm: int, n: int, step: int, tz) -> str:
-    every = next((m * 60 for m in LABEL_EVERY_MIN if (m * 60) % step == 0 and m * 60 // step > LABEL_W),
-                 None)
-    line = [" "] * n
-    last_end = -1
-    for i in range(n):
-        t = frm + i * step
-        dt = datetime.fromtimestamp(t, tz)
-        wall = t + int(dt.utcoffset().total_seconds())
-        due = (wall % every == 0) if every else (i % (LABEL_W + 1) == 0)
-        if not due or i <= last_end or i + LABEL_W > n:
-            continue
-        label = dt.strftime("%m-%d") if (dt.hour, dt.minute) == (0, 0) or (every or 0) >= 86400 \
-            else dt.strftime("%H:%M")
-        line[i:i + LABEL_W] = label
-        last_end = i + LABEL_W
-    return "".join(line)
+    return time_labels(frm, n, step, tz)
 
 
 def _state_word(d: dict) -> str:

@@ -333,7 +333,17 @@ def run_book(args, ctx) -> Output:
     attached = getattr(args, "attached", None)
 
     def book_words(option: dict) -> list[str]:
-        words = [*base, "--start", option["start"]]
+        from bk import clock
+        from bk.core.utctime import parse_utc
+
+        # The best option of "now" is the node's current slice; it may have
+        # ended while the slowest node answered, and a past --start is
+        # refused.  Without an exact time, book "the earliest from now" there:
+        # --queue with no --start.
+        if exact or parse_utc(option["start"]) > clock.now():
+            words = [*base, "--start", option["start"]]
+        else:
+            words = [*base]
         if not exact:
             words.append("--queue")
         return words + (["--", *attached] if attached else [])

@@ -25,7 +25,7 @@ notices are never deleted, only archived (with who and when).
 
 from __future__ import annotations
 
-from bk.core.errors import Ambiguous, Conflict, InvalidInput, NotFound
+from bk.core.errors import Conflict, InvalidInput
 from bk.core.models import (
     ADMIN_CANCEL,
     CANCELLED,
@@ -135,13 +135,10 @@ def apply_maintain(state: LedgerState, req: MaintainRequest, call: Call) -> Muta
 
 
 def find_blackout(state: LedgerState, ref: str) -> Blackout:
-    key = ref.strip().lower()
-    hits = [b for b in state.blackouts if b.id.startswith(key)] if len(key) >= 4 else []
-    if not hits:
-        raise NotFound(f"no maintenance window with ID {ref}", hint="list them with: bk admin maintain list")
-    if len(hits) > 1:
-        raise Ambiguous(f"ID prefix {ref} matches {len(hits)} windows", hint="type more characters of the ID")
-    return hits[0]
+    from bk.service.notices import by_prefix
+
+    return by_prefix(state.blackouts, ref, "maintenance window", "windows",
+                     "list them with: bk admin maintain list")
 
 
 def apply_end(state: LedgerState, req: BlackoutEndRequest, call: Call) -> Mutation:

@@ -40,14 +40,20 @@ def apply_publish(state: LedgerState, req: NoticeRequest, call: Call) -> Mutatio
                     NoticeResult("published", notice))
 
 
-def find_notice(state: LedgerState, ref: str) -> Notice:
+def by_prefix(items, ref: str, what: str, plural: str, list_hint: str):
+    """The one item whose ID starts with ``ref`` (4+ characters): notices and
+    maintenance windows are found the same way."""
     key = ref.strip().lower()
-    hits = [n for n in state.notices if n.id.startswith(key)] if len(key) >= 4 else []
+    hits = [x for x in items if x.id.startswith(key)] if len(key) >= 4 else []
     if not hits:
-        raise NotFound(f"no notice with ID {ref}", hint="list them with: bk n --all")
+        raise NotFound(f"no {what} with ID {ref}", hint=list_hint)
     if len(hits) > 1:
-        raise Ambiguous(f"ID prefix {ref} matches {len(hits)} notices", hint="type more characters of the ID")
+        raise Ambiguous(f"ID prefix {ref} matches {len(hits)} {plural}", hint="type more characters of the ID")
     return hits[0]
+
+
+def find_notice(state: LedgerState, ref: str) -> Notice:
+    return by_prefix(state.notices, ref, "notice", "notices", "list them with: bk n --all")
 
 
 def apply_archive(state: LedgerState, req: NoticeArchiveRequest, call: Call) -> Mutation:

@@ -26,14 +26,19 @@ The decision: the configuration first, then the binding.
    configuration now holds, re-checks the bookings under the lock, and
    records before and after in the audit log.
 
+   On a shared server the row runs in the broker while it answers.  When
+   no broker listens (a maintenance stop, the moment administrators pick
+   for a policy change) root runs it on the host, as the service account
+   and under the store's lock (``bind``, ``HostGateway``): waiting for the
+   broker would not do, since a broker started with a configuration its
+   ledger disagrees with refuses to start.
+
 A crash between 2 and 3 leaves a configuration the ledger's binding does
 not match.  That is detectable: every write and ``bk doctor`` name the keys,
 and ``bk admin gpu-policy`` (show) says so.  It is repaired by re-running
-the same command: the configuration already holds the target, so step 2
-changes nothing and step 3 binds it.  (A broker restarted in that state
-refuses to start, because the ledger disagrees; then run the command again
-with the previous values, which makes both agree, start the broker, and
-apply the change again.)  Keys outside the binding need only step 2.
+the same command, broker running or not: the configuration already holds
+the target, so step 2 changes nothing and step 3 binds it.  Keys outside
+the binding need only step 2.
 """
 
 from __future__ import annotations
@@ -264,6 +269,23 @@ def write_config(p: PolicyPlan) -> None:
         replace_file(dirfd, name, directory, data, mode, owner=owner, check=check)
     finally:
         os.close(dirfd)
+
+
+def bind(service, req: PolicyBindRequest, call: Call):
+    """Step 3: the ``policy_bind`` row, through the broker while one
+    answers, else on the host (the module essay).  Only a broker that is
+    not there at all (no socket, nobody listening: nothing was sent) sends
+    it to the host; any other failure is the caller's to report."""
+    from bk.core.errors import Unavailable
+    from bk.service.gateway import HostGateway
+
+    try:
+        return service.run(POLICY_BIND, req, call=call)
+    except Unavailable as e:
+        if not service.shared or e.details.get("reason") != "no_broker":
+            raise
+    service.gateway = HostGateway(service)
+    return service.run(POLICY_BIND, req, call=call)
 
 
 # ------------------------------------------------------------ the bind row

@@ -237,7 +237,14 @@ def run_maintain(args, ctx) -> Output:
             lines.append(f"  {'cancelled' if r.id in result.cancelled else 'kept'}: {_res_line(r, call)}")
         return "\n".join(lines)
 
-    done = None if result.dry_run else f"maintenance window {result.notice.id[:8]}"
+    done = None
+    if not result.dry_run:
+        # The window's ID is the one `maintain end` takes; the notice is
+        # how users hear of it.
+        done = (f"added maintenance window {result.blackout.id[:8]} (notice {result.notice.id[:8]})"
+                if result.blackout is not None else f"published maintenance notice {result.notice.id[:8]}")
+        if result.cancelled:
+            done += f", {len(result.cancelled)} booking{'s' if len(result.cancelled) != 1 else ''} cancelled"
     return Output("admin maintain", result.to_json(), human, done=done)
 
 

@@ -100,4 +100,23 @@ def run(args, ctx) -> Output:
         if ctx.json:
             raise
         return Output(name, {}, _line(failure(name, e, list(call.warnings))), exit_code=e.exit_code)
-    return Output(name, data, lambda term: _line(success(name, data, list(call.warnings))))
+    return Output(name, data, lambda term: _line(success(name, data, list(call.warnings))),
+                  done=_done(tool, data))
+
+
+def _done(tool, data: dict) -> str | None:
+    """A write's own words for when its envelope cannot be written (stdout
+    full or closed): the booking it made, changed or cancelled, so that the
+    caller can find it without the envelope."""
+    if tool.read_only or data.get("dry_run") or data.get("status") == "dry_run":
+        return None
+    status = str(data.get("status") or "done")
+    where = f" on {data['node']}" if isinstance(data.get("node"), str) else ""
+    res = data.get("reservation")
+    if isinstance(res, dict) and res.get("short_id"):
+        return f"{tool.name}: {status} booking {res['short_id']}{where}"
+    rows = data.get("reservations")
+    ids = [r.get("short_id") for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
+    if ids:
+        return f"{tool.name}: {status} booking{'s' if len(ids) != 1 else ''} {', '.join(map(str, ids))}{where}"
+    return f"{tool.name}: {status}"

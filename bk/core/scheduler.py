@@ -287,7 +287,7 @@ class _Plan:
         for b in self.blackouts:
             if b.start < e and s < b.end:
                 raise PolicyRefused(
-                    f"{self._span(s, e)} overlaps the blackout {iso(b.start)} to {iso(b.end)}"
+                    f"{self._span(s, e)} overlaps the maintenance window {self._span(b.start, b.end)}"
                     + (f": {b.reason}" if b.reason else ""),
                     f"choose a start at or after {self._clock(_ceil(b.end, self.q))}, or add --queue",
                     details={"rule": "blackout", "blackout": {

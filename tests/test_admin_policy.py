@@ -183,3 +183,15 @@ def test_a_bound_key_changed_while_the_broker_is_stopped_is_bound_on_the_host():
         assert rc == 0, env
         binds = [e for e in env["data"]["entries"] if e["action"] == "policy_bind"]
         assert len(binds) == 2 and {e["uid"] for e in binds} == {0}, binds
+
+
+def test_bad_flag_values_are_usage_errors_naming_the_flag(bk):
+    """Issue 30 item 13: they exited 78 (a broken configuration) with the
+    bound as "1.04858e+06"."""
+    for flag, value, bound in (("--reserve-mb", "-5", "between 0 and 1048576"),
+                               ("--max-hours", "0", "between 1 and 8784"),
+                               ("--horizon-days", "400", "between 1 and 366")):
+        env = bk.json("admin", "gpu-policy", flag, value, code=2)
+        assert env["error"]["code"] == "invalid_input"
+        assert env["error"]["message"] == f"{flag} must be {bound}, got {value}", env
+    assert not bk.config.exists()

@@ -60,6 +60,10 @@ POLICY_BIND = "policy_bind"
 # The keys this command edits, with the config key each flag sets.
 EDITABLE = ("disabled_gpus", "gpu_priority", "booking_horizon_days", "max_booking_hours",
             "require_shared_memory", "shared_memory_reserve_mb")
+# The flag that sets each key, for a refusal in the words that were typed.
+FLAGS = {"disabled_gpus": "--disable/--enable", "gpu_priority": "--priority",
+         "booking_horizon_days": "--horizon-days", "max_booking_hours": "--max-hours",
+         "require_shared_memory": "--require-memory", "shared_memory_reserve_mb": "--reserve-mb"}
 
 
 @dataclass(frozen=True)
@@ -223,7 +227,14 @@ def plan(service, change: PolicyChange, *, call: Call) -> PolicyPlan:
     from bk.store.config import KEYS, check_value, parse_document
 
     for key in change.touched():
-        after[key] = check_value(KEYS[key], after[key], "the new policy")
+        try:
+            after[key] = check_value(KEYS[key], after[key], "the new policy")
+        except ConfigError as e:
+            # A bad flag value is a usage error (exit 2) about the flag,
+            # not a broken configuration (78): nothing was written.
+            raise InvalidInput(f"{FLAGS[key]} must be {e.details.get('expected', 'valid')}, got "
+                               f"{json.dumps(after[key])}", hint=f"see: bk help admin gpu-policy (it sets "
+                               f"{key}, man 5 gpubk-config)") from None
     # Drop values equal to what the file already says, so the diff is real.
     values = {**service.settings.values}
     wanted = {**values, **parse_document(after, path, allow_security=loc.config_is_system)}

@@ -180,6 +180,27 @@ def test_a_second_worker_is_turned_away(env):
     assert proc.returncode == 0
 
 
+def test_a_turned_away_worker_never_says_it_started(pyz, env):
+    """Issue 30 item 13: the second `bk w start` printed "started" and then
+    "already running"."""
+    proc = subprocess.Popen([sys.executable, str(pyz), "w", "start"], env=env, cwd=env["HOME"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        while json.loads(bk(env, "w", "--json").stdout)["data"]["worker"]["state"] != "running":
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
+        p = subprocess.run([sys.executable, str(pyz), "w", "start"], env=env, cwd=env["HOME"], capture_output=True,
+                           text=True, stdin=subprocess.DEVNULL, timeout=60)
+        assert p.returncode == 75, p.stderr
+        assert p.stderr.startswith(f"error: a bk worker is already running for you (process {proc.pid})"), p.stderr
+        assert "started" not in p.stderr
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=20)
+    assert err.startswith(f"bk worker: started (pid {proc.pid})"), err     # the one that runs says so
+
+
 @pytest.mark.root
 @needs_root
 def test_the_command_line_reaches_no_file_another_user_can_read(tmp_path):

@@ -391,6 +391,10 @@ def serve_worker(app, env: dict, *, once: bool = False, log=None, clock_fn=None,
 
     with Lease(host.jobs_path, data_dir=app.settings.data_dir, now=host.now()):
         worker = Worker(host, log=log or (lambda line: None))
+        if not once:
+            # Only now, with the lease held: a second worker is refused
+            # ("already running") before it could say it started.
+            worker.log(f"started (pid {os.getpid()}); jobs in {host.jobs_path}")
         saved = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         started = 0
         try:

@@ -444,12 +444,12 @@ def _monitor_check(app, call, required: bool) -> tuple[dict, dict | None]:
     if state == "running":
         return _check("monitor", True, detail), got
     path = os.path.join(directory, HEARTBEAT_FILE)
-    if state == "absent" and (hb.detail != ABSENT_HEARTBEAT.detail or os.path.lexists(path)):
+    if state == "damaged" or (state == "absent" and os.path.lexists(path)):
         # A file is there, but no heartbeat bk can believe (damaged, or
         # written by another account): the reader treats it as none.
         why = hb.detail if hb.detail != ABSENT_HEARTBEAT.detail else \
             f"{path} is damaged or not the monitor account's"
-        return _check("monitor", True, f"{state}: {why}", status=FAIL if required else WARN,
+        return _check("monitor", True, f"damaged: {why}", status=FAIL if required else WARN,
                       fix=f"restart the monitor, which writes a new one ({start})"), got
     if state == "absent":
         if not required:

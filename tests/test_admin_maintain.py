@@ -108,6 +108,20 @@ def test_without_yes_and_no_terminal_it_asks_for_yes(bk):
     assert "--yes" in env["error"]["message"]
 
 
+def test_a_past_until_is_refused_as_until_not_as_a_start(bk):
+    """Issue 30 item 13: `--until=-1h` was refused as "start '-1h' is in the
+    past", an option nobody typed; `--until -1h` was "expected one argument"."""
+    pub = bk.data_of("admin", "notice", "publish", "Reboot at 18:00", "--until", "18:30")
+    for argv in (["admin", "notice", "publish", "x"], ["admin", "notice", "edit", pub["notice"]["id"][:8]]):
+        for until in (["--until=-1h"], ["--until", "-1h"], ["--until", "today 09:00"]):
+            env = bk.json(*argv, *until, code=2)
+            message = env["error"]["message"]
+            assert message.startswith("--until ") and "start" not in message, (argv, until, message)
+            assert "past" in message or "not in the future" in message, message
+        env = bk.json(*argv, "--until", "soonish", code=2)
+        assert env["error"]["message"].startswith("--until: cannot read 'soonish'"), env
+
+
 def test_notice_start_list_and_edit_keep_the_original_in_the_audit_trail(bk):
     pub = bk.data_of("admin", "notice", "publish", "Reboot at 18:00", "--start", "17:00", "--until", "18:30",
                      "--level", "warning")

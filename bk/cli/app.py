@@ -365,7 +365,7 @@ def _misplaced(option: str, command: str | None) -> UsageError:
 
 # Flags whose value may start with "-" (``bk e 1 -d -15m``, ``bk tl --from -2h``).  argparse would
 # take "-15m" for an unknown option, so such a value is glued to its flag.
-_SIGNED_VALUE_FLAGS = ("-d", "--duration", "--from")
+_SIGNED_VALUE_FLAGS = ("-d", "--duration", "--from", "--until")
 
 
 def _glue_signed_values(argv: list[str]) -> list[str]:

@@ -406,15 +406,14 @@ def run_notice_list(args, ctx) -> Output:
 
 def run_notice_edit(args, ctx) -> Output:
     need_root("notice edit")
-    from bk.core import timegrid
     from bk.service.requests import NoticeEditRequest
 
     app, call = ctx.app(), ctx.call()
     until = None
     if args.until is not None:
-        until = timegrid.parse_start(args.until, call.now, call.tz, 1).t
-        if until <= call.now:
-            raise UsageError(f"--until {args.until} is not in the future", hint="e.g. --until +2h")
+        from bk.cli.common import time_ahead
+
+        until = time_ahead(args.until, "--until", call.now, call.tz)
     result = app.run("notice_edit", NoticeEditRequest(args.ref, text=args.text, level=args.level, until=until,
                                                       clear_until=args.no_until, dry_run=args.dry_run), call=call)
     n = result.notice

@@ -52,6 +52,23 @@ def test_the_before_stop_check_through_the_archive(pyz, tmp_path):
     assert doc["ok"] and doc["data"]["exit_code"] == 7 and doc["data"]["reservation"]["gpus"] == [3]
 
 
+def test_run_json_keeps_stdout_for_the_envelope_alone(pyz, env):
+    """Issue 30 item 6: `bk run --json -- CMD` printed the command's output
+    and then the envelope, both on stdout; a program could parse neither."""
+    bk(env, "1", "30m")
+    p = subprocess.run([sys.executable, str(pyz), "run", "--json", "--", "sh", "-c",
+                        "echo to-stdout; echo to-stderr >&2; exit 3"], env=env, capture_output=True,
+                       text=True, stdin=subprocess.DEVNULL, timeout=60, cwd=env["HOME"])
+    assert p.returncode == 3, p.stderr
+    doc = json.loads(p.stdout)                          # the whole of stdout: one envelope
+    assert doc["ok"] and doc["data"]["exit_code"] == 3 and doc["data"]["stopped"] is None
+    assert p.stderr.splitlines() == ["to-stdout", "to-stderr"]
+    # Without --json the command keeps stdout, and bk adds nothing to it.
+    p = subprocess.run([sys.executable, str(pyz), "run", "--", "sh", "-c", "echo to-stdout"], env=env,
+                       capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60, cwd=env["HOME"])
+    assert (p.returncode, p.stdout, p.stderr) == (0, "to-stdout\n", "")
+
+
 def test_run_with_no_active_booking_says_how_to_book(env):
     p = bk(env, "run", "--", "true", code=4)
     assert "no active booking" in p.stderr and "bk run 1 1h -- CMD" in p.stderr
@@ -161,6 +178,27 @@ def test_a_second_worker_is_turned_away(env):
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=20)
     assert proc.returncode == 0
+
+
+def test_a_turned_away_worker_never_says_it_started(pyz, env):
+    """Issue 30 item 13: the second `bk w start` printed "started" and then
+    "already running"."""
+    proc = subprocess.Popen([sys.executable, str(pyz), "w", "start"], env=env, cwd=env["HOME"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        while json.loads(bk(env, "w", "--json").stdout)["data"]["worker"]["state"] != "running":
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
+        p = subprocess.run([sys.executable, str(pyz), "w", "start"], env=env, cwd=env["HOME"], capture_output=True,
+                           text=True, stdin=subprocess.DEVNULL, timeout=60)
+        assert p.returncode == 75, p.stderr
+        assert p.stderr.startswith(f"error: a bk worker is already running for you (process {proc.pid})"), p.stderr
+        assert "started" not in p.stderr
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=20)
+    assert err.startswith(f"bk worker: started (pid {proc.pid})"), err     # the one that runs says so
 
 
 @pytest.mark.root

@@ -210,7 +210,7 @@ REFUSALS = [
      mem16(4), {}, Conflict, "memory", ["GPU 0 memory: 20000 MiB asked, the GPU has 16384 MiB"]),
     ("exact start in a blackout", one(start=at("14:30")), [],
      [Blackout("b1", at("14:00"), at("15:00"), "kernel upgrade")], None, {}, PolicyRefused, "blackout",
-     ["blackout 2026-07-13T14:00:00Z to 2026-07-13T15:00:00Z: kernel upgrade", "15:00"]),
+     ["maintenance window 14:00–15:00: kernel upgrade", "15:00"]),
     ("exact start: slots held", one(start=at("14:00"), pinned=(0,)),
      [res("alice", [0], "14:00", "15:00"), res("bob", [0], "13:00", "15:30")], [], None, {},
      Conflict, "capacity", ["14:00–15:00", "GPU 0 busy: 2/2 slots held by bob, alice until 15:00", "--queue"]),

@@ -194,6 +194,30 @@ def test_pyz_chart_is_ascii_without_utf8(run):
     assert "today     booked 2.0h, active 1.0h, idle 50% of it" in ascii_
 
 
+def test_pyz_dashboard_takes_since_as_people_write_it(run):
+    """Issue 30 item 13: `bk u --since 7d` failed as "invalid choice: '7d'"."""
+    os.makedirs(run.data_dir, mode=0o700)
+    from bk.core.models import Reservation
+
+    folder, recs = Folder(60, 30), []
+    old = Reservation("b" * 36, os.getuid(), "me", "shared", (0,), 1, TODAY - 3 * DAY + 8 * H, TODAY - 3 * DAY + 10 * H,
+                      TODAY - 3 * DAY)
+    new = Reservation("c" * 36, os.getuid(), "me", "shared", (0,), 1, TODAY + 8 * H, TODAY + 9 * H, TODAY)
+    for r in (old, new):
+        for t in range(r.start, r.end, 30):
+            procs = [GpuProcess(1, 100, 50, os.getuid())] if t < r.start + H else []
+            recs += folder.add(t, Snapshot(t, "sim", (GpuInfo(0, "g", "sim", 1000, 0, 0, None, procs),)), None, [r])
+    UsageStore(str(run.data_dir / "usage")).append(recs + folder.flush(), now=NOW)
+    week = json.loads(run("u", "--since", "7d", "--json").stdout)["data"]
+    assert week["period"]["totals"]["booked_s"] == 3 * H and week["period"]["totals"]["active_s"] == 2 * H
+    assert week["totals"]["7d"]["booked_s"] == 3 * H                    # the dashboard is all there too
+    two = json.loads(run("u", "--since", "2d", "--json").stdout)["data"]["period"]
+    assert two["totals"]["booked_s"] == H and two["until"] == NOW_ISO
+    text = run("u", "--since", "2d").stdout
+    assert "booked 1.0h, active 1.0h, idle 0% of it" in text and "today     " in text
+    assert "--since" in run("u", "--until", "1d", code=2).stderr
+
+
 def test_unreadable_history_is_a_permission_not_a_disk_error(bk, monkeypatch):
     import errno
 

@@ -106,8 +106,36 @@ def result_text(r: UpdateResult) -> str:
         head = f"updated bk {p.installed_version or '?'} -> {p.new_version}; bk doctor --probe --strict passed"
     else:
         head = (f"the new archive failed its verification; rolled back to bk {p.installed_version or '?'}:\n"
-                + (r.verify.get("output") or "").strip()[-1500:])
+                + verification_text(r.verify))
     return "\n".join([head, *r.notes])
+
+
+def verification_text(v: dict) -> str:
+    """Why the check failed, for people: doctor's checks that are not ok,
+    each with its detail and fix, as ``bk doctor`` words them (its JSON is
+    for programs: a raw tail of it is cut mid-object).  Without a report
+    (doctor did not start, or printed no JSON) the last lines of what it
+    printed, whole lines only."""
+    report = v.get("doctor")
+    checks = report.get("checks") if isinstance(report, dict) else None
+    lines = []
+    if isinstance(checks, list):
+        for c in checks:
+            if not isinstance(c, dict) or c.get("ok", True):
+                continue
+            word = "FAIL" if c.get("status") == "fail" else "WARN"
+            lines.append(f"  {c.get('name', '?')}: {word}: {c.get('detail', '')}")
+            if c.get("fix"):
+                lines.append(f"    fix: {c['fix']}")
+    output = v.get("output") or ""
+    if lines:
+        # What came after doctor's JSON (the temporary broker's own words).
+        extra = output.split("\nbroker: ", 1)[1] if "\nbroker: " in output else ""
+        if extra:
+            lines.append("  broker: " + extra.strip().splitlines()[-1])
+        return "\n".join(lines)
+    tail = output.strip().splitlines()[-20:]
+    return "\n".join("  " + x for x in tail) or f"  bk doctor exited {v.get('rc')} and said nothing"
 
 
 def verify(layout: Layout, env: dict, runner=subprocess.run) -> dict:

@@ -261,9 +261,9 @@ def run_notice_publish(args, ctx) -> Output:
     now, tz = call.now, call.tz
     until = start = None
     if args.until is not None:
-        until = timegrid.parse_start(args.until, now, tz, 1).t
-        if until <= now:
-            raise UsageError(f"--until {args.until} is not in the future", hint="e.g. --until +2h")
+        from bk.cli.common import time_ahead
+
+        until = time_ahead(args.until, "--until", now, tz)
     if args.start is not None:
         start = timegrid.parse_start(args.start, now, tz, 1).t
     result = app.publish_notice(NoticeRequest(args.text, level=args.level, until=until, dry_run=args.dry_run,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 
 from bk.cli.render import Output, safe, wrap
-from bk.core.errors import EXIT_PARTIAL, PermissionDenied, UsageError
+from bk.core.errors import EXIT_PARTIAL, BkError, PermissionDenied, UsageError
 
 RAW = argparse.RawDescriptionHelpFormatter
 
@@ -106,7 +106,8 @@ def register_policy(actions) -> None:
         "With options: change the trusted configuration atomically and, when a key the ledger binds "
         "changes (the memory reserve or rule), the binding in the same step. A change that bookings "
         "still to run would break is refused and they are listed, unless --force. If it is "
-        "interrupted between the two, running the same command again completes it. Blackouts: "
+        "interrupted between the two, running the same command again completes it. With the broker "
+        "stopped, root binds the ledger itself, as the service account. Blackouts: "
         "bk admin maintain.",
         epilog="Examples:\n  sudo bk admin gpu-policy\n  sudo bk admin gpu-policy --disable 3 --dry-run\n"
                "  sudo bk admin gpu-policy --enable 3 --priority 3=1,2=5\n"
@@ -236,7 +237,14 @@ def run_maintain(args, ctx) -> Output:
             lines.append(f"  {'cancelled' if r.id in result.cancelled else 'kept'}: {_res_line(r, call)}")
         return "\n".join(lines)
 
-    done = None if result.dry_run else f"maintenance window {result.notice.id[:8]}"
+    done = None
+    if not result.dry_run:
+        # The window's ID is the one `maintain end` takes; the notice is
+        # how users hear of it.
+        done = (f"added maintenance window {result.blackout.id[:8]} (notice {result.notice.id[:8]})"
+                if result.blackout is not None else f"published maintenance notice {result.notice.id[:8]}")
+        if result.cancelled:
+            done += f", {len(result.cancelled)} booking{'s' if len(result.cancelled) != 1 else ''} cancelled"
     return Output("admin maintain", result.to_json(), human, done=done)
 
 
@@ -398,15 +406,14 @@ def run_notice_list(args, ctx) -> Output:
 
 def run_notice_edit(args, ctx) -> Output:
     need_root("notice edit")
-    from bk.core import timegrid
     from bk.service.requests import NoticeEditRequest
 
     app, call = ctx.app(), ctx.call()
     until = None
     if args.until is not None:
-        until = timegrid.parse_start(args.until, call.now, call.tz, 1).t
-        if until <= call.now:
-            raise UsageError(f"--until {args.until} is not in the future", hint="e.g. --until +2h")
+        from bk.cli.common import time_ahead
+
+        until = time_ahead(args.until, "--until", call.now, call.tz)
     result = app.run("notice_edit", NoticeEditRequest(args.ref, text=args.text, level=args.level, until=until,
                                                       clear_until=args.no_until, dry_run=args.dry_run), call=call)
     n = result.notice
@@ -479,8 +486,24 @@ def run_policy(args, ctx) -> Output:
         fresh = opener(ctx.env)
         fcall = fresh.call()
         req = PolicyBindRequest(**fcall.policy.bound(), force=args.force)
-        bound = fresh.run("policy_bind", req, call=fcall).to_json()
-    data.update(status="changed" if plan.config_changes or bound else "unchanged", binding=bound)
+        try:
+            bound = policyedit.bind(fresh, req, fcall).to_json()
+        except BkError as e:
+            if not plan.config_changes:
+                raise
+            # The configuration is already the new one: say so, and how to
+            # finish, rather than the row's own "nothing was changed".
+            why = e.message.removesuffix("; nothing was changed")
+            e.message = f"changed {plan.config_file}, but not the ledger's binding: {why}"
+            e.hint = ("run the same command again to complete it (sudo bk admin gpu-policy shows the "
+                      "mismatch)" + (f"; {e.hint}" if e.hint else ""))
+            e.details = {**e.details, "config_changed": True}
+            raise
+    changed = plan.config_changes or (bound is not None and bound["status"] == "bound")
+    data.update(status="changed" if changed else "unchanged", binding=bound)
+    if not changed:
+        return Output("admin gpu-policy", data, f"unchanged: {plan.config_file} and the ledger's binding "
+                      "already say so")
     text = f"changed {plan.config_file}:\n{diff_text}"
     if bound:
         text += "\n  ledger binding: " + ", ".join(f"{k}={_js(v)}" for k, v in sorted(bound["after"].items()))

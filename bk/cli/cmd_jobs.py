@@ -153,8 +153,6 @@ def run_worker(args, ctx) -> Output:
         except (OSError, ValueError):
             pass
 
-    if args.action == "start":
-        log(f"started (pid {__import__('os').getpid()}); jobs in {jobs.jobs_path(app)}")
     started = jobs.serve_worker(app, ctx.env, once=args.action == "once", log=log)
     return Output("worker", {"action": args.action, "started": started},
                   f"worker {'stopped' if args.action == 'start' else 'done'}: started {started} job(s)"

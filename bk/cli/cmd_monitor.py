@@ -17,7 +17,7 @@ EPILOG = """Examples:
   bk m --once               one sample of every GPU and its processes, nothing written
   bk m --once --json        the same as one JSON envelope
   bk m status               is a monitor running? (running, degraded, stale, stopped,
-                            topology-mismatch or absent)
+                            topology-mismatch, damaged or absent)
 
 The monitor samples the GPUs every 2 seconds, writes the latest sample to
 DATA_DIR/monitor/snapshot.json and a heartbeat beside it, and folds the samples
@@ -70,8 +70,8 @@ def run(args, ctx) -> Output:
 
 
 def heartbeat_line(hb) -> str:
-    if hb.state == "absent":
-        return f"monitor: absent ({hb.detail})" if hb.detail else "monitor: absent"
+    if hb.state in ("absent", "damaged"):
+        return f"monitor: {hb.state} ({safe(hb.detail)})" if hb.detail else f"monitor: {hb.state}"
     bits = [f"pid {hb.pid}"]
     if hb.age_s is not None:
         bits.append(f"last sample {hb.age_s} s ago")

@@ -55,6 +55,30 @@ def positive_int(text: str) -> int:
 
 # ------------------------------------------------------------------ words
 
+def time_ahead(word: str, flag: str, now: int, tz) -> int:
+    """A time ahead for an option that is not a start (a notice's
+    ``--until``): the start grammar (+2h, 18:30, tomorrow 09:00), refused in
+    the option's own words, since a refusal about "start" names an option
+    that was never typed."""
+    text = " ".join(word.split())
+    try:
+        t = timegrid.parse_start(text, now, tz, 1).t
+    except InvalidInput as e:
+        message, hint = e.message, e.hint or ""
+        if message.startswith("start "):
+            message = f"{flag} {message[len('start '):]}"
+        message = message.replace("a start is now or later", f"{flag} takes a time ahead")
+        if flag not in message:
+            message = f"{flag}: {message}"
+        if hint.startswith("e.g. now or "):
+            hint = f"e.g. {flag} +2h or {flag} 18:30"
+        hint = hint.replace("the earliest start is", "the earliest is")
+        raise InvalidInput(message, hint or f"e.g. {flag} +2h or {flag} 18:30") from None
+    if t <= now:
+        raise UsageError(f"{flag} {text} is not in the future", hint=f"e.g. {flag} +2h")
+    return t
+
+
 def parse_gpu_list(text: str | None, flag: str) -> tuple[int, ...] | None:
     from bk.service import builders
 

@@ -287,7 +287,7 @@ class _Plan:
         for b in self.blackouts:
             if b.start < e and s < b.end:
                 raise PolicyRefused(
-                    f"{self._span(s, e)} overlaps the blackout {iso(b.start)} to {iso(b.end)}"
+                    f"{self._span(s, e)} overlaps the maintenance window {self._span(b.start, b.end)}"
                     + (f": {b.reason}" if b.reason else ""),
                     f"choose a start at or after {self._clock(_ceil(b.end, self.q))}, or add --queue",
                     details={"rule": "blackout", "blackout": {
@@ -504,8 +504,20 @@ def _validate(req: Request, policy: Policy, now: int, allow_past_start: bool) ->
             raise bad(f"the start must be whole epoch seconds, not {req.start!r}", "start")
         if req.start % q:
             near = _floor(req.start, q)
-            raise bad(f"the start must fall on a {policy.slot_minutes}-minute boundary", "start",
-                      f"nearest valid starts: {iso(max(near, current))} or {iso(max(near + q, current))}")
+            # Suggest only starts the horizon rule (checked next) accepts:
+            # a start far ahead (the schema's maximum) would get hints
+            # years past it.
+            horizon_end = now + policy.booking_horizon_days * 86400
+            latest = _floor(horizon_end - req.duration, q)
+            options = sorted({t for t in (max(near, current), max(near + q, current)) if t <= latest})
+            if req.start + req.duration > horizon_end or not options:
+                hint = (f"and it lies beyond the {policy.booking_horizon_days}-day horizon "
+                        "(booking_horizon_days): " + (f"the latest valid start is {iso(latest)}"
+                                                      if latest >= current else "that duration does not fit in it"))
+            else:
+                hint = "nearest valid start" + ("s: " if len(options) > 1 else ": ") + \
+                    " or ".join(iso(t) for t in options)
+            raise bad(f"the start must fall on a {policy.slot_minutes}-minute boundary", "start", hint)
         if req.start < current and not allow_past_start:
             raise bad("the start lies in the past", "start", f"the earliest valid start is {iso(current)}")
     for name, gs in (("pinned", req.pinned or ()), ("excluded", req.excluded)):

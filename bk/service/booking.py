@@ -364,15 +364,48 @@ def _edit_upcoming(state, old: Reservation, req: EditRequest, call: Call) -> Res
     pinned = req.pinned
     if pinned is None and req.excluded is None:
         pinned = tuple(old.gpus)   # keep the GPUs unless the user asks for others
+    if not req.queue and _frees_only(old, start, duration, mode, share, mem, pinned, req.excluded):
+        # Inside what the booking already holds: nothing is placed, since
+        # nothing is taken.  A booking the administrator kept inside a
+        # maintenance window (or against a changed policy) may so be
+        # shortened, or given a note, where placing it anew is refused.
+        end = start + duration
+        if start % policy.slot_seconds or end % policy.slot_seconds:
+            raise InvalidInput(f"the new times are not on {policy.slot_minutes}-minute boundaries")
+        return old.replace(mem_mib=mem, gpus=tuple(sorted(pinned)), start=start, end=end)
     count = len(pinned) if pinned else len(old.gpus)
     sreq = scheduler.Request(count=count, duration=duration, mode=mode, share=share, mem_mib=mem,
                              start=max(start, floor_slice(now, policy.slot_minutes)),
                              queue=req.queue, pinned=pinned, excluded=tuple(req.excluded or ()),
                              ignore_id=old.id)
-    p = _place(state, sreq, call, live=False)
+    try:
+        p = _place(state, sreq, call, live=False)
+    except PolicyRefused as e:
+        window = e.details.get("blackout") if e.details.get("rule") == "blackout" else None
+        if window and any(b.id == window.get("id") and b.start < old.end and old.start < b.end
+                          for b in state.blackouts):
+            # Kept there by the administrator: "--queue" alone would move it.
+            e.hint = ("it was kept in this window: where it is, it may be shortened or given a note; "
+                      "a longer or later one must avoid the window (--queue moves it past it)")
+        raise
     new_share = policy.max_shared_users if mode == EXCLUSIVE else share
     return old.replace(mode=mode, share=new_share, mem_mib=mem, gpus=tuple(p.gpus),
                        start=p.start, end=p.end)
+
+
+def _frees_only(old: Reservation, start: int, duration: int, mode: str, share: int, mem, pinned,
+                excluded) -> bool:
+    """The edited booking takes nothing the old one did not hold: within its
+    time, on some of its GPUs, the same mode and share, no more memory."""
+    if excluded is not None or not pinned or not set(pinned) <= set(old.gpus):
+        return False
+    if mode != old.mode or (mode != EXCLUSIVE and share != old.share):
+        return False
+    if old.mem_mib is not None and (mem is None or mem > old.mem_mib):
+        return False
+    if old.mem_mib is None and mem is not None and mode != EXCLUSIVE:
+        return False          # a figure where there was none is a rule change, placed as usual
+    return duration > 0 and old.start <= start and start + duration <= old.end
 
 
 def apply_cancel(state: LedgerState, req: CancelRequest, call: Call) -> Mutation:

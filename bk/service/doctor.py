@@ -232,6 +232,47 @@ def _unwritable(app, data_dir: str) -> tuple[str, str] | None:
     return None
 
 
+def _state_check(app, call) -> dict:
+    """The caller's own state directory (presets, job specs and logs, the
+    prompt history): every write there is this user's, so it and the
+    directories bk keeps in it must be real directories of theirs, writable
+    by them and by nobody else (``StateDir``'s rule).  Before the first
+    preset or job it need not exist, but its nearest existing parent must
+    let it be made."""
+    import os
+    import stat
+
+    from bk.store.fsutil import unsafe_stat
+
+    top = app.settings.locations.state_dir
+    me = os.geteuid()
+    if not os.path.lexists(top):
+        where = top
+        while not os.path.lexists(where) and os.path.dirname(where) != where:
+            where = os.path.dirname(where)
+        if os.path.isdir(where) and os.access(where, os.W_OK | os.X_OK):
+            return _check("state directory", True, f"{top}: not made yet (the first preset or job makes it)")
+        return _check("state directory", False, f"{top} does not exist and {where} does not let you make it",
+                      fix=f"ls -ld {where}; make {top} yours (mkdir -p -m 0700 {top}) or set XDG_STATE_HOME")
+    checked = []
+    for path in (top, os.path.join(top, "jobs"), os.path.join(top, "jobs", "specs"),
+                 os.path.join(top, "jobs", "logs")):
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue
+        bad = unsafe_stat(st, me, want_dir=True)
+        if bad is not None:
+            return _check("state directory", False, f"{path}: {bad[1]}",
+                          fix=f"ls -ld {path}; it must be a directory of yours (uid {me}), mode 0700")
+        if not os.access(path, os.W_OK | os.X_OK):
+            return _check("state directory", False, f"{path} is not writable by you "
+                          f"(mode {stat.S_IMODE(st.st_mode):04o})", fix=f"chmod u+rwx {path}")
+        checked.append(path)
+    return _check("state directory", True, f"{top}: yours and writable"
+                  + (f" ({len(checked) - 1} directories in it too)" if len(checked) > 1 else ""))
+
+
 def _socket_check(app, call) -> dict:
     """The broker's socket directory and socket: owned by the service
     account, the modes ``access`` asks for.  A missing directory or socket
@@ -403,12 +444,12 @@ def _monitor_check(app, call, required: bool) -> tuple[dict, dict | None]:
     if state == "running":
         return _check("monitor", True, detail), got
     path = os.path.join(directory, HEARTBEAT_FILE)
-    if state == "absent" and (hb.detail != ABSENT_HEARTBEAT.detail or os.path.lexists(path)):
+    if state == "damaged" or (state == "absent" and os.path.lexists(path)):
         # A file is there, but no heartbeat bk can believe (damaged, or
         # written by another account): the reader treats it as none.
         why = hb.detail if hb.detail != ABSENT_HEARTBEAT.detail else \
             f"{path} is damaged or not the monitor account's"
-        return _check("monitor", True, f"{state}: {why}", status=FAIL if required else WARN,
+        return _check("monitor", True, f"damaged: {why}", status=FAIL if required else WARN,
                       fix=f"restart the monitor, which writes a new one ({start})"), got
     if state == "absent":
         if not required:
@@ -468,7 +509,7 @@ FIXES = {
     "locking": "the file system refuses flock (a network mount?): keep the data directory on a local disk",
 }
 
-CHECKS = (("config", _config_check), ("ledger", _ledger_checks),
+CHECKS = (("config", _config_check), ("ledger", _ledger_checks), ("state directory", _state_check),
           ("policy", _policy_check), ("gpu_backend", _gpu_check))
 
 

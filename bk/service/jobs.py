@@ -272,9 +272,11 @@ class RunOutcome:
     exit_code: int         # what bk exits with: the command's, 124 at the end, 130 on Ctrl-C
 
 
-def run_now(app, call, res: Reservation, argv: list[str], *, cwd: str, env: dict) -> RunOutcome:
+def run_now(app, call, res: Reservation, argv: list[str], *, cwd: str, env: dict,
+            stdout: int | None = None) -> RunOutcome:
     """Run ``argv`` in the foreground on ``res`` (this terminal), TERM at
-    the end minus the grace, KILL at the end."""
+    the end minus the grace, KILL at the end; ``stdout``: a descriptor for
+    its standard output instead of ours."""
     import signal
 
     from bk.core.jobs import shell_status, stop_times
@@ -284,7 +286,7 @@ def run_now(app, call, res: Reservation, argv: list[str], *, cwd: str, env: dict
     grace = int(app.settings["worker_termination_grace_seconds"])
     term_at, kill_at = stop_times(res.end, grace, call.now)
     rc, stopped = run_foreground(argv, cwd=cwd, env=env_for(app, res, env), term_in=term_at - call.now,
-                                 kill_in=kill_at - call.now)
+                                 kill_in=kill_at - call.now, stdout=stdout)
     if stopped == "end":
         code = 124
     elif rc == -signal.SIGINT:
@@ -389,6 +391,10 @@ def serve_worker(app, env: dict, *, once: bool = False, log=None, clock_fn=None,
 
     with Lease(host.jobs_path, data_dir=app.settings.data_dir, now=host.now()):
         worker = Worker(host, log=log or (lambda line: None))
+        if not once:
+            # Only now, with the lease held: a second worker is refused
+            # ("already running") before it could say it started.
+            worker.log(f"started (pid {os.getpid()}); jobs in {host.jobs_path}")
         saved = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         started = 0
         try:

@@ -119,7 +119,13 @@ class Settings:
 
 def _bad(name: str, expected: str, got: object, source: str) -> ConfigError:
     return ConfigError(f"{source}: {name} must be {expected}, got {json.dumps(got)}",
-                       hint=f"fix {name} in {source} (see man 5 gpubk-config)")
+                       hint=f"fix {name} in {source} (see man 5 gpubk-config)",
+                       details={"key": name, "expected": expected})
+
+
+def _num(x) -> str:
+    """A bound as people write it: 1048576, not 1.04858e+06; 0.5 stays 0.5."""
+    return str(int(x)) if float(x).is_integer() else repr(float(x))
 
 
 def check_value(key: Key, value: object, source: str) -> object:
@@ -138,7 +144,7 @@ def check_value(key: Key, value: object, source: str) -> object:
         if not ok:
             raise _bad(key.name, "a whole number" if kind == "int" else "a number", value, source)
         if (key.lo is not None and value < key.lo) or (key.hi is not None and value > key.hi):
-            raise _bad(key.name, f"between {key.lo:g} and {key.hi:g}", value, source)
+            raise _bad(key.name, f"between {_num(key.lo)} and {_num(key.hi)}", value, source)
         if key.name == "slot_minutes" and 60 % value:
             raise _bad(key.name, "a divisor of 60 (1, 2, 3, 4, 5, 6, 10, 12, 15, 20, 30, 60)", value, source)
         return float(value) if kind == "float" else value

@@ -32,8 +32,11 @@ Heartbeat states (``heartbeat_state``, pure, the clock passed in):
 failed or reported a lost driver, or the ledger could not be read),
 ``topology-mismatch`` (fresh, but the GPUs seen differ from the ledger's
 count), ``stale`` (no update for more than three intervals, or its process
-is gone), ``stopped`` (it recorded a clean stop), ``absent`` (no monitor
-ever wrote one here).
+is gone), ``stopped`` (it recorded a clean stop), ``damaged`` (a file is
+there, but not one bk can believe: not JSON, not a heartbeat, too large,
+or not the monitor account's), ``absent`` (no monitor ever wrote one here).
+A heartbeat dated ahead of the reader's clock (the clock was stepped back)
+is stale, and its detail says so rather than a negative age.
 """
 
 from __future__ import annotations
@@ -59,10 +62,10 @@ FRESH_INTERVALS = 3              # a file is fresh while younger than this many 
 MIN_FRESH_S = 2                  # ... and at least this many seconds (times are whole seconds)
 MAX_BYTES = 8 << 20              # 64 GPUs with hundreds of processes is well under 1 MiB
 
-RUNNING, DEGRADED, STALE, STOPPED, MISMATCH, ABSENT = (
-    "running", "degraded", "stale", "stopped", "topology-mismatch", "absent")
-STATES = (RUNNING, DEGRADED, STALE, STOPPED, MISMATCH, ABSENT)
-# What the monitor itself may record; stale and absent are only ever read.
+RUNNING, DEGRADED, STALE, STOPPED, MISMATCH, DAMAGED, ABSENT = (
+    "running", "degraded", "stale", "stopped", "topology-mismatch", "damaged", "absent")
+STATES = (RUNNING, DEGRADED, STALE, STOPPED, MISMATCH, DAMAGED, ABSENT)
+# What the monitor itself may record; stale, damaged and absent are only ever read.
 RECORDED = (RUNNING, DEGRADED, MISMATCH, STOPPED)
 
 
@@ -324,16 +327,27 @@ def read_heartbeat(directory: str, now: int, *, owner: int | None = None,
                    alive=pid_alive) -> Heartbeat:
     """The monitor's state now; ``absent`` when none ever wrote here, and
     for a damaged or foreign file (with a detail saying so)."""
+    path = os.path.join(directory, HEARTBEAT_FILE)
     doc = _read_doc(directory, HEARTBEAT_FILE, owner)
     if doc is None:
+        if os.path.lexists(path):
+            # There, but unreadable to bk: the reader treats it as no
+            # heartbeat, and says it is damaged rather than absent.
+            return Heartbeat(DAMAGED, detail=f"{path} is damaged or not the monitor account's")
         return ABSENT_HEARTBEAT
     if not _valid_heartbeat(doc):
-        return Heartbeat(ABSENT, detail=f"{os.path.join(directory, HEARTBEAT_FILE)} is not a heartbeat bk can read")
+        return Heartbeat(DAMAGED, detail=f"{path} is not a heartbeat bk can read")
     live = alive(doc["pid"]) if doc["status"] != STOPPED else None
     state = heartbeat_state(doc, now, alive=live)
     detail = doc.get("detail")
     if state == STALE:
-        detail = (f"process {doc['pid']} is gone" if live is False
-                  else f"no update for {now - doc['updated_at']} s") + (f" (last: {detail})" if detail else "")
+        if live is False:
+            why = f"process {doc['pid']} is gone"
+        elif doc["updated_at"] > now:
+            why = (f"its last update is {doc['updated_at'] - now} s ahead of this clock (the clock "
+                   "went back, or the heartbeat came from the future)")
+        else:
+            why = f"no update for {now - doc['updated_at']} s"
+        detail = why + (f" (last: {detail})" if detail else "")
     return Heartbeat(state, doc["pid"], doc["updated_at"], doc["started_at"], doc["interval_s"], detail,
-                     max(0, now - doc["updated_at"]), doc["samples"])
+                     now - doc["updated_at"] if doc["updated_at"] <= now else None, doc["samples"])

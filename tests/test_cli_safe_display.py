@@ -34,6 +34,74 @@ def bk(monkeypatch, capsys):
     yield from bk_fixture(monkeypatch, capsys)
 
 
+# One of each class the text policy neutralises (bk.core.safetext), with
+# what a terminal would do with it.
+CLASSES = {
+    "C0 ESC (CSI: clear the screen)": "\x1b[2J",
+    "C0 BEL ending an OSC title change": "\x1b]0;owned\x07",
+    "OSC 8 hyperlink": "\x1b]8;;http://evil.example/\x1b\\click\x1b]8;;\x1b\\",
+    "OSC 52 clipboard write": "\x1b]52;c;cm0gLXJmIH4K\x07",
+    "CSI 8m hidden text": "\x1b[8msecret\x1b[0m",
+    "C0 CR overwrite": "rm -rf /\rls      ",
+    "C0 backspace": "a\bb",
+    "DEL": "\x7f",
+    "C1 one-byte CSI": "\x9b2J",
+    "C1 one-byte OSC": "\x9d0;t\x9c",
+    "bidi override": "\u202eabc\u202c",
+    "bidi embeddings": "\u202a\u202b\u202d",
+    "bidi isolates": "\u2066\u2067\u2068\u2069",
+    "bidi marks": "\u200e\u200f\u061c",
+    "zero-width space, joiners, word joiner, BOM": "a\u200bb\u200cc\u200dd\u2060e\ufefff",
+    "soft hyphen and other Cf": "\u00ad\u180e\ufff9",
+    "tag characters": "\U000e0001\U000e0041",
+    "line and paragraph separators": "\u2028\u2029",
+    "lone surrogate": "\ud800",
+    "Hangul fillers": "\u3164\u115f\u1160\uffa0",
+}
+# What no human view may print: every C0 control but the newline, DEL, C1,
+# and every character of the classes above.
+STRICT = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u00ad\u061c\u115f\u1160\u180e\u200b-\u200f"
+                    "\u2028-\u202e\u2060-\u2069\u3164\ufeff\uffa0\ufff9-\ufffb\ud800-\udfff"
+                    "\U000e0000-\U000e007f]")
+
+
+@pytest.mark.parametrize("name", sorted(CLASSES))
+def test_every_class_is_shown_as_visible_escapes(name):
+    from bk.core import safetext
+
+    text = CLASSES[name]
+    for shown in (safe(text), safetext.safe(text, multiline=True)):
+        assert not STRICT.search(shown), (name, shown)
+        assert "\\" in shown, shown                            # visibly: as escapes
+    assert not STRICT.search(safetext.safe(text, mark="?"))     # or as a mark, in a TUI cell
+    from bk.tui.render import clean
+
+    assert not STRICT.search(clean(text)) and "?" in clean(text)
+    assert all(safetext.escaped(c) or c.isprintable() or c in " " for c in text)
+
+
+def test_multiline_text_keeps_its_line_breaks_and_nothing_else():
+    from bk.core.safetext import safe_lines
+
+    assert safe_lines("one\r\ntwo\n\tthree\rfour\x1b[2J") == "one\ntwo\n\tthree\\rfour\\x1b[2J"
+    assert safe("one\ntwo") == "one\\ntwo"                     # one-line text: the break is shown
+
+
+def test_printable_text_of_any_script_is_unchanged():
+    for text in ("café 日本語 – ok", "emoji 🎉 and 🫠", "\u00a0nbsp\u3000wide", "नमस्ते", "عربى", "\ue0b0 icon"):
+        assert safe(text) == text
+
+
+def test_the_ledger_refuses_what_steers_and_accepts_the_invisible():
+    from bk.core.errors import InvalidInput
+    from bk.service.fields import check_text
+
+    for bad in ("a\u200fb", "a\u061cb", "a\u2028b", "a\u202eb", "a\x1bb", "a\tb"):
+        with pytest.raises(InvalidInput, match="control characters"):
+            check_text(bad, "--note", max_len=100)
+    assert check_text("👩\u200d💻 a\u200bb", "--note", max_len=100)     # shown escaped, stored as is
+
+
 def test_safe_escapes_what_steers_a_terminal_and_keeps_the_rest():
     assert safe("plain note, 12g") == "plain note, 12g"
     assert safe("café 日本語 – ok") == "café 日本語 – ok"

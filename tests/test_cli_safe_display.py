@@ -14,6 +14,7 @@ import re
 
 import pytest
 from helpers_cli import ROOT, SIM_GPUS, bk_fixture
+from helpers_text import CLASSES, STRICT
 
 from bk.cli import app as cli_app
 from bk.cli.render import safe
@@ -32,37 +33,6 @@ MALLORY = Actor(3000, "mallorytoken")
 @pytest.fixture
 def bk(monkeypatch, capsys):
     yield from bk_fixture(monkeypatch, capsys)
-
-
-# One of each class the text policy neutralises (bk.core.safetext), with
-# what a terminal would do with it.
-CLASSES = {
-    "C0 ESC (CSI: clear the screen)": "\x1b[2J",
-    "C0 BEL ending an OSC title change": "\x1b]0;owned\x07",
-    "OSC 8 hyperlink": "\x1b]8;;http://evil.example/\x1b\\click\x1b]8;;\x1b\\",
-    "OSC 52 clipboard write": "\x1b]52;c;cm0gLXJmIH4K\x07",
-    "CSI 8m hidden text": "\x1b[8msecret\x1b[0m",
-    "C0 CR overwrite": "rm -rf /\rls      ",
-    "C0 backspace": "a\bb",
-    "DEL": "\x7f",
-    "C1 one-byte CSI": "\x9b2J",
-    "C1 one-byte OSC": "\x9d0;t\x9c",
-    "bidi override": "\u202eabc\u202c",
-    "bidi embeddings": "\u202a\u202b\u202d",
-    "bidi isolates": "\u2066\u2067\u2068\u2069",
-    "bidi marks": "\u200e\u200f\u061c",
-    "zero-width space, joiners, word joiner, BOM": "a\u200bb\u200cc\u200dd\u2060e\ufefff",
-    "soft hyphen and other Cf": "\u00ad\u180e\ufff9",
-    "tag characters": "\U000e0001\U000e0041",
-    "line and paragraph separators": "\u2028\u2029",
-    "lone surrogate": "\ud800",
-    "Hangul fillers": "\u3164\u115f\u1160\uffa0",
-}
-# What no human view may print: every C0 control but the newline, DEL, C1,
-# and every character of the classes above.
-STRICT = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u00ad\u061c\u115f\u1160\u180e\u200b-\u200f"
-                    "\u2028-\u202e\u2060-\u2069\u3164\ufeff\uffa0\ufff9-\ufffb\ud800-\udfff"
-                    "\U000e0000-\U000e007f]")
 
 
 @pytest.mark.parametrize("name", sorted(CLASSES))
@@ -238,3 +208,54 @@ def test_a_name_from_the_ledger_is_escaped_in_every_table(bk):
     for argv in (["l", "--all"], ["st", "-v"]):
         out = bk.ok(*argv).out
         assert "mal\\x1b[31mlory\\u202e" in out and not RAW.search(out)
+
+
+def test_a_process_label_from_a_hostile_argv_is_neutralised_in_the_snapshot_json_and_views(pyz, tmp_path):
+    """A real process whose argv[0] carries every class: the monitor's
+    snapshot file, ``bk st --json`` and ``bk st -v`` all show escapes."""
+    import subprocess
+    import sys
+
+    from helpers_broker import poll
+    from helpers_text import CLASSES, STRICT
+
+    # Everything but the line breaks and the surrogate (argv holds bytes; a
+    # lone surrogate cannot be encoded, and the separators are enough).
+    evil = "".join(v for k, v in CLASSES.items() if "surrogate" not in k).replace("/", "|")
+    sleeper = subprocess.Popen([f"/nowhere/ev{evil}il", "120"], executable="/bin/sleep")
+    monitor = None
+    try:
+        sim = tmp_path / "sim.json"
+        sim.write_text(json.dumps({"gpus": [{"name": "H100", "mem_total_mib": 81559, "processes": [
+            {"pid": sleeper.pid, "mem_mib": 100, "proc": True}]}]}))
+        data = tmp_path / "data"
+        env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "LANG": "C.UTF-8", "TZ": "UTC",
+               "BK_DATA_DIR": str(data), "BK_GPU_SIM_FILE": str(sim)}
+        monitor = subprocess.Popen([sys.executable, str(pyz), "m", "--interval", "0.2"], env=env,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+        def snapshot_label():
+            if monitor.poll() is not None:
+                raise AssertionError(f"bk m exited: {monitor.stderr.read()}")
+            try:
+                doc = json.loads((data / "monitor" / "snapshot.json").read_text())
+            except (OSError, ValueError):
+                return None
+            procs = doc["gpus"][0].get("processes") or []
+            return procs[0].get("label") if procs else None
+
+        label = poll(snapshot_label, 60, "the monitor's snapshot with the process")
+        assert label.startswith("ev\\x1b") and not STRICT.search(label), repr(label)
+        st = subprocess.run([sys.executable, str(pyz), "st", "--json"], env=env, capture_output=True, text=True,
+                            timeout=60)
+        (proc,) = json.loads(st.stdout)["data"]["gpus"][0]["processes"]
+        assert proc["label"] == label
+        human = subprocess.run([sys.executable, str(pyz), "st", "-v"], env=env, capture_output=True, text=True,
+                               timeout=60)
+        assert human.returncode == 0 and label[:20] in human.stdout, human.stdout
+        assert not STRICT.search(human.stdout + human.stderr), repr(human.stdout)
+    finally:
+        for p in (monitor, sleeper):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait(10)

@@ -236,13 +236,22 @@ def test_the_best_node_is_the_earliest_start_then_priority_then_name():
 
 # ------------------------------------------------------------- lost replies
 
+def res_json(rid="r-1", uid=1001, **over) -> dict:
+    """A reservation as a node's JSON has it (bk.service.views)."""
+    return {"id": rid, "short_id": rid[:8], "number": None, "uid": uid, "user": f"u{uid}", "mine": True,
+            "mode": "shared", "gpus": [0], "share": 1, "capacity": 2, "mem_mib": None, "mem_mib_effective": None,
+            "start": "2026-07-13T10:00:00Z", "end": "2026-07-13T10:30:00Z", "status": "upcoming",
+            "created": "2026-07-13T09:00:00Z", "op_id": "K", "job": None, "note": None, "cancelled_at": None,
+            "cancel_reason": None, "edits": 0, **over}
+
+
 def booked(nid=NODE_A, status="created", rid="r-1"):
-    return reply(wrapped(nid, ok("book", {"status": status, "reservation": {"id": rid, "short_id": rid}})))
+    return reply(wrapped(nid, ok("book", {"status": status, "reservation": res_json(rid)})))
 
 
 def op_found(action="create", rid="r-1", found=True):
     return reply(wrapped(NODE_A, ok("cluster op", {"op_id": "K", "found": found, "action": action if found else None,
-                                                   "reservation": {"id": rid} if found else None})))
+                                                   "reservation": res_json(rid) if found else None})))
 
 
 def cluster_with(fake) -> Cluster:
@@ -380,7 +389,7 @@ def test_a_given_op_id_is_looked_for_on_every_node_before_booking():
     fakes = {NODE_A: FakeSsh(op_found(found=False)),
              NODE_B: FakeSsh(reply(wrapped(NODE_B, ok("cluster op", {"op_id": "K", "found": True,
                                                                      "action": "create",
-                                                                     "reservation": {"id": "r-b"}}))))}
+                                                                     "reservation": res_json("r-b")}))))}
     c = cat.Catalog((entry("a", NODE_A), entry("b", NODE_B)), {}, "test")
     cl = Cluster(c, make_client=lambda e, cancelled=None: NodeClient(e, runner=fakes[e.id], wall=lambda: 1e6))
     done = cl.book(["1", "30m"], lambda o: ["book", "1", "30m"], op_id="K")
@@ -444,8 +453,7 @@ def test_bk_c_tui_without_a_terminal_view_prints_the_node_table(capsys, node_env
 
 
 def test_the_overview_names_people_and_keeps_going_past_a_failed_node():
-    listing = ok("list", {"scope": "all", "reservations": [{"id": "r-1", "short_id": "r-1", "uid": 1001,
-                                                             "user": "u1001", "gpus": [0]}]})
+    listing = ok("list", {"scope": "all", "reservations": [res_json("r-1")]})
     fakes = {NODE_A: FakeSsh(reply(wrapped(NODE_A, listing))), NODE_B: FakeSsh(reply(b"", ended="timeout"))}
     c = cat.Catalog((entry("a", NODE_A), entry("b", NODE_B)), {"a": {"1001": "alice"}}, "test")
     cl = Cluster(c, make_client=lambda e, cancelled=None: NodeClient(e, runner=fakes[e.id], wall=lambda: 1e6))

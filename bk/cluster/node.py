@@ -23,6 +23,7 @@ import json
 import time
 from collections.abc import Callable
 
+from bk.cluster import replies
 from bk.cluster.catalog import NodeEntry
 from bk.core.envelope import is_envelope
 from bk.core.errors import BkError, ConfigError, Unavailable, error_from
@@ -127,7 +128,11 @@ class NodeClient:
                             known_hosts=e.known_hosts, identity_file=e.identity_file)
 
     def call(self, words: list[str], *, as_json: bool = True, columns: int | None = None,
-             timeout: float | None = None) -> Reply:
+             timeout: float | None = None, shape=None) -> Reply:
+        """Run ``words`` on the node.  The wrapper, the identity and the
+        command's envelope are always checked (``bk.cluster.replies``);
+        ``shape`` is what the command's ``data`` must look like (None: any
+        object, for ``bk @NODE ... --json``, which passes it on as JSON)."""
         e = self.entry
         before = self._wall()
         out = self._runner(self.argv(words, as_json=as_json, columns=columns),
@@ -147,7 +152,9 @@ class NodeClient:
         doc = _decode(out.stdout)
         if doc is None:
             if out.rc == 255 and not e.local:
-                msg = out.stderr_text.splitlines()[-1] if out.stderr_text else "ssh failed"
+                msg = out.stderr_text.splitlines()[-1] if out.stderr_text else "failed"
+                # ssh's own lines start "ssh: connect to host ..." already.
+                msg = msg[5:] if msg.startswith("ssh: ") else msg
                 raise NodeFailure(e.name, "unreachable", f"ssh: {msg}", _ssh_hint(msg, e), out.seconds)
             shown = (out.stdout[:80].decode("utf-8", "replace") or out.stderr_text[:160] or "nothing")
             if out.rc == 127:
@@ -156,18 +163,17 @@ class NodeClient:
             raise NodeFailure(e.name, "bad_reply", f"not a bk reply (exit {out.rc}): {shown!r}",
                               "check the node by hand: ssh HOST bk c id --json", out.seconds)
         if doc.get("ok") is False:
-            err = doc.get("error") or {}
+            err = _checked(e, replies.ERROR, doc.get("error"), "error", out)
             details = err.get("details") or {}
             if details.get("reason") == "wrong_identity":
-                raise NodeFailure(e.name, "wrong_identity", str(err.get("message")), err.get("hint"),
-                                  out.seconds)
+                raise NodeFailure(e.name, "wrong_identity", err["message"], err.get("hint"), out.seconds)
             if doc.get("command") != "cluster node":
-                raise NodeFailure(e.name, "unsupported", f"its bk has no cluster commands: {err.get('message')}",
+                raise NodeFailure(e.name, "unsupported", f"its bk has no cluster commands: {err['message']}",
                                   "update bk on the node", out.seconds)
-            raise NodeFailure(e.name, "bad_reply", f"{err.get('code')}: {err.get('message')}",
-                              err.get("hint"), out.seconds)
-        data = doc["data"]
-        node = data.get("node") if isinstance(data.get("node"), dict) else {}
+            raise NodeFailure(e.name, "bad_reply", f"{err['code']}: {err['message']}", err.get("hint"),
+                              out.seconds)
+        wrapper = _checked(e, replies.WRAPPER, doc["data"], "data", out)
+        node = wrapper.get("node") or {}
         if e.id and node.get("id") != e.id:
             raise NodeFailure(e.name, "wrong_identity",
                               f"the node answered as {node.get('id')!r} ({node.get('hostname')}), "
@@ -176,16 +182,42 @@ class NodeClient:
                               f"and update the catalog; otherwise something else answers at {e.target}",
                               out.seconds)
         node_now = node.get("now_epoch")
-        if isinstance(node_now, bool) or not isinstance(node_now, (int, float)):
+        if node_now is None:
             node_now = _iso_seconds(node.get("now"))
         skew = None if node_now is None else round(node_now - (before + after) / 2, 3)
-        inner = data.get("reply")
-        if as_json and not is_envelope(inner):
-            raise NodeFailure(e.name, "bad_reply", "the node's reply carries no command envelope",
-                              None, out.seconds)
-        return Reply(e.name, node, inner if as_json else None,
-                     None if as_json else str(data.get("text") or ""), str(data.get("stderr") or ""),
-                     int(data.get("exit") or 0), out.seconds, skew)
+        inner = None
+        if as_json:
+            inner = doc["data"].get("reply")
+            if not is_envelope(inner):
+                raise NodeFailure(e.name, "bad_reply", "the node's reply carries no command envelope",
+                                  None, out.seconds)
+            inner = _envelope(e, inner, shape, out)
+        return Reply(e.name, node, inner, None if as_json else wrapper.get("text") or "",
+                     wrapper.get("stderr") or "", wrapper.get("exit") or 0, out.seconds, skew)
+
+
+def _checked(e: NodeEntry, shape, value: object, path: str, out) -> dict:
+    """``value`` as ``shape`` allows it, or the node's ``bad_reply``."""
+    try:
+        return replies.check(shape, value, path)
+    except replies.BadField as bad:
+        raise NodeFailure(e.name, "bad_reply", f"not a valid reply: {bad}",
+                          "the node's bk may be broken or not bk: check it by hand (ssh HOST bk c id --json)",
+                          out.seconds) from None
+
+
+def _envelope(e: NodeEntry, inner: dict, shape, out) -> dict:
+    """The command's envelope with its warnings, error and (when ``shape``
+    names what the command answers) data checked."""
+    checked = {"schema": inner["schema"], "command": _checked(e, replies.text(64), inner["command"],
+                                                              "reply.command", out),
+               "ok": inner["ok"], "warnings": _checked(e, replies.WARNINGS, inner["warnings"], "reply.warnings", out)}
+    if inner["ok"]:
+        data = inner["data"]
+        checked["data"] = data if shape is None else _checked(e, shape, data, "", out)
+    else:
+        checked["error"] = _checked(e, replies.ERROR, inner["error"], "reply.error", out)
+    return checked
 
 
 def terminal_argv(entry: NodeEntry, words: list[str]) -> list[str]:

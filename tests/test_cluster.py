@@ -221,6 +221,13 @@ def test_bad_replies_are_named(answer, state):
         assert "host key" in e.value.hint
 
 
+def test_ssh_s_own_message_is_not_prefixed_twice():
+    fake = FakeSsh(reply(b"", rc=255, stderr=b"ssh: connect to host a.lab port 22: Connection refused\r\n"))
+    with pytest.raises(NodeFailure) as e:
+        client(fake).call(["l"])
+    assert e.value.message == "ssh: connect to host a.lab port 22: Connection refused"
+
+
 def test_the_best_node_is_the_earliest_start_then_priority_then_name():
     def row(name, pri, start):
         opts = ({"start": start, "gpus": [0]},) if start else ()
@@ -348,7 +355,7 @@ def test_admin_cluster_edits_the_catalog(capsys, node_env, tmp_path):
     os.chmod(tmp_path, 0o755)
     (tmp_path / "data").mkdir(mode=0o700)
     path = tmp_path / "etc" / "cluster.json"
-    # The local node runs the bk on PATH: this tree's.
+    # A bk on PATH (the local node does not need one: it runs this bk).
     bindir = tmp_path / "bin"
     bindir.mkdir()
     (bindir / "bk").write_text(f"#!/bin/sh\nPYTHONPATH={ROOT} exec {sys.executable} -m bk \"$@\"\n")
@@ -460,3 +467,32 @@ def test_the_overview_names_people_and_keeps_going_past_a_failed_node():
     ov = cl.overview().to_json()
     assert [(r["node"], r["person"]) for r in ov["reservations"]] == [("a", "alice")]
     assert [n["state"] for n in ov["nodes"]] == ["ok", "timeout"] and ov["complete"] is False
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the catalog must be root's")
+def test_the_local_node_is_this_bk_not_the_path_s_nor_the_working_directory_s(capsys, pyz, node_env, tmp_path,
+                                                                              monkeypatch):
+    """A ``local`` node with the default remote_command runs the bk that
+    runs ``bk c`` (the archive, or this checkout), with no ``bk`` on PATH,
+    and a ``bk/`` package in the working directory is never imported."""
+    import subprocess
+
+    os.chmod(tmp_path, 0o755)
+    code, ident = run_bk(capsys, "c", "id", "--json", env=node_env)
+    path = _write(tmp_path / "c.json", {"nodes": {"here": {"id": ident["data"]["id"], "target": "local"}}})
+    planted = tmp_path / "cwd"
+    (planted / "bk").mkdir(parents=True)
+    marker = tmp_path / "planted-ran"
+    (planted / "bk" / "__init__.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\nraise SystemExit(9)\n")
+    (planted / "bk" / "__main__.py").write_text("")
+    env = {**node_env, "BK_CLUSTER_FILE": path, "PATH": "/usr/bin:/bin"}
+    # The built archive, run as python3 bk.pyz from the planted directory.
+    p = subprocess.run([sys.executable, str(pyz), "c", "--json"], env=env, cwd=planted, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert json.loads(p.stdout)["data"]["nodes"][0]["state"] == "ok"
+    # This checkout, in this process.
+    monkeypatch.chdir(planted)
+    code, out = run_bk(capsys, "c", "--json", env=env)
+    assert code == 0 and out["data"]["nodes"][0]["state"] == "ok", out
+    assert not marker.exists()

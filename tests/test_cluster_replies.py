@@ -246,7 +246,7 @@ def test_at_node_write_confirmation_and_quiet_id_are_escaped(pyz, fakes):
     data["reservation"]["short_id"] = "ab\x1b[2J\u202ecd"
     liar.answer("write", data, warnings=[f"node says {EVERY}"])
     for argv in (("@liar", "1", "30m"), ("@liar", "1", "30m", "-q"), ("c", "e", "liar/ab", "-d", "+1h"),
-                 ("c", "d", "liar/ab"), ("c", "1", "30m")):
+                 ("c", "d", "liar/ab"), ("c", "d", "liar/ab", "-y"), ("c", "1", "30m")):
         p = pyz_bk(pyz, env, *argv)
         assert p.returncode == 0, (argv, p.stdout, p.stderr)
         assert "ab\\x1b[2J\\u202ecd" in p.stdout, (argv, p.stdout)

@@ -108,7 +108,7 @@ def _node_flags(p, *, defaults: bool = True) -> None:
     p.add_argument("--port", type=int, metavar="N", help="ssh port")
     p.add_argument("--known-hosts", metavar="FILE", help="a known_hosts file for this node")
     p.add_argument("--identity-file", metavar="FILE", help="an ssh key every user's ssh uses for this node")
-    p.add_argument("--remote-command", metavar="CMD", help="the node's bk (default: bk on its PATH)")
+    p.add_argument("--remote-command", metavar="CMD", help="the node's bk (default: bk on its PATH; for target local, this bk)")
 
 
 def _plan_flags(p) -> None:

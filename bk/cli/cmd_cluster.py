@@ -123,10 +123,12 @@ def register(sub) -> None:
 
     dl = acts.add_parser("d", aliases=["cancel"], help="cancel a booking on a node: NODE/ID",
                          description="Cancel one booking on one node.",
-                         epilog="Examples:\n  bk c d gpu-a/3f2a\n  bk c d gpu-b/1 --json",
+                         epilog="Examples:\n  bk c d gpu-a/3f2a\n  bk c d gpu-b/1 -y --json",
                          formatter_class=argparse.RawDescriptionHelpFormatter)
     dl.add_argument("ref", metavar="NODE/ID", help="the node and the booking's ID prefix or list number there")
     dl.add_argument("--op-id", metavar="KEY", help="idempotency key (default: a new one)")
+    dl.add_argument("-y", "--yes", action="store_true",
+                    help="accepted as bk d takes it; bk c d never asks (the node cancels at once)")
     dl.set_defaults(handler=run_cancel, command="cluster cancel")
 
     tui = acts.add_parser("tui", help="the full-screen view of one node (over ssh -t)",
@@ -195,7 +197,7 @@ def _add_ssh_flags(p) -> None:
     p.add_argument("--priority", type=int, metavar="N", default=0,
                    help="for the add command: preference among equal starts, lower first (default 0)")
     p.add_argument("--remote-command", metavar="CMD", default="bk",
-                   help="the node's bk (default: bk, found on its PATH)")
+                   help="the node's bk (default: bk, found on its PATH; for TARGET local, this bk)")
 
 
 def _add_request(p, specs) -> None:

@@ -20,6 +20,7 @@ for the other nodes: the fan-out reports it in that node's row.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 
@@ -123,7 +124,7 @@ class NodeClient:
             remote += ["--columns", str(columns)]
         remote += ["--", *words]
         if e.local:
-            return remote
+            return [*local_command(e), *remote[len(e.remote_command):]]
         return ssh.ssh_argv(e.target, remote, port=e.port, connect_timeout=max(1, min(10, int(e.timeout_s))),
                             known_hosts=e.known_hosts, identity_file=e.identity_file)
 
@@ -148,7 +149,9 @@ class NodeClient:
         if out.ended == "cancelled":
             raise NodeFailure(e.name, "cancelled", "cancelled", None, out.seconds)
         if out.ended == "not_started":
-            raise NodeFailure(e.name, "unreachable", out.stderr_text, "is ssh installed?", out.seconds)
+            hint = (f"set the node's remote_command: sudo bk admin cluster set {e.name} --remote-command CMD"
+                    if e.local else "is ssh installed?")
+            raise NodeFailure(e.name, "unreachable", out.stderr_text, hint, out.seconds)
         doc = _decode(out.stdout)
         if doc is None:
             if out.rc == 255 and not e.local:
@@ -228,9 +231,34 @@ def terminal_argv(entry: NodeEntry, words: list[str]) -> list[str]:
 
     remote = [*entry.remote_command, *words]
     if entry.local:
-        return remote
+        return [*local_command(entry), *words]
     return ssh.ssh_argv(entry.target, remote, port=entry.port, known_hosts=entry.known_hosts,
                         identity_file=entry.identity_file, tty=True)
+
+
+def local_command(entry: NodeEntry) -> list[str]:
+    """The program of a ``local`` node.  With the default ``remote_command``
+    (``bk``) that is this very bk, run by this interpreter, not whatever
+    ``bk`` the caller's PATH finds first (there may be none: bk run as
+    ``python3 bk.pyz``, or another version): the archive this process runs
+    from, or the package directory it was imported from.  Neither puts the
+    working directory on the child's ``sys.path`` (a zipapp's ``sys.path[0]``
+    is the archive; ``-c`` code drops its ``''`` before importing
+    anything), so a ``bk/`` in the directory where the user typed ``bk c``
+    cannot stand in for it.  A ``remote_command`` in the catalog is used as
+    it is."""
+    import sys
+
+    if entry.remote_command != ("bk",) or not sys.executable:
+        return list(entry.remote_command)
+    import bk
+
+    archive = getattr(getattr(bk.__spec__, "loader", None), "archive", None)     # zipimport
+    if isinstance(archive, str):
+        return [sys.executable, archive]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(bk.__file__)))
+    return [sys.executable, "-c", f"import sys; sys.path[:] = [{root!r}, *filter(None, sys.path)]; "
+                                  "from bk.cli.main import main; sys.exit(main())"]
 
 
 def _decode(raw: bytes) -> dict | None:

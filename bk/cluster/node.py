@@ -251,12 +251,11 @@ def local_command(entry: NodeEntry) -> list[str]:
 
     if entry.remote_command != ("bk",) or not sys.executable:
         return list(entry.remote_command)
-    import bk
-
-    archive = getattr(getattr(bk.__spec__, "loader", None), "archive", None)     # zipimport
+    # This module's own origin says where bk is: bk/cluster/node.py.
+    archive = getattr(getattr(__spec__, "loader", None), "archive", None)     # zipimport
     if isinstance(archive, str):
         return [sys.executable, archive]
-    root = os.path.dirname(os.path.dirname(os.path.abspath(bk.__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     return [sys.executable, "-c", f"import sys; sys.path[:] = [{root!r}, *filter(None, sys.path)]; "
                                   "from bk.cli.main import main; sys.exit(main())"]
 

@@ -80,7 +80,7 @@ def safe(text, *, multiline: bool = False, mark: str | None = None) -> str:
     (and turns ``\\r\\n`` into ``\\n``).  Printable text, any script, comes
     back unchanged (and fast: one C-level test)."""
     text = text if isinstance(text, str) else str(text)
-    if text.isprintable() and (text.isascii() or INVISIBLE_LETTERS.isdisjoint(text)):
+    if text.isprintable() and (text.isascii() or not _has_invisible_letter(text)):
         return text
     if multiline and "\r\n" in text:
         text = text.replace("\r\n", "\n")
@@ -91,6 +91,11 @@ def safe(text, *, multiline: bool = False, mark: str | None = None) -> str:
         else:
             out.append(escape(c) if mark is None else mark)
     return "".join(out)
+
+
+def _has_invisible_letter(text: str) -> bool:
+    # Four substring searches in C beat a Python loop over the text.
+    return "\u3164" in text or "\u115f" in text or "\u1160" in text or "\uffa0" in text
 
 
 def safe_lines(text) -> str:

@@ -54,7 +54,7 @@ def mine(lab, node: str, cat) -> list[dict]:
 
 def cancel_all(lab, cat, node: str) -> None:
     for r in mine(lab, node, cat):
-        code, env = lab.bk_json(cat, "c", "d", f"{node}/{r['short_id']}")
+        code, env = lab.bk_json(cat, "c", "d", f"{node}/{r['short_id']}", "-y")
         assert code == 0, env
 
 
@@ -160,6 +160,8 @@ def test_a_node_down_is_reported_and_the_others_go_on(lab):
     assert code == 1, env
     rows = {n["name"]: n for n in env["data"]["nodes"]}
     assert rows["a"]["ok"] and not rows["down"]["ok"] and rows["down"]["state"] == "unreachable"
+    reach = next(c for c in rows["down"]["checks"] if c["name"] == "reachable")
+    assert reach["detail"].startswith("ssh: connect to host 127.0.0.4") and "ssh: ssh:" not in reach["detail"]
     code, env = lab.bk_json(cat, "c", "1", "30m")
     assert code == 0 and env["data"]["node"] == "a", env
     cancel_all(lab, cat, "a")

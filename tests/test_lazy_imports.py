@@ -106,7 +106,7 @@ STDLIB = frozenset({
 BK_BASE = frozenset({
     "bk", "bk.cli", "bk.cli.app", "bk.cli.common", "bk.cli.main", "bk.cli.render", "bk.clock",
     "bk.core", "bk.core.envelope", "bk.core.errors", "bk.core.lazyre", "bk.core.ledgerdoc", "bk.core.models",
-    "bk.core.record", "bk.core.telemetry", "bk.core.timegrid", "bk.core.utctime", "bk.gpu",
+    "bk.core.record", "bk.core.safetext", "bk.core.telemetry", "bk.core.timegrid", "bk.core.utctime", "bk.gpu",
     "bk.gpu.sim", "bk.service", "bk.service.app", "bk.service.context",
     "bk.service.telemetry", "bk.service.views", "bk.store",
     "bk.store.config", "bk.store.fsutil", "bk.store.ledger", "bk.store.lock", "bk.store.paths",

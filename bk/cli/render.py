@@ -12,9 +12,11 @@ Two promises hold whatever the terminal and whatever the ledger holds:
   process labels, reasons and preset names are written by other people;
   an ESC byte in one could move the cursor, clear the screen or retitle the
   window of everyone who lists the bookings, and a bidi override can make
-  text read backwards.  Every view passes such strings through ``safe``,
-  which shows those characters as visible escapes (``\\x1b``, ``\\u202e``).
-  JSON keeps the stored strings: its encoder escapes them itself.
+  text read backwards.  Every view passes such strings through ``safe``
+  (``safe_lines`` for text that spans lines), the one policy of
+  ``bk.core.safetext``, which shows those characters as visible escapes
+  (``\\x1b``, ``\\u202e``, ``\\u200b``).  JSON keeps the stored strings:
+  its encoder escapes them itself.
 * Printing cannot undo or hide a write.  A terminal that cannot encode
   ``–`` (``LC_ALL=C``, ``PYTHONIOENCODING=ascii``) gets ASCII stand-ins
   (``_FALLBACK``), not a UnicodeEncodeError after the booking was made; and
@@ -30,10 +32,10 @@ import codecs
 import errno
 import json
 import os
-import re
 import sys
 from collections.abc import Callable, Sequence
 
+from bk.core import safetext as _safetext
 from bk.core.envelope import failure, success
 from bk.core.errors import EXIT_IO, BkError
 from bk.core.lazyre import Pattern
@@ -106,30 +108,10 @@ _ANSI = Pattern(r"\033\[[0-9;]*m")
 
 # ------------------------------------------------------------ safe display
 
-# What a stored string may not carry to the terminal: C0 controls (ESC, CR,
-# BS, BEL, newline and tab included: a note is one line), DEL and the C1
-# controls (0x9b is a one-byte CSI to many terminals), the line and
-# paragraph separators, the bidi embeddings, overrides and isolates, and
-# lone surrogates (a JSON ledger can hold "\ud800"; no encoder can write it).
-_UNSAFE = Pattern(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
-_NAMED = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
-
-
-def _escape(m: re.Match) -> str:
-    c = m.group()
-    n = ord(c)
-    return _NAMED.get(c) or (f"\\x{n:02x}" if n < 0x100 else f"\\u{n:04x}")
-
-
-def safe(text) -> str:
-    """``text`` (a note, a name, a label: anything a person stored) with the
-    characters that could steer the terminal shown as escapes: ``\\x1b``,
-    ``\\x9b``, ``\\n``, ``\\u202e``, ``\\ud800``.  Printable text, any script,
-    is unchanged."""
-    text = text if isinstance(text, str) else str(text)
-    if text.isascii() and text.isprintable():
-        return text
-    return _UNSAFE.sub(_escape, text)
+# The one text policy (bk.core.safetext): every view passes text other
+# people or machines wrote through these two.
+safe = _safetext.safe
+safe_lines = _safetext.safe_lines
 
 
 # ------------------------------------------------------ encodings, failures
@@ -221,8 +203,8 @@ def output_failed(exc: BaseException, done: str | None = None) -> int:
     reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
     if sys.stdout is None:
         reason = "standard output is closed"
-    what = f"{done}, but the output could not be written" if done else "the output could not be written"
-    _say(f"error: {what} ({reason})\n")
+    what = f"{safe(done)}, but the output could not be written" if done else "the output could not be written"
+    _say(f"error: {what} ({safe(reason)})\n")
     park_stdout()
     return EXIT_IO
 
@@ -305,14 +287,9 @@ def _human_text(out: Output, term: Term) -> str:
         # write's own words, and the bug on stderr.
         if out.done is None or os.environ.get("BK_DEBUG") == "1":
             raise
-        _say(f"warning: the full output could not be shown ({type(exc).__name__}: {exc})\n")
+        _say(f"warning: the full output could not be shown ({type(exc).__name__}: {safe(exc)})\n")
         text = out.done
     return text.rstrip("\n") + "\n" if text else ""
-
-
-def safe_lines(text: str) -> str:
-    """``safe`` for a message that may span lines (a warning, an error)."""
-    return "\n".join(safe(line) for line in str(text).split("\n"))
 
 
 def emit_error(command: str, err: BkError, as_json: bool, warnings: list[str] | None = None) -> int:

@@ -367,10 +367,9 @@ def _printable(text: str | None) -> str | None:
     """A reason for the ledger: one line, no control characters, bounded."""
     if text is None:
         return None
-    from bk.service.fields import unprintable
+    from bk.core.safetext import safe
 
-    text = " ".join(text.split())[:MAX_REASON]
-    return "".join(c if not unprintable(c) else "?" for c in text)
+    return safe(" ".join(text.split())[:MAX_REASON], mark="?")
 
 
 def serve_worker(app, env: dict, *, once: bool = False, log=None, clock_fn=None,

@@ -24,6 +24,7 @@ from datetime import datetime
 from bk.core import timegrid
 from bk.core.models import EXCLUSIVE
 from bk.core.record import dataclass
+from bk.core.safetext import safe
 from bk.service.timeline import time_labels
 from bk.tui import keys, layout, text
 from bk.tui.theme import Charset, Style, Theme
@@ -49,12 +50,18 @@ def _w(ch: str) -> int:
 
 
 def clean(s) -> str:
-    """Stored text made safe to draw: controls, bidi overrides and the like
-    become ``?``; combining marks are dropped (they would not take a cell)."""
+    """Stored text made safe to draw: what the one text policy
+    (``bk.core.safetext``) neutralises becomes ``?`` (an escape would not fit
+    a cell); so do private-use and unassigned characters, whose width the
+    terminal may not agree on; combining marks are dropped (they would not
+    take a cell)."""
+    s = safe(s, mark="?")
+    if s.isascii():
+        return s
     out = []
-    for ch in str(s):
+    for ch in s:
         cat = unicodedata.category(ch)
-        if cat in ("Cc", "Cf", "Cs", "Zl", "Zp", "Co", "Cn"):
+        if cat in ("Co", "Cn"):
             out.append("?")
         elif cat in ("Mn", "Me"):
             continue

@@ -34,7 +34,9 @@ The pieces, each readable alone: ``layout`` (where every path is),
 ``settings`` (the flags against the installed config), ``tracked`` (one
 path's action, drift, safe writes), ``cmdlink`` (the ``bk`` link),
 this module (the whole plan), ``install_apply`` (doing it, then
-verifying), ``uninstall`` (undoing it).
+verifying), ``uninstall`` (undoing it), ``destdir`` (a package's files
+instead: ``--destdir``), ``unitfile`` and ``supervise`` (the installed
+units run without systemd: ``bk admin services run``).
 """
 
 from __future__ import annotations

@@ -53,7 +53,14 @@ from collections.abc import Callable
 
 from bk.admin import unitfile, units
 from bk.admin.layout import Layout
-from bk.core.errors import EXIT_CONFIG, EXIT_TEMPFAIL, EXIT_UNAVAILABLE, EXIT_WRONG_ACCOUNT, PermissionDenied
+from bk.core.errors import (
+    EXIT_CONFIG,
+    EXIT_TEMPFAIL,
+    EXIT_UNAVAILABLE,
+    EXIT_WRONG_ACCOUNT,
+    BkError,
+    PermissionDenied,
+)
 from bk.core.record import dataclass, field
 
 # systemd's PATH for services (systemd.exec(5), "$PATH"; a distribution
@@ -227,10 +234,17 @@ class Supervisor:
         now = self.monotonic()
         child.restart_at, child.ready, child.timed_out = None, False, False
         child.starts.append(now)
-        _make_runtime(child)
+        try:
+            _make_runtime(child)
+        except (BkError, OSError) as e:
+            self.log(f"{child.unit}: cannot make its runtime directory: {getattr(e, 'message', None) or e}")
+            self._exited(child, EXIT_CONFIG)
+            return
         failed = self._pre(child)
         if failed is not None:
             self._exited(child, failed)
+            return
+        if self.stopping:                  # asked to stop while ExecStartPre= ran
             return
         env = dict(child.env)
         if child.svc.type == "notify":
@@ -355,8 +369,10 @@ class Supervisor:
         try:
             if any(c.svc.type == "notify" for c in self.kids):
                 self._open_notify()
-            self._loop()
-            self._stop_all()
+            try:
+                self._loop()
+            finally:
+                self._stop_all()           # whatever ended the loop, no child outlives it
         finally:
             signal.set_wakeup_fd(old_fd)
             for s, h in old.items():
@@ -371,7 +387,7 @@ class Supervisor:
             exit_code = code if code in CANNOT_FIX else EXIT_UNAVAILABLE
             return RunResult("failed", exit_code, self.reason, services)
         sig = signal.Signals(self.stopping[0]).name if self.stopping else "a signal"
-        return RunResult("stopped", 0, f"stopped by {sig}", services)
+        return RunResult("stopped", 0, f"stopped on {sig}", services)
 
     def _loop(self) -> None:
         first, *rest = self.kids

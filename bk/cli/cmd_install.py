@@ -481,7 +481,7 @@ def run_services(args, ctx) -> Output:
                       details=got.to_json())
 
         def ran(term) -> str:
-            lines = [f"services {got.status}: {got.reason}"]
+            lines = [f"services {got.reason}:"]
             lines += [f"  {s['unit']}: started {s['starts']} time{'s' if s['starts'] != 1 else ''}, last "
                       + ("exit: none" if s["last_exit"] is None else f"exit {s['last_exit']}")
                       for s in got.services]

@@ -124,9 +124,12 @@ def make_base() -> Path:
 
 class Site:
     def __init__(self, base: Path, pyz: Path, service: Account, *, access: str = "all",
-                 group: str | None = None, gpu_count: int = 4):
+                 group: str | None = None, gpu_count: int = 4, simulated: bool = True):
         self.base, self.pyz, self.service = base, pyz, service
         self.access, self.group, self.gpu_count = access, group, gpu_count
+        # A trial server (these machines have no GPUs), unless a test plays
+        # a server that expects real ones.
+        self.simulated = simulated
         self.config = base / "etc" / "config.json"
         self.data = base / "data"
         self.socket = base / "run" / "broker.sock"
@@ -163,7 +166,8 @@ class Site:
     def init(self, *extra: str) -> subprocess.CompletedProcess:
         args = ["admin", "init", "--service-user", self.service.name, "--config-file", str(self.config),
                 "--data-dir", str(self.data), "--socket", str(self.socket),
-                "--gpu-count", str(self.gpu_count), "--access", self.access, "--yes", *extra]
+                "--simulated-gpus" if self.simulated else "--gpu-count", str(self.gpu_count),
+                "--access", self.access, "--yes", *extra]
         if self.group:
             args += ["--group", self.group]
         env = {"PATH": "/usr/bin:/bin", "HOME": str(self.base), "LANG": "C.UTF-8", "TZ": "UTC"}

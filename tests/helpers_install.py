@@ -16,7 +16,9 @@ import pytest
 
 NOBODY = 65534
 PYTHON = "/usr/bin/python3"
-BASE = ["--service-user", "nobody", "--gpu-count", "4", "--python", PYTHON]
+# A trial server (these machines have no GPUs): four GPUs simulated on
+# purpose, so bk update's verification (bk doctor --strict) can pass.
+BASE = ["--service-user", "nobody", "--simulated-gpus", "4", "--python", PYTHON]
 
 
 def _accounts() -> tuple[list[str], list[str]]:

@@ -104,8 +104,11 @@ class Unit:
         service = self.sections["Service"]
         self.service = service
         if account is None:
-            self.uid = int(service["User"][-1])           # numeric, as the installer writes it
-            self.gid = int(service["Group"][-1])
+            import grp
+
+            # By name, as the installer writes them (as a package would).
+            self.uid = pwd.getpwnam(service["User"][-1]).pw_uid
+            self.gid = grp.getgrnam(service["Group"][-1]).gr_gid
         else:
             assert "User" not in service, f"a user unit names User=: {path}"
             self.uid, self.gid = account.uid, account.gid
@@ -143,7 +146,7 @@ def server(pyz):
         svc = accounts.user()
         ada, bob = accounts.user(), accounts.user()
         p = subprocess.run([SYSTEM_PYTHON, str(pyz), "--json", "admin", "install", "--root", str(root), "--yes",
-                            "--no-start", "--service-user", svc.name, "--gpu-count", "2",
+                            "--no-start", "--service-user", svc.name, "--simulated-gpus", "2",
                             "--python", SYSTEM_PYTHON],
                            capture_output=True, text=True, timeout=300,
                            env={"PATH": "/usr/bin:/bin", "HOME": "/root", "LANG": "C.UTF-8"})

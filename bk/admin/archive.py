@@ -51,7 +51,7 @@ import zipfile
 # ------------------------------------------------------------- the format
 
 SHEBANG = b"#!/usr/bin/env python3\n"
-RESOURCE_DIRS = ("install", "man")
+RESOURCE_DIRS = ("install", "man", "docs")
 RESOURCE_PACKAGE = "bk/resources"
 BUILD_JSON = "bk/_build.json"
 # co_filename of compiled code.  The real location of the archive is unknown

@@ -52,6 +52,7 @@ class Options:
     slot_minutes: int | None = None
     max_shared_users: int | None = None
     config_file: str = SYSTEM_CONFIG
+    simulated_gpus: bool = False       # a trial server: gpu_count GPUs simulated on purpose
 
 
 @dataclass(frozen=True)
@@ -151,6 +152,8 @@ def config_document(options: Options, uid: int, gid: int) -> dict:
         value = getattr(options, key)
         if value is not None:
             doc[key] = value
+    if options.simulated_gpus:
+        doc["simulated_gpus"] = True
     try:
         return parse_document(doc, "bk admin init", allow_security=True)
     except ConfigError as e:
@@ -218,42 +221,67 @@ def read_trusted(path: str, hint: str):
         raise ConfigError(f"{path} exists but cannot be read as JSON: {e}", hint=hint) from None
 
 
-def _existing_config(path: str, doc: dict) -> Step | None:
+def _existing_config(path: str, doc: dict, may_change: tuple[str, ...] = ()) -> tuple[Step, dict] | None:
     """None when no config exists; a 'keep' step when it already says what
-    init would write; otherwise a refusal."""
+    init would write; a 'rewrite' step (with the document it writes: the
+    existing one, those keys changed) when only keys in ``may_change``
+    differ; otherwise a refusal."""
     if not os.path.lexists(path):
         return None
     old = read_trusted(path, "fix or move it away, then rerun")
     if not isinstance(old, dict):
         raise ConfigError(f"{path} exists but is not a JSON object", hint="fix or move it away, then rerun")
-    differ = [k for k in sorted(doc) if old.get(k) != doc[k]]
-    if differ:
-        shown = ", ".join(f"{k}: {json.dumps(old.get(k))} -> {json.dumps(doc[k])}" for k in differ)
-        raise ConfigError(f"{path} already exists with different settings ({shown}); not overwriting it",
-                          hint="edit it by hand (man 5 gpubk-config), or move it away and rerun")
+    # A key init would not write (``group`` after a switch back to all)
+    # differs too when it is one of those that may change.
+    keys = sorted(set(doc) | {k for k in may_change if k in old})
+    differ = [k for k in keys if old.get(k) != doc.get(k)]
     st = os.lstat(path)
-    return Step("keep", path, st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode), "trusted configuration")
+    if not differ:
+        return Step("keep", path, st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode), "trusted configuration"), old
+    shown = ", ".join(f"{k}: {_shown(old.get(k))} -> {_shown(doc.get(k))}" for k in differ)
+    if set(differ) <= set(may_change):
+        merged = {k: v for k, v in old.items() if k not in may_change or k in doc}
+        merged.update({k: doc[k] for k in differ if k in doc})
+        return Step("rewrite", path, 0, 0, 0o644, f"trusted configuration ({shown})"), merged
+    raise ConfigError(f"{path} already exists with different settings ({shown}); not overwriting it",
+                      hint="edit it by hand (man 5 gpubk-config), or move it away and rerun")
 
 
-def plan(options: Options, env: dict) -> Plan:
-    """Everything init would do, checked; changes nothing."""
+def _shown(value) -> str:
+    """A config value for people: JSON, and "unset" for a key that is not there."""
+    return "unset" if value is None else json.dumps(value)
+
+
+def plan(options: Options, env: dict, *, may_change: tuple[str, ...] = ()) -> Plan:
+    """Everything init would do, checked; changes nothing.  ``may_change``:
+    the keys an existing config may have changed (a reconcile of
+    ``bk admin install``); init itself never rewrites one."""
     try:
-        return _plan(options, env)
+        return _plan(options, env, may_change)
     except PermissionError as e:
         raise PermissionDenied(f"cannot inspect {e.filename}: {e.strerror}",
                                hint="run it as root: sudo bk admin init ...") from None
 
 
-def _plan(options: Options, env: dict) -> Plan:
+def _plan(options: Options, env: dict, may_change: tuple[str, ...] = ()) -> Plan:
     options = replace(options, data_dir=_absolute(options.data_dir, "--data-dir"),
                       socket=_absolute(options.socket, "--socket"),
                       config_file=_absolute(options.config_file, "--config-file"))
     if len(os.fsencode(options.socket)) > SUN_PATH_MAX:
         raise InvalidInput(f"--socket {options.socket} is longer than {SUN_PATH_MAX} bytes, the kernel's limit")
+    if options.simulated_gpus and options.gpu_count is None:
+        raise InvalidInput("simulated GPUs need a count", hint="--simulated-gpus N")
     if options.gpu_count is None:
-        from bk.gpu import open_backend
+        from bk.gpu import NO_DRIVER_LOADED, open_backend
 
-        if open_backend(env, None).reason:
+        reason = open_backend(env, None).reason
+        if reason == NO_DRIVER_LOADED:
+            # No driver: no tool can count them, and pointing at one helps nobody.
+            raise InvalidInput("--gpu-count is required: no NVIDIA driver is loaded here, so nothing "
+                               "can count the GPUs",
+                               hint="install and load the NVIDIA driver, then give --gpu-count N; a trial "
+                                    "server without GPUs: --simulated-gpus N")
+        if reason:
             # The count is bound into the ledger at the first booking and
             # cannot change afterwards: never let a guess become that.
             raise InvalidInput("--gpu-count is required: this bk cannot detect the GPUs here "
@@ -274,19 +302,24 @@ def _plan(options: Options, env: dict) -> Plan:
     for s in data + sock:
         if s.path not in {t.path for t in steps}:
             steps.append(s)
-    kept = _existing_config(options.config_file, doc)
+    kept = _existing_config(options.config_file, doc, may_change)
     if kept is None:
         steps += [Step("mkdir", d, 0, 0, 0o755, "configuration directory")
                   for d in _check_ancestors(options.config_file, (0,)) if d not in {t.path for t in steps}]
         steps.append(Step("write", options.config_file, 0, 0, 0o644, "trusted configuration"))
     else:
-        steps.append(kept)
+        step, written = kept
+        steps.append(step)
+        if step.action == "rewrite":
+            doc = written
     return Plan(options, pw.pw_name, uid, pw.pw_gid, group_gid, doc, steps)
 
 
 # ------------------------------------------------------------- applying
 
 def _write_config(step: Step, doc: dict) -> None:
+    """A new config (``write``: linked into place, never over one that
+    appeared meanwhile), or a changed one (``rewrite``: replaced)."""
     from bk.store.config import check_trusted
 
     directory, name = os.path.split(step.path)
@@ -299,7 +332,7 @@ def _write_config(step: Step, doc: dict) -> None:
         # overwrite=False links it into place, so a config that appeared
         # meanwhile wins.
         replace_file(dirfd, name, directory, data, 0o644, owner=(0, 0), check=check_trusted,
-                     overwrite=False)
+                     overwrite=step.action == "rewrite")
     except FileExistsError:
         raise ConfigError(f"{step.path} appeared while bk admin init ran; not overwriting it",
                           hint="inspect it and rerun") from None
@@ -317,7 +350,7 @@ def _apply_step(step: Step, doc: dict) -> None:
         os.chown(step.path, step.uid, step.gid, follow_symlinks=False)
         os.chmod(step.path, step.mode)   # exact, whatever the umask
         fsync_dir_at(os.path.dirname(step.path))
-    elif step.action == "write":
+    elif step.action in ("write", "rewrite"):
         _write_config(step, doc)
 
 

@@ -34,7 +34,9 @@ The pieces, each readable alone: ``layout`` (where every path is),
 ``settings`` (the flags against the installed config), ``tracked`` (one
 path's action, drift, safe writes), ``cmdlink`` (the ``bk`` link),
 this module (the whole plan), ``install_apply`` (doing it, then
-verifying), ``uninstall`` (undoing it).
+verifying), ``uninstall`` (undoing it), ``destdir`` (a package's files
+instead: ``--destdir``), ``unitfile`` and ``supervise`` (the installed
+units run without systemd: ``bk admin services run``).
 """
 
 from __future__ import annotations
@@ -71,6 +73,8 @@ class Options:
     python: str | None = None
     archive: str | None = None              # install this archive instead of the running bk
     start: bool = True
+    simulated_gpus: int | None = None        # a trial server: this many simulated GPUs, on purpose
+    destdir: str | None = None               # stage a package's files (bk.admin.destdir)
 
 
 @dataclass
@@ -145,7 +149,7 @@ def _plan(options: Options, env: dict) -> Plan:
     m = mf.load(layout.config_dir) if os.path.isdir(layout.config_dir) else None
     cfg = settings.existing_config(layout.config)
     iopts = settings.settle(options, layout, cfg)
-    ip = init.plan(iopts, env)
+    ip = init.plan(iopts, env, may_change=settings.CHANGEABLE if cfg is not None else ())
     python = settings.interpreter(options, m)
     hook = options.login_hook if options.login_hook is not None else bool(
         m and m.find(layout.hook) is not None)
@@ -166,8 +170,9 @@ def _plan(options: Options, env: dict) -> Plan:
         actions.append(tracked.file_action(path, data, mode, role, m, drifted))
     for s in ip.steps:
         if s.why != "configuration directory":
-            actions.append(Action("init", s.path, INIT_ROLES.get(s.why, "parent"), s.why,
-                                  kind="file" if s.action == "write" or s.why == "trusted configuration" else "dir",
+            role = INIT_ROLES.get(s.why.split(" (")[0], "parent")
+            actions.append(Action("init", s.path, role, s.why,
+                                  kind="file" if role == "config" else "dir",
                                   mode=s.mode, uid=s.uid, gid=s.gid, step=s))
     warnings: list[str] = []
     command_path = cmdlink.command_path(options, m)
@@ -193,12 +198,21 @@ def _files(layout: Layout, ip: init.Plan, python: str, pyz: bytes, res: _Resourc
     group_access = ip.group_gid is not None
     gid = ip.group_gid if group_access else ip.service_gid
     monitor_uid = int(ip.config.get("monitor_uid", ip.service_uid))
-    vals = units.values(bk=layout.launcher, uid=ip.service_uid, gid=gid, monitor_uid=monitor_uid,
+    vals = units.values(bk=layout.launcher, user=_user_name(ip.service_uid),
+                        group=_group_name(gid), monitor_user=_user_name(monitor_uid),
                         data_dir=ip.options.data_dir, socket_dir=os.path.dirname(ip.options.socket),
                         group_access=group_access)
+    return payload(layout, layout, vals, python, pyz, res, hook)
+
+
+def payload(layout: Layout, named: Layout, vals: dict[str, str], python: str, pyz: bytes,
+            res: _Resources, hook: bool) -> list[tuple[str, bytes, int, str]]:
+    """The files of an install: written at ``layout``'s paths, naming
+    ``named``'s (the same layout, except for ``--destdir``, whose files
+    name the paths they will have once packaged and installed)."""
     files = [
         (layout.pyz, pyz, 0o644, "archive"),
-        (layout.launcher, launcher_text(layout, python), 0o755, "launcher"),
+        (layout.launcher, launcher_text(named, python), 0o755, "launcher"),
     ]
     for name in units.SYSTEM_UNITS:
         files.append((os.path.join(layout.unit_dir, name),
@@ -211,10 +225,33 @@ def _files(layout: Layout, ip: init.Plan, python: str, pyz: bytes, res: _Resourc
         files.append((layout.bash_completion, res["install/completion/bk.bash"], 0o644, "completion"))
     if "install/completion/_bk" in res:
         files.append((layout.zsh_completion, res["install/completion/_bk"], 0o644, "completion"))
+    for name in sorted(n for n in res if n.startswith("docs/") and n.endswith(".md")):
+        files.append((os.path.join(layout.doc_dir, name[5:]), res[name], 0o644, "doc"))
+    if layout.packaged:
+        files.append((layout.sysusers, units.render(res.text(units.SYSUSERS), vals).encode(), 0o644, "sysusers"))
+        files.append((layout.tmpfiles, units.render(res.text(units.TMPFILES), vals).encode(), 0o644, "tmpfiles"))
     if hook:
         files.append((layout.hook, units.render(res.text(f"install/{units.LOGIN_HOOK}"),
-                                                {"BK": layout.launcher}).encode(), 0o644, "login-hook"))
+                                                {"BK": named.launcher}).encode(), 0o644, "login-hook"))
     return files
+
+
+def _user_name(uid: int) -> str:
+    import pwd
+
+    try:
+        return units.account_name(uid, pwd.getpwuid(uid).pw_name)
+    except KeyError:
+        return str(uid)
+
+
+def _group_name(gid: int) -> str:
+    import grp
+
+    try:
+        return units.account_name(gid, grp.getgrgid(gid).gr_name)
+    except KeyError:
+        return str(gid)
 
 
 def _no_longer_installed(m: mf.Manifest, wanted: set[str], drifted: list[mf.Entry]) -> list[Action]:
@@ -223,7 +260,7 @@ def _no_longer_installed(m: mf.Manifest, wanted: set[str], drifted: list[mf.Entr
     out = []
     for e in m.entries:
         if e.path not in wanted and e.role in ("archive", "launcher", "unit", "user-unit", "man",
-                                                "completion", "login-hook", "command"):
+                                                "completion", "doc", "login-hook", "command"):
             now = mf.state(e.path)
             if now is not None and not mf.same(now, e.expected()):
                 drifted.append(e)
@@ -238,8 +275,11 @@ def launcher_text(layout: Layout, python: str) -> bytes:
              "# bk: written by `bk admin install`; runs the installed archive with the",
              "# interpreter its bytecode was compiled for.  bk admin uninstall removes it."]
     if layout.root != "/":
+        # As /etc/gpubk/config.json would be, except for a private trial
+        # (BK_DATA_DIR), which reads no system config on a real server either.
         lines += ["# A staging root: the trusted config lives under it too.",
-                  f': "${{BK_CONFIG_FILE:={layout.config}}}"', "export BK_CONFIG_FILE"]
+                  'if [ -z "${BK_DATA_DIR:-}" ]; then',
+                  f'  : "${{BK_CONFIG_FILE:={layout.config}}}"', "  export BK_CONFIG_FILE", "fi"]
     lines.append(f'exec {python} {layout.pyz} "$@"')
     return ("\n".join(lines) + "\n").encode()
 
@@ -266,5 +306,6 @@ def _resources(entries: dict[str, bytes], source: str) -> _Resources:
 
 def dry_run(p: Plan) -> Result:
     notes = [] if p.systemd else ["services would not be started: "
-                                  + ("a staging root" if p.layout.root != "/" else "systemd is not running here")]
+                                  + ("a staging root" if p.layout.root != "/" else "systemd is not running here"),
+                                  services.foreground(p.layout.launcher)]
     return Result(p, "dry_run", [], [], notes)

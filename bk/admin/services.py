@@ -40,6 +40,12 @@ def start_commands(first: bool, start: bool) -> list[list[str]]:
     return cmds
 
 
+def foreground(launcher: str) -> str:
+    """The line that says how to run the services where systemd does not."""
+    return (f"without systemd (a container, LXC, WSL), run them in the foreground instead: "
+            f"sudo {launcher} admin services run")
+
+
 def stop_commands() -> list[list[str]]:
     return [["systemctl", "stop", *UNITS]]
 
@@ -130,23 +136,11 @@ def status(root: str, socket_path: str, data_dir: str, runner=subprocess.run) ->
 
 def unit_exec(unit_path: str) -> tuple[list[str], int, int]:
     """(ExecStart= argv, User=, Group=) of an installed unit, as numbers."""
-    import shlex
+    from bk.admin import unitfile
 
-    argv, uid, gid = None, None, None
-    with open(unit_path, encoding="utf-8") as f:
-        for line in f:
-            key, _, value = line.strip().partition("=")
-            if key == "ExecStart":
-                argv = shlex.split(value)
-            elif key == "User":
-                uid = int(value)
-            elif key == "Group":
-                gid = int(value)
-    if not argv or uid is None or gid is None:
-        from bk.core.errors import ConfigError
-
-        raise ConfigError(f"{unit_path} has no ExecStart=, User= or Group=", hint="reinstall: sudo bk admin install")
-    return argv, uid, gid
+    svc = unitfile.load(unit_path)
+    uid = unitfile.uid_of(svc.user, f"{unit_path}: User=")
+    return svc.exec_start, uid, unitfile.gid_of(svc.group, uid, f"{unit_path}: Group=")
 
 
 class TemporaryService:

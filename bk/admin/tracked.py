@@ -154,8 +154,8 @@ def entry_for(a: Action) -> mf.Entry:
         return mf.Entry(a.path, "link", a.role, target=a.target, before=a.before)
     if a.step is not None:
         s = a.step
-        before = mf.state(s.path) if s.action in ("adopt", "chmod", "write") else None
-        if s.action == "write":
+        before = mf.state(s.path) if s.action in ("adopt", "chmod", "write", "rewrite") else None
+        if s.action in ("write", "rewrite"):
             return mf.Entry(s.path, "file", "config", s.uid, s.gid, f"{s.mode:04o}",
                             sha256=None, before=before, mutable=True)
         return mf.Entry(s.path, "dir", a.role, s.uid, s.gid, f"{s.mode:04o}", before=before,

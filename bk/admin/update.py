@@ -226,6 +226,7 @@ def apply(p: UpdatePlan, env: dict, *, runner=subprocess.run, euid: int | None =
     elif not p.systemd:
         notes.append("systemd is not running here; start the services with:")
         notes += ["  " + c for c in services.shown(services.start_commands(False, True))]
+        notes.append(services.foreground(layout.launcher))
     return UpdateResult(p, status, result, notes)
 
 

@@ -58,6 +58,9 @@ def register(sub) -> None:
     init.add_argument("--group", metavar="G", help="the group allowed with --access group")
     init.add_argument("--gpu-count", metavar="N", type=common.positive_int,
                       help="GPUs to schedule (default: detected)")
+    init.add_argument("--simulated-gpus", metavar="N", type=common.positive_int,
+                      help="a trial or CI server without GPUs: schedule N simulated GPUs on purpose "
+                           "(gpu_count N, simulated_gpus true)")
     init.add_argument("--slot-minutes", metavar="M", type=common.positive_int,
                       help="slice length, a divisor of 60 (default 5)")
     init.add_argument("--max-shared-users", metavar="N", type=common.positive_int,
@@ -196,10 +199,11 @@ def _plan_text(result, applied: bool) -> str:
 def run_init(args, ctx) -> Output:
     from bk.admin import init
 
+    gpu_count, simulated = common.simulated_gpu_count(args.gpu_count, args.simulated_gpus)
     options = init.Options(service_user=args.service_user, data_dir=args.data_dir, socket=args.socket,
-                           access=args.access, group=args.group, gpu_count=args.gpu_count,
+                           access=args.access, group=args.group, gpu_count=gpu_count,
                            slot_minutes=args.slot_minutes, max_shared_users=args.max_shared_users,
-                           config_file=args.config_file)
+                           config_file=args.config_file, simulated_gpus=simulated)
     plan = init.plan(options, ctx.env)
     if args.dry_run:
         result = init.dry_run(plan)

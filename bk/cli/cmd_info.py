@@ -55,7 +55,9 @@ def run_info(args, ctx) -> Output:
             ["data", safe(data["data_dir"])],
             ["config", safe(data["config_file"]) if data["config_file"] else "defaults (no file)"],
             ["time zone", _zone_text(data["timezone"])],
-            ["GPUs", f"{data['gpu_count']} ({data['backend']['name']}"
+            ["GPUs", f"{data['gpu_count']} (simulated on purpose: simulated_gpus)"
+                     if data["backend"]["name"] == "simulated" else
+                     f"{data['gpu_count']} ({data['backend']['name']}"
                      f"{', simulated' if data['backend']['simulated'] else ''})"],
             ["slices", f"{pol['slot_minutes']} minutes"],
             ["sharing", f"{pol['max_shared_users']} share slots per GPU"

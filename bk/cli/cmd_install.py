@@ -43,6 +43,20 @@ there before. It refuses while a service runs, and when an installed file
 was changed by hand (it shows the difference). The data directory stays
 unless --purge-data."""
 
+RUN_EPILOG = """Examples:
+  sudo bk admin services run                     until SIGTERM or Ctrl-C
+  CMD ["/opt/gpubk/bin/bk", "admin", "services", "run"]    (a Dockerfile's entry point)
+
+For machines where systemd is not PID 1: a container, LXC without systemd,
+WSL. It runs gpubk-broker.service and then, once the broker is ready,
+gpubk-monitor.service, each as its User=/Group= with the unit's UMask= and
+environment (not the sandbox), and makes /run/gpubk as RuntimeDirectory=
+would. A service that fails is restarted as its unit says (Restart=,
+RestartSec=, RestartPreventExitStatus=, the start limit). SIGTERM, SIGINT
+or SIGHUP stops the monitor, then the broker, and exits 0 once both are
+reaped; a service that ends for good stops the other and exits 69 (or its
+own 75, 77, 78)."""
+
 UPDATE_EPILOG = """Examples:
   bk update                    preview: installed version, this one, the steps
   bk update /tmp/bk-new.pyz    preview an upgrade to that archive
@@ -54,8 +68,17 @@ it fails, the previous archive is put back and the services restarted."""
 
 
 def _add_root(p) -> None:
-    p.add_argument("--root", metavar="DIR", default="/",
-                   help="a staging root: every path lies under DIR (default /)")
+    p.add_argument("--root", metavar="DIR", default=None,
+                   help="a staging root: every path lies under DIR (default /; run through a staged "
+                        "install's own launcher, that install's root)")
+
+
+def _settle_root(args) -> None:
+    """``--root`` left out: the install this bk runs from (``bk.admin.layout.default_root``)."""
+    if args.root is None:
+        from bk.admin.layout import default_root
+
+        args.root = default_root()
 
 
 def register_admin(actions, parser_class) -> None:
@@ -69,6 +92,9 @@ def register_admin(actions, parser_class) -> None:
     ins.add_argument("--access", choices=("all", "group"), help="who may use the broker (default all)")
     ins.add_argument("--group", metavar="G", help="the group allowed with --access group")
     ins.add_argument("--gpu-count", metavar="N", type=common.positive_int, help="GPUs to schedule (default: detected)")
+    ins.add_argument("--simulated-gpus", metavar="N", type=common.positive_int,
+                     help="a trial or CI server without GPUs: schedule N simulated GPUs on purpose, so the "
+                          "monitor and bk doctor count the missing driver as intended")
     ins.add_argument("--slot-minutes", metavar="M", type=common.positive_int,
                      help="slice length, a divisor of 60 (default 5)")
     ins.add_argument("--max-shared-users", metavar="N", type=common.positive_int,
@@ -85,6 +111,10 @@ def register_admin(actions, parser_class) -> None:
                      help="interpreter the launcher and units use (default: the one running this)")
     ins.add_argument("--no-start", dest="start", action="store_false", help="install, but start nothing")
     _add_root(ins)
+    ins.add_argument("--destdir", metavar="DIR",
+                     help="stage a distribution package's files under DIR, each naming its final path "
+                          "(units in /usr/lib/systemd, pages in /usr/share, sysusers.d and tmpfiles.d); "
+                          "no configuration, data or manifest; no root needed")
     ins.add_argument("--dry-run", action="store_true", help="show the exact plan; change nothing")
     ins.add_argument("-y", "--yes", action="store_true", help="take the defaults and apply without asking")
     ins.set_defaults(handler=run_install, command="admin install")
@@ -99,20 +129,25 @@ def register_admin(actions, parser_class) -> None:
     un.add_argument("-y", "--yes", action="store_true", help="do not ask")
     un.set_defaults(handler=run_uninstall, command="admin uninstall")
 
-    sv = actions.add_parser("services", help="the systemd units: install, status, uninstall",
+    sv = actions.add_parser("services", help="the broker and monitor: install, status, run, uninstall",
                             description="The broker and monitor units, apart from the rest of the install.",
                             epilog="Examples:\n  sudo bk admin services status\n"
                                    "  sudo bk admin services install\n"
+                                   "  sudo bk admin services run        (no systemd: a container, LXC, WSL)\n"
                                    "  sudo /opt/gpubk/bin/bk admin services uninstall --yes",
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     sv.set_defaults(handler=_missing, command="admin services")
     sacts = sv.add_subparsers(dest="services_action", metavar="ACTION", parser_class=parser_class)
     for name, helptext in (("install", "write (refresh) the units, daemon-reload, enable --now"),
                            ("status", "whether the services run (systemd, or the socket and locks)"),
+                           ("run", "run the broker and monitor in the foreground as their units' accounts, "
+                                   "without systemd"),
                            ("uninstall", "remove the units (the services must be stopped)")):
-        q = sacts.add_parser(name, help=helptext, description=helptext[0].upper() + helptext[1:] + ".")
+        q = sacts.add_parser(name, help=helptext, description=helptext[0].upper() + helptext[1:] + ".",
+                             **({"epilog": RUN_EPILOG, "formatter_class": argparse.RawDescriptionHelpFormatter}
+                                if name == "run" else {}))
         _add_root(q)
-        if name != "status":
+        if name not in ("status", "run"):
             q.add_argument("--dry-run", action="store_true", help="show the plan; change nothing")
             q.add_argument("-y", "--yes", action="store_true", help="do not ask")
         if name == "install":
@@ -157,7 +192,8 @@ def _missing(args, ctx) -> Output:
 
 VERBS = {"create": "create", "update": "refresh", "replace": "replace", "adopt": "adopt", "keep": "keep",
          "skip": "leave alone", "mkdir": "create", "link": "link", "remove": "remove",
-         "adopt_dir": "take over", "chmod": "set owner/mode", "write": "write"}
+         "adopt_dir": "take over", "chmod": "set owner/mode", "write": "write",
+         "rewrite": "rewrite"}
 
 
 # init's reasons, which the role already says.
@@ -203,11 +239,13 @@ def _install_text(result) -> str:
 def _options(args, **over):
     from bk.admin.install import Options
 
+    gpu_count, simulated = common.simulated_gpu_count(args.gpu_count, args.simulated_gpus)
     o = Options(root=args.root, service_user=args.service_user, data_dir=args.data_dir, access=args.access,
-                group=args.group, gpu_count=args.gpu_count, slot_minutes=args.slot_minutes,
+                group=args.group, gpu_count=gpu_count, slot_minutes=args.slot_minutes,
                 max_shared_users=args.max_shared_users, command_path=args.command_path,
                 command_link=args.command_link, login_hook=args.login_hook, python=args.python,
-                start=args.start)
+                start=args.start, simulated_gpus=gpu_count if simulated else None,
+                destdir=args.destdir)
     from bk.core.record import replace
 
     return replace(o, **over) if over else o
@@ -278,6 +316,10 @@ def _guided(args, ctx):
 
 
 def run_install(args, ctx) -> Output:
+    if args.destdir is not None:
+        args.root = args.root or "/"        # --destdir never acts on the install it runs from
+        return _stage(args, _options(args))
+    _settle_root(args)
     from bk.admin import install, install_apply
     from bk.admin.layout import Layout
 
@@ -316,6 +358,27 @@ def run_install(args, ctx) -> Output:
                   done=None if result.status == "unchanged" else f"bk admin install {result.status}")
 
 
+def _stage(args, options) -> Output:
+    """``--destdir``: the package payload, no questions (a build runs unattended)."""
+    from bk.admin import destdir
+
+    staged = destdir.stage(options, dry_run=args.dry_run)
+
+    def human(term) -> str:
+        head = f"bk admin install --destdir {staged.destdir} " + ("would stage:" if staged.dry_run else "staged:")
+        lines = [head, *[f"  {path}  [{role}]" for path, role in staged.files]]
+        if staged.link:
+            lines.append(f"  {staged.link[0]} -> {staged.link[1]}  [command]")
+        lines.append(f"bk {staged.version} from {staged.archive_from}, for {staged.python}; "
+                     f"the units run as {staged.user}")
+        lines.append("on the server, once the package is installed:")
+        lines += [f"  {c}" for c in staged.next_steps()]
+        return "\n".join(lines)
+
+    return Output("admin install", staged.to_json(), human,
+                  done=None if staged.dry_run else f"bk admin install staged {len(staged.files)} files")
+
+
 # ------------------------------------------------------------- uninstall
 
 def _removal_lines(up) -> list[str]:
@@ -326,6 +389,7 @@ def _removal_lines(up) -> list[str]:
 
 
 def run_uninstall(args, ctx) -> Output:
+    _settle_root(args)
     from bk.admin import uninstall
 
     up = uninstall.uninstall_plan(args.root, purge_data=args.purge_data)
@@ -373,6 +437,7 @@ def _do_uninstall(args, ctx, up, command: str) -> Output:
 # ------------------------------------------------------------- services
 
 def run_services(args, ctx) -> Output:
+    _settle_root(args)
     from bk.admin import install, install_apply, services, uninstall
     from bk.admin.layout import Layout
 
@@ -402,6 +467,27 @@ def run_services(args, ctx) -> Output:
     if args.services_action == "uninstall":
         up = uninstall.uninstall_plan(args.root, only_services=True)
         return _do_uninstall(args, ctx, up, "admin services uninstall")
+    if args.services_action == "run":
+        from bk.admin import supervise
+
+        got = supervise.run(layout, ctx.env)
+        if got.status == "failed":
+            from bk.core import errors
+
+            cls = {errors.EXIT_TEMPFAIL: errors.Busy, errors.EXIT_WRONG_ACCOUNT: errors.WrongAccount,
+                   errors.EXIT_CONFIG: errors.ConfigError}.get(got.exit_code, errors.Unavailable)
+            raise cls(f"the services stopped: {got.reason}",
+                      hint="its log is above; bk doctor --probe --require-monitor --strict checks the rest",
+                      details=got.to_json())
+
+        def ran(term) -> str:
+            lines = [f"services {got.reason}:"]
+            lines += [f"  {s['unit']}: started {s['starts']} time{'s' if s['starts'] != 1 else ''}, last "
+                      + ("exit: none" if s["last_exit"] is None else f"exit {s['last_exit']}")
+                      for s in got.services]
+            return "\n".join(lines)
+
+        return Output("admin services run", got.to_json(), ran, exit_code=got.exit_code)
     # install: the whole reconcile, which refreshes the units among the rest.
     from bk.core.record import replace
 
@@ -420,6 +506,7 @@ def run_services(args, ctx) -> Output:
 # ------------------------------------------------------------- login hook
 
 def run_login_hook(args, ctx) -> Output:
+    _settle_root(args)
     from bk.admin import install, install_apply, loginhook
     from bk.admin.layout import Layout
 
@@ -450,6 +537,7 @@ def run_login_hook(args, ctx) -> Output:
 # ------------------------------------------------------------- update
 
 def run_update(args, ctx) -> Output:
+    _settle_root(args)
     from bk.admin import update
 
     up = update.plan(args.root, args.archive, python=args.python)

@@ -106,7 +106,8 @@ def once_text(got, term) -> str:
             who = safe(p.user) if p.user else (f"uid {p.uid}" if p.uid is not None else "?")
             procs.append([str(g.index), str(p.pid), who, safe(p.label or "?"), _cell(p.mem_mib),
                           _cell(p.sm), f"{state} {identity}".strip()])
-    parts = [head + f"\nsource: {safe(snap.source)}" + (" (simulated)" if snap.simulated else "")
+    parts = [head + f"\nsource: {safe(snap.source)}" + (" (simulated)" if snap.simulated
+                                                          and snap.source != "simulated" else "")
              + (f"; gaps: {', '.join(snap.gaps)}" if snap.gaps else ""),
              table(rows, ["GPU", "MODEL", "UTIL", "MEM MiB", "PROCS"], term, shrink=1)]
     if procs:

@@ -53,6 +53,17 @@ def positive_int(text: str) -> int:
     return n
 
 
+def simulated_gpu_count(gpu_count: int | None, simulated: int | None) -> tuple[int | None, bool]:
+    """``--gpu-count`` and ``--simulated-gpus`` of the set-up commands as
+    (gpu_count, simulated_gpus): the second says the count and that it is simulated."""
+    if simulated is None:
+        return gpu_count, False
+    if gpu_count is not None and gpu_count != simulated:
+        raise UsageError(f"--gpu-count {gpu_count} and --simulated-gpus {simulated} disagree",
+                         hint="--simulated-gpus N alone sets the count too")
+    return simulated, True
+
+
 # ------------------------------------------------------------------ words
 
 def time_ahead(word: str, flag: str, now: int, tz) -> int:

@@ -350,7 +350,7 @@ def build(env: dict, settings, *, interval_s: float, clock: Callable[[], int], b
     from bk.service.app import make_store
 
     if backend is None:
-        backend = open_backend(env, settings["gpu_count"])
+        backend = open_backend(env, settings["gpu_count"], simulated=settings["simulated_gpus"])
     store = make_store(settings, clock_fn=clock, owner_uid=None, capacity=settings["max_shared_users"])
     view = LedgerView(store)
     return Monitor(backend, view.read, files.monitor_dir(settings), clock=clock, interval_s=interval_s,
@@ -433,7 +433,7 @@ def once(env: dict, *, backend=None, clock_fn: Callable[[], int] | None = None) 
 
     settings = _settings(env)
     clock_fn = clock_fn or clock.now
-    backend = backend or open_backend(env, settings["gpu_count"])
+    backend = backend or open_backend(env, settings["gpu_count"], simulated=settings["simulated_gpus"])
     store = make_store(settings, clock_fn=clock_fn, owner_uid=None, capacity=settings["max_shared_users"])
     m = Monitor(backend, LedgerView(store).read, files.monitor_dir(settings), clock=clock_fn,
                 gpu_count=settings["gpu_count"], log=lambda line: None)

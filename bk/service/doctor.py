@@ -369,9 +369,24 @@ def _gpu_check(app, call) -> dict:
     # the live data is missing, and placement uses share slots alone); in
     # private mode (BK_GPU_COUNT, a demo) it is what was asked for.  A real
     # fallback (nvidia-smi, after NVML did not answer) is no fault: its gaps
-    # are named above.
+    # are named above.  A server without the driver at all expects GPUs it
+    # cannot have: unless it was installed as a trial server (simulated_gpus,
+    # a simulation chosen on purpose, with no reason), that is a fault
+    # whatever the count, and no tool is worth pointing at.
+    from bk.gpu import NO_DRIVER_LOADED
+
     ok = True
-    if (reason or snap.reason) and snap.simulated and app.settings.mode == "shared":
+    fix = None
+    if app.settings["simulated_gpus"] and snap.simulated and not (reason or snap.reason):
+        detail += (f"; simulated on purpose (simulated_gpus in {app.settings.source or 'the configuration'}): "
+                   "placement by share slots alone")
+    elif (reason or snap.reason) == NO_DRIVER_LOADED and app.settings.mode == "shared":
+        ok = False
+        detail += "; this server expects real GPUs (simulated_gpus is not set)"
+        fix = ("install and load the NVIDIA driver (its kernel module makes /proc/driver/nvidia/version), "
+               "then restart the services; a trial server without GPUs: sudo bk admin install "
+               "--simulated-gpus N")
+    elif (reason or snap.reason) and snap.simulated and app.settings.mode == "shared":
         if "gpu_count" in app.settings.explicit:
             detail += (f"; no GPU telemetry, so {call.policy.gpu_count} GPUs from the "
                        "configuration are scheduled by share slots alone")
@@ -381,7 +396,7 @@ def _gpu_check(app, call) -> dict:
     if call.policy.gpu_count != len(gpus):
         ok = False
         detail += f"; the policy schedules {call.policy.gpu_count}"
-    return _check("gpu_backend", ok, detail)
+    return _check("gpu_backend", ok, detail, fix=fix)
 
 
 def _broker_check(app, call) -> dict:
@@ -456,7 +471,12 @@ def _monitor_check(app, call, required: bool) -> tuple[dict, dict | None]:
             return _check("monitor", True, f"no monitor has run here ({directory}); each command "
                                            "samples the GPUs itself"), got
         return _check("monitor", False, f"no monitor has run here ({directory})", fix=start), got
-    fixes = {"degraded": "the GPU backend reports gaps: journalctl -u gpubk-monitor, nvidia-smi",
+    from bk.gpu import NO_DRIVER_LOADED
+
+    fixes = {"degraded": ("no NVIDIA driver is loaded: install and load it, then restart the monitor; a "
+                          "trial server without GPUs: sudo bk admin install --simulated-gpus N")
+                         if NO_DRIVER_LOADED in (hb.detail or "") else
+                         "the GPU backend reports gaps: journalctl -u gpubk-monitor, nvidia-smi",
              "stale": "it stopped answering; sudo systemctl restart gpubk-monitor"
                       if app.settings.mode == "shared" else "it stopped answering; restart bk m",
              "stopped": start,

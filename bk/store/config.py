@@ -40,6 +40,9 @@ class Key:
 KEYS: dict[str, Key] = {k.name: k for k in (
     Key("gpu_count", "int", None, "Number of GPUs to schedule. Default: detected (NVML) or simulated.",
         1, 64, nullable=True),
+    Key("simulated_gpus", "bool", False, "This server's GPUs are simulated on purpose (a trial or CI "
+        "server without GPUs): gpu_count GPUs scheduled by share slots alone, no driver looked for, and "
+        "no fault reported for the missing telemetry. Needs gpu_count."),
     Key("slot_minutes", "int", 5, "Slice length in minutes; bookings start and last whole slices. "
         "A divisor of 60.", 1, 60),
     Key("max_shared_users", "int", 2, "Share slots per GPU (how many shared bookings fit at once).", 1, 64),
@@ -195,6 +198,9 @@ def parse_document(doc: object, source: str, *, allow_security: bool) -> dict:
             raise ConfigError(f"{source}: {name!r} is accepted only from the trusted system file",
                               hint="set it in /etc/gpubk/config.json (root-owned)")
         out[name] = check_value(key, value, source)
+    if out.get("simulated_gpus") and out.get("gpu_count") is None:
+        raise ConfigError(f"{source}: simulated_gpus is true but gpu_count is not set",
+                          hint='say how many GPUs to simulate: "gpu_count": 8')
     if out.get("access") == "group" and not out.get("group"):
         raise ConfigError(f"{source}: access is 'group' but no group is named",
                           hint='add "group": "gpu-users"')

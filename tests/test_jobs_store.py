@@ -29,6 +29,45 @@ def test_a_spec_is_private_and_bound_by_its_digest(jobs):
     assert spec.path == "/usr/bin"
 
 
+def _unsalted(job_id, argv, cwd, path, created) -> bytes:
+    """A spec as bk wrote it before salts (and as a dictionary attack would
+    rebuild one from a guess): the same fields, the same canonical JSON."""
+    import json
+
+    doc = {"schema": specs.SCHEMA, "id": job_id, "argv": list(argv), "cwd": cwd, "path": path,
+           "created": created}
+    return (json.dumps(doc, sort_keys=True, ensure_ascii=True, separators=(",", ":")) + "\n").encode()
+
+
+def test_a_correct_guess_of_every_field_cannot_be_confirmed_by_the_digest(jobs):
+    import hashlib
+
+    argv = ["python3", "train.py", "--token", "s3cr3t"]
+    digest = specs.write_spec(jobs, JID, argv, "/home/ada", "/usr/local/bin:/usr/bin:/bin", 1_700_000_000)
+    guess = _unsalted(JID, argv, "/home/ada", "/usr/local/bin:/usr/bin:/bin", 1_700_000_000)
+    assert hashlib.sha256(guess).hexdigest() != digest
+    with open(os.path.join(jobs, "specs", f"{JID}.json"), "rb") as f:
+        doc = __import__("json").loads(f.read())
+    assert len(bytes.fromhex(doc["salt"])) == specs.SALT_BYTES
+    assert specs.read_spec(jobs, JID, digest).argv == tuple(argv)       # the owner still verifies it
+    other = "f" * 32                                                   # and no two specs share a salt
+    specs.write_spec(jobs, other, argv, "/home/ada", None, 1)
+    with open(os.path.join(jobs, "specs", f"{other}.json"), "rb") as f:
+        assert __import__("json").loads(f.read())["salt"] != doc["salt"]
+
+
+def test_a_spec_written_before_salts_still_verifies_for_its_owner(jobs):
+    import hashlib
+
+    specs.write_spec(jobs, "f" * 32, ["true"], "/", None, 5)          # makes the directories
+    data = _unsalted(JID, ["echo", "hi"], "/tmp", "/usr/bin", 5)
+    fd = os.open(os.path.join(jobs, "specs", f"{JID}.json"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    os.write(fd, data)
+    os.close(fd)
+    spec = specs.read_spec(jobs, JID, hashlib.sha256(data).hexdigest())
+    assert spec.argv == ("echo", "hi") and spec.cwd == "/tmp" and spec.path == "/usr/bin"
+
+
 def test_a_spec_is_never_overwritten(jobs):
     specs.write_spec(jobs, JID, ["true"], "/", None, 5)
     with pytest.raises(IOFailure):

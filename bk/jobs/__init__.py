@@ -9,9 +9,10 @@ The facts, and what follows from them:
   short safe summary (``bk.core.jobs.summary_of``); the argv, working
   directory and PATH live in a spec file in the user's own state directory
   (``$XDG_STATE_HOME/bk/jobs/specs``, 0700 directories, 0600 files), and
-  the booking holds the spec's sha256.  A spec whose bytes no longer match
-  that digest was changed after booking: it is refused and reported, never
-  run (``specs.read_spec``).
+  the booking holds the spec's sha256.  The spec holds 32 random bytes
+  that appear nowhere else, so that digest confirms no guess of the command
+  line.  A spec whose bytes no longer match that digest was changed after
+  booking: it is refused and reported, never run (``specs.read_spec``).
 * Only the user can start processes as the user (bk never runs setuid), so
   the launcher is a per-user process, the worker (``worker.Worker``), run
   by ``systemctl --user`` (``bk-worker.service``) or by hand (``bk w start``).

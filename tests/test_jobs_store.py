@@ -133,6 +133,65 @@ def test_logs_rotate_in_two_segments(jobs):
         assert stat.S_IMODE(os.stat(os.path.join(jobs, "logs", name)).st_mode) == 0o600
 
 
+def _segments(jobs) -> dict:
+    d = os.path.join(jobs, "logs")
+    return {n: os.path.getsize(os.path.join(d, n)) for n in os.listdir(d)} if os.path.isdir(d) else {}
+
+
+def test_the_log_pump_keeps_the_cap_at_every_write_while_the_job_runs(jobs, tmp_path):
+    """Issue 30: the worker checked a log's size once per tick, so a fast
+    writer grew one far past the two promised segments.  With the pump, a
+    job that has written 3.5 segments and still runs has exactly its newest
+    1.5 segments on disk, and a new segment starts on the very byte."""
+    import subprocess
+    import sys
+    import time
+
+    gate = tmp_path / "gate"
+    os.mkfifo(gate)
+    writer = ("import sys; out = sys.stdout.buffer\n"
+              "for i in range(35): out.write(bytes([65 + i % 26]) * 100); out.flush()\n"
+              f"open({str(gate)!r}).read()\n"
+              "out.write(b'!end'); out.flush()\n")
+    fd, pump = logs.start_pump(jobs, JID, segment=1000)
+    try:
+        job = subprocess.Popen([sys.executable, "-c", writer], stdout=fd, stderr=fd)
+    finally:
+        os.close(fd)
+    try:
+        deadline = time.monotonic() + 20
+        while _segments(jobs).get(f"{JID}.log") != 500:        # the pump has copied all 3,500 bytes
+            assert time.monotonic() < deadline, _segments(jobs)
+            assert job.poll() is None and pump.poll() is None
+            time.sleep(0.01)
+        assert _segments(jobs) == {f"{JID}.log": 500, f"{JID}.log.1": 1000}
+        data, cut = logs.read(jobs, JID, limit=None)
+        assert data == b"".join(bytes([65 + i % 26]) * 100 for i in range(20, 35)) and not cut
+    finally:
+        with open(gate, "w") as g:
+            g.write("go")
+        job.wait(20)
+    assert pump.wait(20) == 0                                    # the job's end closed the pipe
+    assert _segments(jobs) == {f"{JID}.log": 504, f"{JID}.log.1": 1000}
+    assert logs.read(jobs, JID, limit=4)[0] == b"!end"
+    for name in os.listdir(os.path.join(jobs, "logs")):
+        assert stat.S_IMODE(os.stat(os.path.join(jobs, "logs", name)).st_mode) == 0o600
+
+
+def test_a_log_over_the_cap_from_before_the_pump_is_cut_back_before_it_grows(jobs):
+    import subprocess
+
+    fd = logs.open_for_job(jobs, JID)
+    os.write(fd, b"o" * 5000)                                  # an old worker's 5-segment log
+    os.close(fd)
+    w, pump = logs.start_pump(jobs, JID, segment=1000)
+    subprocess.run(["printf", "new"], stdout=w, check=True)
+    os.close(w)
+    assert pump.wait(20) == 0
+    assert _segments(jobs) == {f"{JID}.log": 3, f"{JID}.log.1": 1000}
+    assert logs.read(jobs, JID, limit=None)[0] == b"o" * 1000 + b"new"
+
+
 def test_logs_are_bounded_by_age_and_total(jobs):
     ids = ["1" * 32, "2" * 32, "3" * 32]
     for i, j in enumerate(ids):

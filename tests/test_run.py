@@ -175,6 +175,37 @@ def test_the_ledger_confirms_no_guess_of_a_private_command_and_the_worker_still_
     assert json.loads(pyz_bk("j", "log", "1", "--json").stdout)["data"]["log"] == f"--token {token}\n"
 
 
+def test_a_job_that_writes_25_mib_and_exits_within_a_tick_keeps_at_most_two_8_mib_segments(pyz, env):
+    """Issue 30: the cap was checked once per worker tick, so a job that
+    wrote fast and ended between two ticks left one 30 MB log.  Through the
+    built archive: 25 MiB and an end mark, written at once; at most two
+    segments of 8 MiB are left, the newest output in them."""
+    # One write(2) of it all, then exit: on a file, done before any tick.
+    writer = ("import os\n"
+              "view = memoryview(b''.join(bytes([97 + i]) * (1 << 20) for i in range(25)) + b'END')\n"
+              "while view: view = view[os.write(1, view):]\n"
+              "os._exit(0)\n")
+
+    def pyz_bk(*words):
+        p = subprocess.run([sys.executable, str(pyz), *words], env=env, capture_output=True,
+                           stdin=subprocess.DEVNULL, timeout=120, cwd=env["HOME"])
+        assert p.returncode == 0, (words, p.stdout, p.stderr)
+        return p.stdout
+
+    pyz_bk("1", "30m", "--", sys.executable, "-c", writer)
+    pyz_bk("w", "once")
+    job = json.loads(pyz_bk("j", "--json"))["data"]["jobs"][0]
+    assert job["status"] == "succeeded", job
+    logs = Path(env["BK_DATA_DIR"]) / "state" / "jobs" / "logs"
+    sizes = {p.name.split(".", 1)[1]: p.stat().st_size for p in logs.iterdir()}
+    # 25 MiB + 3: three full segments went by; the newest full one and the
+    # 1 MiB + 3 after it are left.
+    assert sizes == {"log": 2**20 + 3, "log.1": 8 * 2**20}, sizes
+    whole = json.loads(pyz_bk("j", "log", "1", "--all", "--json"))["data"]
+    assert whole["log"] == "".join(chr(97 + i) * 2**20 for i in range(16, 25)) + "END"
+    assert pyz_bk("j", "log", "1").endswith(b"yyyyEND\n")
+
+
 def test_commands_after_dashes_are_never_bks(env):
     p = bk(env, "1", "30m", "-g", "1", "--", "sh", "-c", "exit 0", "--json", "-g", "3")
     assert "GPU (1)" in p.stdout                          # -g 3 and --json were the command's

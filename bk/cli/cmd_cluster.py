@@ -310,7 +310,7 @@ def run_rec(args, ctx) -> Output:
                 rows.append((r.node, _when(o["start"], o["end"]), ",".join(map(str, o["gpus"])), r.priority, ""))
             else:
                 rows.append((r.node, "-", "-", r.priority, safe(r.problem or "")))
-        text = table(rows, ("NODE", "WHEN", "GPUS", "PRIORITY", "PROBLEM"), term, shrink=4)
+        text = table(rows, ("NODE", "WHEN", "GPUS", "PRIORITY", "PROBLEM"), term, shrink=4, fold=True)
         if rec.best:
             text += f"\n\nbest: {rec.best.node} at {_when(rec.best.option['start'])}; book it with: bk c " \
                     + " ".join(_request_words(args, REC_PASS))

@@ -58,9 +58,10 @@ _PUMP = ("import sys; sys.path.insert(0, sys.argv[1]); from bk.jobs import logpu
 
 
 def _bk_root() -> str:
-    import bk
-
-    return os.path.dirname(os.path.dirname(os.path.abspath(bk.__file__)))
+    """The directory (or archive) that holds the ``bk`` package: this
+    module is ``bk/jobs/logs.py`` inside it (in ``bk.pyz`` too, where the
+    path runs through the archive and zipimport reads it)."""
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def start_pump(jobs_path: str, job_id: str, segment: int = SEGMENT_BYTES) -> tuple[int, subprocess.Popen]:

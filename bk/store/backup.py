@@ -407,12 +407,11 @@ def backup(data_dir: str, dest: str, *, owner_uid: int, bk_version: str, now_iso
     not bk's).  On any failure nothing of ``dest`` is left."""
     if not os.path.isdir(data_dir):
         raise InvalidInput(f"there is no data directory {data_dir} to back up")
-    dest = os.path.abspath(dest)
     data_real = os.path.realpath(data_dir)
-    name = os.path.basename(dest)
-    if not name or name in (".", ".."):
+    real = os.path.realpath(os.path.abspath(dest))
+    name = os.path.basename(real)
+    if not name:
         raise InvalidInput(f"{dest} does not name a new directory", hint="name a new directory")
-    real = os.path.realpath(dest)
     if os.path.commonpath([real, data_real]) == data_real:
         raise InvalidInput("the backup may not lie inside the data directory", hint="name a directory outside it")
     existing = os.path.dirname(real)

@@ -119,3 +119,6 @@ def test_bk_c_rec_folds_a_nodes_problem(pyz, env, tmp_path):
     (node,) = doc["data"]["nodes"]
     assert node["state"] == "unreachable" and "No route to host" in node["problem"], node
     folded(run(pyz, cenv, "c", "rec", "1", "30m", code=1), node["problem"])
+    doc = json.loads(run(pyz, cenv, "--json", "c", code=1))            # the overview's STATE too
+    message = doc["data"]["nodes"][0]["error"]["message"]
+    folded(run(pyz, cenv, "c", code=1), message)

@@ -259,9 +259,11 @@ def run_overview(args, ctx) -> Output:
     data = ov.to_json()
 
     def human(term) -> str:
-        rows = [(n["name"], n["target"], _term_line(n), sum(1 for x in data["reservations"] if x["node"] == n["name"]))
+        # The state, with a node's failure in its words, goes last: off a
+        # terminal it is folded, never cut.
+        rows = [(n["name"], n["target"], sum(1 for x in data["reservations"] if x["node"] == n["name"]), _term_line(n))
                 for n in data["nodes"]]
-        text = table(rows, ("NODE", "TARGET", "STATE", "BOOKINGS"), term, shrink=2)
+        text = table(rows, ("NODE", "TARGET", "BOOKINGS", "STATE"), term, shrink=3, fold=True)
         res = [(x["node"] + "/" + x["short_id"], safe(x.get("person") or x["user"]),
                 ",".join(map(str, x["gpus"])), _when(x["start"], x["end"]), x["status"])
                for x in data["reservations"]]

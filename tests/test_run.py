@@ -155,6 +155,74 @@ def test_booking_with_a_command_warns_without_a_worker_and_lists_the_job(env, tm
         assert "s3cr3t" not in (tmp_path / "data" / name).read_text()
 
 
+def test_the_ledger_confirms_no_guess_of_a_private_command_and_the_worker_still_runs_it(pyz, env):
+    """Issue 22: the world-readable ledger held the sha256 of each job spec,
+    whose other fields (id, time, cwd, PATH) are all guessable, so a
+    dictionary over command lines confirmed the secret one.  An attacker who
+    guesses every field right, here exactly, still cannot match the ledger's
+    value; the owner's worker (the built archive) verifies the spec and runs it."""
+    import hashlib
+
+    token = "s3cr3t-" + os.urandom(4).hex()
+    argv = ["echo", "--token", token]
+
+    def pyz_bk(*words, code=0):
+        p = subprocess.run([sys.executable, str(pyz), *words], env=env, capture_output=True, text=True,
+                           stdin=subprocess.DEVNULL, timeout=60, cwd=env["HOME"])
+        assert p.returncode == code, (words, p.stdout, p.stderr)
+        return p
+
+    pyz_bk("1", "30m", "--", *argv)
+    ledger = json.loads((Path(env["BK_DATA_DIR"]) / "ledger.json").read_text())
+    (res,) = [r for r in ledger["reservations"] if r.get("job")]
+    job = res["job"]
+    assert token not in json.dumps(ledger)
+    created = res["created"] if isinstance(res["created"], int) else None
+    times = range(created - 5, created + 6) if created is not None else range(int(time.time()) - 60,
+                                                                            int(time.time()) + 1)
+    for guess in ([*argv], ["echo", "--token", "wrong"]):
+        for t in times:
+            doc = {"schema": "gpubk.jobspec.v1", "id": job["id"], "argv": guess, "cwd": env["HOME"],
+                   "path": env["PATH"], "created": t}
+            data = (json.dumps(doc, sort_keys=True, ensure_ascii=True, separators=(",", ":")) + "\n").encode()
+            assert hashlib.sha256(data).hexdigest() != job["digest"], (guess, t)
+    pyz_bk("w", "once")
+    done = json.loads(pyz_bk("j", "--json").stdout)["data"]["jobs"][0]
+    assert done["status"] == "succeeded", done
+    assert json.loads(pyz_bk("j", "log", "1", "--json").stdout)["data"]["log"] == f"--token {token}\n"
+
+
+def test_a_job_that_writes_25_mib_and_exits_within_a_tick_keeps_at_most_two_8_mib_segments(pyz, env):
+    """Issue 30: the cap was checked once per worker tick, so a job that
+    wrote fast and ended between two ticks left one 30 MB log.  Through the
+    built archive: 25 MiB and an end mark, written at once; at most two
+    segments of 8 MiB are left, the newest output in them."""
+    # One write(2) of it all, then exit: on a file, done before any tick.
+    writer = ("import os\n"
+              "view = memoryview(b''.join(bytes([97 + i]) * (1 << 20) for i in range(25)) + b'END')\n"
+              "while view: view = view[os.write(1, view):]\n"
+              "os._exit(0)\n")
+
+    def pyz_bk(*words):
+        p = subprocess.run([sys.executable, str(pyz), *words], env=env, capture_output=True,
+                           stdin=subprocess.DEVNULL, timeout=120, cwd=env["HOME"])
+        assert p.returncode == 0, (words, p.stdout, p.stderr)
+        return p.stdout
+
+    pyz_bk("1", "30m", "--", sys.executable, "-c", writer)
+    pyz_bk("w", "once")
+    job = json.loads(pyz_bk("j", "--json"))["data"]["jobs"][0]
+    assert job["status"] == "succeeded", job
+    logs = Path(env["BK_DATA_DIR"]) / "state" / "jobs" / "logs"
+    sizes = {p.name.split(".", 1)[1]: p.stat().st_size for p in logs.iterdir()}
+    # 25 MiB + 3: three full segments went by; the newest full one and the
+    # 1 MiB + 3 after it are left.
+    assert sizes == {"log": 2**20 + 3, "log.1": 8 * 2**20}, sizes
+    whole = json.loads(pyz_bk("j", "log", "1", "--all", "--json"))["data"]
+    assert whole["log"] == "".join(chr(97 + i) * 2**20 for i in range(16, 25)) + "END"
+    assert pyz_bk("j", "log", "1").endswith(b"yyyyEND\n")
+
+
 def test_commands_after_dashes_are_never_bks(env):
     p = bk(env, "1", "30m", "-g", "1", "--", "sh", "-c", "exit 0", "--json", "-g", "3")
     assert "GPU (1)" in p.stdout                          # -g 3 and --json were the command's

@@ -133,8 +133,11 @@ def register_policy(actions) -> None:
 def register_data(dacts) -> None:
     b = dacts.add_parser("backup", help="copy the data directory, with a checksummed manifest",
                          description="Copy the ledger, its backups, the archive, the audit log and the "
-                         "usage history into DIR (new or empty), with manifest.json: the bk version and "
-                         "a SHA-256 per file. The services may run: it holds the writers' lock meanwhile.",
+                         "usage history (bk's files only; others are named and left out) into DIR, which it "
+                         "creates 0700 (an existing DIR must be root's, 0700 and empty; every directory above "
+                         "it only root's to change), with manifest.json: the bk version and a SHA-256 per "
+                         "file. The services may run: it holds the writers' lock meanwhile. A backup that "
+                         "fails (a full disk) is removed.",
                          epilog="Examples:\n  sudo bk admin data backup\n"
                                 "  sudo bk admin data backup /srv/backup/gpubk-2026-07-13",
                          formatter_class=RAW)
@@ -144,7 +147,10 @@ def register_data(dacts) -> None:
     b.set_defaults(handler=run_data_backup, command="admin data backup")
     v = dacts.add_parser("verify", help="check every file of a backup against its manifest",
                          description="Check every checksum of a backup; exit 1 naming each file that is "
-                                     "missing, changed or not in the manifest.",
+                                     "missing, changed, not in the manifest, or not a file bk keeps. A backup "
+                                     "anyone but root could have changed (a directory or file not root's, or "
+                                     "writable by group or others, or below such a directory) is refused "
+                                     "(exit 78).",
                          epilog="Examples:\n  sudo bk admin data verify /var/lib/gpubk-backups/20260713T180000Z",
                          formatter_class=RAW)
     v.add_argument("dir", metavar="DIR")
@@ -162,8 +168,9 @@ def register_data(dacts) -> None:
     c.set_defaults(handler=run_data_clear, command="admin data clear")
     r = dacts.add_parser("restore", help="restore a backup into an empty data directory",
                          description="Verify the backup, then copy it into the data directory, which must "
-                         "be empty (bk admin data clear empties it), owned by the service account with "
-                         "the modes the backup recorded. The services must be stopped (else exit 75).",
+                         "be empty (bk admin data clear empties it): bk's files only, owned by the service "
+                         "account (monitor/ and usage/ by the monitor account) with the modes bk gives them, "
+                         "whatever the manifest says. The services must be stopped (else exit 75).",
                          epilog="Examples:\n  sudo bk admin data restore /var/lib/gpubk-backups/20260713T180000Z --yes",
                          formatter_class=RAW)
     r.add_argument("dir", metavar="DIR")
@@ -567,8 +574,9 @@ def run_data_backup(args, ctx) -> Output:
     result = datacare.backup(app, args.dir, now=call.now, dry_run=args.dry_run)
     if result.status == "dry_run":
         return Output("admin data backup", result.to_json(), f"would back up {result.data_dir} to {result.backup_dir}")
+    left = (f"\nleft out, not bk's: {', '.join(safe(p) for p in result.skipped)}" if result.skipped else "")
     return Output("admin data backup", result.to_json(),
-                  f"backed up {result.data_dir} to {result.backup_dir} ({_files_text(result)})\n"
+                  f"backed up {result.data_dir} to {result.backup_dir} ({_files_text(result)}){left}\n"
                   f"check it with: sudo bk admin data verify {result.backup_dir}", done=f"backup {result.backup_dir}")
 
 

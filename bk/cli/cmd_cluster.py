@@ -261,9 +261,11 @@ def run_overview(args, ctx) -> Output:
     data = ov.to_json()
 
     def human(term) -> str:
-        rows = [(n["name"], n["target"], _term_line(n), sum(1 for x in data["reservations"] if x["node"] == n["name"]))
+        # The state, with a node's failure in its words, goes last: off a
+        # terminal it is folded, never cut.
+        rows = [(n["name"], n["target"], sum(1 for x in data["reservations"] if x["node"] == n["name"]), _term_line(n))
                 for n in data["nodes"]]
-        text = table(rows, ("NODE", "TARGET", "STATE", "BOOKINGS"), term, shrink=2)
+        text = table(rows, ("NODE", "TARGET", "BOOKINGS", "STATE"), term, shrink=3, fold=True)
         res = [(x["node"] + "/" + safe(x["short_id"]), safe(x.get("person") or x["user"]),
                 ",".join(map(str, x["gpus"])), _when(x["start"], x["end"]), safe(x["status"]))
                for x in data["reservations"]]
@@ -312,7 +314,7 @@ def run_rec(args, ctx) -> Output:
                 rows.append((r.node, _when(o["start"], o["end"]), ",".join(map(str, o["gpus"])), r.priority, ""))
             else:
                 rows.append((r.node, "-", "-", r.priority, safe(r.problem or "")))
-        text = table(rows, ("NODE", "WHEN", "GPUS", "PRIORITY", "PROBLEM"), term, shrink=4)
+        text = table(rows, ("NODE", "WHEN", "GPUS", "PRIORITY", "PROBLEM"), term, shrink=4, fold=True)
         if rec.best:
             text += f"\n\nbest: {rec.best.node} at {_when(rec.best.option['start'])}; book it with: bk c " \
                     + " ".join(_request_words(args, REC_PASS))

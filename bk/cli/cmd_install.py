@@ -41,7 +41,8 @@ UNINSTALL_EPILOG = """Examples:
 It removes exactly what the install manifest lists and puts back what was
 there before. It refuses while a service runs, and when an installed file
 was changed by hand (it shows the difference). The data directory stays
-unless --purge-data."""
+unless --purge-data; the backups of bk admin data backup (DATA_DIR-backups,
+/var/lib/gpubk-backups) stay even then."""
 
 RUN_EPILOG = """Examples:
   sudo bk admin services run                     until SIGTERM or Ctrl-C
@@ -123,7 +124,8 @@ def register_admin(actions, parser_class) -> None:
                             description="Remove exactly what the install manifest lists and restore what "
                                         "was there before.",
                             epilog=UNINSTALL_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    un.add_argument("--purge-data", action="store_true", help="also remove the data directory (every booking)")
+    un.add_argument("--purge-data", action="store_true", help="also remove the data directory (every booking); "
+                    "the backups in DATA_DIR-backups are kept")
     _add_root(un)
     un.add_argument("--dry-run", action="store_true", help="show what would be removed; change nothing")
     un.add_argument("-y", "--yes", action="store_true", help="do not ask")
@@ -384,8 +386,10 @@ def _stage(args, options) -> Output:
 def _removal_lines(up) -> list[str]:
     verbs = {"remove": "remove", "restore": "restore", "rmdir": "remove dir", "purge": "purge",
              "keep": "keep", "gone": "already gone"}
-    return [f"  {verbs[r.op]:<12} {r.entry.path}  [{r.entry.role}{'; ' + r.why if r.why else ''}]"
-            for r in up.removals] or ["  nothing"]
+    lines = [f"  {verbs[r.op]:<12} {r.entry.path}  [{r.entry.role}{'; ' + r.why if r.why else ''}]"
+             for r in up.removals] or ["  nothing"]
+    return lines + [f"  {'keep':<12} {path}  [backups; bk admin data backup made them, remove them by hand]"
+                    for path in up.kept]
 
 
 def run_uninstall(args, ctx) -> Output:

@@ -7,7 +7,7 @@ import argparse
 import sys
 
 from bk.cli import common
-from bk.cli.render import Output, safe, table
+from bk.cli.render import Output, safe, table, wrap
 from bk.core import timegrid
 from bk.core.errors import UsageError
 
@@ -79,7 +79,8 @@ def run_jobs(args, ctx) -> Output:
 
         def human(term) -> str:
             if not data:
-                return f"(no output from the job of {res.short_id})"
+                why = _never_started(app, call, res)
+                return wrap(why, term.width, "", "  ") if why else f"(no output from the job of {res.short_id})"
             head = "(older output left out: bk j log ID --all)\n" if cut else ""
             # Output is the user's own program's: shown as written, but never
             # able to drive the terminal with escape sequences.
@@ -92,6 +93,30 @@ def run_jobs(args, ctx) -> Output:
     if jobs.worker_status(app)["state"] != "running":
         out.warnings.append(jobs.NO_WORKER)
     return out
+
+
+def _never_started(app, call, res) -> str | None:
+    """Why a job has no output because it never ran, or None when it ran
+    (its state, or an exit status recorded, says so)."""
+    from bk.service import jobs
+
+    job = res.job
+    x = job.extra
+    ran = x.get("started") or x.get("exit_code") is not None
+    if job.status not in ("pending", "missed", "failed", "cancelled") or (ran and job.status != "pending"):
+        return None
+    reason = safe(x.get("reason") or "")
+    if job.status != "pending":
+        reason = reason.removeprefix("not started: ")
+        return f"the job of {res.short_id} never started ({job.status}): {reason or 'no reason was recorded'}"
+    if reason:
+        return f"the job of {res.short_id} has not started yet: {reason}"
+    if res.start > call.now:
+        when = timegrid.format_local_short(res.start, call.tz, call.now)
+        return f"the job of {res.short_id} has not started yet: its booking starts {when}"
+    if jobs.worker_status(app)["state"] != "running":
+        return f"the job of {res.short_id} has not started yet: {jobs.NO_WORKER}"
+    return f"the job of {res.short_id} has not started yet: your worker starts it at its next tick"
 
 
 def _list(app, call, limit) -> Output:
@@ -115,7 +140,7 @@ def _list(app, call, limit) -> Output:
                          safe(r.job.summary or ""), common.gpus_text(r.gpus),
                          timegrid.format_span(r.start, r.end, call.tz, call.now), state, safe(reason)])
         text = table(body, ["#", "BOOKING", "JOB", "COMMAND", "GPUS", "WHEN", "STATE", "REASON"], term,
-                     shrink=[7, 3])
+                     shrink=[7, 3], fold=True)
         if data["worker"]["state"] != "running" and any(r.job.status == "pending" for r in rows):
             text += "\n" + jobs.NO_WORKER
         return text

@@ -327,6 +327,6 @@ def run_verify(args, ctx) -> Output:
                 for c in rep.checks]
         verdict = ("every sealed day matches its seal" if rep.ok else
                    "some days do not match their seals: the files were changed after sealing")
-        return table(rows, ["KIND", "DAY", "STATE", "RECORDS", "DETAIL"], term, shrink=4) + "\n" + verdict
+        return table(rows, ["KIND", "DAY", "STATE", "RECORDS", "DETAIL"], term, shrink=4, fold=True) + "\n" + verdict
 
     return Output("usage verify", rep.to_json(), human, exit_code=0 if rep.ok else EXIT_PARTIAL)

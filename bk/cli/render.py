@@ -215,30 +215,66 @@ def visible_len(text: str) -> int:
 
 
 def table(rows: Sequence[Sequence[str]], headers: Sequence[str], term: Term,
-          shrink: int | Sequence[int] | None = None) -> str:
+          shrink: int | Sequence[int] | None = None, *, fold: bool = False) -> str:
     """Aligned columns.  When wider than the terminal, the ``shrink`` columns
     (one index, or several in order) are cut with an ellipsis, each down to
-    its header's width at most.  Cells may carry colour (``term.style``)."""
+    its header's width at most.  Cells may carry colour (``term.style``).
+
+    ``fold``: off a terminal (a file, a pipe, a mail: read later, where the
+    words matter more than one line per row), the last column, free text
+    such as a reason, is never cut but folded onto continuation lines
+    indented to its column, as ``bk doctor`` folds its details; the other
+    ``shrink`` columns are cut only as far as it needs 20 characters."""
     cells = [list(map(str, headers))] + [list(map(str, r)) for r in rows]
     widths = [max(visible_len(r[i]) for r in cells) for i in range(len(headers))]
     order = [shrink] if isinstance(shrink, int) else list(shrink or ())
+    last = len(headers) - 1
+    folding = fold and not term.tty and last >= 0
+    if folding:
+        order = [i for i in order if i != last]
     ell = "…" if term.unicode else "..."
     for i in order:
-        excess = sum(widths) + 2 * (len(widths) - 1) - term.width
+        if folding:
+            excess = sum(widths[:last]) + 2 * last + FOLD_MIN - term.width
+        else:
+            excess = sum(widths) + 2 * (len(widths) - 1) - term.width
         if excess <= 0:
             break
         widths[i] = max(len(headers[i]), 2, widths[i] - excess)
+    start = sum(widths[:last]) + 2 * last
     lines = []
     for n, row in enumerate(cells):
         parts = []
         for i, c in enumerate(row):
+            if folding and i == last:
+                break
             if visible_len(c) > widths[i]:
                 c = _ANSI.sub("", c)[: max(1, widths[i] - len(ell))] + ell
             pad = widths[i] - visible_len(c)
             parts.append(c + " " * pad if i < len(row) - 1 else c)
+        more: list[str] = []
+        indent = start
+        if folding:
+            import textwrap
+
+            if term.width - start >= FOLD_MIN or n == 0:
+                first, *more = textwrap.wrap(row[last], width=max(FOLD_MIN, term.width - start),
+                                             break_long_words=True, break_on_hyphens=False) or [""]
+                parts.append(first)
+            else:
+                # Too little room beside the other columns: the text goes
+                # on the lines below the row, indented a little.
+                indent = FOLD_INDENT
+                more = textwrap.wrap(row[last], width=term.width - indent, break_long_words=True,
+                                     break_on_hyphens=False)
         line = "  ".join(parts).rstrip()
         lines.append(term.style(line, "bold") if n == 0 else line)
+        lines.extend(" " * indent + m for m in more)
     return "\n".join(lines)
+
+
+FOLD_MIN = 20            # the narrowest a folded last column gets beside the others
+FOLD_INDENT = 4          # below them otherwise
 
 
 def wrap(text: str, width: int, indent: str = "", hanging: str | None = None) -> str:

@@ -68,7 +68,9 @@ def summary_of(argv: list[str] | tuple[str, ...]) -> str:
 
 
 def digest_of(data: bytes) -> str:
-    """The binding between a booking and its spec: sha256 of the spec's bytes."""
+    """The binding between a booking and its spec: sha256 of the spec's
+    bytes, which hold a random salt (``bk.jobs.specs``): the ledger shows
+    the digest to everyone, and the rest of a spec can be guessed."""
     import hashlib
 
     return hashlib.sha256(data).hexdigest()

@@ -186,7 +186,10 @@ def my_jobs(app, call) -> list[Reservation]:
 
 
 def resolve_job(app, call, ref: str) -> Reservation:
-    """A job by its booking (list number or ID prefix) or by its own ID prefix."""
+    """A job by its booking (list number or ID prefix) or by its own ID
+    prefix.  Only the caller's own: another user's job lives in that user's
+    state directory, so its log here would be an empty file that is not
+    theirs, shown as "no output"; it is refused as a retry is (exit 5)."""
     ref = ref.strip().lower()
     mine = my_jobs(app, call)
     if len(ref) >= 4 and not ref.isdigit():
@@ -194,6 +197,9 @@ def resolve_job(app, call, ref: str) -> Reservation:
         if len(hits) == 1:
             return hits[0]
     res = app.resolve(ref, call=call)
+    if res.uid != call.actor.uid:
+        raise PermissionDenied(f"booking {res.short_id} is {res.user}'s: its job's output and state are "
+                               "for its owner only", hint="list your own jobs with: bk j")
     if res.job is None:
         raise NotFound(f"booking {res.short_id} has no command attached", hint="list your jobs with: bk j")
     return res

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import os
 
-from bk.admin import cmdlink, init, services, tracked
+from bk.admin import cmdlink, init, rootenv, services, tracked
 from bk.admin import manifest as mf
 from bk.admin.install import Plan, Result
 from bk.admin.layout import Layout, need_root
@@ -164,7 +164,7 @@ def _verify_launcher(layout: Layout) -> None:
 
     try:
         proc = subprocess.run([layout.launcher, "--version"], capture_output=True, text=True, timeout=60,
-                              check=False, env={"PATH": "/usr/bin:/bin", "HOME": "/"})
+                              check=False, env=rootenv.environment(), cwd=rootenv.CWD)
     except (OSError, subprocess.SubprocessError) as e:
         raise ConfigError(f"the installed {layout.launcher} does not run: {e}",
                           hint="check the interpreter it names (--python)") from None

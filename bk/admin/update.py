@@ -26,11 +26,11 @@ import json
 import os
 import subprocess
 
-from bk.admin import archive, install, install_apply, services
+from bk.admin import archive, install, install_apply, rootenv, services
 from bk.admin import manifest as mf
 from bk.admin.layout import Layout, need_root
 from bk.admin.tracked import write_file
-from bk.core.errors import ConfigError
+from bk.core.errors import BkError, Busy, ConfigError
 from bk.core.record import dataclass, field, replace
 
 
@@ -110,14 +110,15 @@ def result_text(r: UpdateResult) -> str:
     return "\n".join([head, *r.notes])
 
 
-def verify(layout: Layout, env: dict, runner=subprocess.run) -> dict:
-    """``bk doctor --probe --strict`` as the installed launcher runs it (the new archive)."""
-    run_env = {"PATH": env.get("PATH", "/usr/bin:/bin"), "HOME": env.get("HOME", "/")}
+def verify(layout: Layout, runner=subprocess.run) -> dict:
+    """``bk doctor --probe --strict`` as the installed launcher runs it (the
+    new archive), as root: in bk's environment, not the caller's (``bk.admin.rootenv``)."""
+    run_env = rootenv.environment()
     if layout.root != "/":
         run_env["BK_CONFIG_FILE"] = layout.config
     try:
         p = runner([layout.launcher, "doctor", "--probe", "--strict", "--json"], capture_output=True,
-                   text=True, timeout=120, check=False, env=run_env)
+                   text=True, timeout=120, check=False, env=run_env, cwd=rootenv.CWD)
     except (OSError, subprocess.SubprocessError) as e:
         return {"ok": False, "rc": None, "output": str(e)}
     out = (p.stdout or "") + (p.stderr or "")
@@ -157,8 +158,8 @@ def apply(p: UpdatePlan, env: dict, *, runner=subprocess.run, euid: int | None =
         services.run(services.stop_commands(), runner)
     running = services.running_writers(socket_path, data_dir)
     if running:
-        raise ConfigError("the services are still running: " + "; ".join(running),
-                          hint="stop them first (systemctl stop gpubk-broker gpubk-monitor, or kill -TERM)")
+        raise Busy("the services are still running: " + "; ".join(running),
+                   hint="stop them first (systemctl stop gpubk-broker gpubk-monitor, or kill -TERM)")
     previous = layout.pyz + ".previous"
     with open(layout.pyz, "rb") as f:
         old = f.read()
@@ -169,16 +170,16 @@ def apply(p: UpdatePlan, env: dict, *, runner=subprocess.run, euid: int | None =
         install_apply.apply(ip, runner=runner)
         if p.systemd:
             services.run(services.start_commands(False, True), runner)
-            result = verify(layout, env, runner)
+            result = verify(layout, runner)
         else:
             # No systemd to start the broker: run the new unit's ExecStart=
             # as its User= for the length of the check.
             with services.TemporaryService(os.path.join(layout.unit_dir, "gpubk-broker.service"),
                                            socket_path) as broker:
-                result = verify(layout, env, runner)
+                result = verify(layout, runner)
             if not result["ok"] and getattr(broker, "stderr", ""):
                 result["output"] += "\nbroker: " + broker.stderr.strip()[-1000:]
-    except ConfigError as e:
+    except BkError as e:                # refused or failed before the check: the previous archive goes back
         result = {"ok": False, "rc": None, "output": f"error: {e.message}"}
     if result["ok"]:
         status = "updated"

@@ -1,15 +1,22 @@
 """Helpers for the install, update and login-hook tests: a staging root,
-the built archive run as a user would, and a hash of a whole tree."""
+the built archive run as a user would, a hash of a whole tree, another
+archive made from the built one, and a conversation on a pty."""
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
+import pty
+import re
+import select
 import shutil
 import stat
 import subprocess
 import tempfile
+import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -73,3 +80,63 @@ def tree(root: Path) -> dict:
 def owner_mode(path: Path) -> tuple[int, int, int]:
     st = os.lstat(path)
     return st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)
+
+
+def variant(pyz: Path, out: Path, *, version: str | None = None, broken: bool = False,
+            failing: bool = False) -> Path:
+    """Another archive: a new version number, one whose doctor cannot run,
+    or one whose doctor runs and fails a check of its own."""
+    with zipfile.ZipFile(pyz) as z:
+        entries = {n: z.read(n) for n in z.namelist() if not n.endswith((".pyc", "/"))}
+    if version:
+        init = entries["bk/__init__.py"].decode()
+        entries["bk/__init__.py"] = re.sub(r'__version__ = "[^"]*"', f'__version__ = "{version}"', init).encode()
+        info = json.loads(entries["bk/_build.json"])
+        info["version"] = version
+        entries["bk/_build.json"] = json.dumps(info).encode()
+    if broken:
+        entries["bk/cli/cmd_doctor.py"] += b"\nraise ImportError('broken on purpose')\n"
+    if failing:
+        entries["bk/service/doctor.py"] += (
+            b"\n\ndef _selftest(app, call):\n"
+            b"    return _check('selftest', False, 'failed on purpose ' + 'x' * 3000, fix='use the other archive')\n"
+            b"\n\nCHECKS = CHECKS + (('selftest', _selftest),)\n")
+    buf = io.BytesIO()
+    buf.write(b"#!/usr/bin/env python3\n")
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        for name in sorted(entries):
+            z.writestr(name, entries[name])
+    out.write_bytes(buf.getvalue())
+    return out
+
+
+def converse(argv: list[str], env: dict, answers: list[tuple[str, bytes]]) -> tuple[int, str]:
+    """Run ``argv`` on a pty; when the text so far shows the next prompt, type its answer."""
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.execve(argv[0], argv, env)
+    answers = list(answers)
+    seen = b""
+    mark = 0                       # answers look for their prompt after the previous one
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        if answers:
+            at = seen.find(answers[0][0].encode(), mark)
+            if at >= 0:
+                mark = at + 1
+                os.write(fd, answers.pop(0)[1])
+        ready, _, _ = select.select([fd], [], [], 0.5)
+        if not ready:
+            continue
+        try:
+            chunk = os.read(fd, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(fd)
+    _, status = os.waitpid(pid, 0)
+    text = seen.decode(errors="replace").replace("\r\n", "\n")
+    assert not answers, f"never asked {answers[0][0]!r}:\n{text[-3000:]}"
+    return os.waitstatus_to_exitcode(status), text

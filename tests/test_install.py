@@ -307,7 +307,8 @@ def test_uninstall_refuses_while_the_broker_runs(pyz, root):
     with TemporaryService(str(unit), f"{root}/run/gpubk/broker.sock"):
         p = bk(pyz, "--json", "admin", "uninstall", "--root", str(root), "--yes", check=False)
         err = json.loads(p.stdout)["error"]
-        assert p.returncode == 78 and "still running" in err["message"] and "answers" in err["message"]
+        assert p.returncode == 75 and "still running" in err["message"] and "answers" in err["message"]
+        assert err["code"] == "busy"
     bk(pyz, "admin", "uninstall", "--root", str(root), "--yes", "--purge-data")
 
 
@@ -334,7 +335,8 @@ def test_guided_install_asks_one_question_at_a_time(pyz, root):
     pid, fd = pty.fork()
     if pid == 0:
         os.execve(PYTHON, argv, {"PATH": "/usr/bin:/bin", "HOME": "/root", "TERM": "dumb", "LANG": "C.UTF-8"})
-    answers = [("Service account", b"nobody\n"), ("How many GPUs", b"4\n"), ("Who may book", b"\n"),
+    answers = [("Service account", b"nobody\n"), ("Administrator contact", b"\n"), ("How many GPUs", b"4\n"),
+               ("Who may book", b"\n"),
                ("Slice length", b"\n"), ("Share slots", b"\n"), ("Data directory", b"\n"),
                ("The bk command", b"\n"), ("Show notices at login", b"n\n"), ("Apply this plan?", b"y\n")]
     seen = b""
@@ -374,7 +376,7 @@ def test_a_reconcile_that_changes_the_archive_refuses_while_the_broker_runs(pyz,
         p = subprocess.run([PYTHON, str(other), "--json", "admin", "install", "--root", str(root), "--yes",
                             "--no-start", "--python", PYTHON], capture_output=True, text=True, timeout=300,
                            env={"PATH": "/usr/bin:/bin", "HOME": "/root"})
-        assert p.returncode == 78 and "archive would change" in json.loads(p.stdout)["error"]["message"]
+        assert p.returncode == 75 and "archive would change" in json.loads(p.stdout)["error"]["message"]
     after = tree(root)
     after.pop("run/gpubk/broker.sock.lock", None)      # the broker's own lock file, left by design
     assert after == before

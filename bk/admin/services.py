@@ -22,6 +22,8 @@ from __future__ import annotations
 import os
 import subprocess
 
+from bk.admin import rootenv
+
 UNITS = ("gpubk-broker.service", "gpubk-monitor.service")
 
 
@@ -59,11 +61,13 @@ def shown(cmds: list[list[str]]) -> list[str]:
 
 
 def run(cmds: list[list[str]], runner=subprocess.run) -> list[dict]:
-    """Run systemctl commands; the outcome of each (nothing raised)."""
+    """Run systemctl commands; the outcome of each (nothing raised).  As
+    root: found on root's own PATH, in bk's environment (``bk.admin.rootenv``)."""
     out = []
     for c in cmds:
         try:
-            p = runner(c, capture_output=True, text=True, timeout=120, check=False)
+            p = runner(c, capture_output=True, text=True, timeout=120, check=False, env=rootenv.environment(),
+                       cwd=rootenv.CWD)
             out.append({"command": " ".join(c), "rc": p.returncode, "stderr": (p.stderr or "").strip()[-400:]})
         except (OSError, subprocess.SubprocessError) as e:
             out.append({"command": " ".join(c), "rc": None, "stderr": str(e)})
@@ -120,7 +124,8 @@ def active_units(runner=subprocess.run) -> list[str]:
     active = []
     for unit in UNITS:
         try:
-            p = runner(["systemctl", "is-active", unit], capture_output=True, text=True, timeout=30, check=False)
+            p = runner(["systemctl", "is-active", unit], capture_output=True, text=True, timeout=30, check=False,
+                       env=rootenv.environment(), cwd=rootenv.CWD)
         except (OSError, subprocess.SubprocessError):
             continue
         if (p.stdout or "").strip() in ("active", "activating", "reloading", "deactivating"):
@@ -159,8 +164,8 @@ class TemporaryService:
         import time
 
         argv, uid, gid = unit_exec(self.unit_path)
-        env = {"PATH": "/usr/bin:/bin", "HOME": "/", "LANG": "C.UTF-8"}
-        self.proc = subprocess.Popen(argv, user=uid, group=gid, extra_groups=[], env=env, cwd="/",
+        env = rootenv.environment(HOME="/")
+        self.proc = subprocess.Popen(argv, user=uid, group=gid, extra_groups=[], env=env, cwd=rootenv.CWD,
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.PIPE)
         deadline = time.monotonic() + self.timeout

@@ -140,7 +140,8 @@ def file_action(path: str, data: bytes, mode: int, role: str, m: mf.Manifest | N
     if now is None:
         return Action("create", path, role, data=data, mode=mode)
     if mf.same(now, want):
-        return Action("adopt", path, role, "already there, identical", data=data, mode=mode, before=now)
+        return Action("adopt", path, role, "already there, identical; kept after uninstall", data=data, mode=mode,
+                      before=now)
     if now["kind"] != "file":
         raise ConfigError(f"{path} exists and is a {now['kind']}, not a file; not replacing it",
                           hint="move it away, then rerun")

@@ -25,7 +25,7 @@ import os
 from bk.admin import manifest as mf
 from bk.admin import services, tracked
 from bk.admin.layout import Layout, need_root
-from bk.core.errors import ConfigError
+from bk.core.errors import Busy, ConfigError
 from bk.core.record import dataclass, field
 from bk.store.fsutil import Safety, fsync_dir_at, open_dir, replace_file
 
@@ -131,7 +131,9 @@ def uninstall(up: UninstallPlan, *, euid: int | None = None, runner=None) -> lis
     if up.running:
         hint = ("sudo systemctl disable --now gpubk-monitor.service gpubk-broker.service" if up.systemd
                 else "stop the broker and the monitor first (kill -TERM their pids)")
-        raise ConfigError("the services are still running: " + "; ".join(up.running), hint=hint)
+        # Busy (75): stopping them is all it takes, then the same command succeeds.
+        raise Busy("the services are still running: " + "; ".join(up.running) + "; nothing was removed",
+                   hint=hint)
     if up.systemd and any(r.entry.role == "unit" and r.op == "remove" for r in up.removals):
         # Stopped is not disabled: enable's links in *.wants/ would dangle
         # once the unit files are gone.

@@ -22,7 +22,8 @@ INIT_EPILOG = """Examples:
   sudo bk admin init --service-user gpubk --gpu-count 8 --yes
   sudo bk admin init --service-user gpubk --gpu-count 8 --access group --group gpu-users --yes
 
-It creates no accounts or groups: create them first (useradd --system gpubk).
+It creates no accounts or groups: create them first
+(useradd --system --no-create-home --shell /usr/sbin/nologin gpubk).
 It writes the config last, and never over one that says something else.
 Then start the broker as the service account: sudo -u gpubk bk broker. For
 units that start it at boot, use sudo bk admin install instead (init plus

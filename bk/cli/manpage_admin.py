@@ -215,7 +215,6 @@ EXAMPLES = (
      "sudo bk update new/bk.pyz --apply    # stop, replace, restart, verify"),
     ("Remove it again, data included:",
      "sudo systemctl disable --now gpubk-monitor.service gpubk-broker.service\n"
-     "sudo /opt/gpubk/bin/bk admin services uninstall --yes\n"
      "sudo /opt/gpubk/bin/bk admin uninstall --purge-data --dry-run\n"
      "sudo /opt/gpubk/bin/bk admin uninstall --purge-data --yes"),
 )

@@ -116,6 +116,7 @@ def pyz(snapshot, tmp_path_factory) -> Path:
 # -- reproducibility ---------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_same_tree_gives_same_bytes(snapshot, pyz, tmp_path):
     first = pyz.read_bytes()
     # Another process with another hash seed, and the same tree at another path.
@@ -138,6 +139,7 @@ def build_with(which: str, tree: Path, output: Path, **env: str) -> subprocess.C
                           timeout=120, check=False)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["current", "3.10"])
 def test_set_constants_are_compiled_reproducibly(which, tmp_path):
     # 3.10 stores set constants in hash order: the build must fix the seed.
@@ -150,6 +152,7 @@ def test_set_constants_are_compiled_reproducibly(which, tmp_path):
     assert (tmp_path / "a.pyz").read_bytes() == (tmp_path / "b.pyz").read_bytes()
 
 
+@pytest.mark.slow
 def test_set_constant_without_stable_order_is_refused_on_3_10(tmp_path):
     tree = make_tree(tmp_path / "tree", {"bk/bad.py": "def f(x):\n    return x in {None, 'a'}\n"})
     proc = build_with("3.10", tree, tmp_path / "bk.pyz")
@@ -160,6 +163,7 @@ def test_set_constant_without_stable_order_is_refused_on_3_10(tmp_path):
     assert build.build(tmp_path / "ok.pyz", root=tree, epoch=EPOCH).size > 0
 
 
+@pytest.mark.slow
 def test_syntax_error_names_file_and_line(tmp_path):
     tree = make_tree(tmp_path / "tree", {"bk/broken.py": "x = 1\ndef (:\n"})
     proc = run_build(tree, tmp_path / "bk.pyz")
@@ -181,6 +185,7 @@ def test_refuses_output_inside_archived_dirs(inside, capsys):
     assert not target.exists()
 
 
+@pytest.mark.slow
 def test_refusal_is_exit_status_2(tmp_path):
     tree = make_tree(tmp_path / "tree", {})
     proc = run_build(tree, tree / "bk" / "bk.pyz")
@@ -198,6 +203,7 @@ def test_refuses_to_overwrite_a_file_that_is_not_an_archive(tmp_path, capsys):
     assert notes.read_text() == "keep me\n"
 
 
+@pytest.mark.slow
 def test_invalid_source_date_epoch(tmp_path):
     tree = make_tree(tmp_path / "tree", {})
     proc = run_build(tree, tmp_path / "bk.pyz", SOURCE_DATE_EPOCH="yesterday")
@@ -208,6 +214,7 @@ def test_invalid_source_date_epoch(tmp_path):
 # -- what the archive holds --------------------------------------------------
 
 
+@pytest.mark.slow
 def test_archive_layout(pyz, snapshot):
     data = pyz.read_bytes()
     assert data.startswith(b"#!/usr/bin/env python3\n")
@@ -254,6 +261,7 @@ def test_archive_layout(pyz, snapshot):
     assert "not a bk archive" in build.check_archive(snapshot / "build.py", snapshot)[0]
 
 
+@pytest.mark.slow
 def test_content_hash_follows_every_source_byte(snapshot, tmp_path):
     tree = copy_tree(tmp_path / "tree", snapshot)
     original = build.build(tmp_path / "1.pyz", root=tree, epoch=EPOCH).content_sha256
@@ -356,6 +364,7 @@ def resource_pyz(resource_tree, tmp_path_factory) -> Path:
     return output
 
 
+@pytest.mark.slow
 def test_junk_is_left_out_and_resources_are_not_compiled(resource_pyz):
     with zipfile.ZipFile(resource_pyz) as archive:
         names = archive.namelist()
@@ -371,6 +380,7 @@ def test_junk_is_left_out_and_resources_are_not_compiled(resource_pyz):
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["current", "3.10", "3.13"])
 def test_resources_read_the_same_from_checkout_and_archive(which, resource_tree, resource_pyz):
     from_archive = run_python(which, RESOURCE_PROBE, str(resource_pyz), cwd=resource_pyz.parent)
@@ -409,6 +419,7 @@ def test_build_info_in_the_archive(pyz):
     assert json.loads(proc.stdout) == {**record, "source": "archive"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["current", "3.10", "3.13"])
 def test_version_through_the_archive(which, pyz, snapshot):
     found = interpreter(which)

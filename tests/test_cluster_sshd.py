@@ -22,7 +22,7 @@ import pytest
 from tests.helpers_broker import Accounts, make_base
 from tests.helpers_sshd import Lab, free_port, have_sshd, write_catalog
 
-pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="needs root (test users, sshd)"),
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="needs root (test users, sshd)"),
               pytest.mark.skipif(not have_sshd(), reason="needs openssh-server and openssh-client"),
               pytest.mark.root]
 

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from helpers_build import copy_to
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 PYENV = {"3.10": "3.10.13", "3.13": "3.13.0"}
 

@@ -194,6 +194,7 @@ def run_bk(pyz: Path, cfg: Path, *args: str, as_nobody: bool = False) -> subproc
                           timeout=60, cwd="/", **extra)
 
 
+@pytest.mark.slow
 @root_only
 @pytest.mark.parametrize("case", ["group-writable", "non-root-parent", "symlink"])
 def test_untrusted_configs_exit_78_through_the_archive(base, pyz, case):

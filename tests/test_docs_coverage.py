@@ -326,6 +326,7 @@ def _documented() -> str:
     return "".join((ROOT / "docs" / n).read_text(encoding="utf-8") for n in ("JSON.md", "TELEMETRY.md"))
 
 
+@pytest.mark.slow
 def test_every_json_field_bk_prints_is_documented(outputs):
     doc = _documented()
     fields: dict[str, str] = {}

@@ -507,6 +507,7 @@ def write_file(sc: Scenario, reader: Reader, name: str, body: list[str]) -> None
         os.chown(target, reader.uid, reader.gid)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("rel", "scenario", "files"), list(_cases()))
 def test_guide_examples(rel, scenario, files, reader, bindir, capsys):
     sc = Scenario(reader, bindir)

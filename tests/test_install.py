@@ -21,7 +21,7 @@ import pytest
 
 from tests.helpers_install import BASE, NOBODY, PYTHON, bk, install, owner_mode, staging_root, tree  # noqa: F401
 
-pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="needs root"), pytest.mark.root]
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="needs root"), pytest.mark.root]
 
 
 def test_install_lays_out_every_file_as_documented(pyz, root):

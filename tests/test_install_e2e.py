@@ -34,7 +34,7 @@ from pathlib import Path
 import pytest
 from helpers_broker import SYSTEM_PYTHON, Accounts, make_base, needs_root, ping, poll
 
-pytestmark = [pytest.mark.root, needs_root]
+pytestmark = [pytest.mark.slow, pytest.mark.root, needs_root]
 
 # What systemd puts in a service's environment before the unit's own
 # Environment= lines (systemd.exec(5), "Environment Variables in Spawned

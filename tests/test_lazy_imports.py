@@ -215,6 +215,7 @@ def imports_of(tmp_path, *argv, **extra_env) -> tuple[int, list[str], dict[str, 
     return doc["code"], doc["new"], doc["who"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("words", list(EVERYDAY))
 def test_everyday_command_imports_only_its_allowlist(tmp_path, words):
     argv = words.split()
@@ -228,6 +229,7 @@ def test_everyday_command_imports_only_its_allowlist(tmp_path, words):
     assert not extra, f"bk {words} imported modules outside its allowlist: {', '.join(extra)}"
 
 
+@pytest.mark.slow
 def test_what_the_interpreter_preloads_changes_nothing(tmp_path):
     # An interpreter whose start-up loads the modules a booking needs (here a
     # sitecustomize, as Debian's and many virtual environments' .pth files do)

@@ -122,6 +122,7 @@ def test_a_free_lock_has_no_holder_whatever_the_file_says(lockfile):
     assert lock.holder(fd) == os.getpid()
 
 
+@pytest.mark.slow
 def test_bk_through_the_archive_names_the_holder(tmp_path):
     pyz = copy_to(tmp_path / "bk.pyz")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("BK_", "XDG_"))}

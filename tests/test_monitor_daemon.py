@@ -166,6 +166,7 @@ def test_the_wrong_account_on_a_shared_server_is_refused(pyz, tmp_path):
         shutil.rmtree(base, ignore_errors=True)
 
 
+@pytest.mark.slow
 @needs_root
 @pytest.mark.root
 def test_shared_server_monitor_as_the_service_account_feeds_every_user():

@@ -67,6 +67,7 @@ def test_run_alone_shows_the_gpus_and_environment(env):
     assert "CUDA_DEVICE_ORDER=PCI_BUS_ID" in bk(env, "run").stdout
 
 
+@pytest.mark.slow
 def test_run_stops_the_command_when_the_booking_ends(env):
     now = int(time.time())
     fixed = str(now - now % 60 + 57)                    # 3 s before the one-minute booking ends
@@ -118,6 +119,7 @@ def test_run_keeps_the_terminal_and_forwards_ctrl_c(env):
     assert b"KeyboardInterrupt" in out
 
 
+@pytest.mark.slow
 def test_booking_with_a_command_warns_without_a_worker_and_lists_the_job(env, tmp_path):
     p = bk(env, "1", "30m", "--", "echo", "s3cr3t-token")
     assert "no bk worker is running" in p.stderr and "loginctl enable-linger" in p.stderr
@@ -145,6 +147,7 @@ def test_commands_after_dashes_are_never_bks(env):
     assert "needs the command after --" in bk(env, "run", "1", "30m", code=2).stderr
 
 
+@pytest.mark.slow
 def test_a_second_worker_is_turned_away(env):
     proc = subprocess.Popen([sys.executable, "-m", "bk", "w", "start"], env=env, cwd=env["HOME"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

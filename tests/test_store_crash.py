@@ -30,6 +30,8 @@ import pytest
 
 from bk.store.ledger import STEPS
 
+pytestmark = pytest.mark.slow
+
 STEP_ROUNDS = 28          # 14 steps x 28 = 392 kill points at protocol steps
 RANDOM_KILLS = 200        # plus kills at random moments among 4 writers
 SEED = int(os.environ.get("BK_TEST_SEED", "20260713"))

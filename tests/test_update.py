@@ -18,7 +18,7 @@ import pytest
 
 from tests.helpers_install import bk, install, staging_root  # noqa: F401 - the root fixture
 
-pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="needs root"), pytest.mark.root]
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="needs root"), pytest.mark.root]
 
 
 def variant(pyz: Path, out: Path, *, version: str | None = None, broken: bool = False) -> Path:

@@ -124,6 +124,7 @@ def test_samples(bk):
     assert "UID@BOOKING" in bk.ok("u", "samples", "-g", "0").out
 
 
+@pytest.mark.slow
 def test_events(bk):
     rid, _ = history(bk)
     d = bk.data("u", "events", "--since", "2d")
@@ -135,6 +136,7 @@ def test_events(bk):
     assert "idle-booking" in bk.ok("u", "events", "--since", "2d").out
 
 
+@pytest.mark.slow
 def test_verify_and_tampering(bk):
     history(bk)
     usage = os.path.join(str(bk.data_dir), "usage")
@@ -168,6 +170,7 @@ def run(pyz, tmp_path):
     return bk
 
 
+@pytest.mark.slow
 def test_pyz_fresh_data_dir(run):
     r = run("u")
     assert "no usage recorded yet" in r.stdout and "bk m" in r.stdout

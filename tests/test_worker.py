@@ -273,6 +273,7 @@ def test_one_worker_per_user(world):
 
 # ------------------------------------------------------------- crash recovery
 
+@pytest.mark.slow
 def test_a_new_worker_stops_the_orphan_of_a_killed_one_and_marks_it_uncertain(tmp_path):
     w = World(tmp_path)
     w.app = open_app(w.env)                                        # real time: a real worker runs

@@ -86,6 +86,7 @@ def test_retention_drops_old_segments_but_keeps_the_newest(tmp_path):
     assert seqs == list(range(seqs[0], 43)) and seqs[0] > 1      # contiguous from the oldest kept
 
 
+@pytest.mark.slow
 def test_killed_between_sealing_and_replacing_the_live_log_loses_nothing(tmp_path):
     data = tmp_path / "d"
     commits(store(data), 8)

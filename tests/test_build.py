@@ -409,6 +409,7 @@ def test_build_info_in_a_checkout():
                             "python": None, "source": "checkout"}
 
 
+@pytest.mark.slow
 def test_build_info_in_the_archive(pyz):
     code = "import json, sys; sys.path.insert(0, sys.argv[1]); import bk.buildinfo as b; " \
            "print(json.dumps(b.build_info()))"
@@ -432,6 +433,7 @@ def test_version_through_the_archive(which, pyz, snapshot):
     assert proc.stdout == f"bk {build.read_version(snapshot)}\n"
 
 
+@pytest.mark.slow
 def test_archive_runs_by_its_shebang_and_reports_its_hash(pyz):
     if shutil.which("python3") is None:
         pytest.skip("no python3 on PATH for the shebang")

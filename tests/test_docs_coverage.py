@@ -144,6 +144,7 @@ DOCS_WITH_COMMANDS = ("docs/GUIDE.md", "docs/GUIDE.zh-CN.md", "docs/CLUSTER.md",
                       "docs/TELEMETRY.md", "docs/SECURITY.md", "docs/RELEASING.md", "README.md")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rel", DOCS_WITH_COMMANDS)
 def test_every_command_shown_parses(rel):
     """Commands the tests cannot run (a shared server's root# sessions,

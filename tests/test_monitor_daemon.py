@@ -100,6 +100,7 @@ def test_kill_9_leaves_a_heartbeat_that_goes_stale(pyz, site):
     assert sf.read_snapshot(str(data / "monitor"), last + 60) is None
 
 
+@pytest.mark.slow
 def test_a_second_monitor_is_refused_naming_the_first(pyz, site):
     env, data, procs = site
     first = start(pyz, env, procs)
@@ -116,6 +117,7 @@ def test_a_second_monitor_is_refused_naming_the_first(pyz, site):
     assert heartbeat(data).state == "stopped"
 
 
+@pytest.mark.slow
 def test_once_and_status_through_the_archive(pyz, site):
     env, data, procs = site
     once = subprocess.run([sys.executable, str(pyz), "m", "--once", "--json"], env=env,

@@ -36,6 +36,7 @@ def bk(env, *argv, code=0, cwd=None, **extra):
     return p
 
 
+@pytest.mark.slow
 def test_the_before_stop_check_through_the_archive(pyz, tmp_path):
     env = {"BK_DATA_DIR": str(tmp_path / "d"), "BK_GPU_COUNT": "4", "HOME": str(tmp_path),
            "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "XDG_CONFIG_HOME": str(tmp_path / "c")}
@@ -166,6 +167,7 @@ def test_a_second_worker_is_turned_away(env):
     assert proc.returncode == 0
 
 
+@pytest.mark.slow
 @pytest.mark.root
 @needs_root
 def test_the_command_line_reaches_no_file_another_user_can_read(tmp_path):

@@ -91,6 +91,7 @@ def test_dashboard(bk):
     assert rid[:8] in text
 
 
+@pytest.mark.slow
 def test_users_table(bk):
     history(bk)
     d = bk.data("u", "users", "--since", "30d")

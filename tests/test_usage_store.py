@@ -191,6 +191,7 @@ def test_a_late_record_does_not_hide_tampering(store):
 
 # ------------------------------------------------------------ roll-up
 
+@pytest.mark.slow
 def test_old_days_roll_up_into_sealed_hourly_partitions(store):
     rs = world(5, days=3)
     store.append(rs, now=T0 + 3 * DAY)

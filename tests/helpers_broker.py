@@ -25,7 +25,6 @@ import signal
 import socket
 import struct
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -106,11 +105,10 @@ def supplementary(account: Account) -> list[int]:
 
 
 def build_pyz(dest: Path) -> Path:
-    out = dest / "bk.pyz"
-    subprocess.run([sys.executable, str(ROOT / "build.py"), "--output", str(out)], check=True,
-                   capture_output=True, cwd=ROOT)
-    os.chmod(out, 0o755)
-    return out
+    """``dest/bk.pyz``: a copy of the session's build (helpers_build)."""
+    from helpers_build import copy_to
+
+    return copy_to(dest / "bk.pyz", 0o755)
 
 
 def make_base() -> Path:

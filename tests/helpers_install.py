@@ -4,6 +4,7 @@ archive made from the built one, and a conversation on a pty."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -28,23 +29,45 @@ PYTHON = "/usr/bin/python3"
 BASE = ["--service-user", "nobody", "--simulated-gpus", "4", "--python", PYTHON]
 
 
-def _accounts() -> tuple[list[str], list[str]]:
-    """/etc/passwd and /etc/group, less the throwaway accounts other tests
-    (helpers_broker.Accounts: bkt*, bkg*) may add or remove meanwhile."""
-    def lines(path: str) -> list[str]:
-        return [ln for ln in Path(path).read_text().splitlines() if "bkt" not in ln and "bkg" not in ln]
-    return lines("/etc/passwd"), lines("/etc/group")
+# The accounts an install could make or change: the service account and group
+# the tests install with, and the name the documentation suggests.
+INSTALL_ACCOUNTS = ("nobody", "nogroup", "gpubk")
+
+
+def _accounts(root: Path) -> dict[tuple[str, str], str]:
+    """The /etc/passwd and /etc/group entries an install into ``root`` could
+    have made or changed: those named like the accounts above, and any that
+    mention the staging root.  Every other account is none of this test's
+    business: other tests and other people on a shared machine add and remove
+    theirs meanwhile."""
+    out = {}
+    for path in ("/etc/passwd", "/etc/group"):
+        for ln in Path(path).read_text().splitlines():
+            name = ln.split(":", 1)[0]
+            if name.startswith(INSTALL_ACCOUNTS) or str(root) in ln:
+                out[(path, name)] = ln
+    return out
+
+
+@contextlib.contextmanager
+def staged_root():
+    """A root-owned 0755 directory under /tmp, removed afterwards; on leaving,
+    the accounts an install could touch are as they were."""
+    d = Path(tempfile.mkdtemp(prefix="bkinst_", dir="/tmp"))
+    try:
+        os.chmod(d, 0o755)
+        accounts = _accounts(d)
+        yield d
+        assert _accounts(d) == accounts, "the installer creates no accounts or groups"
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture(name="root")
 def staging_root():
     """A root-owned 0755 directory under /tmp, removed afterwards; the accounts unchanged."""
-    d = Path(tempfile.mkdtemp(prefix="bkinst_", dir="/tmp"))
-    os.chmod(d, 0o755)
-    accounts = _accounts()
-    yield d
-    assert _accounts() == accounts              # the installer creates no accounts or groups
-    shutil.rmtree(d, ignore_errors=True)
+    with staged_root() as d:
+        yield d
 
 
 def bk(pyz: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:

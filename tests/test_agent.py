@@ -223,6 +223,7 @@ def test_a_tool_provider_adds_tools(bk):
         agent._PROVIDERS.remove(provider)
 
 
+@pytest.mark.slow
 def test_mcp_help_prints_the_client_snippet_and_tools_list(pyz, tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("BK_")}
     env.update({"HOME": str(tmp_path), "BK_DATA_DIR": str(tmp_path / "d"), "BK_GPU_COUNT": "2",
@@ -265,6 +266,7 @@ def test_create_with_a_command_attaches_a_job_once(bk, tmp_path):
         assert r.code == 2 and words in env["error"]["message"], (bad, env)
 
 
+@pytest.mark.slow
 def test_an_agents_job_runs_and_its_log_reads_back(pyz, tmp_path):
     """Through the built archive: create with a command, the worker runs it
     (bk w once), job_log returns its output, bounded by max_bytes."""

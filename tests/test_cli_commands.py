@@ -460,6 +460,7 @@ def _parses(line: str) -> None:
     parse_argv(_strip_json(words[1:])[0])
 
 
+@pytest.mark.slow
 def test_tutorial_and_help_examples_are_real_commands(bk):
     for step in bk.data("tutorial")["steps"]:
         for command in step["commands"]:

@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 FENCE = re.compile(r"^( *)```[^\n]*\n(.*?)^\1```[ \t]*$", re.M | re.S)
 LINK = re.compile(r"\]\(([^)\s]+)\)")
@@ -63,6 +65,7 @@ def test_both_guides_show_the_same_examples_in_the_same_order():
         "the guides' examples differ: python3 tools/sync_guide_examples.py carries them over"
 
 
+@pytest.mark.slow
 def test_the_sync_tool_carries_a_changed_example_and_refuses_a_missing_one(tmp_path):
     (tmp_path / "docs").mkdir()
     (tmp_path / "tools").mkdir()

@@ -21,7 +21,7 @@ import pytest
 
 from tests.helpers_install import BASE, NOBODY, PYTHON, bk, install, owner_mode, staging_root, tree  # noqa: F401
 
-pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="needs root"), pytest.mark.root]
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="needs root"), pytest.mark.root]
 
 
 def test_install_lays_out_every_file_as_documented(pyz, root):
@@ -515,3 +515,23 @@ def test_with_systemd_uninstall_disables_the_units_before_removing_them(pyz, roo
     uninstall.uninstall(up, runner=fake)
     assert ["systemctl", "disable", "gpubk-broker.service", "gpubk-monitor.service"] in calls
     assert not (root / "etc/systemd/system/gpubk-broker.service").exists()
+
+
+def test_the_accounts_check_sees_only_what_an_install_could_make():
+    # Someone else's account added meanwhile (another test, another person)
+    # is not the installer's doing; one that names the staging root is.
+    import secrets
+
+    from tests.helpers_install import staged_root
+
+    names = ["bkx" + secrets.token_hex(3), "bkx" + secrets.token_hex(3)]
+    try:
+        with staged_root():
+            subprocess.run(["useradd", "-M", "-s", "/usr/sbin/nologin", names[0]], check=True, capture_output=True)
+        with pytest.raises(AssertionError, match="creates no accounts"):
+            with staged_root() as d:
+                subprocess.run(["useradd", "-M", "-d", str(d / "home"), "-s", "/usr/sbin/nologin", names[1]],
+                               check=True, capture_output=True)
+    finally:
+        for name in names:
+            subprocess.run(["userdel", name], capture_output=True)

@@ -36,7 +36,7 @@ from helpers_broker import SYSTEM_PYTHON, Accounts, make_base, needs_root, ping,
 
 from tests.helpers_install import variant
 
-pytestmark = [pytest.mark.root, needs_root]
+pytestmark = [pytest.mark.slow, pytest.mark.root, needs_root]
 
 # What systemd puts in a service's environment before the unit's own
 # Environment= lines (systemd.exec(5), "Environment Variables in Spawned

@@ -19,7 +19,7 @@ import pytest
 
 from tests.helpers_install import bk, install, staging_root  # noqa: F401 - the root fixture
 
-pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="needs root"), pytest.mark.root]
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="needs root"), pytest.mark.root]
 
 
 def login_session(home: Path, typed: bytes) -> str:

@@ -34,6 +34,7 @@ def booked_id(env, *argv):
     return json.loads(bk(env, *argv, "--json", code=0).stdout)["data"]["reservation"]["id"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["newest backup garbled", "all gone"])
 def test_a_writer_refuses_to_forget_and_every_reader_reports(env, how):
     first = booked_id(env, "1", "1h")
@@ -74,6 +75,7 @@ def test_a_writer_refuses_to_forget_and_every_reader_reports(env, how):
     assert "writes are refused until they are restored or the loss is accepted" in " ".join(plain.split())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["newest backup garbled", "all gone"])
 def test_recover_replays_what_the_audit_log_holds_and_writes_go_on(env, how):
     first = booked_id(env, "1", "1h", "-m", "4g")

@@ -36,6 +36,7 @@ def bk(env, *argv, code=0, cwd=None, **extra):
     return p
 
 
+@pytest.mark.slow
 def test_the_before_stop_check_through_the_archive(pyz, tmp_path):
     env = {"BK_DATA_DIR": str(tmp_path / "d"), "BK_GPU_COUNT": "4", "HOME": str(tmp_path),
            "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "XDG_CONFIG_HOME": str(tmp_path / "c")}
@@ -84,6 +85,7 @@ def test_run_alone_shows_the_gpus_and_environment(env):
     assert "CUDA_DEVICE_ORDER=PCI_BUS_ID" in bk(env, "run").stdout
 
 
+@pytest.mark.slow
 def test_run_stops_the_command_when_the_booking_ends(env):
     now = int(time.time())
     fixed = str(now - now % 60 + 57)                    # 3 s before the one-minute booking ends
@@ -135,6 +137,7 @@ def test_run_keeps_the_terminal_and_forwards_ctrl_c(env):
     assert b"KeyboardInterrupt" in out
 
 
+@pytest.mark.slow
 def test_booking_with_a_command_warns_without_a_worker_and_lists_the_job(env, tmp_path):
     p = bk(env, "1", "30m", "--", "echo", "s3cr3t-token")
     assert "no bk worker is running" in p.stderr and "loginctl enable-linger" in p.stderr
@@ -230,6 +233,7 @@ def test_commands_after_dashes_are_never_bks(env):
     assert "needs the command after --" in bk(env, "run", "1", "30m", code=2).stderr
 
 
+@pytest.mark.slow
 def test_a_second_worker_is_turned_away(env):
     proc = subprocess.Popen([sys.executable, "-m", "bk", "w", "start"], env=env, cwd=env["HOME"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -269,6 +273,7 @@ def test_a_turned_away_worker_never_says_it_started(pyz, env):
     assert err.startswith(f"bk worker: started (pid {proc.pid})"), err     # the one that runs says so
 
 
+@pytest.mark.slow
 @pytest.mark.root
 @needs_root
 def test_the_command_line_reaches_no_file_another_user_can_read(tmp_path):

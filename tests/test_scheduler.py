@@ -457,6 +457,7 @@ request_st = st.builds(
     st.booleans())
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(request_st, min_size=1, max_size=25),
        st.lists(st.tuples(st.integers(0, 40), st.integers(1, 6), st.integers(0, 299)), max_size=2))

@@ -118,6 +118,7 @@ def test_errors_suggest_times_you_can_type():
 _LABEL = re.compile(r" (?:[A-Z]{3,5}|[+-]\d\d(?::?\d\d)?)(?=–|$)")
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None, derandomize=True)
 @given(st.sampled_from([("Europe/Berlin", U("2026-10-25T01:00:00Z")), ("America/New_York", U("2026-11-01T06:00:00Z")),
                         ("Europe/Berlin", U("2026-03-29T01:00:00Z")), ("Australia/Lord_Howe", U("2026-04-04T15:00:00Z"))]),
@@ -289,6 +290,7 @@ def _pyz(pyz: Path, tmp_path: Path, tz: str, *argv: str, now: str = "2026-10-24T
     return p
 
 
+@pytest.mark.slow
 def test_pyz_unknown_tz_and_info(pyz, tmp_path):
     human = _pyz(pyz, tmp_path, UNKNOWN, "info")
     assert f"warning: TZ='{UNKNOWN}' is not a time zone bk knows; showing times in UTC" in human.stderr
@@ -302,6 +304,7 @@ def test_pyz_unknown_tz_and_info(pyz, tmp_path):
     assert berlin["data"]["timezone"] == {"name": "Europe/Berlin", "source": "TZ"} and berlin["warnings"] == []
 
 
+@pytest.mark.slow
 def test_pyz_fold_booking_reads_right(pyz, tmp_path):
     booked = _pyz(pyz, tmp_path, "Europe/Berlin", "1", "1h", "--start", "2026-10-25T00:30:00Z")
     assert booked.stdout.startswith("booked 1 GPU (0) shared 10-25 02:30 CEST–02:30 CET")

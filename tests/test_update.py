@@ -16,7 +16,7 @@ import pytest
 
 from tests.helpers_install import bk, install, staging_root, variant  # noqa: F401 - the root fixture
 
-pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="needs root"), pytest.mark.root]
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="needs root"), pytest.mark.root]
 
 
 def launcher(root: Path, *args: str, user: int | None = None):

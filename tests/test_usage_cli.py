@@ -91,6 +91,7 @@ def test_dashboard(bk):
     assert rid[:8] in text
 
 
+@pytest.mark.slow
 def test_users_table(bk):
     history(bk)
     d = bk.data("u", "users", "--since", "30d")
@@ -124,6 +125,7 @@ def test_samples(bk):
     assert "UID@BOOKING" in bk.ok("u", "samples", "-g", "0").out
 
 
+@pytest.mark.slow
 def test_events(bk):
     rid, _ = history(bk)
     d = bk.data("u", "events", "--since", "2d")
@@ -135,6 +137,7 @@ def test_events(bk):
     assert "idle-booking" in bk.ok("u", "events", "--since", "2d").out
 
 
+@pytest.mark.slow
 def test_verify_and_tampering(bk):
     history(bk)
     usage = os.path.join(str(bk.data_dir), "usage")
@@ -168,6 +171,7 @@ def run(pyz, tmp_path):
     return bk
 
 
+@pytest.mark.slow
 def test_pyz_fresh_data_dir(run):
     r = run("u")
     assert "no usage recorded yet" in r.stdout and "bk m" in r.stdout

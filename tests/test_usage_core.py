@@ -199,6 +199,7 @@ def test_local_days_cover_the_window():
 gaps = st.lists(st.sampled_from([1, 2, 2, 2, 3, 5, 7, 30, 61]), min_size=1, max_size=120)
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(gaps=gaps, seed=st.integers(0, 2**32 - 1))
 def test_fold_equals_a_per_sample_sum(gaps, seed):

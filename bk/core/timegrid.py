@@ -159,6 +159,14 @@ def format_duration(seconds: int) -> str:
     return out or "0m"
 
 
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """A count with its noun in the right number, for every sentence that
+    counts: ``1 second``, ``2 seconds``, ``0 GPUs``, ``1 minute``.
+    ``plural`` for a noun English does not pluralise with an s
+    (``counted(n, "process", "processes")``)."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
 # ------------------------------------------------------------- memory
 
 def parse_memory(text: str) -> int:

@@ -15,6 +15,7 @@ import os
 from bk.cli import common
 from bk.cli.render import Output
 from bk.core.errors import EXIT_PARTIAL, UsageError
+from bk.core.timegrid import counted
 
 INSTALL_EPILOG = """Examples:
   sudo python3 bk.pyz admin install            (guided: one question at a time)
@@ -367,7 +368,7 @@ def _do_uninstall(args, ctx, up, command: str) -> Output:
         lines.append("the /opt/gpubk directory goes last, by hand if you made it: sudo rm -rf /opt/gpubk; hash -r")
     return Output(command, data | {"status": "removed", "dry_run": False,
                                    "removed": [r.entry.path for r in done]}, "\n".join(lines),
-                  done=f"bk {command}: removed {len(done)} paths")
+                  done=f"bk {command}: removed {counted(len(done), 'path')}")
 
 
 # ------------------------------------------------------------- services

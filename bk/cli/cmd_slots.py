@@ -112,7 +112,7 @@ def run_gpu(args, ctx) -> Output:
     ready = rec.ready()
     if not rec.options:
         raise Conflict(f"nothing fits {advice.describe(req)} within the next "
-                       f"{call.policy.queue_search_hours} hours (queue_search_hours)",
+                       f"{timegrid.counted(call.policy.queue_search_hours, 'hour')} (queue_search_hours)",
                        hint="ask for fewer GPUs, less memory or a shorter time")
     if not ready.options:
         # Not an error: the question was where to run, and the answer is
@@ -152,5 +152,5 @@ def live_line(g) -> str:
     if g.mem_free_mib is not None:
         parts.append(f"{g.mem_free_mib / 1024:.1f}G VRAM free")
     if g.processes is not None:
-        parts.append({0: "no processes", 1: "1 process"}.get(g.processes, f"{g.processes} processes"))
+        parts.append("no processes" if not g.processes else timegrid.counted(g.processes, "process", "processes"))
     return ", ".join(parts)

@@ -70,7 +70,7 @@ def describe(req) -> str:
     """``2 GPUs, shared, 12 GiB per GPU, 1h``: what was asked for, in words."""
     n = req.count
     mem = f", {timegrid.format_memory(req.mem_mib)} per GPU" if req.mem_mib else ""
-    return f"{n} GPU{'s' if n != 1 else ''}, {req.mode}{mem}, {timegrid.format_duration(req.duration)}"
+    return f"{timegrid.counted(n, 'GPU')}, {req.mode}{mem}, {timegrid.format_duration(req.duration)}"
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from bk import clock
 from bk.core.errors import Ambiguous, BkError, Conflict, InvalidInput, IOFailure, NotFound, PermissionDenied
 from bk.core.models import ACTIVE, CANCELLED, ENDED, UPCOMING, LedgerState, Notice, Reservation
+from bk.core.timegrid import counted
 from bk.service.context import Actor, Call
 
 # The request types are for writes and the broker's reads: bk l, st and n
@@ -200,7 +201,7 @@ class Service:
         if isinstance(bound, int) and bound != call.policy.gpu_count:
             # Writes refuse this (policy binding); reads go on, but say why
             # the picture may not match the machine.
-            call.warn(f"this machine has {call.policy.gpu_count} GPUs but the ledger was made for "
+            call.warn(f"this machine has {counted(call.policy.gpu_count, 'GPU')} but the ledger was made for "
                       f"{bound}: writes are refused until they agree (bk doctor says more)")
         return read.state
 

@@ -34,7 +34,7 @@ from bk.core.models import (
     iso,
 )
 from bk.core.record import replace
-from bk.core.timegrid import floor_slice
+from bk.core.timegrid import counted, floor_slice
 from bk.service.context import Actor, Call
 from bk.service.requests import BookRequest, CancelRequest, EditRequest, canonical
 from bk.service.results import BookResult, CancelResult, EditResult
@@ -160,8 +160,9 @@ def repeat_of(state: LedgerState, req: BookRequest, call: Call) -> Reservation |
 
 def _repeat_hint(b: Reservation, now: int) -> str:
     ago = max(0, now - b.created)
-    when = f"{ago} seconds" if ago < 120 else f"{ago // 60} minutes"
-    return (f"you made this same booking {when} ago: {b.short_id} is that one, not a second; "
+    when = ("just now" if not ago else f"{counted(ago, 'second')} ago" if ago < 120
+            else f"{counted(ago // 60, 'minute')} ago")
+    return (f"you made this same booking {when}: {b.short_id} is that one, not a second; "
             "to book another on purpose, run the command again with --again")
 
 
@@ -325,7 +326,7 @@ def _edit_active(state, old: Reservation, req: EditRequest, call: Call) -> Reser
     if end % policy.slot_seconds:
         raise InvalidInput(f"the new end is not on a {policy.slot_minutes}-minute boundary")
     if end - old.start > policy.max_booking_hours * 3600:
-        raise PolicyRefused(f"a booking may last at most {policy.max_booking_hours} hours "
+        raise PolicyRefused(f"a booking may last at most {counted(policy.max_booking_hours, 'hour')} "
                             "(max_booking_hours)", hint="shorten the extension")
     if end > old.end:
         # Check only what is added, on the same GPUs, with the booking itself ignored.

@@ -503,7 +503,7 @@ class UsageStore:
         if seal is None:
             return Check(kind, day, "unsealed", n, "; ".join(problems))
         if n != seal.get("records"):
-            return Check(kind, day, "tampered", n, f"sealed {seal.get('records')} records; found {n}")
+            return Check(kind, day, "tampered", n, f"sealed {counted(seal['records'], 'record')}; found {n}" if type(seal.get("records")) is int else "the seal has no record count")
         if json.loads(json.dumps(self._seal_doc(kind, day, data)["summary"])) != seal["summary"]:
             return Check(kind, day, "tampered", n, "the seal's totals are not the sum of its records")
         return Check(kind, day, "ok", n)

@@ -444,7 +444,7 @@ def _describe(cell, disabled: bool, cap: int) -> str:
     if cell.mine:
         who.append("yours")
     if cell.others:
-        who.append(f"{cell.others} other{'s' if cell.others > 1 else ''}")
+        who.append(timegrid.counted(cell.others, "other"))
     return f"{min(cell.used, cap)}/{cap} slots held ({', '.join(who)})" if cell.used < cap else \
         f"full ({', '.join(who)})"
 

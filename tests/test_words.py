@@ -101,3 +101,17 @@ def test_pyz_a_repeated_booking_counts_its_seconds(run):
     assert "you made this same booking 1 second ago:" in later.stderr
     assert "2 seconds ago" in run("1", "30m", "-q", BK_NOW="2026-07-13T10:41:32Z").stderr
     assert "3 minutes ago" in run("1", "30m", "-q", BK_NOW="2026-07-13T10:44:30Z").stderr
+
+
+# ------------------------------------------------------------- issue 30, item 20
+
+def test_pyz_a_cancelled_or_ended_booking_is_said_so(run):
+    rid = run("1", "30m", "-q").stdout.strip()
+    run("d", rid, "-y")
+    again = run("d", rid, "-y", code=2).stderr
+    assert f"reservation {rid} was already cancelled" in again and "has already cancelled" not in again
+    edit = run("e", rid, "-d", "+5m", code=2).stderr
+    assert f"reservation {rid} was cancelled; it can no longer be edited" in edit
+    later = run("1", "30m", "-t", "11:00", "-q").stdout.strip()
+    gone = run("d", later, "-y", code=2, BK_NOW="2026-07-13T12:00:00Z").stderr
+    assert f"reservation {later} has already ended" in gone

@@ -158,6 +158,13 @@ def repeat_of(state: LedgerState, req: BookRequest, call: Call) -> Reservation |
     return None
 
 
+def _gone(status: str, already: str = "") -> str:
+    """``was already cancelled`` / ``has already ended``: a status is an
+    adjective, not a verb ("has cancelled" read as if it had cancelled
+    something)."""
+    return f"was {already}cancelled" if status == CANCELLED else f"has {already}ended"
+
+
 def _repeat_hint(b: Reservation, now: int) -> str:
     ago = max(0, now - b.created)
     when = ("just now" if not ago else f"{counted(ago, 'second')} ago" if ago < 120
@@ -288,7 +295,7 @@ def apply_edit(state: LedgerState, req: EditRequest, call: Call) -> Mutation:
     old = _owned(state, req.ref, actor, "edit")
     status = old.status(now)
     if status in (ENDED, CANCELLED):
-        raise InvalidInput(f"reservation {old.short_id} has {status}; it can no longer be edited",
+        raise InvalidInput(f"reservation {old.short_id} {_gone(status)}; it can no longer be edited",
                            hint="book again with: bk N DUR")
     if status == ACTIVE:
         new = _edit_active(state, old, req, call)
@@ -394,7 +401,7 @@ def apply_cancel(state: LedgerState, req: CancelRequest, call: Call) -> Mutation
                            hint="sudo bk admin cancel ID --reason 'maintenance'")
     status = res.status(now)
     if status in (ENDED, CANCELLED):
-        raise InvalidInput(f"reservation {res.short_id} has already {status}")
+        raise InvalidInput(f"reservation {res.short_id} {_gone(status, 'already ')}")
     new = res.replace(cancelled_at=now, cancelled_by=actor.uid,
                       cancel_reason=(req.reason or None))
     if new.job is not None and new.job.status == "pending":

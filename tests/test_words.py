@@ -115,3 +115,50 @@ def test_pyz_a_cancelled_or_ended_booking_is_said_so(run):
     later = run("1", "30m", "-t", "11:00", "-q").stdout.strip()
     gone = run("d", later, "-y", code=2, BK_NOW="2026-07-13T12:00:00Z").stderr
     assert f"reservation {later} has already ended" in gone
+
+
+# ------------------------------------------------------------- jobs and lists
+
+def test_pyz_retrying_a_job_that_succeeded_says_there_is_nothing_to_retry(run):
+    run("1", "30m", "--", "true")
+    run("w", "once")
+    assert json.loads(run("j", "--json").stdout)["data"]["jobs"][0]["status"] == "succeeded"
+    err = run("j", "retry", "1", code=2).stderr
+    assert "succeeded: there is nothing to retry" in err and "bk run N DUR -- CMD" in err
+    assert "only a job that ended" not in err            # a job that succeeded ended too
+
+
+def test_pyz_jobs_and_history_are_in_the_order_of_bk_l(run):
+    run("1", "4h", "--", "true")                                 # 10:40-14:40, now: ends last
+    run("1", "30m", "-t", "11:00", "--", "true")                 # 11:00-11:30, starts last
+    for at in ("21:00", "12:00", "15:00"):
+        run("1", "30m", "-t", at, "--", "true")
+    at_noon = {"BK_NOW": "2026-07-13T11:50:00Z"}                 # 11:00's has ended, the 4-hour one runs
+    listed = [r["id"] for r in json.loads(run("l", "--json", **at_noon).stdout)["data"]["reservations"]]
+    jobs = [j["reservation"] for j in json.loads(run("j", "--json", **at_noon).stdout)["data"]["jobs"]]
+    assert len(listed) == 4 and jobs[:4] == listed and len(jobs) == 5
+    table = run("j", **at_noon).stdout.splitlines()
+    assert [ln.split()[0] for ln in table[1:5]] == ["1", "2", "3", "4"]     # numbers count down the page
+    later = {"BK_NOW": "2026-07-13T23:00:00Z"}
+    hist = json.loads(run("l", "--history", "--json", **later).stdout)["data"]["reservations"]
+    starts = [r["start"] for r in hist]
+    assert starts == sorted(starts, reverse=True) and starts[-2:] == ["2026-07-13T11:00:00Z",
+                                                                      "2026-07-13T10:40:00Z"]
+    jobs = [j["reservation"] for j in json.loads(run("j", "--json", **later).stdout)["data"]["jobs"]]
+    assert jobs == [r["id"] for r in hist]
+
+
+def test_pyz_the_worker_advice_is_given_once_a_session(run, pyz):
+    first = run("1", "30m", "-t", "21:00", "--", "true").stderr
+    assert "systemctl --user enable --now bk-worker" in first
+    for argv in (("j",), ("w",), ("j",)):
+        p = run(*argv)
+        assert "systemctl --user" not in p.stdout + p.stderr, argv
+    assert "no worker is running for you; jobs: 1 pending" in run("w").stdout
+    again = run("1", "30m", "-t", "22:00", "--", "true").stderr
+    assert "no bk worker is running for you: the command starts once one runs" in again
+    assert "systemctl --user" not in again
+    other = subprocess.run([sys.executable, str(pyz), "w"], env=run.env, capture_output=True, text=True,
+                           stdin=subprocess.DEVNULL, timeout=60, start_new_session=True)
+    assert "systemctl --user enable --now bk-worker" in other.stdout      # another terminal is told too
+    assert "systemctl --user" not in run("w").stdout                        # and this one still not again

@@ -351,7 +351,10 @@ class Service:
             hot = [r for r in state.reservations if r.uid == uid and not r.is_live(now)]
             seen = {r.id for r in hot}
             cold = [r for r in self.reader.archived(uid=uid) if r.id not in seen]
-            out = sorted(hot + cold, key=lambda r: (r.end, r.id), reverse=True)
+            # Newest first: the reverse of a list's order, so the WHEN
+            # column reads back in time (a booking's end says less: a long
+            # one that ended last started long before a short one after it).
+            out = sorted(hot + cold, key=lambda r: (r.start, r.created, r.id), reverse=True)
         else:
             raise InvalidInput(f"unknown list scope {scope!r}")
         return out[:limit] if limit else out

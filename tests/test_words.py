@@ -162,3 +162,28 @@ def test_pyz_the_worker_advice_is_given_once_a_session(run, pyz):
                            stdin=subprocess.DEVNULL, timeout=60, start_new_session=True)
     assert "systemctl --user enable --now bk-worker" in other.stdout      # another terminal is told too
     assert "systemctl --user" not in run("w").stdout                        # and this one still not again
+
+
+def _bob_books(run, **req) -> None:
+    """A booking of another user (bob, uid 2000) in this private ledger."""
+    from bk.core.models import parse_iso
+    from bk.service import open_app
+    from bk.service.requests import Actor, BookRequest
+
+    app = open_app({**run.env}, actor=Actor(2000, "bob"), clock_fn=lambda: parse_iso(NOW_ISO))
+    app.book(BookRequest(**req), call=app.call())
+
+
+def test_pyz_timeline_upper_case_only_while_the_booking_holds_a_full_gpu(run):
+    from bk.core.models import parse_iso
+
+    run("1", "10m", "-g", "0")                                   # 10:40-10:50
+    _bob_books(run, count=1, duration=600, start=parse_iso("2026-07-13T10:50:00Z"), pinned=(0,),
+               mode="exclusive")                                  # 10:50-11:00: full after mine left
+    lane = next(ln for ln in run("tl", "--from", "10:30", "--step", "15m", "2h").stdout.splitlines()
+                if ln.startswith("GPU 0"))
+    assert "a" in lane and "A" not in lane, lane
+    _bob_books(run, count=1, duration=300, start=parse_iso("2026-07-13T10:40:00Z"), pinned=(0,))
+    lane = next(ln for ln in run("tl", "--from", "10:30", "--step", "15m", "2h").stdout.splitlines()
+                if ln.startswith("GPU 0"))
+    assert "A" in lane, lane                                     # 10:40-10:45 both slots, mine among them

@@ -187,3 +187,15 @@ def test_pyz_timeline_upper_case_only_while_the_booking_holds_a_full_gpu(run):
     lane = next(ln for ln in run("tl", "--from", "10:30", "--step", "15m", "2h").stdout.splitlines()
                 if ln.startswith("GPU 0"))
     assert "A" in lane, lane                                     # 10:40-10:45 both slots, mine among them
+
+
+def test_pyz_bk_g_exports_only_the_gpus_the_machine_has(run):
+    run("2", "30m", "-g", "1,3")                                 # booked on four GPUs
+    assert "CUDA_VISIBLE_DEVICES=1,3" in run("g").stdout
+    two = run("g", BK_GPU_COUNT="2")                             # GPU 3 is gone
+    assert "CUDA_VISIBLE_DEVICES=1\n" in two.stdout and "1,3" not in two.stdout.splitlines()[-1]
+    assert "GPU 3 of your booking is not on this machine now" in two.stderr
+    one = run("g", "--json", BK_GPU_COUNT="1")                  # neither is here
+    env = json.loads(one.stdout)
+    assert env["data"]["export"] is None and any("GPUs 1,3 of your booking are not" in w for w in env["warnings"])
+    assert "CUDA_VISIBLE_DEVICES" not in run("g", BK_GPU_COUNT="1").stdout

@@ -97,13 +97,21 @@ def run_gpu(args, ctx) -> Output:
     active = tuple(r for r in mine if r.status(now) == "active")
     current = tuple(view.reservation(r) for r in active)
     if args.count is None and active:
-        found = advice.GpuAdvice(active, current, advice.export_line({g for r in active for g in r.gpus}))
+        booked = {g for r in active for g in r.gpus}
+        here = advice.present_gpus(booked, call.telemetry.inventory())
+        if here != booked:
+            gone = sorted(booked - here)
+            call.warn(f"{'GPU' if len(gone) == 1 else 'GPUs'} {common.gpus_text(gone)} of your booking "
+                      f"{'is' if len(gone) == 1 else 'are'} not on this machine now: "
+                      + ("CUDA_VISIBLE_DEVICES names only the GPUs present" if here else
+                         "there is no GPU of it to use (bk doctor says more)"))
+        found = advice.GpuAdvice(active, current, advice.export_line(here) if here else None)
 
         def human_current(term) -> str:
             lines = [wrap(f"yours now: {common.summary_line(r, capacity=call.policy.max_shared_users, tz=tz, now=now)}"
                           f", {timegrid.format_duration(r.end - now)} left", term.width, "", "  ")
                      for r in active]
-            return "\n".join([*lines, found.export])
+            return "\n".join([*lines, *([found.export] if found.export else [])])
         return Output("gpu", found.to_json(), human_current)
 
     count = common.parse_count(args.count) if args.count is not None else 1

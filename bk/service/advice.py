@@ -118,6 +118,15 @@ class GpuAdvice:
                 "export": self.export, "free_now": self.free_now}
 
 
+def present_gpus(gpus, inventory) -> set[int]:
+    """The GPUs of ``gpus`` this machine has now (its inventory): a booking
+    made for a GPU that has gone (removed, fallen off the bus, a ledger made
+    for more) must not hand CUDA an index it does not know, which hides
+    every GPU after it in CUDA_VISIBLE_DEVICES."""
+    have = {g.index for g in inventory.gpus}
+    return {g for g in gpus if g in have}
+
+
 def export_line(gpus) -> str:
     # nvidia-smi numbers GPUs in PCI bus order, CUDA by default fastest
     # first; PCI_BUS_ID makes CUDA's numbering match the one we book by.

@@ -199,3 +199,15 @@ def test_pyz_bk_g_exports_only_the_gpus_the_machine_has(run):
     env = json.loads(one.stdout)
     assert env["data"]["export"] is None and any("GPUs 1,3 of your booking are not" in w for w in env["warnings"])
     assert "CUDA_VISIBLE_DEVICES" not in run("g", BK_GPU_COUNT="1").stdout
+
+
+def test_pyz_a_booking_in_the_current_slice_says_it_starts_now(run):
+    out = run("1", "30m").stdout.splitlines()
+    assert out[0].startswith("booked 1 GPU (0) shared 07-13 10:40–11:10 [")
+    assert out[1] == "starts now: from 10:40, the current 5-minute slice"
+    assert "starts now" in run("1", "30m", "--dry-run", "--again").stdout
+    assert "starts now" not in run("1", "30m", "-t", "11:00").stdout           # a later start needs no word
+    assert "starts now" not in run("1", "30m", "--again", BK_NOW="2026-07-13T10:45:00Z").stdout  # on the dot
+    cfg = _config(run, slot_minutes=15)
+    other = run("1", "30m", BK_DATA_DIR=str(run.tmp / "d15"), BK_CONFIG_FILE=cfg).stdout
+    assert "starts now: from 10:30, the current 15-minute slice" in other

@@ -498,3 +498,19 @@ def test_pyz_status_ignores_a_damaged_or_partial_snapshot(pyz, tmp_path):
         got = status()
         assert [(g["index"], g["util"], g["mem_used_mib"], g["processes"]) for g in got["gpus"]] == [
             (i, 7, 1024, []) for i in range(4)], damage
+
+
+def test_a_cached_inventory_that_is_out_of_date_is_looked_at_once_again(private):
+    """The cache says four GPUs, the backend and the monitor now see two (a
+    GPU gone within the boot): one look settles it, and the cache learns."""
+    env, mdir = private
+    _status(env, FakeBackend(4))                          # cached: four
+    _publish(mdir, FakeBackend(2), T - 1)
+    be = FakeBackend(2)
+    st = _status(env, be)
+    assert be.calls["inventory"] == 1 and be.calls["snapshot"] == 0
+    assert [p.pid for p in st.gpus[0].processes] == [99]
+    be2 = FakeBackend(2)
+    assert _app(env, be2).telemetry.inventory().count == 2     # the cache learnt it
+    _status(env, be2)
+    assert be2.calls["inventory"] == 0 and be2.calls["snapshot"] == 0

@@ -48,6 +48,7 @@ class Telemetry:
         # read a monitor's snapshot.
         self._monitor = monitor
         self._expected: int | None = None       # the configuration's gpu_count, when it fixes one
+        self._cached = False                    # whether the inventory came from the cache
         self.from_monitor = False              # whether the last snapshot was the monitor's
         self._backend = None
         self._inventory: Inventory | None = None
@@ -76,7 +77,7 @@ class Telemetry:
 
             hit = cache.load(self._cache_dir, print_)
             if hit is not None:
-                self._inventory = hit
+                self._inventory, self._cached = hit, True
                 return hit
         inv = backend.inventory()
         self._remember(inv, print_)
@@ -125,6 +126,12 @@ class Telemetry:
         if print_ is None or got.fingerprint != print_:
             return None
         known = self.inventory()
+        if known.reason is None and identities(known.gpus) != identities(snap.gpus) and self._cached:
+            # The cache may be what is out of date (a GPU changed within the
+            # boot): one look at the backend settles it, and is remembered.
+            self._cached = False
+            known = backend.inventory()
+            self._remember(known, print_ if self._cache_dir else None)
         if known.reason is None and identities(known.gpus) != identities(snap.gpus):
             return None
         return snap

@@ -138,16 +138,21 @@ class Result:
                 "notes": self.notes}
 
 
-def plan(options: Options, env: dict) -> Plan:
-    """Everything install would change, and why; changes nothing."""
+def plan(options: Options, env: dict, *, doing: str = "bk admin install",
+         roles: tuple[str, ...] | None = None) -> Plan:
+    """Everything install would change, and why; changes nothing.  ``doing``
+    names the command in a refusal; ``roles``: only the files of these
+    roles are to be changed (``bk admin login-hook``), so only their hand
+    edits refuse it."""
     try:
-        return _plan(options, env)
+        return _plan(options, env, doing, roles)
     except PermissionError as e:
         raise PermissionDenied(f"cannot inspect {e.filename}: {e.strerror}",
                                hint="run it as root: sudo bk admin install ...") from None
 
 
-def _plan(options: Options, env: dict) -> Plan:
+def _plan(options: Options, env: dict, doing: str = "bk admin install",
+          roles: tuple[str, ...] | None = None) -> Plan:
     from bk.admin import archive
 
     if not os.path.isabs(options.root):
@@ -190,8 +195,10 @@ def _plan(options: Options, env: dict) -> Plan:
         actions += cmdlink.link_actions(layout, command_path, m, warnings, done)
     if m is not None:
         actions += _no_longer_installed(m, {a.path for a in actions}, drifted)
+    if roles is not None:
+        drifted = [e for e in drifted if e.role in roles]
     if drifted:
-        tracked.refuse_drift(drifted, layout.config_dir, "bk admin install")
+        tracked.refuse_drift(drifted, layout.config_dir, doing)
     systemd = services.systemd_running(layout.root)
     installed = (archive.version_of(layout.pyz) or m.version) if m is not None else None
     p = Plan(options, layout, m is not None, m, ip, python, source, version, actions, systemd,

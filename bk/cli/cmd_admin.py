@@ -15,6 +15,7 @@ import os
 from bk.cli import common
 from bk.cli.render import Output, safe, wrap
 from bk.core.errors import EXIT_PARTIAL, PermissionDenied, UsageError
+from bk.core.timegrid import counted
 from bk.service.requests import CancelRequest
 
 INIT_EPILOG = """Examples:
@@ -322,7 +323,7 @@ def run_data_recover(args, ctx) -> Output:
     def human(term) -> str:
         head = f"recovered: writes go on from commit {done.audit_seq + 1}"
         if done.replayed:
-            head += f"; replayed {len(done.replayed)} booking{'s' if len(done.replayed) != 1 else ''}"
+            head += f"; replayed {counted(len(done.replayed), 'booking')}"
         left = [b for b in done.bookings if b.reservation not in done.replayed]
         if left:
             head += f"; lost for good: {', '.join(b.reservation[:8] for b in left)}"

@@ -15,6 +15,7 @@ import os
 from bk.cli import common
 from bk.cli.render import Output
 from bk.core.errors import EXIT_PARTIAL, UsageError
+from bk.core.timegrid import counted
 
 INSTALL_EPILOG = """Examples:
   sudo python3 bk.pyz admin install            (guided: one question at a time)
@@ -236,11 +237,12 @@ def _plan_lines(plan, *, all_steps: bool = False) -> list[str]:
     return lines or ["  nothing to change: every file is in place"]
 
 
-def _install_text(result) -> str:
+def _install_text(result, command: str = "admin install") -> str:
+    """The plan or its outcome, headed by the command the person ran (``bk
+    admin services install`` runs the same reconcile and says so)."""
     p = result.plan
-    head = {"dry_run": "bk admin install would:", "installed": "bk admin install did:",
-            "reconciled": "bk admin install reconciled:", "unchanged": "bk admin install: everything is in place:",
-            "review": "bk admin install will:"}[result.status]
+    head = f"bk {command}" + {"dry_run": " would:", "installed": " did:", "reconciled": " reconciled:",
+                              "unchanged": ": everything is in place:", "review": " will:"}[result.status]
     ip = p.init_plan
     lines = [head, *_plan_lines(p)]
     lines.append(f"bk {p.version} from {p.archive_from}, run by {p.python}")
@@ -470,7 +472,7 @@ def _stage(args, options) -> Output:
         return "\n".join(lines)
 
     return Output("admin install", staged.to_json(), human,
-                  done=None if staged.dry_run else f"bk admin install staged {len(staged.files)} files")
+                  done=None if staged.dry_run else f"bk admin install staged {counted(len(staged.files), 'file')}")
 
 
 # ------------------------------------------------------------- uninstall
@@ -530,7 +532,7 @@ def _do_uninstall(args, ctx, up, command: str) -> Output:
         lines.append("shells that ran bk remember where it was: hash -r")
     return Output(command, data | {"status": "removed", "dry_run": False,
                                    "removed": [r.entry.path for r in done]}, "\n".join(lines),
-                  done=f"bk {command}: removed {len(done)} paths")
+                  done=f"bk {command}: removed {counted(len(done), 'path')}")
 
 
 # ------------------------------------------------------------- services
@@ -581,7 +583,7 @@ def run_services(args, ctx) -> Output:
 
         def ran(term) -> str:
             lines = [f"services {got.reason}:"]
-            lines += [f"  {s['unit']}: started {s['starts']} time{'s' if s['starts'] != 1 else ''}, last "
+            lines += [f"  {s['unit']}: started {counted(s['starts'], 'time')}, last "
                       + ("exit: none" if s["last_exit"] is None else f"exit {s['last_exit']}")
                       for s in got.services]
             return "\n".join(lines)
@@ -591,10 +593,11 @@ def run_services(args, ctx) -> Output:
     from bk.core.record import replace
 
     options = replace(install.Options(root=args.root), start=args.start)
-    plan = install.plan(options, ctx.env)
+    plan = install.plan(options, ctx.env, doing="bk admin services install")
     if args.dry_run:
         result = install.dry_run(plan)
-        return Output("admin services install", result.to_json(), lambda term: _install_text(result))
+        return Output("admin services install", result.to_json(),
+                      lambda term: _install_text(result, "admin services install"))
     from bk.admin.layout import need_root
 
     need_root("bk admin services install")
@@ -604,7 +607,8 @@ def run_services(args, ctx) -> Output:
                          hint="run the installed bk: sudo /opt/gpubk/bin/bk admin services install (or "
                               "sudo bk admin install --allow-downgrade to downgrade)")
     result = install_apply.apply(plan)
-    return Output("admin services install", result.to_json(), lambda term: _install_text(result))
+    return Output("admin services install", result.to_json(),
+                  lambda term: _install_text(result, "admin services install"))
 
 
 # ------------------------------------------------------------- login hook
@@ -618,16 +622,27 @@ def run_login_hook(args, ctx) -> Output:
     if args.hook_action == "status":
         st = loginhook.status(layout)
         return Output("admin login-hook status", st, f"login hook: {st['status']} ({st['path']})")
+    if args.hook_action == "uninstall":
+        st = loginhook.status(layout)
+        if st["status"] in ("absent", "foreign"):
+            # Nothing of bk's to remove: a hook bk never installed is not
+            # its to delete, and needs neither root nor an installed bk.
+            why = ("no login hook" if st["status"] == "absent" else
+                   "not bk's login hook (bk did not install it): left in place")
+            return Output("admin login-hook uninstall", {"status": "unchanged", "dry_run": args.dry_run,
+                                                         "hook": st},
+                          f"login hook: {st['status']} ({st['path']}): {why}; nothing to remove")
     loginhook.require_installed(layout)
     options = install.Options(root=args.root, login_hook=args.hook_action == "install")
-    plan = install.plan(options, ctx.env)
+    plan = install.plan(options, ctx.env, doing=f"bk admin login-hook {args.hook_action}",
+                        roles=(loginhook.ROLE,))
     # Only the hook (and the directory it needs); the rest is left to a reconcile.
     plan.actions = [a for a in plan.actions if a.role == "login-hook"
                     or a.op == "mkdir" and layout.hook.startswith(a.path + "/")]
     if args.dry_run:
         result = install.dry_run(plan)
         return Output(f"admin login-hook {args.hook_action}", result.to_json(),
-                      lambda term: "\n".join(["would:", *_plan_lines(plan)]))
+                      lambda term: "\n".join([f"bk admin login-hook {args.hook_action} would:", *_plan_lines(plan)]))
     from bk.admin.layout import need_root
 
     need_root(f"bk admin login-hook {args.hook_action}")

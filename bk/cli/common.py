@@ -189,7 +189,7 @@ def summary_line(r: Reservation, *, capacity: int, tz, now: int, show_id: bool =
     """``2 GPUs (0,1) shared 12g 07-13 20:00–21:30 [a1b2c3d4]``"""
     n = len(r.gpus)
     mem = f" {timegrid.format_memory(r.mem_mib)}" if r.mem_mib else ""
-    return (f"{n} GPU{'s' if n != 1 else ''} ({gpus_text(r.gpus)}) {mode_text(r, capacity)}{mem} "
+    return (f"{timegrid.counted(n, 'GPU')} ({gpus_text(r.gpus)}) {mode_text(r, capacity)}{mem} "
             f"{timegrid.format_span(r.start, r.end, tz, now)}" + (f" [{r.short_id}]" if show_id else ""))
 
 

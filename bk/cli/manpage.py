@@ -339,6 +339,11 @@ fingerprint of the hardware; deleting it only costs the next command a look.
 Presets and the prompt history live in \fI$XDG_STATE_HOME/bk\fR (default
 \fI~/.local/state/bk\fR); with \fBBK_DATA_DIR\fR set (a trial run), in
 \fI$BK_DATA_DIR/state\fR instead, so a demo leaves your real presets alone.
+.TP
+.B XDG_SESSION_ID
+The login session (set by systemd\-logind): advice such as how to start a
+worker is given once per session.  Without it, each terminal session (its
+login shell) is one.
 .SH FILES
 .TP
 .I /etc/gpubk/config.json

@@ -43,6 +43,7 @@ from collections.abc import Callable
 from bk.core.errors import BkError, Busy, ConfigError, WrongAccount
 from bk.core.record import dataclass, field
 from bk.core.telemetry import Snapshot
+from bk.core.timegrid import counted
 from bk.store import snapshot as files
 
 DEFAULT_INTERVAL = 2.0
@@ -276,7 +277,7 @@ class Monitor:
             flushed = len(tail)
             self._pending.extend(tail)
         self._write_usage(None)
-        self._heartbeat(files.STOPPED, f"stopped by signal after {self.samples} samples", self.clock(),
+        self._heartbeat(files.STOPPED, f"stopped by signal after {counted(self.samples, 'sample')}", self.clock(),
                         sync=True)
         return flushed
 
@@ -396,7 +397,7 @@ def run(env: dict, *, interval_s: float = DEFAULT_INTERVAL, log: Callable[[str],
             # handler raises; ours writes to the pipe, which ends the wait.
             select.select([wake_r], [], [], max(0.0, due - monotonic()))
         flushed = monitor.finish()
-        log(f"stopped after {monitor.samples} samples; {flushed} partial minute records flushed")
+        log(f"stopped after {counted(monitor.samples, 'sample')}; {counted(flushed, 'partial minute record')} flushed")
         return RunStats(monitor.samples, flushed, os.getpid())
     finally:
         for s, h in old.items():

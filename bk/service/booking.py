@@ -34,7 +34,7 @@ from bk.core.models import (
     iso,
 )
 from bk.core.record import replace
-from bk.core.timegrid import floor_slice
+from bk.core.timegrid import counted, floor_slice
 from bk.service.context import Actor, Call
 from bk.service.requests import BookRequest, CancelRequest, EditRequest, canonical
 from bk.service.results import BookResult, CancelResult, EditResult
@@ -158,10 +158,18 @@ def repeat_of(state: LedgerState, req: BookRequest, call: Call) -> Reservation |
     return None
 
 
+def _gone(status: str, already: str = "") -> str:
+    """``was already cancelled`` / ``has already ended``: a status is an
+    adjective, not a verb ("has cancelled" read as if it had cancelled
+    something)."""
+    return f"was {already}cancelled" if status == CANCELLED else f"has {already}ended"
+
+
 def _repeat_hint(b: Reservation, now: int) -> str:
     ago = max(0, now - b.created)
-    when = f"{ago} seconds" if ago < 120 else f"{ago // 60} minutes"
-    return (f"you made this same booking {when} ago: {b.short_id} is that one, not a second; "
+    when = ("just now" if not ago else f"{counted(ago, 'second')} ago" if ago < 120
+            else f"{counted(ago // 60, 'minute')} ago")
+    return (f"you made this same booking {when}: {b.short_id} is that one, not a second; "
             "to book another on purpose, run the command again with --again")
 
 
@@ -287,7 +295,7 @@ def apply_edit(state: LedgerState, req: EditRequest, call: Call) -> Mutation:
     old = _owned(state, req.ref, actor, "edit")
     status = old.status(now)
     if status in (ENDED, CANCELLED):
-        raise InvalidInput(f"reservation {old.short_id} has {status}; it can no longer be edited",
+        raise InvalidInput(f"reservation {old.short_id} {_gone(status)}; it can no longer be edited",
                            hint="book again with: bk N DUR")
     if status == ACTIVE:
         new = _edit_active(state, old, req, call)
@@ -325,7 +333,7 @@ def _edit_active(state, old: Reservation, req: EditRequest, call: Call) -> Reser
     if end % policy.slot_seconds:
         raise InvalidInput(f"the new end is not on a {policy.slot_minutes}-minute boundary")
     if end - old.start > policy.max_booking_hours * 3600:
-        raise PolicyRefused(f"a booking may last at most {policy.max_booking_hours} hours "
+        raise PolicyRefused(f"a booking may last at most {counted(policy.max_booking_hours, 'hour')} "
                             "(max_booking_hours)", hint="shorten the extension")
     if end > old.end:
         # Check only what is added, on the same GPUs, with the booking itself ignored.
@@ -426,7 +434,7 @@ def apply_cancel(state: LedgerState, req: CancelRequest, call: Call) -> Mutation
                            hint="sudo bk admin cancel ID --reason 'maintenance'")
     status = res.status(now)
     if status in (ENDED, CANCELLED):
-        raise InvalidInput(f"reservation {res.short_id} has already {status}")
+        raise InvalidInput(f"reservation {res.short_id} {_gone(status, 'already ')}")
     new = res.replace(cancelled_at=now, cancelled_by=actor.uid,
                       cancel_reason=(req.reason or None))
     if new.job is not None and new.job.status == "pending":

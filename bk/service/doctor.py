@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from bk import clock
 from bk.core.errors import BkError
+from bk.core.timegrid import counted
 from bk.service.status import policy_summary
 
 OK, WARN, FAIL = "ok", "warn", "fail"
@@ -354,7 +355,7 @@ def _policy_check(app, call) -> dict:
 def _gpu_check(app, call) -> dict:
     snap, inv = call.telemetry.snapshot(), call.telemetry.inventory()
     gpus = snap.gpus
-    detail = f"{snap.source}: {len(gpus)} GPU{'s' if len(gpus) != 1 else ''}"
+    detail = f"{snap.source}: {counted(len(gpus), 'GPU')}"
     reason = inv.reason
     if reason or snap.reason:
         detail += f" ({reason or snap.reason})"
@@ -388,7 +389,7 @@ def _gpu_check(app, call) -> dict:
                "--simulated-gpus N")
     elif (reason or snap.reason) and snap.simulated and app.settings.mode == "shared":
         if "gpu_count" in app.settings.explicit:
-            detail += (f"; no GPU telemetry, so {call.policy.gpu_count} GPUs from the "
+            detail += (f"; no GPU telemetry, so {counted(call.policy.gpu_count, 'GPU')} from the "
                        "configuration are scheduled by share slots alone")
         else:
             ok = False

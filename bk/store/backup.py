@@ -108,7 +108,7 @@ FILES = (
     (Pattern(r"audit\.d/audit-\d{10}-\d{10}\.jsonl(\.sha256)?"), AUDIT, "service"),
     (Pattern(r"monitor/(snapshot|heartbeat)\.json"), PUBLIC, "monitor"),
     (Pattern(r"usage/(raw|hourly)/\d{4}-\d{2}-\d{2}\.(jsonl|seal)"), USAGE, "monitor"),
-    (Pattern(r"state/(presets\.json|prompt_history)"), PRIVATE, "service"),
+    (Pattern(r"state/(presets\.json|prompt_history|worker-hint)"), PRIVATE, "service"),
     (Pattern(r"state/jobs/worker\.json"), PRIVATE, "service"),
     (Pattern(r"state/jobs/specs/[0-9a-f]{32}\.json"), PRIVATE, "service"),
     (Pattern(r"state/jobs/logs/[0-9a-f]{32}\.log(\.1)?"), PRIVATE, "service"),

@@ -200,7 +200,7 @@ def _files(layout: Layout, ip: init.Plan, python: str, pyz: bytes, res: _Resourc
         (layout.pyz, pyz, 0o644, "archive"),
         (layout.launcher, launcher_text(layout, python), 0o755, "launcher"),
     ]
-    for name in units.SYSTEM_UNITS:
+    for name in units.SYSTEM_UNITS + units.OPTIONAL_UNITS:
         files.append((os.path.join(layout.unit_dir, name),
                       units.render(res.text(f"install/{name}"), vals).encode(), 0o644, "unit"))
     files.append((os.path.join(layout.user_unit_dir, units.WORKER_UNIT),

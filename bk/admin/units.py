@@ -20,7 +20,11 @@ BROKER_UNIT = "gpubk-broker.service"
 MONITOR_UNIT = "gpubk-monitor.service"
 WORKER_UNIT = "bk-worker.service"
 LOGIN_HOOK = "profile.d/gpubk.sh"
+ENFORCER_UNIT = "gpubk-enforcer.service"
 SYSTEM_UNITS = (BROKER_UNIT, MONITOR_UNIT)
+# Installed with the others but never enabled or started by the installer:
+# hard enforcement is the administrator's opt-in (bk admin enforce on).
+OPTIONAL_UNITS = (ENFORCER_UNIT,)
 _TOKEN = re.compile(r"@([A-Z_]+)@")
 # systemd splits on white space and gives % and \ and quotes meaning; the
 # paths bk writes into a unit are its own and never need them.

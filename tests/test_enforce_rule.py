@@ -197,6 +197,8 @@ def test_program_names_say_whose():
         name = rule.program_name(uid)
         assert len(name) <= 15 and rule.uid_of_program(name) == uid
     assert rule.uid_of_program("sd_devices") is None and rule.uid_of_program("gpubk_probe") is None
+    assert rule.program_name(None) == "gpubk" and rule.is_program("gpubk") and rule.is_program("gpubk7")
+    assert not rule.is_program("gpubk_probe") and not rule.is_program("gpubkx")
     assert rule.slice_uid("user-1000.slice") == 1000
     assert rule.slice_uid("user-1000.scope") is None and rule.slice_uid("user-.slice") is None
     assert rule.slice_uid("user-99999999999.slice") is None

@@ -135,33 +135,30 @@ def _s32(v: int) -> int:
 
 
 def _assemble(items: list) -> list[Insn]:
-    """Resolve labels: a jump's offset counts slots from the next one.  A
-    jump to the very next slot is dropped (it would do nothing), and so is
-    a label nothing jumps to once its code is unreachable; the generator
-    below never leaves such code, and ``check`` would say so if it did."""
-    # Drop jumps to the immediately following label (repeat: a drop can make another).
-    changed = True
-    while changed:
-        changed = False
-        for i, it in enumerate(items):
-            if isinstance(it, _Jump) and it.code == JA:
-                j = i + 1
-                while j < len(items) and isinstance(items[j], _Label):
-                    if items[j].name == it.target:
-                        del items[i]
-                        changed = True
-                        break
-                    j += 1
-                if changed:
+    """Resolve labels: a jump's offset counts slots from the next one.  An
+    unconditional jump to a label that follows it with nothing but labels
+    between does nothing and is dropped; walking backwards, a drop that
+    makes an earlier jump just as useless drops that one too."""
+    kept: list = []                       # the items after the current one, reversed
+    for it in reversed(items):
+        if isinstance(it, _Jump) and it.code == JA:
+            k = len(kept) - 1
+            while k >= 0 and isinstance(kept[k], _Label):
+                if kept[k].name == it.target:
                     break
+                k -= 1
+            if k >= 0 and isinstance(kept[k], _Label):
+                continue
+        kept.append(it)
+    kept.reverse()
     where, slot = {}, 0
-    for it in items:
+    for it in kept:
         if isinstance(it, _Label):
             where[it.name] = slot
         else:
             slot += 1
     out: list[Insn] = []
-    for it in items:
+    for it in kept:
         if isinstance(it, _Label):
             continue
         if isinstance(it, _Jump):

@@ -75,20 +75,33 @@ class DeviceMap:
     source: str = "index"          # how minors were found: "driver" (/proc/driver/nvidia) or "index"
 
     def nodes(self, gpu: int) -> tuple[tuple[int, int], ...]:
-        for d in self.gpus:
-            if d.gpu == gpu:
-                out = [(self.nvidia_major, d.minor)]
-                if self.caps_major is not None:
-                    out += [(self.caps_major, c) for c in d.caps]
-                return tuple(out)
-        return ()
+        return _index(self)[0].get(gpu, ())
 
     def managed(self) -> tuple[tuple[int, int], ...]:
-        return tuple(sorted(n for d in self.gpus for n in self.nodes(d.gpu)))
+        return _index(self)[1]
 
     def to_json(self) -> dict:
         return {"nvidia_major": self.nvidia_major, "caps_major": self.caps_major, "source": self.source,
                 "gpus": [{"gpu": d.gpu, "minor": d.minor, "caps": list(d.caps)} for d in self.gpus]}
+
+
+_INDEX: dict = {}
+
+
+def _index(m: DeviceMap) -> tuple[dict, tuple]:
+    """GPU -> its nodes, and every managed node sorted, once per map."""
+    hit = _INDEX.get(m)
+    if hit is None:
+        nodes = {}
+        for d in m.gpus:
+            out = [(m.nvidia_major, d.minor)]
+            if m.caps_major is not None:
+                out += [(m.caps_major, c) for c in d.caps]
+            nodes[d.gpu] = tuple(out)
+        if len(_INDEX) > 64:
+            _INDEX.clear()
+        hit = _INDEX[m] = (nodes, tuple(sorted(n for ns in nodes.values() for n in ns)))
+    return hit
 
 
 def index_map(gpu_count: int) -> DeviceMap:
@@ -210,17 +223,27 @@ def grants_for(reservations, uid: int, devices: DeviceMap, *, now_ns: int, offse
     return Grants(devices.managed(), tuple(sorted(windows)), max(0, expiry_s * SECOND - offset_ns), fail_open)
 
 
-def program_name(uid: int) -> str:
-    """The kernel's name for uid's program (15 characters at most): how
+PROGRAM = "gpubk"                 # the name of a program several users' cgroups share
+
+
+def program_name(uid: int | None) -> str:
+    """The kernel's name for a program (15 characters at most): ``gpubk``
+    and the UID when one user's cgroups use it, ``gpubk`` alone when it is
+    shared (users whose bookings say the same, most often: none now).
     ``bk admin enforce status``, ``off`` and a restarted enforcer tell
-    gpubk's programs, and whose they are, from other programs."""
-    return f"gpubk{uid}"
+    gpubk's programs from other programs by it."""
+    return PROGRAM if uid is None else f"{PROGRAM}{uid}"
 
 
 def uid_of_program(name: str) -> int | None:
-    if name.startswith("gpubk") and name[5:].isdigit():
-        return int(name[5:])
+    if name.startswith(PROGRAM) and name[len(PROGRAM):].isdigit():
+        return int(name[len(PROGRAM):])
     return None
+
+
+def is_program(name: str) -> bool:
+    """One of gpubk's device programs (attached by an enforcer)."""
+    return name == PROGRAM or uid_of_program(name) is not None
 
 
 # ------------------------------------------------------------------ credits

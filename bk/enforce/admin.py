@@ -267,8 +267,8 @@ def attached(root: str) -> list[Attached]:
                 info = kernel.prog_by_id(pid)
                 if info is None:
                     continue
-                uid = rule.uid_of_program(info.name)
-                if uid is not None or info.name == "gpubk_probe":
+                if rule.is_program(info.name):
+                    uid = rule.uid_of_program(info.name)
                     rel = "" if os.path.samefile(d, root) else os.path.relpath(d, root)
                     out.append(Attached(rel, ino, pid, info.name, uid, (ino, pid) in links))
         finally:

@@ -50,7 +50,9 @@ from bk.core.models import iso
 from bk.core.record import dataclass, field
 from bk.enforce import cgroups, state
 
-SCAN_S = 2.0                      # rescan cgroups, re-read the snapshot, check attachments
+SCAN_S = 2.0                      # rescan cgroups, re-read the snapshot
+VERIFY_S = 10.0                   # ask the kernel whether each program is still attached
+PUBLISH_S = 5.0                   # rewrite an unchanged status at least this often (it is a heartbeat)
 DRIFT_NS = 250_000_000            # a wall-clock step larger than this regenerates every program
 
 
@@ -118,6 +120,7 @@ class Enforcer:
         self.credits: dict[int, rule.Credit] = {}       # container cgroup id -> credit (for its life)
         self.reservations: list | None = None
         self.by_uid: dict[int, list] = {}
+        self.edges: list[int] = []                       # every booking start and end, sorted
         self.ledger_error: str | None = None
         self.good_until_s: int | None = None            # the expiry of programs made from the last good read
         self.offset_ns: int | None = None
@@ -129,6 +132,10 @@ class Enforcer:
         self.started_at = int(self.clock()[0] // rule.SECOND)
         self.failing = False
         self._found: cgroups.Found | None = None
+        self._snap: tuple | None = None
+        self._published: dict | None = None
+        self._published_at = 0.0
+        self._verified_at = 0.0
         self._names: dict[int, str | None] = {}
 
     # -------------------------------------------------------------- inputs
@@ -152,8 +159,12 @@ class Enforcer:
             return False
         self.reservations = got
         self.by_uid = {}
+        edges = set()
         for r in got:
             self.by_uid.setdefault(r.uid, []).append(r)
+            if r.cancelled_at is None:
+                edges.update((r.start, r.end))
+        self.edges = sorted(edges)
         return True
 
     def enforced(self, uid: int) -> bool:
@@ -184,12 +195,15 @@ class Enforcer:
         return out
 
     def _snapshot(self, now: int):
+        """The monitor's snapshot, read at most once a pass."""
         if self.read_snapshot is None:
             return None
-        try:
-            return self.read_snapshot(now)
-        except (BkError, OSError):
-            return None
+        if self._snap is None:
+            try:
+                self._snap = (self.read_snapshot(now),)
+            except (BkError, OSError):
+                self._snap = (None,)
+        return self._snap[0]
 
     def _inferred(self, found: cgroups.Found) -> dict[str, set[int]]:
         snap = self._snapshot(int(self.clock()[0] // rule.SECOND))
@@ -244,9 +258,9 @@ class Enforcer:
             except OSError:
                 os.close(fd)
                 continue
-            if rule.uid_of_program(info.name) is not None and slot.prog_fd is None:
+            if rule.is_program(info.name) and slot.prog_fd is None:
                 slot.prog_fd, slot.prog_id, slot.adopted = fd, info.id, True
-            elif rule.uid_of_program(info.name) is not None:
+            elif rule.is_program(info.name):
                 # A second one of ours (should not happen): detach it.
                 try:
                     self.k.detach(slot.cg_fd, fd)
@@ -256,12 +270,14 @@ class Enforcer:
             else:
                 os.close(fd)
 
-    def _load(self, uid: int, g: devprog.Grants, cache: dict) -> tuple[int, int]:
-        key = (uid, g)
-        hit = cache.get(key)
+    def _load(self, g: devprog.Grants, uids: set[int], cache: dict) -> tuple[int, int]:
+        """One loaded program per distinct meaning in a pass: cgroups whose
+        grants are equal (most often: users with no booking now) share it."""
+        hit = cache.get(g)
         if hit is None:
-            fd = self.k.load(devprog.encode(devprog.generate(g)), rule.program_name(uid))
-            hit = cache[key] = (fd, self.k.prog_info(fd).id)
+            name = rule.program_name(next(iter(uids)) if len(uids) == 1 else None)
+            fd = self.k.load(devprog.encode(devprog.generate(g)), name)
+            hit = cache[g] = (fd, self.k.prog_info(fd).id)
         return hit
 
     def _install(self, slot: Slot, fd: int, prog_id: int) -> None:
@@ -326,6 +342,7 @@ class Enforcer:
         t_ns, offset = self.clock()
         now = t_ns // rule.SECOND
         changed = self._ledger()
+        self._snap = None
         p = Pass()
         if scan or self._found is None:
             self._found = cgroups.scan(self.o.root)
@@ -348,8 +365,12 @@ class Enforcer:
         if failing and self.o.fail_open:
             self._fail_open(p)
         else:
+            mono = time.monotonic()
+            verify = scan and mono - self._verified_at >= VERIFY_S
+            if verify:
+                self._verified_at = mono
             self._enforce(wanted, t_ns, offset, renew=renew, expiry=expiry if good else cap, failing=failing,
-                          verify=scan, p=p)
+                          verify=verify, p=p)
         if renew:
             self.offset_ns, self.expiry_s = offset, expiry
         if failing != self.failing:
@@ -373,6 +394,7 @@ class Enforcer:
     def _enforce(self, wanted: dict, t_ns: int, offset: int, *, renew: bool, expiry: int | None, failing: bool,
                  verify: bool, p: Pass) -> None:
         cache: dict = {}
+        todo: list[tuple[Slot, rule.Target, devprog.Grants]] = []
         try:
             for key, t in wanted.items():
                 slot = self.slots.get(key)
@@ -402,8 +424,13 @@ class Enforcer:
                     slot.prog_fd = slot.prog_id = None
                 if g == slot.grants and not lost and slot.prog_fd is not None:
                     continue
+                todo.append((slot, t, g))
+            users: dict[devprog.Grants, set[int]] = {}
+            for _slot, t, g in todo:
+                users.setdefault(g, set()).add(t.uid)
+            for slot, t, g in todo:
                 try:
-                    fd, prog_id = self._load(t.uid, g, cache)
+                    fd, prog_id = self._load(g, users[g], cache)
                     self._install(slot, fd, prog_id)
                     slot.grants, slot.target = g, t
                 except OSError as e:
@@ -485,7 +512,7 @@ class Enforcer:
             allowed = sorted(rule.allowed_now(self.by_uid.get(tg.uid, ()), tg.uid, t)) if not self.failing else []
             targets.append({**tg.to_json(), "user": self._name(tg.uid), "gpus": allowed, "program": slot.prog_id,
                             "attached": slot.prog_fd is not None})
-        nb = rule.next_boundary(self.reservations or (), t)
+        nb = self._next_edge(t)
         return {"pid": self.pid, "started_at": self.started_at, "updated_at": t, "updated_at_iso": iso(t),
                 "state": st, "detail": stopped or self.ledger_error, "failure": "open" if self.o.fail_open else "closed",
                 "attach": "link" if self.o.links else "attach", "cgroup_root": self.o.root,
@@ -497,8 +524,16 @@ class Enforcer:
                            "pending": len(self.pending_signals)}}
 
     def publish(self, *, stopped: str | None = None) -> None:
+        """Write the status when it says something new, and at least every
+        ``PUBLISH_S`` (readers take an old one for a dead enforcer)."""
+        doc = self.status(stopped=stopped)
+        same = {k: v for k, v in doc.items() if k not in ("updated_at", "updated_at_iso")}
+        mono = time.monotonic()
+        if stopped is None and same == self._published and mono - self._published_at < PUBLISH_S:
+            return
         try:
-            state.write_status(self.o.state_dir, self.status(stopped=stopped))
+            state.write_status(self.o.state_dir, doc)
+            self._published, self._published_at = same, mono
         except BkError as e:
             self.log(f"cannot write the status: {e.message}")
 
@@ -508,10 +543,18 @@ class Enforcer:
         grid, a signal's grace, the periodic scan."""
         t = self.clock()[0] / rule.SECOND
         due = [t + SCAN_S, float((int(t) // self.o.renew_s + 1) * self.o.renew_s)]
-        nb = rule.next_boundary(self.reservations or (), int(t))
+        nb = self._next_edge(int(t))
         if nb is not None:
             due.append(float(nb))
         return max(0.0, min(due) - t)
+
+    def _next_edge(self, t: int) -> int | None:
+        """The first booking boundary after ``t`` (``rule.next_boundary``,
+        from the sorted edges of the ledger read, not a walk of it)."""
+        import bisect
+
+        i = bisect.bisect_right(self.edges, t)
+        return self.edges[i] if i < len(self.edges) else None
 
     def shutdown(self, *, detach: bool) -> int:
         """Stop: detach every program (open mode, or enforcement turned
@@ -555,19 +598,28 @@ class Watch:
     IN_MODIFY, IN_MOVED_TO, IN_CREATE, IN_DELETE = 0x2, 0x80, 0x100, 0x200
 
     def __init__(self, paths: list[str]):
-        self.fd = None
+        self.fd, self.paths, self._libc, self._watched = None, list(paths), None, set()
         try:
             import ctypes
 
-            libc = ctypes.CDLL(None, use_errno=True)
-            fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
-            if fd < 0:
-                return
-            for p in paths:
-                libc.inotify_add_watch(fd, os.fsencode(p), self.IN_MOVED_TO | self.IN_CREATE | self.IN_DELETE)
-            self.fd = fd
+            self._libc = ctypes.CDLL(None, use_errno=True)
+            fd = self._libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+            if fd >= 0:
+                self.fd = fd
         except (OSError, AttributeError):
             self.fd = None
+        self.ensure()
+
+    def ensure(self) -> None:
+        """Watch the paths not watched yet (``user.slice`` appears with the
+        first login): one call each, none once all are watched."""
+        if self.fd is None:
+            return
+        for p in self.paths:
+            if p not in self._watched and os.path.isdir(p):
+                if self._libc.inotify_add_watch(self.fd, os.fsencode(p),
+                                                self.IN_MOVED_TO | self.IN_CREATE | self.IN_DELETE) >= 0:
+                    self._watched.add(p)
 
     def drain(self) -> None:
         if self.fd is None:
@@ -670,6 +722,24 @@ def options_for(settings, support_links: bool, *, lease_s: int | None = None) ->
                    lease_s=lease_s or rule.LEASE_S, renew_s=max(1, (lease_s or rule.LEASE_S) // 3))
 
 
+def serve(e: Enforcer, watch: Watch, wake_r: int, stopping: list, *, max_passes: int | None = None) -> int:
+    """The loop: a pass, then sleep until something changes or is due.
+    Returns the number of passes once ``stopping`` is not empty."""
+    passes = 0
+    while not stopping:
+        watch.ensure()
+        e.step()
+        e.publish()
+        passes += 1
+        if max_passes is not None and passes >= max_passes:
+            break
+        fds = [wake_r] + ([watch.fd] if watch.fd is not None else [])
+        ready, _, _ = select.select(fds, [], [], e.next_wake())
+        if watch.fd in ready:
+            watch.drain()
+    return passes
+
+
 @dataclass
 class RunStats:
     passes: int
@@ -714,19 +784,12 @@ def run(env: dict, *, log: Callable[[str], None] = log_stderr, max_passes: int |
     e = Enforcer(opts, devices=devices, read_ledger=read_ledger, read_snapshot=snapshot_reader(settings), log=log)
     passes, detached = 0, 0
     try:
-        log(f"pid {os.getpid()}: enforcing on {opts.root} ({'fail open, BPF links' if opts.links else 'fail ' + ('open' if opts.fail_open else 'closed') + ', attachments'}); "
-            f"{len(devices.gpus)} GPUs, minors from {devices.source}")
-        e._event("started", detail=f"failure {'open' if opts.fail_open else 'closed'}")
-        while not stopping:
-            e.step()
-            e.publish()
-            passes += 1
-            if max_passes is not None and passes >= max_passes:
-                break
-            fds = [wake_r] + ([watch.fd] if watch.fd is not None else [])
-            ready, _, _ = select.select(fds, [], [], e.next_wake())
-            if watch.fd in ready:
-                watch.drain()
+        mode = "fail open, BPF links" if opts.links else \
+            f"fail {'open' if opts.fail_open else 'closed'}, plain attachments"
+        log(f"pid {os.getpid()}: enforcing on {opts.root} ({mode}); {len(devices.gpus)} GPUs, "
+            f"minors from {devices.source}")
+        e._event("started", detail=mode)
+        passes = serve(e, watch, wake_r, stopping, max_passes=max_passes)
         # Turned off meanwhile (bk admin enforce off) or open mode: nothing stays attached.
         try:
             still_on = settings_for(env)["enforce"]

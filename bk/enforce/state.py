@@ -11,7 +11,8 @@ The facts:
 * ``status.json`` is replaced whole (``replace_file``: temp file, rename)
   on every change and at every renewal, so readers (``bk admin enforce
   status``, ``bk doctor``) take no lock and never see half of it.  It is a
-  heartbeat too: an ``updated_at`` older than ``STALE_S``, or a ``pid``
+  heartbeat too (rewritten at least every 5 s): an ``updated_at`` older
+  than ``STALE_S``, or a ``pid``
   that no longer runs, means the enforcer is not running, whatever the
   file says.
 * ``events.jsonl`` gets one line per thing a person should hear about
@@ -37,7 +38,7 @@ STATUS_FILE = "status.json"
 EVENTS_FILE = "events.jsonl"
 LOCK_FILE = "enforcer.lock"
 DIR_MODE, FILE_MODE = 0o755, 0o644
-STALE_S = 75                       # three renewals and a margin
+STALE_S = 15                       # the enforcer rewrites its status at least every 5 s
 EVENTS_MAX = 1 << 20
 MAX_BYTES = 8 << 20
 

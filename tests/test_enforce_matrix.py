@@ -219,19 +219,41 @@ class World:
                                         cwd=self.base, stdout=log, stderr=subprocess.STDOUT,
                                         **self.s.popen_args(self.s.service))
 
-    def start_enforcer(self, *flags: str) -> None:
-        """As the unit would, but in namespaces of its own: cgroup v2 mounted
-        on /sys/fs/cgroup with the test subtree as the root."""
-        self.cg.make("system.slice/gpubk-enforcer.service")
+    def ns_argv(self, unit: str, argv: list[str]) -> list[str]:
+        """``argv`` as root, as on a systemd host: in its own mount and cgroup
+        namespaces, where cgroup v2 is mounted on /sys/fs/cgroup with the test
+        subtree as its root, in ``system.slice/UNIT``."""
+        self.cg.make(f"system.slice/{unit}")
         inner = (f'mount -t cgroup2 cgroup2 /sys/fs/cgroup && '
-                 f'echo $$ > /sys/fs/cgroup/system.slice/gpubk-enforcer.service/cgroup.procs && '
-                 f'exec {SYSTEM_PYTHON} {self.s.pyz} admin enforce run {" ".join(flags)}')
+                 f'echo $$ > /sys/fs/cgroup/system.slice/{unit}/cgroup.procs && exec "$@"')
+        outer = ('procs="$0"; inner="$1"; shift; echo $$ > "$procs" && '
+                 'exec unshare --mount --cgroup --propagation private /bin/sh -c "$inner" sh "$@"')
+        return ["/bin/sh", "-c", outer, str(self.cg.path / "cgroup.procs"), inner, *argv]
+
+    def root_env(self) -> dict:
+        return {"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "HOME": "/root", "LANG": "C.UTF-8", "TZ": "UTC",
+                "BK_CONFIG_FILE": str(self.s.config)}
+
+    def admin(self, *args: str) -> subprocess.CompletedProcess:
+        """``bk ARGS`` as root, seeing the cgroup tree the enforcer sees."""
+        return subprocess.run(self.ns_argv(f"bk-admin-{secrets.token_hex(2)}.scope",
+                                           [SYSTEM_PYTHON, str(self.s.pyz), *args]),
+                              capture_output=True, text=True, timeout=120, env=self.root_env(), cwd="/")
+
+    def admin_json(self, *args: str) -> tuple[int, dict]:
+        p = self.admin("--json", *args)
+        try:
+            return p.returncode, json.loads(p.stdout)
+        except ValueError:
+            raise AssertionError(f"bk {' '.join(args)}: not JSON (rc {p.returncode}): {p.stdout!r} {p.stderr!r}") \
+                from None
+
+    def start_enforcer(self, *flags: str) -> None:
+        """As the unit runs it, in namespaces of its own (``ns_argv``)."""
         log = open(self.base / "enforcer.log", "ab")
         self.enforcer = subprocess.Popen(
-            ["/bin/sh", "-c", 'echo $$ > "$0" && exec unshare --mount --cgroup --propagation private '
-             '/bin/sh -c "$1"', str(self.cg.path / "cgroup.procs"), inner],
-            env={"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "HOME": "/root", "LANG": "C.UTF-8",
-                 "BK_CONFIG_FILE": str(self.s.config)}, cwd="/", stdout=log, stderr=subprocess.STDOUT)
+            self.ns_argv("gpubk-enforcer.service", [SYSTEM_PYTHON, str(self.s.pyz), "admin", "enforce", "run", *flags]),
+            env=self.root_env(), cwd="/", stdout=log, stderr=subprocess.STDOUT)
         wait(lambda: self.status().get("state") == "enforcing" and self.status().get("pid") == self.enforcer.pid
              or self._died(), 60, "the enforcer to enforce")
         assert self.enforcer.poll() is None, self.log()
@@ -340,9 +362,11 @@ def test_the_escape_matrix(world):
     before = _matrix(rows)
     assert all(r == ["ENXIO", "ENXIO", "ENXIO"] for r in before.values()), before   # nothing enforced yet
 
-    p = w.s.run(None, "--json", "admin", "enforce", "on", "--dry-run")
-    assert p.returncode == 0 and json.loads(p.stdout)["data"]["dry_run"] is True, p.stdout + p.stderr
-    p = w.s.run(None, "--json", "admin", "enforce", "on", "--yes")
+    rc, plan = w.admin_json("admin", "enforce", "on", "--dry-run")
+    assert rc == 0 and plan["data"]["dry_run"] is True, plan
+    assert {(u["uid"], tuple(u["loses"])) for u in plan["data"]["plan"]} == {(a.uid, (0, 1, 2, 3)), (b.uid, (0, 1, 2, 3))}
+    assert json.loads(w.s.config.read_text()).get("enforce") is not True        # a dry run changes nothing
+    p = w.admin("--json", "admin", "enforce", "on", "--yes")
     assert p.returncode == 0, p.stdout + p.stderr
     assert json.loads(w.s.config.read_text())["enforce"] is True
     w.start_enforcer()
@@ -385,17 +409,27 @@ def test_the_escape_matrix(world):
     assert report["alice cancels"]["second user"] == ["ENXIO", "EPERM", "ENXIO"]
 
     # What the administrator sees: status as an ordinary user and as root, doctor as root.
+    p = w.admin("admin", "enforce", "status")
+    print(p.stdout)
+    assert p.returncode == 0 and p.stdout.startswith("ok: enforcing on 3 cgroups of 2 users"), p.stdout
+    assert f"user.slice/user-{b.uid}.slice: {b.name} (uid {b.uid}) may open GPU 0" in p.stdout, p.stdout
+    p = w.admin("admin", "enforce", "on", "--dry-run")
+    print(p.stdout)
+    assert f"{b.name} (uid {b.uid}): keeps GPU 0, loses GPUs 1, 2, 3" in p.stdout, p.stdout
     rc, st = w.s.run_json(a, "admin", "enforce", "status")
     assert rc == 0 and st["data"]["enforcer"] == "enforcing" and st["data"]["verdict"]["ok"], st
-    rc, st = w.s.run_json(None, "admin", "enforce", "status")
+    rc, st = w.admin_json("admin", "enforce", "status")
     slices = {os.stat(w.cg.path / w.slice_of(u)).st_ino for u in (a, b)}
     assert rc == 0 and {x["id"] for x in st["data"]["attached"]} >= slices, st
-    rc, doc = w.s.run_json(None, "doctor")
+    assert {x["cgroup"] for x in st["data"]["attached"]} >= {w.slice_of(a), w.slice_of(b), w.docker}
+    rc, doc = w.admin_json("doctor")
     checks = {c["name"]: c for c in doc["data"]["checks"]}
     assert checks["enforcer"]["ok"] and checks["enforce_kernel"]["ok"] and checks["enforce_cgroup"]["ok"], checks
 
     # Off: the enforcer stops, and nothing is left attached anywhere.
-    rc, off = w.s.run_json(None, "admin", "enforce", "off", "--yes")
+    rc, off = w.admin_json("admin", "enforce", "off", "--dry-run")
+    assert rc == 0 and len(off["data"]["attached"]) >= 3 and w.enforcer.poll() is None, off
+    rc, off = w.admin_json("admin", "enforce", "off", "--yes")
     assert rc == 0, off
     assert off["data"]["left"] == [] and not off["data"]["problems"], off
     w.enforcer.wait(timeout=30)
@@ -452,7 +486,7 @@ def test_a_killed_enforcer_fails_open_by_default_and_closed_on_request(world):
         _kill_enforcer(w)
         assert wait(lambda: ag.ask() == ["ENXIO", "ENXIO", "ENXIO"], 30, "every GPU to open")
         assert _slice_programs(w, a) == ()
-        rc, doc = w.s.run_json(None, "doctor")
+        rc, doc = w.admin_json("doctor")
         checks = {c["name"]: c for c in doc["data"]["checks"]}
         assert not checks["enforcer"]["ok"] and "stale" in checks["enforcer"]["detail"], checks["enforcer"]
 
@@ -471,7 +505,7 @@ def test_a_killed_enforcer_fails_open_by_default_and_closed_on_request(world):
         assert wait(lambda: ag.ask() == ["ENXIO", "EPERM", "ENXIO"], 30, "the booking to rule again")
         after = _slice_programs(w, a)
         assert len(after) == 1 and after != before
-        rc, off = w.s.run_json(None, "admin", "enforce", "off", "--yes")
+        rc, off = w.admin_json("admin", "enforce", "off", "--yes")
         assert rc == 0 and off["data"]["left"] == [], off
         w.enforcer.wait(timeout=30)
         # Closed mode's attachments outlive a stop too, so off swept them itself.
@@ -495,7 +529,7 @@ def test_an_unreadable_ledger_fails_open_after_the_lease(world):
         os.chown(ledger, 0, 0)                     # not the service account's: no reader believes it
         wait(lambda: w.status().get("state") == "failing-open", 30, "the enforcer to fail open")
         assert ag.ask() == ["ENXIO", "ENXIO", "ENXIO"] and _slice_programs(w, a) == ()
-        rc, st = w.s.run_json(None, "admin", "enforce", "status")
+        rc, st = w.admin_json("admin", "enforce", "status")
         assert rc == 1 and not st["data"]["verdict"]["ok"] and "failing-open" in st["data"]["verdict"]["detail"]
         os.chown(ledger, w.s.service.uid, w.s.service.gid)
         w.wait_gpus(w.slice_of(a), [0])
@@ -503,7 +537,7 @@ def test_an_unreadable_ledger_fails_open_after_the_lease(world):
         events = [json.loads(x)["event"] for x in (w.state_dir / "events.jsonl").read_text().splitlines()]
         assert events.index("ledger-unreadable") < events.index("fail-open") < len(events) - 1
         assert "enforcing" in events[events.index("fail-open"):]
-        rc, off = w.s.run_json(None, "admin", "enforce", "off", "--yes")
+        rc, off = w.admin_json("admin", "enforce", "off", "--yes")
         assert rc == 0, off
         w.enforcer.wait(timeout=30)
     finally:
@@ -552,7 +586,7 @@ def test_processes_that_keep_a_gpu_after_the_booking_are_signalled_when_asked(wo
         assert all(e["uid"] == a.uid and e["gpu"] == 0 for e in events if e["event"] in ("term", "kill"))
         rc, st = w.s.run_json(a, "admin", "enforce", "status")       # the owner reads what was done
         assert {e["event"] for e in st["data"]["events"]} >= {"term", "kill"}
-        rc, off = w.s.run_json(None, "admin", "enforce", "off", "--yes")
+        rc, off = w.admin_json("admin", "enforce", "off", "--yes")
         assert rc == 0, off
         w.enforcer.wait(timeout=30)
     finally:

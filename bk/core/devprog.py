@@ -58,7 +58,7 @@ OPCODES = {MOV64_REG: "mov64", MOV64_IMM: "mov64i", LDX_W: "ldxw", AND32_IMM: "a
            JEQ_IMM: "jeqi", JNE_IMM: "jnei", JLT_REG: "jlt", JGE_REG: "jge", LD_IMM64: "lddw",
            CALL: "call", EXIT: "exit"}
 JUMPS = {JA, JEQ_IMM, JNE_IMM, JLT_REG, JGE_REG}
-MAX_INSNS = 4096                  # the kernel's limit for unprivileged programs; ours are far smaller
+MAX_INSNS = 1_000_000             # the kernel's limit (BPF_COMPLEXITY_LIMIT_INSNS); ours are a few dozen
 U64 = (1 << 64) - 1
 
 

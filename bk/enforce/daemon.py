@@ -26,8 +26,12 @@ The facts that shape the loop:
 * Wake-ups.  The loop sleeps in ``select`` on a signal pipe and an
   inotify descriptor (a new slice under ``user.slice``, a cgroup at the
   root, the ledger renamed into place), until the next booking boundary,
-  renewal, signal deadline or periodic scan (``SCAN_S``), whichever comes
-  first.  Without inotify the periodic scan alone still bounds the delay.
+  renewal or periodic scan (``SCAN_S``, which also bounds a signal's
+  grace), whichever comes first.  Without inotify the periodic scan alone
+  still bounds the delay.  A pass with nothing to change costs a few stats
+  and directory listings; the kernel is asked whether the programs are
+  still attached every ``VERIFY_S``, and the status is rewritten when it
+  changes and every ``PUBLISH_S`` (it is the enforcer's heartbeat).
 * Nothing a single cgroup does ends the loop: an attachment the kernel
   refuses is an event and a problem in the status, and the next pass tries
   again.  A ledger that cannot be read keeps the programs of the last good
@@ -122,10 +126,8 @@ class Enforcer:
         self.by_uid: dict[int, list] = {}
         self.edges: list[int] = []                       # every booking start and end, sorted
         self.ledger_error: str | None = None
-        self.good_until_s: int | None = None            # the expiry of programs made from the last good read
         self.offset_ns: int | None = None
-        self.generation = 0
-        self.expiry_s: int | None = None
+        self.expiry_s: int | None = None                # the expiry of the programs attached now
         self.pending_signals: dict = {}
         self.last = Pass()
         self.pid = os.getpid()
@@ -540,7 +542,7 @@ class Enforcer:
     def next_wake(self) -> float:
         """Seconds until the next thing that needs a pass by the clock: a
         booking boundary (for the status and the signals), the renewal
-        grid, a signal's grace, the periodic scan."""
+        grid, the periodic scan."""
         t = self.clock()[0] / rule.SECOND
         due = [t + SCAN_S, float((int(t) // self.o.renew_s + 1) * self.o.renew_s)]
         nb = self._next_edge(int(t))

@@ -53,6 +53,9 @@ LAYERS: dict[str, frozenset[str]] = {
     # replace); nodes are reached through the one ssh module.
     "bk.cluster": BASE | {"bk.ipc", "bk.service", "bk.store", "bk.remote"},
     "bk.remote": frozenset({"bk.core"}),          # runs ssh: bounded, timed, killed by PID
+    # Hard enforcement: bpf() and the cgroup tree; the ledger and the monitor's
+    # snapshot through the store, container patterns through the GPU gateway.
+    "bk.enforce": BASE | {"bk.store", "bk.gpu"},
 }
 # module -> {unit: why}: single modules allowed one edge more than their unit.
 EXCEPTIONS: dict[str, dict[str, str]] = {
@@ -84,6 +87,14 @@ EXCEPTIONS: dict[str, dict[str, str]] = {
     },
     "bk.admin.cluster": {
         "bk.cluster": "the catalog's one parser and writer, and the node id it stores",
+    },
+    "bk.cli.cmd_enforce": {
+        "bk.enforce": "`bk admin enforce` plans, applies and runs the enforcer in this process; imported only "
+                      "when that command runs",
+    },
+    "bk.service.doctor": {
+        "bk.enforce": "`bk doctor` checks enforcement (kernel support, the enforcer, the programs per user); "
+                      "imported only when the configuration turns enforcement on",
     },
     "bk.broker.server": {
         "bk.store": "the daemon's start-up: it loads the trusted config, checks the owner and mode of "

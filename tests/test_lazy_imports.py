@@ -113,8 +113,9 @@ def test_list_imports_nothing_heavy(tmp_path):
     # dataclasses would pull in inspect, ast and tokenize: bk.core.record
     # stands in for it so that every command starts faster.
     banned = {"curses", "_curses", "socketserver", "pynvml", "readline", "dataclasses", "inspect",
-              "uuid", "hashlib"}
-    heavy = ("bk.tui", "bk.broker", "bk.monitor", "bk.worker", "bk.mcp", "bk.admin", "bk.gpu.nvml")
+              "uuid", "hashlib", "ctypes"}
+    heavy = ("bk.tui", "bk.broker", "bk.monitor", "bk.worker", "bk.mcp", "bk.admin", "bk.gpu.nvml",
+             "bk.enforce", "bk.core.enforce", "bk.core.devprog", "bk.cli.cmd_enforce")
     found = sorted((modules & banned) | {m for m in modules if m.startswith(heavy)})
     assert not found, f"bk l imported {found}"
 

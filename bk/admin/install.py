@@ -295,7 +295,7 @@ def payload(layout: Layout, named: Layout, vals: dict[str, str], python: str, py
         (layout.pyz, pyz, 0o644, "archive"),
         (layout.launcher, launcher_text(named, python), 0o755, "launcher"),
     ]
-    for name in units.SYSTEM_UNITS:
+    for name in units.SYSTEM_UNITS + units.OPTIONAL_UNITS:
         files.append((os.path.join(layout.unit_dir, name),
                       units.render(res.text(f"install/{name}"), vals).encode(), 0o644, "unit"))
     files.append((os.path.join(layout.user_unit_dir, units.WORKER_UNIT),

@@ -25,6 +25,9 @@ import subprocess
 from bk.admin import rootenv
 
 UNITS = ("gpubk-broker.service", "gpubk-monitor.service")
+# The enforcer's unit is installed disabled; only bk admin enforce on|off
+# enables, starts, stops or disables it.  Uninstall stops and disables it.
+OPTIONAL = ("gpubk-enforcer.service",)
 
 
 def systemd_running(root: str) -> bool:
@@ -122,7 +125,7 @@ def running_writers(socket_path: str, data_dir: str) -> list[str]:
 def active_units(runner=subprocess.run) -> list[str]:
     """With systemd: the units systemd says are active (or activating)."""
     active = []
-    for unit in UNITS:
+    for unit in UNITS + OPTIONAL:
         try:
             p = runner(["systemctl", "is-active", unit], capture_output=True, text=True, timeout=30, check=False,
                        env=rootenv.environment(), cwd=rootenv.CWD)

@@ -80,6 +80,9 @@ def register(sub) -> None:
     from bk.cli import cmd_admin_cluster
 
     cmd_admin_cluster.register_admin(actions, type(p))  # cluster init|add|set|remove|...|status
+    from bk.cli import cmd_enforce
+
+    cmd_enforce.register_admin(actions, type(p))        # enforce on|off|status|run
 
     cancel = actions.add_parser("cancel", help="cancel anyone's booking, with a reason the owner sees",
                                 description="Cancel a booking of any user. The reason is shown to the "

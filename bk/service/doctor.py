@@ -530,6 +530,15 @@ FIXES = {
     "locking": "the file system refuses flock (a network mount?): keep the data directory on a local disk",
 }
 
+def _enforce_checks(app, call) -> list[dict]:
+    """Hard enforcement, only where the configuration turns it on (issue 31):
+    kernel support, the cgroup v2 mount, the enforcer and its programs."""
+    from bk.enforce.admin import doctor_checks
+
+    return [_check(name, status != FAIL, detail, fix=fix, status=status)
+            for name, status, detail, fix in doctor_checks(app.settings, now=call.now)]
+
+
 CHECKS = (("config", _config_check), ("ledger", _ledger_checks), ("state directory", _state_check),
           ("policy", _policy_check), ("gpu_backend", _gpu_check))
 
@@ -584,6 +593,8 @@ def doctor(app, probe: bool = False, *, strict: bool = False, require_monitor: b
     except OSError as e:
         checks.append(_check("monitor", False, f"{e.filename or 'heartbeat'}: {e.strerror}"))
     checks += [c for c in _run("worker", _worker_check, app, call, require_worker) if c is not None]
+    if shared and app.settings["enforce"]:
+        checks += _run("enforcer", _enforce_checks, app, call)
     if probe:
         answered = True
         if shared:

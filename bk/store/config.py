@@ -27,7 +27,7 @@ from bk.store.paths import DEFAULT_SOCKET, Locations
 @dataclass(frozen=True)
 class Key:
     name: str
-    kind: str                 # "int" | "float" | "bool" | "str" | "path" | "int_list" | "priority_map" | "choice"
+    kind: str                 # "int" | "float" | "bool" | "str" | "path" | "int_list" | "uid_list" | "priority_map" | "choice"
     default: object
     doc: str
     lo: float | None = None
@@ -81,6 +81,21 @@ KEYS: dict[str, Key] = {k.name: k for k in (
     Key("access", "choice", "all", "Who may use the broker: all users (socket 0666) or one group (0660).",
         security=True, choices=("all", "group")),
     Key("group", "str", None, "The group allowed when access is 'group'.", security=True, nullable=True),
+    # Hard enforcement (bk admin enforce, issue 31): off unless the administrator turns it on.
+    Key("enforce", "bool", False, "GPU device access follows the bookings (gpubk-enforcer.service); "
+        "set by bk admin enforce on|off.", security=True),
+    Key("enforce_failure", "choice", "open", "When the enforcer dies or cannot read the ledger: open "
+        "(every GPU opens) or closed (no managed GPU opens).", security=True, choices=("open", "closed")),
+    Key("enforce_bypass", "uid_list", [], "UIDs never restricted (root, the service and monitor "
+        "accounts always are).", security=True),
+    Key("enforce_signal", "bool", False, "Signal processes that keep a GPU open without a booking: "
+        "SIGTERM, then SIGKILL after enforce_signal_grace_seconds.", security=True),
+    Key("enforce_signal_grace_seconds", "int", 30, "Seconds between SIGTERM and SIGKILL (enforce_signal).",
+        1, 3600, security=True),
+    Key("enforce_state_dir", "path", "/var/lib/gpubk-enforcer", "The enforcer's status, events and lock "
+        "(its unit's StateDirectory=).", security=True),
+    Key("enforce_cgroup_root", "path", None, "Where cgroup v2 is mounted (default: found in "
+        "/proc/self/mountinfo).", security=True, nullable=True),
 )}
 
 
@@ -165,6 +180,11 @@ def check_value(key: Key, value: object, source: str) -> object:
         if not isinstance(value, list) or not all(isinstance(x, int) and not isinstance(x, bool)
                                                   and 0 <= x < 64 for x in value):
             raise _bad(key.name, "a list of GPU indices (0-63)", value, source)
+        return sorted(set(value))
+    if kind == "uid_list":
+        if not isinstance(value, list) or not all(isinstance(x, int) and not isinstance(x, bool)
+                                                  and 0 <= x < 2 ** 32 for x in value):
+            raise _bad(key.name, "a list of UIDs (0-4294967295)", value, source)
         return sorted(set(value))
     if kind == "priority_map":
         if not isinstance(value, dict):

@@ -47,10 +47,12 @@ The facts that shape it:
   the idle clock neither runs nor resets, so idle time is only ever time
   that was seen to be idle.
 
-Idle time: seconds in ``idle-held`` or ``empty`` since the last ``active``
-sample, each sample standing for the time since the previous one but at
-most three intervals (the rule of the usage history: a gap, such as a
-stopped monitor, is never counted).  One active sample resets it.
+Idle time: the seconds since the last ``active`` sample that were seen
+idle, counting an interval between two samples only when both saw the
+booking ``idle-held`` or ``empty`` (so neither the interval after an active
+sample nor one next to an ``unknown`` sample counts), and at most three
+intervals for one (the rule of the usage history: a gap, such as a stopped
+monitor, is never counted).  One active sample resets it.
 
 The idle baseline of a GPU (``Baseline``): the lowest power seen while the
 GPU was quiet (no process, or processes with SM readings of 0 and low
@@ -94,16 +96,14 @@ def margin_mw(limit_mw: int | None) -> int:
 def quiet(g) -> bool:
     """Whether GPU ``g`` (a ``GpuInfo``) computes nothing now, as far as
     one can tell without power: no process at all (whatever a stuck
-    utilisation says), or processes whose SM readings are all 0 with low
-    utilisation.  Only quiet samples teach the baseline."""
+    utilisation says), or processes with no SM above 0 since the last look
+    and low utilisation (under MPS the server carries the clients' SM).
+    Only quiet samples teach the baseline."""
     if g.processes is None:
         return False
     if not g.processes:
         return True
-    if any(_label(p) == MPS_LABEL for p in g.processes):
-        return False
-    return all(p.sm is not None and p.sm < SM_MIN for p in g.processes) and \
-        g.util is not None and g.util < UTIL_MIN
+    return all((p.sm or 0) < SM_MIN for p in g.processes) and g.util is not None and g.util < UTIL_MIN
 
 
 def learn_baseline(old_mw: int | None, g) -> int | None:
@@ -287,6 +287,7 @@ def cpu_share(act: Activity, t: int, seconds: float | None, dt: int) -> float | 
 def step(act: Activity, j: Judgement, t: int, interval_s: float) -> Activity:
     """``act`` after the sample at ``t`` judged ``j``."""
     dt = sample_dt(act, t, interval_s)
+    was_idle = act.state in IDLE_STATES and act.last_t is not None and t > act.last_t
     if act.last_t is None or t > act.last_t:
         act.last_t = t
     act.state, act.reason, act.judgement = j.state, j.reason, j
@@ -295,7 +296,8 @@ def step(act: Activity, j: Judgement, t: int, interval_s: float) -> Activity:
     elif j.state in IDLE_STATES:
         if act.idle_since is None:
             act.idle_since = t
-        act.idle_s += dt
+        if was_idle:               # only an interval seen idle at both ends counts
+            act.idle_s += dt
     return act
 
 

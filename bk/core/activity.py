@@ -302,9 +302,14 @@ def step(act: Activity, j: Judgement, t: int, interval_s: float) -> Activity:
 
 
 def sample_dt(act: Activity, t: int, interval_s: float) -> int:
-    """The seconds the sample at ``t`` stands for, for ``act`` (before ``step``)."""
+    """The seconds the sample at ``t`` stands for, for ``act`` (before
+    ``step``): the time since its previous sample, one interval after a
+    gap (or for the first), none when the clock did not move or went back
+    (the clock is whole seconds, and a test may sample faster)."""
     last = act.last_t
-    if last is None or t <= last or t - last > GAP_INTERVALS * interval_s:
+    if last is not None and t <= last:
+        return 0
+    if last is None or t - last > GAP_INTERVALS * interval_s:
         return max(1, int(round(interval_s)))
     return t - last
 

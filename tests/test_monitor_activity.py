@@ -116,7 +116,12 @@ def test_cpu_trees_of_real_processes(gpu_program):
     time.sleep(0.3)                      # real time passing, not synchronisation: a sleeping tree uses nothing
     assert trees.advance({"b": [gpu_program.pid]})["b"] < 0.05
     gpu_program.send_signal(signal.SIGUSR1)
-    poll(lambda: trees.advance({"b": [gpu_program.pid]})["b"] > 0.05, 30, "the child's CPU in the tree")
+    used = [0.0]
+
+    def seen() -> bool:
+        used[0] += trees.advance({"b": [gpu_program.pid]})["b"]
+        return used[0] > 0.05
+    poll(seen, 30, "the child's CPU in the tree")
 
 
 # ------------------------------------------------------------- the monitor

@@ -165,6 +165,22 @@ def test_snapshot_publishes_each_running_booking(tmp_path):
     assert rows["r1"]["release_due"] is False
 
 
+def test_a_failing_judgement_costs_neither_the_history_nor_the_snapshot(tmp_path):
+    m, clock, trees = monitor(tmp_path, {}, [booking()])
+
+    def broken(groups):
+        raise ZeroDivisionError("a bug")
+    trees.advance = broken
+    m.tracker.roots = lambda *a: {"r1": [7]}
+    s = m.step()
+    assert s.status == "degraded" and "the activity state failed (a bug): ZeroDivisionError" in s.detail
+    got = sf.read_snapshot_file(m.directory, clock.t)
+    assert got is not None and got.activity is None
+    clock.t += 60
+    m.step()
+    assert m.usage.records                        # the minute was still folded and written
+
+
 def test_an_older_reader_and_an_older_snapshot(tmp_path):
     """The activity object rides in the same schema: a reader that does
     not know it reads the snapshot as before, and a snapshot without one

@@ -235,7 +235,13 @@ class Monitor:
 
     def step(self) -> Sample:
         s = self.look()
-        activity = self.activity_doc = self.judge_activity(s)
+        try:
+            activity = self.activity_doc = self.judge_activity(s)
+        except Exception as e:      # a bug in the judgement must not cost the history or the snapshot
+            activity = self.activity_doc = None
+            s.status = files.DEGRADED if s.status == files.RUNNING else s.status
+            s.detail = "; ".join(x for x in (s.detail, f"the activity state failed (a bug): "
+                                             f"{type(e).__name__}: {e}") if x)
         closed = False
         if s.snapshot is not None:
             self._last = s.snapshot

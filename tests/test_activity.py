@@ -114,6 +114,18 @@ def test_shared_slot_idle_next_to_a_busy_neighbour():
     assert (j.state, j.reason) == (A.IDLE_HELD, "memory-held")
 
 
+def test_a_mig_gpu_that_lists_no_process_cannot_tell():
+    """The driver may hide the processes of MIG instances: "none listed" is
+    not "empty" there, so no idle clock runs on a false empty."""
+    r = res()
+    tr = A.Tracker(2.0)
+    mig = GpuInfo(0, "GPU-0", "NVIDIA A100-SXM4-40GB (MIG)", processes=[], util=0)
+    tr.observe(T, Snapshot(T, "nvml", (mig,), ("mig",), False), {}, [r])
+    assert tr.bookings[r.id].state == A.UNKNOWN
+    tr.observe(T + 2, Snapshot(T + 2, "nvml", (gpu(procs=[]),), (), False), {}, [r])
+    assert tr.bookings[r.id].state == A.EMPTY
+
+
 def test_a_booking_is_active_when_any_of_its_gpus_is():
     r = res(gpus=(0, 1))
     g0, g1 = gpu(0, procs=[proc(7, sm=0)]), gpu(1, procs=[proc(8, sm=50)])

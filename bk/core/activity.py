@@ -41,7 +41,8 @@ The facts that shape it:
   Burning a CPU core keeps a booking active; that is the price of counting
   data loaders, and it shows in the evidence.
 * Some things cannot be seen: a GPU without a process list (the
-  ``nvidia-smi`` fallback, a failed look), or a process on the booking's
+  ``nvidia-smi`` fallback, a failed look; a GPU in MIG mode that lists
+  none, since the driver may hide its instances' processes), or a process on the booking's
   GPU whose owner is unknown (hidden /proc, a root container on a GPU that
   several users hold) while it computes.  Then the state is ``unknown``:
   the idle clock neither runs nor resets, so idle time is only ever time
@@ -200,17 +201,18 @@ _RANK = {ACTIVE: 0, UNKNOWN: 1, IDLE_HELD: 2, EMPTY: 3}
 
 
 def judge_booking(res, gpus: dict, attributions: dict, baselines: dict, *, cpu_share: float | None,
-                  sm_readable: bool) -> Judgement:
+                  sm_readable: bool, hidden: frozenset = frozenset()) -> Judgement:
     """A booking's state from its GPUs (``gpus``: index -> ``GpuInfo``):
     active when any GPU is, or when its processes' trees keep a CPU busy;
     else unknown when any GPU cannot tell; else idle-held when it holds
     memory anywhere; else empty.  A GPU of the booking that is not in the
-    snapshot cannot tell."""
+    snapshot cannot tell, and neither can one in ``hidden`` (a GPU in MIG
+    mode, whose processes the driver may not list)."""
     per = []
     for i in res.gpus:
         g = gpus.get(i)
-        if g is None:
-            per.append((UNKNOWN, "no-process-list", [], None))
+        if g is None or (i in hidden and not g.processes):
+            per.append((UNKNOWN, "no-process-list", [], g))
             continue
         state, reason, own = gpu_judgement(g, res.uid, attributions, baselines.get(i), sm_readable=sm_readable)
         per.append((state, reason, own, g))
@@ -441,6 +443,8 @@ class Tracker:
         gpus = snapshot.by_index()
         base = self.baselines_by_index(snapshot)
         sm_readable = "process_sm" not in snapshot.gaps
+        # The NVML backend names a GPU in MIG mode "... (MIG)" and reports the gap "mig".
+        hidden = frozenset(g.index for g in snapshot.gpus if "mig" in snapshot.gaps and "(MIG)" in g.name)
         out, keep = [], set()
         for r in self.running(reservations, t):
             act = self.bookings.get(r.id)
@@ -448,7 +452,8 @@ class Tracker:
                 act = self.bookings[r.id] = Activity(r.id, r.uid)
             keep.add(r.id)
             share = cpu_share(act, t, cpu_seconds.get(r.id), sample_dt(act, t, self.interval_s))
-            j = judge_booking(r, gpus, attributions, base, cpu_share=share, sm_readable=sm_readable)
+            j = judge_booking(r, gpus, attributions, base, cpu_share=share, sm_readable=sm_readable,
+                              hidden=hidden)
             step(act, j, t, self.interval_s)
             d = booking_decision(act, r, now=t, nudge_minutes=self.nudge_minutes,
                                  policy_release_minutes=self.policy_release_minutes)

@@ -106,6 +106,17 @@ def test_unknown_owner_computing_on_the_booking_gpu_is_not_called_empty():
     assert judge(gpu(procs=[ghost], power=70_000), {(0, 99): Attribution("unknown", None, None)}).state == A.EMPTY
 
 
+def test_an_unknown_owner_on_a_gpu_without_sm_readings_holds_the_clock_while_the_board_works():
+    """hidepid and no per-process SM: the booking's own processes may be
+    the ones of unknown owner; while the board works the booking is unknown,
+    and empty again once it is quiet."""
+    hidden = GpuProcess(98, mem_mib=4000, sm=None)
+    atts = {(0, 98): Attribution("unknown", None, None)}
+    assert judge(gpu(procs=[hidden], power=400_000), atts, sm_readable=False).state == A.UNKNOWN
+    assert judge(gpu(procs=[hidden], power=None, util=80), atts, sm_readable=False, baseline=None).state == A.UNKNOWN
+    assert judge(gpu(procs=[hidden], power=72_000), atts, sm_readable=False).state == A.EMPTY
+
+
 def test_shared_slot_idle_next_to_a_busy_neighbour():
     """The neighbour's compute (and the board's power) is not this booking's."""
     mine, theirs = proc(7, sm=0), proc(8, sm=90, uid=2000)

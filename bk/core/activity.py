@@ -166,19 +166,22 @@ def gpu_judgement(g, uid: int, attributions: dict, baseline_mw: int | None, *,
     processes).  ``sm_readable``: the backend reads per-process SM on it."""
     if g.processes is None:
         return UNKNOWN, "no-process-list", []
-    own, strangers = [], False
-    mps = False
+    own, strangers, maybe = [], False, False
+    mps = any(_label(p) == MPS_LABEL for p in g.processes)
     for p in g.processes:
-        if _label(p) == MPS_LABEL:
-            mps = True
         state, owner = _att(attributions, g.index, p)
         if state == "ok" and owner == uid:
             own.append(p)
-        elif state == "unknown" and (p.sm or 0) >= SM_MIN:
-            strangers = True
+        elif state == "unknown":
+            # A process whose owner cannot be read may be this booking's own
+            # (a hidden /proc, an ambiguous root container).
+            if (p.sm or 0) >= SM_MIN:
+                strangers = True
+            elif p.sm is None and (mps or not sm_readable):
+                maybe = True
     level = power_level(g, baseline_mw)
     if not own:
-        if strangers:
+        if strangers or (maybe and (level == "hot" or (level is None and (g.util or 0) >= UTIL_MIN))):
             return UNKNOWN, "unknown-owner", own
         return EMPTY, "no-process", own
     if sm_readable and not mps:

@@ -281,13 +281,15 @@ def test_an_agents_job_runs_and_its_log_reads_back(pyz, tmp_path):
 
     code, out = bk_("agent", "operation", "create", json.dumps(
         {"count": 1, "duration": 600, "operation_id": "j-1", "command": ["/bin/echo", "hello from the agent"]}))
-    assert code == 0 and json.loads(out)["data"]["reservation"]["job"]["status"] == "pending"
+    made = json.loads(out)["data"]["reservation"]
+    assert code == 0 and made["job"]["status"] == "pending"
     code, _ = bk_("w", "once")
     assert code == 0
-    code, out = bk_("agent", "operation", "job_log", json.dumps({"ref": "1"}))
+    # by its ID: the booking ended with its command, so it has no list number any more
+    code, out = bk_("agent", "operation", "job_log", json.dumps({"ref": made["id"]}))
     d = json.loads(out)["data"]
     assert code == 0 and d["job"]["status"] == "succeeded" and "hello from the agent" in d["log"]
-    code, out = bk_("agent", "operation", "job_log", json.dumps({"ref": "1", "max_bytes": 5}))
+    code, out = bk_("agent", "operation", "job_log", json.dumps({"ref": made["id"], "max_bytes": 5}))
     d = json.loads(out)["data"]
     assert len(d["log"].encode()) <= 5 and d["truncated"] is True
 

@@ -352,14 +352,26 @@ def test_every_snapshot_and_heartbeat_field_is_in_telemetry_md():
     snap = Snapshot(taken_at=1_783_939_290, source="sim-file", gpus=(
         GpuInfo(index=0, uuid="GPU-0", name="x", mem_total_mib=1, mem_used_mib=1, util=1,
                 temperature=30, processes=(proc,)),), gaps=(), simulated=True)
+    from bk.core.activity import Tracker
+    from bk.core.models import Reservation
+    from bk.store import activity as kept
+
+    booked = Reservation("r1", 1002, "bob", "shared", (0,), 1, snap.taken_at - 60, snap.taken_at + 60, 0)
+    tracker = Tracker(2.0)
+    tracker.observe(snap.taken_at, snap, {(0, 4242): Attribution("ok", "verified", 1002)}, [booked])
     doc = snapshot_doc(snap, interval_s=2.0, inventory_fingerprint="f", pid=os.getpid(),
-                       attributions={(0, 4242): Attribution("unreserved", "verified", 1002)})
+                       attributions={(0, 4242): Attribution("unreserved", "verified", 1002)},
+                       activity=tracker.doc(snap, [booked]))
+    stored = {"schema": kept.SCHEMA, "updated_at": 1, "updated_at_iso": "x", **tracker.to_store()}
     hb = heartbeat_doc(status="running", pid=1, started_at=1, updated_at=2, interval_s=2.0,
                        detail=None, samples=1)
     text = (ROOT / "docs" / "TELEMETRY.md").read_text(encoding="utf-8")
     found: set[str] = set()
     _keys(doc, found)
     _keys(hb, found)
-    assert {"taken_at", "fingerprint", "attribution", "container", "samples"} <= found
+    _keys({k: v for k, v in stored.items() if k not in ("bookings", "baselines")}, found)
+    _keys(stored["bookings"]["r1"], found)
+    assert {"taken_at", "fingerprint", "attribution", "container", "samples", "activity", "evidence",
+            "power_mw", "last_t"} <= found
     missing = sorted(k for k in found if f"`{k}`" not in text)
     assert not missing, f"snapshot/heartbeat fields missing from docs/TELEMETRY.md: {missing}"

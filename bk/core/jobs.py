@@ -168,6 +168,14 @@ def exit_state(returncode: int, *, stopped_for: str | None) -> str:
     return SUCCEEDED if returncode == 0 else FAILED
 
 
+def ends_booking(*, stopped_for: str | None, keep: bool, cancelled: bool, now: int, end: int) -> bool:
+    """Whether a job that just exited ends its booking now: it exited on
+    its own (bk did not stop it for the end, a cancel or its worker's stop),
+    the booking was made for it without ``--keep``, and the booking still
+    has time left to give back."""
+    return stopped_for is None and not keep and not cancelled and now < end
+
+
 def shell_status(returncode: int) -> int:
     """A ``subprocess`` return code as a shell reports it: 128+N for signal N."""
     return 128 - returncode if returncode < 0 else returncode

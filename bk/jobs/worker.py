@@ -16,7 +16,9 @@ What a tick does, per job of the user:
   pending, booking over            ``missed``
   running, started by us           at end - grace: TERM its group; at end: KILL;
                                    booking cancelled: TERM now, KILL after the grace;
-                                   it exited: ``succeeded``/``failed``/``timed-out``/``cancelled``
+                                   it exited: ``succeeded``/``failed``/``timed-out``/``cancelled``;
+                                   exited on its own: the booking ends now too, freeing
+                                   the rest of its window (not with ``bk run --keep``)
   running, not ours                its worker died: stop what carries its marker, ``uncertain``
 
 A write that fails (the broker is restarting, the ledger busy) is kept and
@@ -65,6 +67,7 @@ class Child:
     killed: bool = False
     pump: object = None          # subprocess.Popen of its log pump (bk.jobs.logpump)
     exited_at: float | None = None
+    keep: bool = False           # bk run --keep: its exit leaves the booking as it is
 
 
 @dataclass
@@ -77,6 +80,7 @@ class Worker:
     unsent: dict = field(default_factory=dict)         # job id -> (res, status, reason, exit code)
     reasons: dict = field(default_factory=dict)        # job id -> the pending reason last written
     pumps: list = field(default_factory=list)          # log pumps still writing for jobs that ended
+    ending: dict = field(default_factory=dict)         # job id -> (res, reason): bookings to end early
     last_clean: float = 0.0
 
     # -- writes ------------------------------------------------------------
@@ -105,6 +109,29 @@ class Worker:
                 self.unsent.pop(jid)
                 continue
             self._set(current or res, status, reason, code)
+        for jid, (res, reason) in list(self.ending.items()):
+            self._end(jobs.get(jid) or res, jid, reason)
+
+    def _end(self, res, jid: str, reason: str) -> None:
+        """End the booking of a job whose command finished (the owner's own
+        cancel, audited with ``reason``); a write that fails for now is tried
+        again next tick."""
+        if res.cancelled_at is not None:
+            self.ending.pop(jid, None)
+            return
+        try:
+            self.host.end_booking(res, reason)
+        except (NotFound, PermissionDenied, InvalidInput) as e:
+            # It ended, or was cancelled or changed meanwhile: nothing left to give back.
+            self.ending.pop(jid, None)
+            self.log(f"job {jid[:8]}: booking {res.short_id} not ended early: {e.message}")
+            return
+        except BkError as e:
+            self.ending[jid] = (res, reason)
+            self.log(f"could not end booking {res.short_id} yet ({e.message}); will retry")
+            return
+        self.ending.pop(jid, None)
+        self.log(f"job {jid[:8]}: booking {res.short_id} {reason}")
 
     # -- the loop ----------------------------------------------------------
 
@@ -150,8 +177,15 @@ class Worker:
                 code = J.shell_status(rc)
                 why = {J.TIMED_OUT: "stopped at the booking's end", J.CANCELLED: "stopped: the booking "
                        "was cancelled", J.FAILED: f"exited with status {code}"}.get(state)
+                early = res is not None and J.ends_booking(
+                    stopped_for=ch.stopping, keep=ch.keep, cancelled=res.cancelled_at is not None, now=now,
+                    end=res.end)
+                if early:
+                    why = self.host.ended_early(now, code)
                 self.log(f"job {jid[:8]} ended: {state} (status {code})")
                 self._set(res if res is not None else _stub(ch), state, why, code)
+                if early:
+                    self._end(res, jid, why)
                 continue
             if res is not None and res.job.status == J.PENDING and jid not in self.unsent:
                 self._set(res, J.RUNNING)                  # a write that failed at launch
@@ -255,7 +289,7 @@ class Worker:
             self.log(f"job {jid[:8]}: not started: {why}")
             self._set(res, J.FAILED, f"not started: {why}")
             return
-        self.children[jid] = Child(proc, res.id, jid, now, pump=pump)
+        self.children[jid] = Child(proc, res.id, jid, now, pump=pump, keep=spec.keep)
         self.reasons.pop(jid, None)
         self.log(f"job {jid[:8]} started on GPUs {','.join(map(str, res.gpus))}: pid {proc.pid} "
                  f"(booking {res.short_id})")

@@ -29,6 +29,14 @@ The facts that shape it:
 * Cadence.  Samples are due every ``interval_s`` on the monotonic clock;
   a sample that took longer than an interval skips the ticks it missed
   instead of sampling back to back.
+* Activity.  Every sample judges each running booking (``bk.core.activity``:
+  active, idle-held, empty or unknown) from its own processes, the GPUs'
+  power against their learned idle baselines, and the CPU time of its
+  processes' trees (``bk.gpu.procinfo.CpuTrees``, from /proc); the states
+  and idle clocks are published in the snapshot (``activity``) and kept in
+  ``activity.json`` once a minute and at a clean stop, so that a restart
+  keeps the idle clocks (``bk.store.activity``).  The baselines also split
+  each interval's energy between the bookings in the usage history.
 """
 
 from __future__ import annotations
@@ -144,7 +152,8 @@ class Monitor:
     def __init__(self, backend, ledger: Callable[[], object], directory: str, *,
                  clock: Callable[[], int], interval_s: float = DEFAULT_INTERVAL,
                  folder=None, usage=None, gpu_count: int | None = None,
-                 log: Callable[[str], None] = log_stderr, pid: int | None = None):
+                 log: Callable[[str], None] = log_stderr, pid: int | None = None,
+                 tracker=None, cpu_trees=None, keep_activity: bool = False):
         self.backend = backend
         self.ledger = ledger
         self.directory = directory
@@ -161,6 +170,12 @@ class Monitor:
         self._reservations: list = []
         self._pending: list = []              # minute records not yet written
         self._said: str | None = None         # the last problem logged, to log changes only
+        self.tracker = tracker                # bk.core.activity.Tracker, or None: no activity states
+        self.cpu_trees = cpu_trees            # bk.gpu.procinfo.CpuTrees (or a fake with .advance)
+        self.keep_activity = keep_activity    # write activity.json (the daemon; not bk m --once)
+        self._activity_at: int | None = None  # when activity.json was last written
+        self._capacity: int | None = None     # the ledger policy's share slots per GPU
+        self.activity_doc: dict | None = None # the latest sample's published activity
 
     # -- looking
 
@@ -183,6 +198,9 @@ class Monitor:
         try:
             state = self.ledger()
             self._reservations = list(state.reservations)
+            policy = getattr(state, "policy", None) or {}
+            if isinstance(policy.get("max_shared_users"), int):
+                self._capacity = policy["max_shared_users"]
         except BkError as e:
             problems.append(f"cannot read the ledger: {e.message}")
         status, detail = files.RUNNING, None
@@ -206,17 +224,42 @@ class Monitor:
 
     # -- one step of the daemon
 
+    def judge_activity(self, s: Sample) -> dict | None:
+        """Advance every running booking's activity state by this sample;
+        the snapshot's ``activity`` object."""
+        if self.tracker is None or s.snapshot is None:
+            return None
+        roots = self.tracker.roots(s.snapshot, s.attributions, s.reservations, s.t)
+        cpu = self.cpu_trees.advance(roots) if self.cpu_trees is not None else {}
+        self.tracker.observe(s.t, s.snapshot, s.attributions, s.reservations, cpu)
+        return self.tracker.doc(s.snapshot, s.reservations)
+
     def step(self) -> Sample:
         s = self.look()
+        try:
+            activity = self.activity_doc = self.judge_activity(s)
+        except Exception as e:      # a bug in the judgement must not cost the history or the snapshot
+            activity = self.activity_doc = None
+            s.status = files.DEGRADED if s.status == files.RUNNING else s.status
+            s.detail = "; ".join(x for x in (s.detail, f"the activity state failed (a bug): "
+                                             f"{type(e).__name__}: {e}") if x)
+        closed = False
         if s.snapshot is not None:
             self._last = s.snapshot
             if self.folder is not None:
-                self._pending.extend(self.folder.add(s.t, s.snapshot, s.attributions, s.reservations))
+                baselines = self.tracker.baselines_by_index(s.snapshot) if self.tracker is not None else None
+                done = self.folder.add(s.t, s.snapshot, s.attributions, s.reservations, baselines=baselines,
+                                       capacity=self._capacity)
+                closed = bool(done)
+                self._pending.extend(done)
         self._write_usage(s)
+        if self.keep_activity and (closed or self._activity_at is None or s.t - self._activity_at >= 60):
+            self._save_activity(s)
         if s.snapshot is not None:
             try:
                 files.write_snapshot(self.directory, s.snapshot, interval_s=self.interval_s,
-                                     inventory_fingerprint=self._fingerprint(), attributions=s.attributions)
+                                     inventory_fingerprint=self._fingerprint(), attributions=s.attributions,
+                                     activity=activity)
             except BkError as e:
                 s.status = files.DEGRADED if s.status == files.RUNNING else s.status
                 s.detail = "; ".join(x for x in (s.detail, f"cannot write the snapshot: {e.message}") if x)
@@ -260,6 +303,23 @@ class Monitor:
             else:
                 self.log(f"usage history not written: {getattr(e, 'message', None) or e}")
 
+    def _save_activity(self, s: Sample | None) -> None:
+        """Keep the idle clocks and baselines (``activity.json``)."""
+        if not self.keep_activity or self.tracker is None:
+            return
+        t = s.t if s is not None else self.clock()
+        from bk.store import activity as store
+
+        try:
+            store.write(self.directory, self.tracker.to_store(), t)
+            self._activity_at = t
+        except BkError as e:
+            if s is not None:
+                s.status = files.DEGRADED if s.status == files.RUNNING else s.status
+                s.detail = "; ".join(x for x in (s.detail, f"cannot keep the idle clocks: {e.message}") if x)
+            else:
+                self.log(f"idle clocks not kept: {e.message}")
+
     def _heartbeat(self, status: str, detail: str | None, t: int, *, sync: bool = False) -> None:
         doc = files.heartbeat_doc(status=status, pid=self.pid, started_at=self.started_at, updated_at=t,
                                   interval_s=self.interval_s, detail=detail, samples=self.samples)
@@ -277,6 +337,7 @@ class Monitor:
             flushed = len(tail)
             self._pending.extend(tail)
         self._write_usage(None)
+        self._save_activity(None)
         self._heartbeat(files.STOPPED, f"stopped by signal after {counted(self.samples, 'sample')}", self.clock(),
                         sync=True)
         return flushed
@@ -344,19 +405,36 @@ def _open_usage(settings):
 
 
 def build(env: dict, settings, *, interval_s: float, clock: Callable[[], int], backend=None,
-          log: Callable[[str], None] = log_stderr) -> Monitor:
-    """The monitor for this server: its backend, ledger and history."""
+          log: Callable[[str], None] = log_stderr, proc_root: str = "/proc") -> Monitor:
+    """The monitor for this server: its backend, ledger, history and
+    activity tracker."""
     from bk.core.usage import Folder
     from bk.gpu import open_backend
+    from bk.gpu.procinfo import CpuTrees
     from bk.service.app import make_store
 
     if backend is None:
         backend = open_backend(env, settings["gpu_count"], simulated=settings["simulated_gpus"])
     store = make_store(settings, clock_fn=clock, owner_uid=None, capacity=settings["max_shared_users"])
     view = LedgerView(store)
-    return Monitor(backend, view.read, files.monitor_dir(settings), clock=clock, interval_s=interval_s,
-                   folder=Folder(60, interval_s=max(1, round(interval_s))), usage=_open_usage(settings),
-                   gpu_count=settings["gpu_count"], log=log)
+    directory = files.monitor_dir(settings)
+    return Monitor(backend, view.read, directory, clock=clock, interval_s=interval_s,
+                   folder=Folder(60, interval_s=max(1, round(interval_s)), capacity=settings["max_shared_users"]),
+                   usage=_open_usage(settings), gpu_count=settings["gpu_count"], log=log,
+                   tracker=open_tracker(settings, directory, interval_s), cpu_trees=CpuTrees(proc_root),
+                   keep_activity=True)
+
+
+def open_tracker(settings, directory: str, interval_s: float):
+    """The activity tracker with the configuration's thresholds and what
+    the previous monitor kept in ``activity.json``."""
+    from bk.core.activity import Tracker
+    from bk.store import activity as store
+
+    tracker = Tracker(interval_s, nudge_minutes=settings["idle_nudge_minutes"],
+                      policy_release_minutes=settings["idle_release_minutes"])
+    tracker.load(store.read(directory, owner=files.monitor_owner(settings)))
+    return tracker
 
 
 def run(env: dict, *, interval_s: float = DEFAULT_INTERVAL, log: Callable[[str], None] = log_stderr,

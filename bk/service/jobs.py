@@ -195,10 +195,12 @@ def check_command(argv: list[str], cwd: str, path: str | None) -> None:
     raise InvalidInput(f"{prog}: command not found in PATH", hint="give its full path, or check PATH")
 
 
-def attach_command(app, call, req, argv: list[str], *, cwd: str, env: dict):
+def attach_command(app, call, req, argv: list[str], *, cwd: str, env: dict, keep: bool = False):
     """Book ``req`` with ``argv`` attached: validate, write the private
     spec, book with its digest; the spec is removed when the booking fails
-    or names an earlier booking (an op-id retry).  Returns the BookResult."""
+    or names an earlier booking (an op-id retry).  ``keep``: the booking
+    lasts to its end after the command exits (by default the worker ends it
+    then).  Returns the BookResult."""
     from bk.core.jobs import summary_of
 
     path = env.get("PATH")
@@ -209,7 +211,7 @@ def attach_command(app, call, req, argv: list[str], *, cwd: str, env: dict):
 
     jid = os.urandom(16).hex()
     where = jobs_path(app)
-    digest = specs.write_spec(where, jid, argv, cwd, path, call.now)
+    digest = specs.write_spec(where, jid, argv, cwd, path, call.now, keep=keep)
     try:
         result = app.book(replace(req, job_id=jid, job_digest=digest, job_summary=summary_of(argv)),
                           call=call)
@@ -251,7 +253,14 @@ def resolve_job(app, call, ref: str) -> Reservation:
         hits = [r for r in mine if (r.job.extra.get("id") or "").startswith(ref)]
         if len(hits) == 1:
             return hits[0]
-    res = app.resolve(ref, call=call)
+    try:
+        res = app.resolve(ref, call=call)
+    except NotFound as e:
+        if ref.isdigit() and any(r.job.status in TERMINAL for r in mine):
+            # A number names a current or upcoming booking, and a booking
+            # made for a command ends with it.
+            e.hint = "a booking made for a command ends when it exits; name its job by the ID bk j shows"
+        raise
     if res.uid != call.actor.uid:
         raise PermissionDenied(f"booking {res.short_id} is {res.user}'s: its job's output and state are "
                                "for its owner only", hint="list your own jobs with: bk j")
@@ -422,6 +431,23 @@ class Host:
 
     def env_for(self, res: Reservation, spec) -> dict:
         return env_for(self.app, res, self.base_env, path=spec.path, job_id=spec.id)
+
+    def ended_early(self, at: int, exit_code: int) -> str:
+        """What the owner reads when a booking ends with its command:
+        ``ended early: the command finished at 14:02 (exit 0)`` (local time)."""
+        from bk.core.timegrid import format_local_short
+
+        call = self._call()
+        return f"ended early: the command finished at {format_local_short(at, call.tz, call.now)} (exit {exit_code})"
+
+    def end_booking(self, res: Reservation, reason: str) -> None:
+        """End the rest of ``res`` now, as its owner, through the ``cancel``
+        row (audited, with ``reason``): the GPUs are free for the others at
+        once.  Raises what the row raises (``InvalidInput`` once it ended)."""
+        from bk.service.requests import CancelRequest
+
+        self.app.run("cancel", CancelRequest(res.id, reason=_printable(reason)), call=self._call())
+        self._key = None
 
 
 def _printable(text: str | None) -> str | None:

@@ -106,7 +106,7 @@ FILES = (
     (Pattern(r"backups/ledger-\d{10}\.json"), LEDGER, "service"),
     (Pattern(r"archive/\d{4}-\d{2}\.jsonl"), LEDGER, "service"),
     (Pattern(r"audit\.d/audit-\d{10}-\d{10}\.jsonl(\.sha256)?"), AUDIT, "service"),
-    (Pattern(r"monitor/(snapshot|heartbeat)\.json"), PUBLIC, "monitor"),
+    (Pattern(r"monitor/(snapshot|heartbeat|activity)\.json"), PUBLIC, "monitor"),
     (Pattern(r"usage/(raw|hourly)/\d{4}-\d{2}-\d{2}\.(jsonl|seal)"), USAGE, "monitor"),
     (Pattern(r"state/(presets\.json|prompt_history|worker-hint)"), PRIVATE, "service"),
     (Pattern(r"state/jobs/worker\.json"), PRIVATE, "service"),

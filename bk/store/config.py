@@ -66,6 +66,12 @@ KEYS: dict[str, Key] = {k.name: k for k in (
         "newest record, then deleted.", 1, 36500),
     Key("backup_keep", "int", 10, "Rotated ledger backups to keep.", 0, 1000),
     Key("lock_timeout_seconds", "float", 10.0, "Longest wait for the ledger lock before 'busy'.", 0.1, 600),
+    Key("idle_nudge_minutes", "int_list", [30, 45], "Minutes of idle time (no compute and no CPU "
+        "work by the booking's processes, see bk u) after which the owner of a running booking is "
+        "nudged, once per threshold and idle streak.", 1, 10080),
+    Key("idle_release_minutes", "int", None, "Release (end) every running booking idle this many "
+        "minutes, as the administrator's policy; unset: only bookings that opted in are released.",
+        5, 10080, nullable=True),
     Key("worker_termination_grace_seconds", "int", 5, "A scheduled command gets SIGTERM this many "
         "seconds before its booking ends and SIGKILL at the end (also bk run -- CMD).", 0, 3600),
     Key("admin_contact", "str", None, "Who to ask about this server (shown by bk info).", nullable=True),
@@ -177,9 +183,12 @@ def check_value(key: Key, value: object, source: str) -> object:
             raise _bad(key.name, "an absolute path", value, source)
         return os.path.normpath(value)
     if kind == "int_list":
+        lo, hi = (0, 63) if key.lo is None else (key.lo, key.hi)
         if not isinstance(value, list) or not all(isinstance(x, int) and not isinstance(x, bool)
-                                                  and 0 <= x < 64 for x in value):
-            raise _bad(key.name, "a list of GPU indices (0-63)", value, source)
+                                                  and lo <= x <= hi for x in value):
+            what = "a list of GPU indices (0-63)" if key.lo is None else \
+                f"a list of whole numbers from {_num(lo)} to {_num(hi)}"
+            raise _bad(key.name, what, value, source)
         return sorted(set(value))
     if kind == "uid_list":
         if not isinstance(value, list) or not all(isinstance(x, int) and not isinstance(x, bool)

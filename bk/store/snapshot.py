@@ -97,6 +97,7 @@ class SnapshotFile:
     fingerprint: str | None
     interval_s: float
     pid: int | None
+    activity: dict | None = None      # each running booking's activity state (bk.core.activity)
 
 
 def _record_dict(obj) -> dict:
@@ -109,11 +110,14 @@ def _from_dict(cls, d: dict, skip: tuple[str, ...] = ()):
 
 
 def snapshot_doc(snapshot: Snapshot, *, interval_s: float, inventory_fingerprint: str | None,
-                 attributions: dict | None = None, pid: int | None = None) -> dict:
+                 attributions: dict | None = None, pid: int | None = None,
+                 activity: dict | None = None) -> dict:
     """The JSON document of a snapshot.  ``attributions`` ((gpu, pid) ->
     an object with ``state``, ``identity`` and ``uid``) adds each process's
     judgement as ``attribution``, for readers such as ``jq``; bk's own
-    clients judge again against the ledger they read."""
+    clients judge again against the ledger they read.  ``activity``
+    (``bk.core.activity.Tracker.doc``) is added as it is: a field a reader
+    of this schema that does not know it ignores."""
     gpus = []
     for g in snapshot.gpus:
         d = _record_dict(g)
@@ -132,6 +136,8 @@ def snapshot_doc(snapshot: Snapshot, *, interval_s: float, inventory_fingerprint
     doc = _record_dict(snapshot)          # taken_at, source, gaps, simulated, and what comes later
     doc.update({"schema": SNAPSHOT_SCHEMA, "taken_at_iso": iso(snapshot.taken_at), "gpus": gpus,
                 "fingerprint": inventory_fingerprint, "interval_s": interval_s, "pid": pid})
+    if activity is not None:
+        doc["activity"] = activity
     return {k: list(v) if isinstance(v, tuple) else v for k, v in doc.items()}
 
 
@@ -173,8 +179,11 @@ def parse_snapshot(doc: object) -> SnapshotFile:
         raise TypeError("source/gaps/simulated/reason/capabilities")
     fp = doc.get("fingerprint")
     pid = doc.get("pid")
+    act = doc.get("activity")
+    if not (isinstance(act, dict) and isinstance(act.get("bookings"), list)):
+        act = None                     # an older monitor's, or not one this reader can use
     return SnapshotFile(snap, fp if isinstance(fp, str) else None, float(interval),
-                        pid if whole(pid, 1, MAX_PID) else None)
+                        pid if whole(pid, 1, MAX_PID) else None, act)
 
 
 def _dir(directory: str, owner: int | None, create: bool) -> int | None:
@@ -192,12 +201,13 @@ def _write(directory: str, name: str, doc: dict, *, sync: bool) -> None:
 
 
 def write_snapshot(directory: str, snapshot: Snapshot, *, interval_s: float,
-                   inventory_fingerprint: str | None, attributions: dict | None = None) -> None:
+                   inventory_fingerprint: str | None, attributions: dict | None = None,
+                   activity: dict | None = None) -> None:
     """Replace ``snapshot.json`` (atomic, fsync-ed, 0644).  Raises
     ``IOFailure``/``ConfigError`` like every store write."""
     _write(directory, SNAPSHOT_FILE, snapshot_doc(
         snapshot, interval_s=interval_s, inventory_fingerprint=inventory_fingerprint,
-        attributions=attributions, pid=os.getpid()), sync=True)
+        attributions=attributions, pid=os.getpid(), activity=activity), sync=True)
 
 
 def _read_doc(directory: str, name: str, owner: int | None) -> object | None:

@@ -398,7 +398,7 @@ def check_minutes(values, what: str) -> tuple[int, ...]:
     out = set()
     for v in values:
         if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= MAX_MINUTES:
-            raise Invalid(f"{what}: {v!r} is not a whole number of minutes from 1 to {MAX_MINUTES}")
+            raise Invalid(f"{v!r} is not a whole number of minutes from 1 to {MAX_MINUTES}")
         out.add(v)
     return tuple(sorted(out, reverse=True))
 

@@ -275,9 +275,10 @@ def _minutes(text: str, what: str) -> tuple | None:
     if text == "default":
         return None
     try:
-        return N.check_minutes([int(w) for w in text.split(",") if w], what)
+        values = [int(w) for w in text.split(",") if w]
     except ValueError:
-        raise N.Invalid(f"{what}: {text!r} is not a list of minutes, e.g. 30,15,5") from None
+        raise N.Invalid(f"{text!r} is not a list of minutes, e.g. 30,15,5") from None
+    return N.check_minutes(values, what)
 
 
 def _refuse(e: N.Invalid, flag: str) -> InvalidInput:

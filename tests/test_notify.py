@@ -545,6 +545,14 @@ def test_the_administrators_defaults_apply_until_a_user_chooses(tmp_path):
     assert notify.perform(app, "notify_show", Empty(), app.call()).to_json()["settings"]["end_minutes"] == [10]
 
 
+def test_the_configuration_knows_the_same_names_and_defaults_as_the_rules():
+    from bk.store import config
+
+    assert config.NOTIFY_EVENTS == N.EVENTS and config.NOTIFY_CHANNELS == N.CHANNELS
+    assert tuple(config.KEYS["notify_start_minutes"].default) == N.DEFAULT_START_MINUTES
+    assert tuple(config.KEYS["notify_end_minutes"].default) == N.DEFAULT_END_MINUTES
+
+
 def test_config_refuses_bad_notify_keys():
     from bk.core.errors import ConfigError
     from bk.store.config import parse_document

@@ -17,7 +17,6 @@ import json
 import os
 import stat
 
-from bk.core import notify as N
 from bk.core.errors import ConfigError
 from bk.core.models import Policy
 from bk.core.record import dataclass
@@ -38,6 +37,13 @@ class Key:
     choices: tuple[str, ...] = ()
     nullable: bool = False
 
+
+# bk.core.notify names these too; repeated so that loading the configuration
+# (every command) does not load the notification rules (tests/test_notify.py
+# checks that they agree).
+NOTIFY_EVENTS = ("starts_soon", "started", "ends_soon", "ended", "changed", "moved_earlier",
+                 "can_start_earlier", "gpu_used_by_other", "idle_nudge")
+NOTIFY_CHANNELS = ("terminal", "desktop", "email", "webhook")
 
 KEYS: dict[str, Key] = {k.name: k for k in (
     Key("gpu_count", "int", None, "Number of GPUs to schedule. Default: detected (NVML) or simulated.",
@@ -71,13 +77,13 @@ KEYS: dict[str, Key] = {k.name: k for k in (
     Key("worker_termination_grace_seconds", "int", 5, "A scheduled command gets SIGTERM this many "
         "seconds before its booking ends and SIGKILL at the end (also bk run -- CMD).", 0, 3600),
     # Notifications (bk notify): the defaults every user gets, and the relay.
-    Key("notify_events", "name_list", list(N.EVENTS), "Events users are told of unless they choose "
-        "otherwise (bk notify set --events).", choices=N.EVENTS),
-    Key("notify_channels", "name_list", [N.TERMINAL, N.DESKTOP], "Channels used unless a user chooses "
-        "otherwise: terminal, desktop, email, webhook.", choices=N.CHANNELS),
-    Key("notify_start_minutes", "minutes_list", list(N.DEFAULT_START_MINUTES), "Minutes before a "
+    Key("notify_events", "name_list", list(NOTIFY_EVENTS), "Events users are told of unless they choose "
+        "otherwise (bk notify set --events).", choices=NOTIFY_EVENTS),
+    Key("notify_channels", "name_list", ["terminal", "desktop"], "Channels used unless a user chooses "
+        "otherwise: terminal, desktop, email, webhook.", choices=NOTIFY_CHANNELS),
+    Key("notify_start_minutes", "minutes_list", [10], "Minutes before a "
         "booking starts that its owner is told."),
-    Key("notify_end_minutes", "minutes_list", list(N.DEFAULT_END_MINUTES), "Minutes before a booking "
+    Key("notify_end_minutes", "minutes_list", [30, 15, 5], "Minutes before a booking "
         "ends that its owner is told (with the extend command when the calendar allows it)."),
     Key("notify_quiet_hours", "quiet", None, "Local hours (HH:MM-HH:MM) in which pop-ups, email and "
         "webhooks are held back, unless a user sets their own.", nullable=True),
@@ -203,6 +209,8 @@ def check_value(key: Key, value: object, source: str) -> object:
             out[k] = p
         return out
     if kind in ("name_list", "minutes_list", "quiet", "email"):
+        from bk.core import notify as N
+
         try:
             if kind == "name_list":
                 return list(N.check_names(value, key.choices, key.name.rsplit("_", 1)[-1].rstrip("s")))

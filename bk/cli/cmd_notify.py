@@ -59,9 +59,9 @@ def register(sub) -> None:
                            "--channels terminal,webhook\n  bk notify set --reset",
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     s.add_argument("--events", metavar="LIST", help="the events you are told of, comma-separated; "
-                   "all, or default (the administrator's)")
+                   "all, none, or default (the administrator's)")
     s.add_argument("--channels", metavar="LIST", help="terminal, desktop, email, webhook, comma-separated; "
-                   "or default")
+                   "none, or default")
     s.add_argument("--quiet", metavar="HH:MM-HH:MM", help="local hours without pop-ups, mail and webhooks "
                    "(terminal lines still come); off, or default")
     s.add_argument("--email", metavar="ADDR", help="your address (checked with the relay, nothing sent); off")

@@ -268,6 +268,8 @@ def _names(text: str, allowed: tuple, what: str, default_all: bool = False) -> t
         return None
     if text == "all" and default_all:
         return tuple(allowed)
+    if text == "none":
+        return ()
     return N.check_names([w for w in text.split(",") if w], allowed, what)
 
 

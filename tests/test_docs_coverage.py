@@ -261,7 +261,8 @@ COMMANDS = [
     "agent recommend '{\"count\": 1, \"duration\": 3600}'", "agent operation",
     "admin maintain --reason x -t 13:00 -d 1h --dry-run", "admin maintain list",
     "admin gpu-policy --disable 1 --dry-run", "admin services status", "admin login-hook status",
-    "j log 1", "1 7m", "d 99", "--version",
+    "j log 1", "notify", "notify set --end-minutes 15,5 --dry-run", "notify test", "notify log",
+    "1 7m", "d 99", "--version",
 ]
 EXPECTED_ERRORS = ("1 7m", "d 99")              # for the error envelope's fields
 # Maps whose keys are data, not field names: JSON Schema (documented as such),

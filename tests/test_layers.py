@@ -37,7 +37,8 @@ LAYERS: dict[str, frozenset[str]] = {
     "bk.gpu": frozenset({"bk.core"}),            # the one GPU gateway
     "bk.ipc": frozenset({"bk.core"}),            # the broker's wire, shared by service and broker
     "bk.jobs": frozenset({"bk.core", "bk.store"}),  # job specs, logs, launcher, worker loop (for the service)
-    "bk.service": BASE | {"bk", "bk.store", "bk.gpu", "bk.ipc", "bk.jobs"},
+    "bk.notify": frozenset({"bk.core", "bk.store"}),  # notification files, channels, deliverer (for the service)
+    "bk.service": BASE | {"bk", "bk.store", "bk.gpu", "bk.ipc", "bk.jobs", "bk.notify"},
     "bk.cli": BASE | {"bk", "bk.buildinfo", "bk.service"},
     "bk.broker": BASE | {"bk.ipc", "bk.service"},
     # Set-up runs before any configuration exists, so no service can be

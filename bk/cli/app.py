@@ -68,6 +68,7 @@ COMMAND_WORDS: dict[str, tuple[str, ...]] = {
     "bk.cli.cmd_broker": ("broker",),
     "bk.cli.cmd_run": ("run",),
     "bk.cli.cmd_jobs": ("j", "jobs", "w", "worker"),
+    "bk.cli.cmd_notify": ("notify",),
     "bk.cli.cmd_monitor": ("m", "monitor"),
     "bk.cli.cmd_usage": ("u", "usage"),
     "bk.cli.cmd_cluster": ("c", "cluster"),

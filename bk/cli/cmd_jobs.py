@@ -34,6 +34,7 @@ As a user service (install/bk-worker.service), kept after you log out:
 
 One worker per user and state directory. It starts your jobs as you, without a
 shell, in their own process group, with the booked GPUs in CUDA_VISIBLE_DEVICES.
+bk w start also delivers your notifications (bk notify), in a thread of its own.
 """
 
 

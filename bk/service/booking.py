@@ -233,7 +233,10 @@ def apply_book(state: LedgerState, req: BookRequest, call: Call) -> Mutation:
     share = policy.max_shared_users if req.mode == EXCLUSIVE else req.share
     res = Reservation(id=call.new_id("reservation"), uid=actor.uid, user=actor.user, mode=req.mode, gpus=tuple(p.gpus),
                       share=share, start=p.start, end=p.end, created=now, mem_mib=req.mem_mib,
-                      op_id=req.op_id, note=req.note, job=_attached_job(req, now))
+                      op_id=req.op_id, note=req.note, job=_attached_job(req, now),
+                      # Placed later than asked: the owner's deliverer tells them
+                      # when it could start earlier (bk.service.notifier).
+                      extra={"queued_from": iso(req.start if req.start is not None else now)} if p.queued else {})
     status = "queued" if p.queued else "created"
     if res.start <= now:
         call.warn(*in_use_warnings(state, res, call.telemetry.snapshot(), now))

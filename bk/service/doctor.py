@@ -511,6 +511,14 @@ def _worker_check(app, call, required: bool) -> dict | None:
     return None
 
 
+def _notify_check(app, call) -> dict | None:
+    """Your notifications (``bk notify``): a channel that has been failing,
+    or settings with no deliverer to act on them; nothing for most users."""
+    from bk.service.notify import doctor_check
+
+    return doctor_check(app, call)
+
+
 # What to do when a check fails and its own error named no fix.
 FIXES = {
     "config": "sudo bk admin init, or correct the file (man 5 gpubk-config)",
@@ -595,6 +603,7 @@ def doctor(app, probe: bool = False, *, strict: bool = False, require_monitor: b
     checks += [c for c in _run("worker", _worker_check, app, call, require_worker) if c is not None]
     if shared and app.settings["enforce"]:
         checks += _run("enforcer", _enforce_checks, app, call)
+    checks += [c for c in _run("notifications", _notify_check, app, call) if c is not None]
     if probe:
         answered = True
         if shared:

@@ -28,6 +28,7 @@ from bk.store.paths import DEFAULT_SOCKET, Locations
 class Key:
     name: str
     kind: str                 # "int" | "float" | "bool" | "str" | "path" | "int_list" | "uid_list" | "priority_map" | "choice"
+    #                           | "name_list" (names from choices) | "minutes_list" | "quiet" (HH:MM-HH:MM) | "email"
     default: object
     doc: str
     lo: float | None = None
@@ -36,6 +37,13 @@ class Key:
     choices: tuple[str, ...] = ()
     nullable: bool = False
 
+
+# bk.core.notify names these too; repeated so that loading the configuration
+# (every command) does not load the notification rules (tests/test_notify.py
+# checks that they agree).
+NOTIFY_EVENTS = ("starts_soon", "started", "ends_soon", "ended", "changed", "moved_earlier",
+                 "can_start_earlier", "gpu_used_by_other", "idle_nudge")
+NOTIFY_CHANNELS = ("terminal", "desktop", "email", "webhook")
 
 KEYS: dict[str, Key] = {k.name: k for k in (
     Key("gpu_count", "int", None, "Number of GPUs to schedule. Default: detected (NVML) or simulated.",
@@ -74,6 +82,29 @@ KEYS: dict[str, Key] = {k.name: k for k in (
         5, 10080, nullable=True),
     Key("worker_termination_grace_seconds", "int", 5, "A scheduled command gets SIGTERM this many "
         "seconds before its booking ends and SIGKILL at the end (also bk run -- CMD).", 0, 3600),
+    # Notifications (bk notify): the defaults every user gets, and the relay.
+    Key("notify_events", "name_list", list(NOTIFY_EVENTS), "Events users are told of unless they choose "
+        "otherwise (bk notify set --events).", choices=NOTIFY_EVENTS),
+    Key("notify_channels", "name_list", ["terminal", "desktop"], "Channels used unless a user chooses "
+        "otherwise: terminal, desktop, email, webhook.", choices=NOTIFY_CHANNELS),
+    Key("notify_start_minutes", "minutes_list", [10], "Minutes before a "
+        "booking starts that its owner is told."),
+    Key("notify_end_minutes", "minutes_list", [30, 15, 5], "Minutes before a booking "
+        "ends that its owner is told (with the extend command when the calendar allows it)."),
+    Key("notify_quiet_hours", "quiet", None, "Local hours (HH:MM-HH:MM) in which pop-ups, email and "
+        "webhooks are held back, unless a user sets their own.", nullable=True),
+    Key("notify_smtp_host", "str", None, "The mail relay for email notifications; unset: no email.",
+        nullable=True),
+    Key("notify_smtp_port", "int", 25, "The mail relay's port.", 1, 65535),
+    Key("notify_smtp_starttls", "bool", False, "Use STARTTLS with the mail relay."),
+    Key("notify_mail_from", "email", None, "The sender of notification mail (default bk@ this host's "
+        "name).", nullable=True),
+    Key("notify_email_domain", "str", None, "Mail domain of the local accounts: a user who chose the "
+        "email channel but no address gets USER@this domain.", nullable=True),
+    Key("notify_webhook_allow_private", "bool", False, "Allow webhooks to loopback, link-local and "
+        "private addresses (a lab's own chat server); by default only public addresses."),
+    Key("notify_timeout_seconds", "float", 10.0, "How long one email or webhook delivery may take "
+        "before it counts as failed (and is retried, at most three times).", 1, 120),
     Key("admin_contact", "str", None, "Who to ask about this server (shown by bk info).", nullable=True),
     Key("data_dir", "path", None, "Data directory (shared mode). Default /var/lib/gpubk.",
         security=True, nullable=True),
@@ -206,6 +237,22 @@ def check_value(key: Key, value: object, source: str) -> object:
                 raise _bad(key.name, "priorities between -100 and 100", p, source)
             out[k] = p
         return out
+    if kind in ("name_list", "minutes_list", "quiet", "email"):
+        from bk.core import notify as N
+
+        try:
+            if kind == "name_list":
+                return list(N.check_names(value, key.choices, key.name.rsplit("_", 1)[-1].rstrip("s")))
+            if kind == "minutes_list":
+                return list(N.check_minutes(value, key.name))
+            if kind == "email":
+                return N.check_email(value)
+            N.parse_quiet(value)
+            return value.strip()
+        except N.Invalid as e:
+            raise ConfigError(f"{source}: {key.name}: {e}", hint=(f"{e.hint}; " if e.hint else "")
+                              + f"fix {key.name} in {source} (see man 5 gpubk-config)",
+                              details={"key": key.name}) from None
     raise AssertionError(kind)
 
 
@@ -327,7 +374,8 @@ def load(locations: Locations) -> Settings:
             raise ConfigError(f"configuration file {path} does not exist")
     if locations.mode == "shared":
         data_dir = values["data_dir"] or locations.data_dir
-        locations = Locations(locations.mode, data_dir, path, True, locations.state_dir, locations.cache_dir)
+        locations = Locations(locations.mode, data_dir, path, True, locations.state_dir, locations.cache_dir,
+                              locations.config_dir)
     return Settings(locations, values, source, explicit)
 
 

@@ -94,6 +94,11 @@ declare -gA _bk_next=(
     ['/|j']='/jobs'
     ['/|worker']='/worker'
     ['/|w']='/worker'
+    ['/|notify']='/notify'
+    ['/notify|show']='/notify/show'
+    ['/notify|set']='/notify/set'
+    ['/notify|test']='/notify/test'
+    ['/notify|log']='/notify/log'
     ['/|monitor']='/monitor'
     ['/|m']='/monitor'
     ['/|usage']='/usage'
@@ -131,7 +136,7 @@ declare -gA _bk_next=(
     ['/|help']='/help'
 )
 declare -gA _bk_words=(
-    ['/']='book s exclusive x list l ls edit e cancel d del rm status st timeline tl t tui slots gpu g notices n history log lg info login config doctor tutorial add a preset p admin update broker run jobs j worker w monitor m usage u cluster c mcp agent help -h --help --version -V --json'
+    ['/']='book s exclusive x list l ls edit e cancel d del rm status st timeline tl t tui slots gpu g notices n history log lg info login config doctor tutorial add a preset p admin update broker run jobs j worker w notify monitor m usage u cluster c mcp agent help -h --help --version -V --json'
     ['/add']='-y --yes --json'
     ['/admin']='init install uninstall services login-hook cluster enforce cancel notice data maintain gpu-policy --json'
     ['/admin/cancel']='--reason -y --yes --op-id --dry-run --json'
@@ -214,6 +219,11 @@ declare -gA _bk_words=(
     ['/mcp']='--tools --json'
     ['/monitor']='--once --status --json'
     ['/notices']='--all --json'
+    ['/notify']='show set test log --json'
+    ['/notify/log']='--limit --json'
+    ['/notify/set']='--events --channels --quiet --email --webhook --preset --start-minutes --end-minutes --desktop --reset --dry-run --json'
+    ['/notify/show']='--json'
+    ['/notify/test']='--channel --json'
     ['/preset']='save list ls show delete del rm use --json'
     ['/preset/delete']='--dry-run --json'
     ['/preset/list']='--json'
@@ -245,6 +255,9 @@ declare -gA _bk_choices=(
     ['/admin/notice/edit|--level']='info warning critical'
     ['/admin/notice/publish|--level']='info warning critical'
     ['/admin/maintain|--level']='info warning critical'
+    ['/notify/set|--preset']='json slack matrix ntfy'
+    ['/notify/set|--desktop']='auto osc9 osc777 off'
+    ['/notify/test|--channel']='terminal desktop email webhook'
 )
 
 _bk() {

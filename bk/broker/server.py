@@ -98,6 +98,7 @@ DEFAULT_IDLE_TIMEOUT = 30.0
 DEFAULT_FRAME_TIMEOUT = 10.0
 DEFAULT_ARRIVAL_TIMEOUT = 5.0
 BACKLOG = 128
+SWITCH_INTERVAL = 0.0005             # seconds; see Broker.serve
 FULL = "max_clients"                 # details.reason of the refusal a client may retry at once
 PER_UID = "per_uid"                  # details.quota of the refusal of a UID at its quota
 
@@ -366,6 +367,13 @@ class Broker:
     def serve(self) -> Stats:
         if self._listener is None:
             self.start()
+        # Every client thread shares one interpreter lock.  A thread back
+        # from a system call (a commit makes dozens: open, write, fsync,
+        # rename) waits for the lock up to the switch interval, 5 ms by
+        # default, whenever another thread computes; a commit would then
+        # pay that for each of its calls while someone's read runs.
+        switch = sys.getswitchinterval()
+        sys.setswitchinterval(SWITCH_INTERVAL)
         old = {}
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -387,6 +395,7 @@ class Broker:
             self._shutdown()
             for sig, handler in old.items():
                 signal.signal(sig, handler)
+            sys.setswitchinterval(switch)
         return self.stats
 
     def _accept(self) -> None:

@@ -87,6 +87,7 @@ PRIVATE_TO_OWNER = ("audit log", "lock")
 TMP_PREFIX = ".ledger.json.tmp-"
 BACKUP_NAME = Pattern(r"^ledger-(\d{10})\.json$")   # compiled when first used
 CRASH_ENV = "BK_TEST_CRASH_AT"
+SCAN_PAUSE_ENV = "BK_TEST_SCAN_PAUSE"       # tests only: FIFO[:UID], see _park
 STEPS = ("locked", "read", "repaired", "applied", "archived", "audit_synced", "tmp_partial",
          "tmp_written", "tmp_synced", "replaced", "dir_synced", "audit_partial",
          "audit_appended", "backup_written")
@@ -195,6 +196,10 @@ class Store:
         self._seen: ReadResult | None = None       # check(): the ledger check's read
         self._crash = _crash_point(os.environ.get(CRASH_ENV))
         self._crash_hits = 0
+        self._scan_pause = _scan_pause(os.environ.get(SCAN_PAUSE_ENV))
+        # Called before each block an audit scan reads: the broker's hook to
+        # let a commit in progress finish first (None: never pause).
+        self.pause: Callable[[], object] | None = None
 
     @property
     def segments(self):
@@ -603,15 +608,21 @@ class Store:
     # --- history and audit views ------------------------------------------------
 
     def audit_tail(self, limit: int = 50, uid: int | None = None, *,
-                   max_bytes: int | None = None, include_pending: bool = True):
+                   max_bytes: int | None = None, include_pending: bool = True,
+                   reservation: str | None = None, budget: int | None = None):
         """The newest ``limit`` audit records (of ``uid``: by or about that
-        user), oldest first, with the malformed lines met on the way: an
-        ``audit.AuditTail``.  ``max_bytes``: how far back to scan (None:
-        ``audit.MAX_SCAN``)."""
+        user; of ``reservation``: about that booking), oldest first, with
+        the malformed lines met on the way: an ``audit.AuditTail``.
+        ``max_bytes``: how far back to scan each file (None:
+        ``audit.MAX_SCAN``); ``budget``: how many bytes the live log and the
+        sealed segments together may be read (None: no such bound), so that
+        one request's work has a ceiling whatever the history holds."""
         from bk.store import audit
 
         if max_bytes is None:
             max_bytes = audit.MAX_SCAN
+        if budget is not None:
+            max_bytes = min(max_bytes, budget)
         dirfd = open_dir(self.paths.data_dir, self.safety)
         if dirfd is None:
             return audit.AuditTail()
@@ -619,15 +630,18 @@ class Store:
             pending = self._journal(dirfd) if include_pending else []
             fd = open_file(dirfd, AUDIT, self.paths.audit, self.safety)
             try:
-                tail = audit.read_tail(fd, limit=limit, uid=uid, max_bytes=max_bytes,
-                                       pending=pending, path=self.paths.audit)
+                if self._scan_pause is not None and self._scan_pause[1] in (None, uid):
+                    _park(self._scan_pause[0])
+                tail = audit.read_tail(fd, limit=limit, uid=uid, max_bytes=max_bytes, pending=pending,
+                                       path=self.paths.audit, reservation=reservation, pause=self.pause)
             except OSError as e:
                 raise io_error(e, "reading", self.paths.audit) from None
             finally:
                 if fd is not None:
                     os.close(fd)
             if len(tail.entries) < limit and tail.complete:
-                tail = self.segments.complete(dirfd, tail, limit, uid, max_bytes)
+                tail = self.segments.complete(dirfd, tail, limit, uid, max_bytes, reservation=reservation,
+                                              budget=budget, pause=self.pause)
             return tail
         finally:
             os.close(dirfd)
@@ -868,6 +882,31 @@ def _crash_point(spec: str | None) -> tuple[str, int] | None:
     if step not in STEPS + segments.STEPS:
         raise ConfigError(f"{CRASH_ENV}={spec!r}: unknown step; steps: {', '.join(STEPS + segments.STEPS)}")
     return step, int(count or 1)
+
+
+def _scan_pause(spec: str | None) -> tuple[str, int | None] | None:
+    """``BK_TEST_SCAN_PAUSE=FIFO[:UID]`` (tests only): every audit scan (of
+    UID's records only, with UID) parks in ``_park`` once its files are
+    open, so a test can hold a scan in progress for as long as it likes."""
+    if not spec:
+        return None
+    path, _, uid = spec.rpartition(":")
+    return (path, int(uid)) if path and uid.isdigit() else (spec, None)
+
+
+def _park(fifo: str) -> None:
+    """Say so (``FIFO.parked-THREAD``, created), then wait for one byte of
+    ``fifo``: the test writes one per scan it lets go."""
+    marker = f"{fifo}.parked-{_thread.get_ident()}"
+    os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
+    try:
+        fd = os.open(fifo, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            os.read(fd, 1)
+        finally:
+            os.close(fd)
+    finally:
+        os.unlink(marker)
 
 
 def _die() -> None:

@@ -115,6 +115,8 @@ class Service:
         self._gateway_for = gateway_for
         self._gateway = None
         self.id_source: Callable[[], str] | None = None    # tests: deterministic IDs
+        # One user's share of a shared ledger; private mode has one user.
+        self.limits = settings.ledger_limits() if settings.mode == "shared" else None
 
     @classmethod
     def local(cls, settings, telemetry, *, actor: Actor | None = None,
@@ -164,7 +166,7 @@ class Service:
         not: the peer's zone is not the broker's."""
         call = Call(actor or self.actor, self._clock(), self._tz(), self.policy,
                     telemetry if telemetry is not None else self.telemetry, peer_pid=peer_pid,
-                    make_id=self.id_source)
+                    make_id=self.id_source, limits=self.limits)
         if actor is None:
             call.warn(*clock.zone_warnings(call.tz))
         return call

@@ -63,6 +63,13 @@ KEYS: dict[str, Key] = {k.name: k for k in (
         "newest record, then deleted.", 1, 36500),
     Key("backup_keep", "int", 10, "Rotated ledger backups to keep.", 0, 1000),
     Key("lock_timeout_seconds", "float", 10.0, "Longest wait for the ledger lock before 'busy'.", 0.1, 600),
+    Key("ledger_bookings_per_user", "int", 200, "Shared mode: the most bookings one user may have live "
+        "or cancelled within archive_after_hours; more are refused (ledger_limit, exit 3). 0: no limit. "
+        "The administrator is exempt.", 0, 1_000_000),
+    Key("ledger_bookings_per_minute", "int", 60, "Shared mode: the most bookings one user may make in 60 "
+        "seconds. 0: no limit. The administrator is exempt.", 0, 1_000_000),
+    Key("ledger_note_bytes_per_user", "int", 16384, "Shared mode: the most bytes the notes on one user's "
+        "bookings may take in the hot ledger. 0: no limit. The administrator is exempt.", 0, 1 << 30),
     Key("worker_termination_grace_seconds", "int", 5, "A scheduled command gets SIGTERM this many "
         "seconds before its booking ends and SIGKILL at the end (also bk run -- CMD).", 0, 3600),
     Key("admin_contact", "str", None, "Who to ask about this server (shown by bk info).", nullable=True),
@@ -100,6 +107,14 @@ class Settings:
     @property
     def data_dir(self) -> str:
         return self.locations.data_dir
+
+    def ledger_limits(self):
+        """One user's share of the shared ledger (``bk.core.ledgerlimits``)."""
+        from bk.core.ledgerlimits import LedgerLimits
+
+        v = self.values
+        return LedgerLimits(v["ledger_bookings_per_user"], v["ledger_bookings_per_minute"],
+                            v["ledger_note_bytes_per_user"], v["archive_after_hours"])
 
     def policy(self, gpu_count: int) -> Policy:
         v = self.values

@@ -285,25 +285,26 @@ class Broker:
     # -- start -------------------------------------------------------------
 
     def _take_lock(self) -> None:
-        from bk.store.lock import mark, take
+        from bk.store.fsutil import Safety, open_dir
+        from bk.store.lock import acquire
 
         path = self.plan.socket_path + ".lock"
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-        except OSError as e:
-            raise ConfigError(f"cannot open the broker lock {path}: {e.strerror}",
-                              hint="check the socket directory's owner and mode") from None
+        safety = Safety(self.plan.service_uid)
+        dirfd = open_dir(os.path.dirname(path), safety)
+        if dirfd is None:
+            raise ConfigError(f"the socket directory {os.path.dirname(path)} does not exist",
+                              hint="sudo bk admin init makes it")
         try:
             # One try (timeout 0): a second broker should refuse, not queue.
-            take(fd, path, timeout=0, busy=lambda pid: Busy(
+            # A lock file others could open, or one an intruder holds, is
+            # replaced (bk.store.lock), so no user can keep the broker down.
+            self._lock_fd = acquire(dirfd, os.path.basename(path), path, safety, timeout=0,
+                                    what="the broker's lock", log=self.log, busy=lambda pid: Busy(
                 f"another broker is running on {self.plan.socket_path}"
                 + (f" (pid {pid})" if pid else ""), hint="see: systemctl status gpubk-broker",
                 details={"path": path, "holder_pid": pid}))
-        except BaseException:
-            os.close(fd)
-            raise
-        mark(fd)
-        self._lock_fd = fd
+        finally:
+            os.close(dirfd)
 
     def _bind(self) -> socket.socket:
         path = self.plan.socket_path

@@ -297,28 +297,24 @@ def _settings(env: dict):
     return load(locate(env))
 
 
-def _take_lock(directory: str) -> int:
-    from bk.store.fsutil import Safety, open_dir, open_file
-    from bk.store.lock import mark, take
+def _take_lock(directory: str, log: Callable[[str], None] = log_stderr) -> int:
+    from bk.store.fsutil import Safety, open_dir
+    from bk.store.lock import acquire
 
     path = os.path.join(directory, files.LOCK_FILE)
     safety = Safety(os.geteuid())
     dirfd = open_dir(directory, safety, create_mode=files.DIR_MODE)
     try:
-        fd = open_file(dirfd, files.LOCK_FILE, path, safety, os.O_RDWR, create_mode=0o644)
-    finally:
-        os.close(dirfd)
-    try:
-        # One try (timeout 0): a second monitor should refuse, not queue.
-        take(fd, path, timeout=0, busy=lambda pid: Busy(
+        # One try (timeout 0): a second monitor should refuse, not queue.  A
+        # lock file others could open, or one an intruder holds, is replaced
+        # (bk.store.lock), so no user can keep the monitor down.
+        return acquire(dirfd, files.LOCK_FILE, path, safety, timeout=0, what="the monitor's lock", log=log,
+                       busy=lambda pid: Busy(
             "another monitor is running here" + (f" (pid {pid})" if pid else ""),
             hint="see: systemctl status gpubk-monitor, or bk m status",
             details={"path": path, "holder_pid": pid}))
-    except BaseException:
-        os.close(fd)
-        raise
-    mark(fd)
-    return fd
+    finally:
+        os.close(dirfd)
 
 
 def _prepare_dir(settings, directory: str) -> None:
@@ -368,7 +364,7 @@ def run(env: dict, *, interval_s: float = DEFAULT_INTERVAL, log: Callable[[str],
     check_account(settings)
     directory = files.monitor_dir(settings)
     _prepare_dir(settings, directory)
-    lock_fd = _take_lock(directory)
+    lock_fd = _take_lock(directory, log)
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     stopping = []
 

@@ -50,6 +50,7 @@ import time
 import traceback
 from collections.abc import Callable
 
+from bk.core import journal
 from bk.core.envelope import failure, success
 from bk.core.errors import BkError, Busy, Internal
 from bk.core.record import dataclass
@@ -71,6 +72,13 @@ WRITER_FIRST_WAIT = 1.0
 # Reads whose result ordinary users share: the probe writes, fsyncs and takes
 # the ledger lock for real, and what it finds does not change by the second.
 SHARED_SECONDS = {"probe": 10.0}
+# The journal priority of each thing the store reports (bk.store.ledger.REPORTS):
+# data lost or writes refused are errors; a loss accepted on purpose and a
+# lock file replaced are warnings.  The same report is logged at most once
+# per REPORT_EVERY seconds (every write would repeat it), with a count.
+REPORT_PRIORITY = {"no_valid_ledger": journal.ERR, "lost_commits": journal.ERR, "recovered": journal.ERR,
+                   "accepted_loss": journal.WARNING, "lock_replaced": journal.WARNING}
+REPORT_EVERY = 300.0
 
 
 @dataclass(frozen=True)
@@ -288,12 +296,27 @@ class Dispatcher:
         self._shared = {name: Shared(seconds) for name, seconds in SHARED_SECONDS.items()}
         self._no_commit = threading.Event()        # set: no commit in progress (reads may go)
         self._no_commit.set()
+        self._reported: dict[tuple[str, str], tuple[float, int]] = {}
+        self._reported_lock = threading.Lock()
         self._hook(service)
 
     def _hook(self, service) -> None:
         store = getattr(service, "store", None)
         if store is not None:
             store.pause = self.after_commit
+            store.report = self.store_report
+
+    def store_report(self, kind: str, message: str) -> None:
+        """Log what the store says a person must act on, at its priority."""
+        now = time.monotonic()
+        with self._reported_lock:
+            last, repeats = self._reported.get((kind, message), (None, 0))
+            if last is not None and now - last < REPORT_EVERY:
+                self._reported[(kind, message)] = (last, repeats + 1)
+                return
+            self._reported[(kind, message)] = (now, 0)
+        again = f" (and {repeats} more times in the last {REPORT_EVERY:g} s)" if repeats else ""
+        self.log(journal.mark(REPORT_PRIORITY.get(kind, journal.WARNING), f"{message}{again}"))
 
     def after_commit(self) -> None:
         """Return once no commit is in progress (at most WRITER_FIRST_WAIT s)."""
@@ -306,12 +329,12 @@ class Dispatcher:
             try:
                 fresh = self.reload()
             except BkError as e:       # an edit that broke the file: keep serving the old policy
-                self.log(f"configuration not reloaded: {e.message}")
+                self.log(journal.warning(f"configuration not reloaded: {e.message}"))
                 return
             if fresh is not None:
                 self._hook(fresh)
                 self.service = fresh
-                self.log("configuration changed: reloaded the policy")
+                self.log(journal.notice("configuration changed: reloaded the policy"))
 
     def _read(self, op, req, call, peer: Peer):
         """A host-side read, outside the writers' lock (module docstring)."""
@@ -365,8 +388,8 @@ class Dispatcher:
         except BkError as err:
             return failure(command, err, *(() if call is None else (list(call.warnings),)))
         except Exception as exc:  # one request's bug must not end the broker
-            self.log(f"internal error in {command} for uid {peer.uid}: {type(exc).__name__}: {exc}\n"
-                     + traceback.format_exc().rstrip())
+            self.log(journal.error(f"internal error in {command} for uid {peer.uid}: {type(exc).__name__}: "
+                                   f"{exc}\n" + traceback.format_exc().rstrip()))
             return failure(command, Internal("the broker hit an unexpected error (a bug); check with "
                                              "bk l whether the change was made",
                                              hint="the administrator can read: journalctl -u gpubk-broker"))

@@ -115,8 +115,10 @@ class Service:
         self._gateway_for = gateway_for
         self._gateway = None
         self.id_source: Callable[[], str] | None = None    # tests: deterministic IDs
-        # One user's share of a shared ledger; private mode has one user.
-        self.limits = settings.ledger_limits() if settings.mode == "shared" else None
+        # One user's share of the ledger, where writes run on a shared one
+        # (``local``, the broker's); private mode has one user, and a client's
+        # writes are checked by the broker.
+        self.limits = None
 
     @classmethod
     def local(cls, settings, telemetry, *, actor: Actor | None = None,
@@ -131,9 +133,12 @@ class Service:
 
         policy = policy or policy_of(settings, telemetry)
         store = make_store(settings, clock_fn=clock_fn, owner_uid=owner_uid, capacity=policy.max_shared_users)
-        return cls(settings=settings, policy=policy, reader=LedgerReader(store),
-                   gateway_for=gateway, telemetry=telemetry,
-                   actor=actor or process_actor(), clock_fn=clock_fn)
+        svc = cls(settings=settings, policy=policy, reader=LedgerReader(store),
+                  gateway_for=gateway, telemetry=telemetry,
+                  actor=actor or process_actor(), clock_fn=clock_fn)
+        if settings.mode == "shared":
+            svc.limits = settings.ledger_limits()
+        return svc
 
     @classmethod
     def remote(cls, settings, telemetry, *, actor: Actor | None = None,

@@ -13,7 +13,7 @@ repeat, not a second booking (``repeat_of``).
 
 from __future__ import annotations
 
-from bk.core import ledgerlimits, scheduler, telemetry
+from bk.core import scheduler, telemetry
 from bk.core.errors import BkError, Conflict, InvalidInput, NotFound, PermissionDenied, PolicyRefused
 from bk.core.models import (
     ACTIVE,
@@ -222,6 +222,8 @@ def apply_book(state: LedgerState, req: BookRequest, call: Call) -> Mutation:
         call.warn(_repeat_hint(first, now))
         return Mutation(False, [], BookResult("exists", first, {"repeat_of": first.id}))
     if call.limits is not None and not actor.is_admin:
+        from bk.core import ledgerlimits  # a shared server's broker only
+
         ledgerlimits.check_new(state.reservations, actor.uid, now, call.limits, req.note)
     p = _place(state, _sched_request(req), call)
     share = policy.max_shared_users if req.mode == EXCLUSIVE else req.share
@@ -300,6 +302,8 @@ def apply_edit(state: LedgerState, req: EditRequest, call: Call) -> Mutation:
         return Mutation(False, [], EditResult("unchanged", old, old, dry_run=req.dry_run))
     if req.note is not None:
         if call.limits is not None and not actor.is_admin:
+            from bk.core import ledgerlimits
+
             ledgerlimits.check_note(state.reservations, actor.uid, now, call.limits, old.note, req.note)
         new = new.replace(note=req.note)
     new = new.replace(edits=[*old.edits, Edit(now, actor.uid, actor.user,

@@ -82,6 +82,11 @@ def _token_hex(nbytes: int) -> str:
     return os.urandom(nbytes).hex()
 
 LEDGER, LOCK, AUDIT, BACKUPS, ARCHIVE = "ledger.json", "ledger.lock", "audit.jsonl", "backups", "archive"
+# What Store.report is told: each a problem a person must act on (the
+# broker logs it at the priority bk.broker.handlers gives the kind).
+NO_VALID_LEDGER, LOST_COMMITS, RECOVERED, ACCEPTED_LOSS, LOCK_REPLACED = (
+    "no_valid_ledger", "lost_commits", "recovered", "accepted_loss", "lock_replaced")
+REPORTS = (NO_VALID_LEDGER, LOST_COMMITS, RECOVERED, ACCEPTED_LOSS, LOCK_REPLACED)
 # Checks of files that only the owner may open in shared mode (see check()).
 PRIVATE_TO_OWNER = ("audit log", "lock")
 TMP_PREFIX = ".ledger.json.tmp-"
@@ -200,6 +205,9 @@ class Store:
         # Called before each block an audit scan reads: the broker's hook to
         # let a commit in progress finish first (None: never pause).
         self.pause: Callable[[], object] | None = None
+        # Told (kind, message) of what a person must know about this data:
+        # REPORTS.  The broker logs them; None: nobody listens.
+        self.report: Callable[[str, str], None] | None = None
 
     @property
     def segments(self):
@@ -378,7 +386,7 @@ class Store:
         try:
             lock = FileLock(dirfd, LOCK, self.paths.lock, self.safety, mode=self.modes.lock,
                             timeout=self.lock_timeout, what="the ledger", monotonic=self.monotonic,
-                            sleep=self.sleep)
+                            sleep=self.sleep, log=lambda line: self._report(LOCK_REPLACED, line))
             with lock, _gc_paused():
                 self._step("locked")
                 return self._commit(dirfd, apply, policy, actor_uid, actor, warnings, accept_loss)
@@ -391,7 +399,12 @@ class Store:
         p = self.paths
         now = self.clock()
         self._remove_temps(dirfd)
-        got = self._load(dirfd)
+        try:
+            got = self._load(dirfd)
+        except IOFailure as e:
+            if "backups" in e.details:           # no valid ledger and no valid backup
+                self._report(NO_VALID_LEDGER, f"{e.message}; fix: {e.hint}")
+            raise
         if got.meta.partial:
             raise Internal("a transaction read part of the ledger")
         warnings.extend(got.warnings)
@@ -408,7 +421,10 @@ class Store:
                 # The audit log is the witness: it holds commits newer than
                 # what was read (an older backup, or nothing at all).  A
                 # commit on top would make their bookings unrecoverable.
-                raise self._lost(got, last_seq)
+                lost = self._lost(got, last_seq)
+                self._report(LOST_COMMITS, f"a write was refused: {lost.message} (the ledger {self.paths.ledger}, "
+                             f"the audit log {self.paths.audit}); fix: {lost.hint}")
+                raise lost
             state = got.state
             self._bind(state, policy)
             movable = archive.committed(state, now=now, archive_after=self.archive_after)
@@ -451,9 +467,10 @@ class Store:
             # point, so that a refusal (a symlinked backups/) never follows it.
             bfd = open_subdir(dirfd, BACKUPS, p.backups_dir, self.safety,
                               create_mode=self.modes.dir) if self.backup_keep else None
+            kept = None
             try:
                 if got.damaged is not None:
-                    self._keep_damaged(dirfd, got.damaged, now, warnings)
+                    kept = self._keep_damaged(dirfd, got.damaged, now, warnings)
                 self._archive(dirfd, groups, now)
                 self._step("archived")
                 self._sync_audit(afd)
@@ -470,6 +487,13 @@ class Store:
             finally:
                 if bfd is not None:
                     os.close(bfd)
+            if recovering:
+                self._report_recovery(got, state.seq, kept)
+            if accept_loss is not None and last_seq > got.meta.seq:
+                self._report(ACCEPTED_LOSS, f"{p.ledger}: commits {got.meta.seq + 1}-{last_seq}, which the "
+                             f"audit log {p.audit} records and the ledger lacked, were accepted as lost by "
+                             f"{actor} (uid {actor_uid}) with bk admin data recover; commit {state.seq} "
+                             "writes over them, and the audit log keeps their records")
             return mutation.result
         finally:
             os.close(afd)
@@ -588,15 +612,34 @@ class Store:
         except (BkError, OSError) as e:
             warnings.append(f"commit {seq} is saved, but no backup was written: {e}")
 
-    def _keep_damaged(self, dirfd: int, data: bytes, now: int, warnings: list[str]) -> None:
+    def _keep_damaged(self, dirfd: int, data: bytes, now: int, warnings: list[str]) -> str | None:
         stamp = utctime.format_utc(now).replace("-", "").replace(":", "")
         name = f"{LEDGER}.damaged-{stamp}-{_token_hex(2)}"
         try:
             write_new(dirfd, name, os.path.join(self.paths.data_dir, name), data,
                       self.modes.ledger & 0o600)
             warnings.append(f"the damaged ledger was kept as {os.path.join(self.paths.data_dir, name)}")
+            return os.path.join(self.paths.data_dir, name)
         except BkError as e:
             warnings.append(f"could not keep a copy of the damaged ledger: {e.message}")
+            return None
+
+    def _report(self, kind: str, message: str) -> None:
+        if self.report is not None:
+            try:
+                self.report(kind, message)
+            except Exception:  # noqa: BLE001  (telling must never undo a commit)
+                pass
+
+    def _report_recovery(self, got: _Loaded, seq: int, kept: str | None) -> None:
+        p = self.paths
+        backup = os.path.join(p.backups_dir, got.source.removeprefix("backup:"))
+        what = "was missing" if got.damaged is None else "was damaged (it did not validate)"
+        keep = f"; the damaged file is kept as {kept}" if kept else ""
+        self._report(RECOVERED, f"{p.ledger} {what}: commit {seq} rebuilt it from the newest valid backup "
+                     f"{backup} (commit {got.meta.seq}){keep}; bookings made after commit {got.meta.seq} are "
+                     f"lost unless recovered by hand: see what the audit log {p.audit} records beyond it "
+                     "with sudo bk admin data recover --dry-run")
 
     def _remove_temps(self, dirfd: int) -> None:
         """Temp files left by a writer that died (only lock holders make

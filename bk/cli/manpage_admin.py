@@ -117,6 +117,13 @@ so the same package installs as the same bytes.
 .B NOTIFY_SOCKET
 Set by systemd for \fBType=notify\fR units: \fBbk broker\fR reports ready and
 stopping there.
+.TP
+.B JOURNAL_STREAM
+Set by systemd when a service's stderr is the journal: when it names bk's
+stderr, \fBbk broker\fR, \fBbk m\fR and \fBbk w\fR start each log line with
+its priority (\fB<3>\fR error, \fB<4>\fR warning, \fB<6>\fR information), and so do
+bk's \fBerror:\fR and \fBwarning:\fR lines, so that \fBjournalctl \-p err\fR finds
+them.
 .SH FILES
 \fBbk admin install\fR writes these (below \fB\-\-root\fR \fIDIR\fR when
 given) and records each one in its manifest:

@@ -121,3 +121,17 @@ def test_an_ordinary_users_audit_read_is_bounded_and_the_administrators_is_not(s
     rc, root = srv.run_json(None, "lg", "-n", "1000", timeout=60)
     assert rc == 0, root
     assert old[1]["reservation"] in {e["reservation"] for e in root["data"]["entries"]}
+
+
+def test_ordinary_users_share_one_write_probe_and_root_gets_its_own(srv):
+    """The probe writes, fsyncs and takes the ledger lock for real: sixteen
+    connections of it were an ordinary user's way to load the disk every
+    commit needs.  Within 10 s, an ordinary user gets the last one's result."""
+    _a, b = srv.users
+    got = []
+    for user in (b, b, None):
+        rc, env = srv.run_json(user, "doctor", "--probe", timeout=60)
+        assert env["ok"] is True or rc == 1, env
+        got.append([w for w in env["warnings"] if "for another caller" in w])
+    assert got[1] and "ordinary users share one probe" in got[1][0], got
+    assert not got[2], got

@@ -201,3 +201,9 @@ def test_no_user_can_hold_the_ledger_lock_against_every_write(srv):
         assert rc == 0, env
     finally:
         let_go(h)
+    # A broker that starts on a ledger lock others could open replaces it at once, and says so.
+    assert srv.stop_broker() == 0
+    os.chmod(lock, 0o644)
+    srv.start_broker()
+    assert mode_owner_inode(lock)[:2] == (0o600, srv.service.uid)
+    assert f"{lock} had mode 0644" in srv.log(), srv.log()

@@ -87,7 +87,7 @@ from collections.abc import Callable
 from bk.broker.handlers import GPU_SNAPSHOT_SECONDS, Dispatcher, Latest, Peer
 from bk.core import journal
 from bk.core.envelope import failure
-from bk.core.errors import Busy, ConfigError, InvalidInput, WrongAccount
+from bk.core.errors import BkError, Busy, ConfigError, InvalidInput, WrongAccount
 from bk.core.record import dataclass
 from bk.ipc import protocol
 from bk.store.config import check_owned_dir  # noqa: F401  (the broker's start-up check; tests use it here)
@@ -744,6 +744,10 @@ def run(env: dict, *, max_clients: int = DEFAULT_MAX_CLIENTS, idle_timeout: floa
     latest.refresh()
     dispatcher = Dispatcher(service, log=log, reload=ConfigWatch(env, plan, settings, log, service.telemetry),
                             latest=latest)
+    try:
+        service.store.secure_lock()       # a ledger lock others could open: replaced now (and logged)
+    except BkError as e:
+        log(journal.warning(f"the ledger's lock was not checked at start: {e.message}"))
     broker = Broker(plan, dispatcher, max_clients=max_clients, idle_timeout=idle_timeout,
                     frame_timeout=frame_timeout, arrival_timeout=arrival_timeout, max_per_uid=max_per_uid,
                     drain_timeout=settings["lock_timeout_seconds"] + frame_timeout + 5, log=log)

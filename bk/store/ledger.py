@@ -517,6 +517,25 @@ class Store:
         if diff.additions or state.policy is None:
             state.policy = {**(state.policy or {}), **diff.additions}
 
+    def secure_lock(self) -> None:
+        """Take and let go of the writers' lock once, as its owner: a lock
+        file others could open, or one an intruder holds, is replaced now
+        (``bk.store.lock.acquire``, reported as ``lock_replaced``) rather
+        than at the first write.  Nothing to do before the first write."""
+        if os.geteuid() != self.safety.uid:
+            return
+        dirfd = open_dir(self.paths.data_dir, self.safety)
+        if dirfd is None:
+            return
+        try:
+            if os.path.lexists(self.paths.lock):
+                with FileLock(dirfd, LOCK, self.paths.lock, self.safety, timeout=self.lock_timeout,
+                              what="the ledger", monotonic=self.monotonic, sleep=self.sleep,
+                              log=lambda line: self._report(LOCK_REPLACED, line)):
+                    pass
+        finally:
+            os.close(dirfd)
+
     def lost_commits(self) -> tuple[int, int, list[dict]] | None:
         """What the audit log records beyond the ledger that reads now:
         (seq read, newest audited seq, the records of the missing commits),

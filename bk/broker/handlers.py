@@ -23,9 +23,10 @@ the refresher took (``Latest``), so no request waits for a driver.
 Reads that only the host can make (the audit log, the write probe, the
 lost-commit report) never take the writers' lock: the store's readers rely
 on atomic renames and appends, not on the lock, so a scan of a large log
-cannot hold up anyone's booking.  A read still costs the broker CPU, and
-all its threads share one interpreter, so one user's reads are bounded
-three ways (``ReadSlots``, ``Shared``, and the scan budget of
+cannot hold up anyone's booking.  A request still costs the broker CPU,
+and all its threads share one interpreter, so the work is shared out round
+the UIDs (``Turns``: a few requests at once, the next turn to the UID that
+has waited longest), and one user's reads are bounded three ways (``ReadSlots``, ``Shared``, and the scan budget of
 ``bk.service.app.USER_AUDIT_SCAN``): at most ``READ_SLOTS_PER_UID`` of a
 UID's reads run at once (the rest wait their turn, at most
 ``READ_SLOT_WAIT`` seconds, then hear ``busy``); an ordinary user's probe
@@ -68,6 +69,9 @@ READ_SLOTS_PER_UID = 2
 READ_SLOT_WAIT = 20.0
 # One UID's writes in one group commit (GroupCommit's per_key).
 WRITES_PER_UID_PER_BATCH = 4
+# Requests doing their work at once, shared round the UIDs (Turns).  Three:
+# one UID's two read slots leave one for everybody else.
+TURNS = 3
 WRITER_FIRST_WAIT = 1.0
 # Reads whose result ordinary users share: the probe writes, fsyncs and takes
 # the ledger lock for real, and what it finds does not change by the second.
@@ -257,6 +261,51 @@ class ReadSlots:
             self._cv.notify_all()
 
 
+class Turns:
+    """At most ``width`` requests do their work in the broker at once; when
+    more wait, the turns go round the UIDs that wait, one each, in the
+    order they began to wait, so a UID with sixteen requests queued and one
+    with a single request alternate instead of the single one waiting for
+    all sixteen.  The broker's threads share one interpreter: the CPU a
+    request needs is what one user must not take from everyone else, and
+    more than a few at once only makes each slower.  A turn covers the work
+    (decoding, the read, preparing a write); a write's commit is the group
+    commit's, outside any turn."""
+
+    def __init__(self, width: int = TURNS):
+        self.width = width
+        self._cv = threading.Condition()
+        self._inside = 0
+        self._waiting: dict[int, list[list[bool]]] = {}     # uid -> its waiters' flags, oldest first
+        self._order: list[int] = []                           # UIDs with waiters, whose turn is next
+
+    def enter(self, uid: int) -> None:
+        with self._cv:
+            if self._inside < self.width and not self._order:
+                self._inside += 1
+                return
+            flag = [False]
+            self._waiting.setdefault(uid, []).append(flag)
+            if uid not in self._order:
+                self._order.append(uid)
+            while not flag[0]:
+                self._cv.wait()
+
+    def leave(self) -> None:
+        with self._cv:
+            self._inside -= 1
+            while self._inside < self.width and self._order:
+                uid = self._order.pop(0)
+                waiters = self._waiting[uid]
+                waiters.pop(0)[0] = True
+                self._inside += 1
+                if waiters:
+                    self._order.append(uid)          # its next one waits for the others' turns
+                else:
+                    del self._waiting[uid]
+            self._cv.notify_all()
+
+
 class Shared:
     """One result of a read, shared by the callers who ask within
     ``seconds`` of it being made; one caller makes it while the others
@@ -293,6 +342,7 @@ class Dispatcher:
         self.latest = latest or Latest(service.telemetry)
         self.commits = GroupCommit(self._write_batch, per_key=WRITES_PER_UID_PER_BATCH)
         self.readers = read_slots or ReadSlots()
+        self.turns = Turns()
         self._shared = {name: Shared(seconds) for name, seconds in SHARED_SECONDS.items()}
         self._no_commit = threading.Event()        # set: no commit in progress (reads may go)
         self._no_commit.set()
@@ -336,21 +386,35 @@ class Dispatcher:
                 self.service = fresh
                 self.log(journal.notice("configuration changed: reloaded the policy"))
 
-    def _read(self, op, req, call, peer: Peer):
-        """A host-side read, outside the writers' lock (module docstring)."""
-        self._current()
-        service = self.service
+    def _call(self, op, fields, peer: Peer, made: list):
+        """Decode the request and make its call (``made`` gets the call, for
+        the warnings of an error reply)."""
+        req = op.decode(fields)
+        made.append(self.service.call(actor_for(peer), telemetry=self.latest.current(), peer_pid=peer.pid))
+        return req, made[-1]
+
+    def _read(self, op, fields, peer: Peer, made: list):
+        """A host-side read, outside the writers' lock (module docstring):
+        a read slot of the caller's UID first, then a turn (``Turns``)."""
         self.readers.acquire(peer.uid)
-        self.after_commit()
         try:
-            shared = self._shared.get(op.name)
-            if shared is None or call.actor.is_admin:
-                return service.gateway.run(op, req, call)
-            result, age = shared.get(lambda: service.gateway.run(op, req, call))
-            if age is not None:
-                call.warn(f"this result was measured {age:.0f} s ago for another caller (ordinary users "
-                          f"share one {op.name} per {shared.seconds:g} s); the administrator's is always fresh")
-            return result
+            self.turns.enter(peer.uid)
+            try:
+                self._current()
+                self.after_commit()
+                req, call = self._call(op, fields, peer, made)
+                service = self.service
+                shared = self._shared.get(op.name)
+                if shared is None or call.actor.is_admin:
+                    return service.gateway.run(op, req, call)
+                result, age = shared.get(lambda: service.gateway.run(op, req, call))
+                if age is not None:
+                    call.warn(f"this result was measured {age:.0f} s ago for another caller (ordinary users "
+                              f"share one {op.name} per {shared.seconds:g} s); the administrator's is always "
+                              "fresh")
+                return result
+            finally:
+                self.turns.leave()
         finally:
             self.readers.release(peer.uid)
 
@@ -370,23 +434,27 @@ class Dispatcher:
 
     def dispatch(self, obj: object, peer: Peer) -> dict:
         command = "broker"
-        call = None
+        made: list = []               # the call, once made
         try:
             name, fields = protocol.parse_request(obj)
             op = ops.served(name)      # the allowlist: local reads are not broker ops
             command = op.name
-            req = op.decode(fields)
-            call = self.service.call(actor_for(peer), telemetry=self.latest.current(), peer_pid=peer.pid)
             if op.access == ops.WRITE:
+                self.turns.enter(peer.uid)
+                try:
+                    req, call = self._call(op, fields, peer, made)
+                finally:
+                    self.turns.leave()
                 outcome, _ = self.commits.submit((op, req, call), key=peer.uid)
                 if isinstance(outcome, BaseException):
                     raise outcome
                 result = outcome
             else:
-                result = self._read(op, req, call, peer)
+                result = self._read(op, fields, peer, made)
+                call = made[-1]
             return success(command, result.to_wire(), list(call.warnings))
         except BkError as err:
-            return failure(command, err, *(() if call is None else (list(call.warnings),)))
+            return failure(command, err, *(() if not made else (list(made[-1].warnings),)))
         except Exception as exc:  # one request's bug must not end the broker
             self.log(journal.error(f"internal error in {command} for uid {peer.uid}: {type(exc).__name__}: "
                                    f"{exc}\n" + traceback.format_exc().rstrip()))

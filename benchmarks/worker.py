@@ -14,6 +14,11 @@ Idle CPU.  The same worker, with one job pending an hour ahead, for
 ``--idle`` seconds: its user plus system time from ``/proc/PID/stat``
 divided by the wall time, as a percentage of one core.  Target: under 0.1%.
 
+Log pump.  What a job's log writer (``bk.jobs.logpump``) costs: starting
+one (``logs.start_pump``, median of 10), and ``--pump-mib`` MiB of output
+written through it into 8 MiB segments, against the same written straight
+into a file.
+
 Prints the numbers; it asserts nothing.
 """
 
@@ -38,13 +43,46 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def log_pump(where: Path, mib: int) -> None:
+    sys.path.insert(0, str(ROOT))
+    from bk.jobs import logs
+
+    jobs = str(where / "jobs")
+    starts = []
+    for i in range(10):
+        t = time.perf_counter()
+        w, pump = logs.start_pump(jobs, f"{i:032x}")
+        starts.append(time.perf_counter() - t)
+        os.close(w)
+        pump.wait()
+    print(f"log pump start: median {sorted(starts)[5] * 1000:.1f} ms")
+    writer = ["head", "-c", str(mib << 20), "/dev/zero"]
+    w, pump = logs.start_pump(jobs, "f" * 32)
+    t = time.perf_counter()
+    subprocess.run(writer, stdout=w, check=True)
+    os.close(w)
+    pump.wait()
+    through = time.perf_counter() - t
+    fd = os.open(where / "direct.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    t = time.perf_counter()
+    subprocess.run(writer, stdout=fd, check=True)
+    os.close(fd)
+    direct = time.perf_counter() - t
+    kept = sum(os.path.getsize(os.path.join(jobs, "logs", n)) for n in os.listdir(os.path.join(jobs, "logs"))
+               if n.startswith("f" * 32))
+    print(f"log pump: {mib} MiB in {through:.2f} s ({mib / through:.0f} MiB/s; straight into a file "
+          f"{mib / direct:.0f} MiB/s), {kept >> 20} MiB kept")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--samples", type=int, default=1, help="launches to time (each waits for a minute boundary)")
     ap.add_argument("--idle", type=float, default=30.0, help="seconds of idle worker to measure")
     ap.add_argument("--dir", help="where the trial data directory goes (default: a temporary one)")
+    ap.add_argument("--pump-mib", type=int, default=256, help="MiB of output through the log pump")
     args = ap.parse_args(argv)
     base = Path(tempfile.mkdtemp(prefix="bk-bench-worker-", dir=args.dir))
+    log_pump(base / "pump", args.pump_mib)
     (base / "cfg" / "bk").mkdir(parents=True)
     (base / "cfg" / "bk" / "config.json").write_text(json.dumps({"slot_minutes": 1}))
     env = {"BK_DATA_DIR": str(base / "data"), "BK_GPU_COUNT": "4", "HOME": str(base),

@@ -27,7 +27,7 @@ from bk import __version__
 
 BUILD_JSON = "_build.json"
 # Top-level directories of the repository that build.py copies into bk/resources/.
-MAPPED_DIRS = ("install", "man")
+MAPPED_DIRS = ("install", "man", "docs")
 # The same rule as build.py's is_junk(): what the archive leaves out, a
 # checkout's listing leaves out too, so an installer sees one set of files.
 _JUNK_DIRS = frozenset({"__pycache__", "CVS"})

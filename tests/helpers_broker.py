@@ -25,7 +25,6 @@ import signal
 import socket
 import struct
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -106,11 +105,10 @@ def supplementary(account: Account) -> list[int]:
 
 
 def build_pyz(dest: Path) -> Path:
-    out = dest / "bk.pyz"
-    subprocess.run([sys.executable, str(ROOT / "build.py"), "--output", str(out)], check=True,
-                   capture_output=True, cwd=ROOT)
-    os.chmod(out, 0o755)
-    return out
+    """``dest/bk.pyz``: a copy of the session's build (helpers_build)."""
+    from helpers_build import copy_to
+
+    return copy_to(dest / "bk.pyz", 0o755)
 
 
 def make_base() -> Path:
@@ -124,9 +122,12 @@ def make_base() -> Path:
 
 class Site:
     def __init__(self, base: Path, pyz: Path, service: Account, *, access: str = "all",
-                 group: str | None = None, gpu_count: int = 4):
+                 group: str | None = None, gpu_count: int = 4, simulated: bool = True):
         self.base, self.pyz, self.service = base, pyz, service
         self.access, self.group, self.gpu_count = access, group, gpu_count
+        # A trial server (these machines have no GPUs), unless a test plays
+        # a server that expects real ones.
+        self.simulated = simulated
         self.config = base / "etc" / "config.json"
         self.data = base / "data"
         self.socket = base / "run" / "broker.sock"
@@ -163,7 +164,8 @@ class Site:
     def init(self, *extra: str) -> subprocess.CompletedProcess:
         args = ["admin", "init", "--service-user", self.service.name, "--config-file", str(self.config),
                 "--data-dir", str(self.data), "--socket", str(self.socket),
-                "--gpu-count", str(self.gpu_count), "--access", self.access, "--yes", *extra]
+                "--simulated-gpus" if self.simulated else "--gpu-count", str(self.gpu_count),
+                "--access", self.access, "--yes", *extra]
         if self.group:
             args += ["--group", self.group]
         env = {"PATH": "/usr/bin:/bin", "HOME": str(self.base), "LANG": "C.UTF-8", "TZ": "UTC"}

@@ -18,6 +18,7 @@ def bk(pyz):
     yield from private(pyz)
 
 
+@pytest.mark.slow
 def test_a_window_lists_the_bookings_in_it_and_the_administrator_must_choose(bk):
     inside = bk.book("2", "3h", "-t", "12:00")
     outside = bk.book("1", "30m")
@@ -46,6 +47,29 @@ def test_a_window_lists_the_bookings_in_it_and_the_administrator_must_choose(bk)
     assert add and add[0]["after"]["kept"] == [inside["id"]] and add[0]["uid"] == 0
 
 
+def test_a_kept_booking_may_be_shortened_or_noted_inside_its_window(bk):
+    """Issue 30 item 8: a booking kept in a window could get neither a note
+    nor a shorter time (refused by the window it was kept in), and the hint
+    offered --queue, which would move it."""
+    kept = bk.book("1", "3h", "-t", "12:00")
+    bk.data_of("admin", "maintain", "--reason", "driver update", "-t", "13:00", "-d", "1h", "--keep", "--yes")
+    noted = bk.data_of("e", kept["short_id"], "--note", "checkpointing at 13:00")
+    assert noted["status"] == "updated" and noted["reservation"]["note"] == "checkpointing at 13:00"
+    short = bk.data_of("e", kept["short_id"], "-d", "1h30m")["reservation"]
+    assert (short["start"], short["end"], short["gpus"]) == ("2026-07-13T12:00:00Z", "2026-07-13T13:30:00Z", [0])
+    later = bk.data_of("e", kept["short_id"], "-t", "12:30", "-d", "1h")["reservation"]
+    assert (later["start"], later["end"]) == ("2026-07-13T12:30:00Z", "2026-07-13T13:30:00Z")
+    # More time in the window is still refused, and the hint says what may change in place.
+    env = bk.json("e", kept["short_id"], "-d", "2h", code=3)
+    assert env["error"]["details"]["rule"] == "blackout"
+    assert "shortened or given a note" in env["error"]["hint"] and "moves it" in env["error"]["hint"]
+    assert "13:00" in env["error"]["message"] and "T13:00" not in env["error"]["message"]   # local time, for people
+    (r,) = bk.data_of("l")["reservations"]
+    assert (r["start"], r["end"], r["note"]) == ("2026-07-13T12:30:00Z", "2026-07-13T13:30:00Z",
+                                                 "checkpointing at 13:00")
+
+
+@pytest.mark.slow
 def test_cancel_overlapping_cancels_them_and_ending_the_window_reopens_it(bk):
     inside = bk.book("1", "1h", "-t", "13:30")
     got = bk.data_of("admin", "maintain", "--reason", "reboot", "-t", "13:00", "-d", "1h",
@@ -64,6 +88,7 @@ def test_cancel_overlapping_cancels_them_and_ending_the_window_reopens_it(bk):
     assert mine[0]["state"] == "archived" and mine[0]["archived_by"] == 0 and mine[0]["archived_at"]
 
 
+@pytest.mark.slow
 def test_a_running_window_ended_early_keeps_its_past(bk):
     got = bk.data_of("admin", "maintain", "--reason", "now", "-d", "2h", "--yes")
     assert got["blackout"]["start"] == "2026-07-13T10:40:00Z"
@@ -73,6 +98,7 @@ def test_a_running_window_ended_early_keeps_its_past(bk):
     bk.book("1", "30m", "-t", "11:05", now="2026-07-13T11:02:00Z")
 
 
+@pytest.mark.slow
 def test_no_block_announces_only(bk):
     got = bk.data_of("admin", "maintain", "--reason", "network work, expect hiccups", "-t", "14:00",
                      "-d", "1h", "--no-block", "--yes", "--level", "info")
@@ -86,6 +112,21 @@ def test_without_yes_and_no_terminal_it_asks_for_yes(bk):
     assert "--yes" in env["error"]["message"]
 
 
+def test_a_past_until_is_refused_as_until_not_as_a_start(bk):
+    """Issue 30 item 13: `--until=-1h` was refused as "start '-1h' is in the
+    past", an option nobody typed; `--until -1h` was "expected one argument"."""
+    pub = bk.data_of("admin", "notice", "publish", "Reboot at 18:00", "--until", "18:30")
+    for argv in (["admin", "notice", "publish", "x"], ["admin", "notice", "edit", pub["notice"]["id"][:8]]):
+        for until in (["--until=-1h"], ["--until", "-1h"], ["--until", "today 09:00"]):
+            env = bk.json(*argv, *until, code=2)
+            message = env["error"]["message"]
+            assert message.startswith("--until ") and "start" not in message, (argv, until, message)
+            assert "past" in message or "not in the future" in message, message
+        env = bk.json(*argv, "--until", "soonish", code=2)
+        assert env["error"]["message"].startswith("--until: cannot read 'soonish'"), env
+
+
+@pytest.mark.slow
 def test_notice_start_list_and_edit_keep_the_original_in_the_audit_trail(bk):
     pub = bk.data_of("admin", "notice", "publish", "Reboot at 18:00", "--start", "17:00", "--until", "18:30",
                      "--level", "warning")
@@ -146,6 +187,7 @@ def srv():
         yield s
 
 
+@pytest.mark.slow
 @needs_root
 @pytest.mark.root
 def test_through_the_broker_root_opens_a_window_and_owners_are_told(srv):
@@ -175,6 +217,7 @@ def test_through_the_broker_root_opens_a_window_and_owners_are_told(srv):
     assert rc == 0, env
 
 
+@pytest.mark.slow
 @needs_root
 @pytest.mark.root
 def test_through_the_broker_notice_edit_is_admin_only(srv):
@@ -258,6 +301,7 @@ except BkError as e:
 """
 
 
+@pytest.mark.slow
 @needs_root
 @pytest.mark.root
 @pytest.mark.parametrize("op,fields", [

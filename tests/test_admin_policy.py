@@ -16,6 +16,8 @@ import pytest
 from helpers_admin import as_nobody, private
 from helpers_broker import needs_root, site
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def bk(pyz):
@@ -144,3 +146,54 @@ def test_shared_server_trusted_config_and_binding_through_the_broker():
         assert rc == 0, env
         rc, env = srv.run_json(ada, "doctor")
         assert rc == 0, env
+
+
+@needs_root
+@pytest.mark.root
+def test_a_bound_key_changed_while_the_broker_is_stopped_is_bound_on_the_host():
+    """Issue 30 item 2: in a maintenance stop the change used to write the
+    config, fail "broker not reachable ... nothing was changed", and leave
+    a broker that refused to start (78).  Now root binds the ledger itself,
+    as the service account, and the broker starts with the new rule."""
+    if not shutil.which("useradd"):
+        pytest.skip("needs useradd")
+    with site() as srv:
+        ada = srv.accounts.user()
+        assert srv.init().returncode == 0
+        srv.start_broker()
+        rc, env = srv.run_json(ada, "1", "1h", "8g")
+        assert rc == 0, env
+        srv.stop_broker()
+        rc, env = srv.run_json(None, "admin", "gpu-policy", "--reserve-mb", "2048", "--require-memory")
+        assert rc == 0, env
+        assert env["data"]["binding"]["status"] == "bound"
+        assert env["data"]["binding"]["after"]["shared_memory_reserve_mb"] == 2048
+        policy = srv.ledger().state.policy
+        assert policy["shared_memory_reserve_mb"] == 2048 and policy["require_shared_memory"] is True
+        for p in srv.data.rglob("*"):            # every file is still the service account's
+            assert p.lstat().st_uid == srv.service.uid, p
+        # The interrupted state (a config written by hand, the binding not)
+        # is completed by the same command, broker still stopped.
+        doc = json.loads(srv.config.read_text())
+        srv.config.write_text(json.dumps({**doc, "shared_memory_reserve_mb": 4096}))
+        rc, env = srv.run_json(None, "admin", "gpu-policy", "--reserve-mb", "4096")
+        assert rc == 0 and env["data"]["changes"] == [] and env["data"]["binding"]["status"] == "bound", env
+        srv.start_broker()                        # it used to refuse: 78
+        rc, env = srv.run_json(ada, "1", "30m", "--again")
+        assert rc == 3 and env["error"]["details"]["rule"] == "require_shared_memory", env
+        rc, env = srv.run_json(None, "lg", "--all", "-n", "20")
+        assert rc == 0, env
+        binds = [e for e in env["data"]["entries"] if e["action"] == "policy_bind"]
+        assert len(binds) == 2 and {e["uid"] for e in binds} == {0}, binds
+
+
+def test_bad_flag_values_are_usage_errors_naming_the_flag(bk):
+    """Issue 30 item 13: they exited 78 (a broken configuration) with the
+    bound as "1.04858e+06"."""
+    for flag, value, bound in (("--reserve-mb", "-5", "between 0 and 1048576"),
+                               ("--max-hours", "0", "between 1 and 8784"),
+                               ("--horizon-days", "400", "between 1 and 366")):
+        env = bk.json("admin", "gpu-policy", flag, value, code=2)
+        assert env["error"]["code"] == "invalid_input"
+        assert env["error"]["message"] == f"{flag} must be {bound}, got {value}", env
+    assert not bk.config.exists()

@@ -144,6 +144,35 @@ def test_errors_are_envelopes_with_the_exit_status(bk):
     assert r.code == 4 and r.error["code"] == "not_found"
 
 
+@pytest.mark.parametrize("json_flag", [[], ["--json"]], ids=["plain", "json"])
+def test_usage_errors_are_envelopes_whose_hint_works(pyz, tmp_path, json_flag):
+    """Issue 30 item 7: usage errors hinted `bk help operation` (no such
+    command) and, without --json, printed no envelope where every other
+    failure of bk agent does."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BK_")}
+    env.update({"HOME": str(tmp_path), "BK_DATA_DIR": str(tmp_path / "d"), "BK_GPU_COUNT": "2",
+                "XDG_CACHE_HOME": str(tmp_path / "c"), "COLUMNS": "80"})
+
+    def run(*argv):
+        return subprocess.run([sys.executable, str(pyz), *json_flag, *argv], capture_output=True, text=True,
+                              env=env, timeout=60, stdin=subprocess.DEVNULL)
+
+    for argv, path in ((["agent", "operation", "create", "{}", "x"], "agent operation"),
+                       (["agent", "edit", "{}", "x"], "agent edit"), (["agent", "context", "--bogus"], "agent context"),
+                       (["agent"], "agent"), (["agent", "nope"], "agent")):
+        p = run(*argv)
+        assert (p.returncode, p.stderr) == (2, ""), (argv, p.stderr)
+        (out,) = p.stdout.splitlines()                        # one envelope, on stdout
+        env_ = json.loads(out)
+        assert env_["ok"] is False and env_["error"]["code"] == "invalid_input", argv
+        assert env_["error"]["hint"] == f"see: bk help {path}", argv
+        helped = run("help", *path.split())
+        assert helped.returncode == 0, (path, helped.stdout, helped.stderr)
+    # A failure past the words names the tool, with --json or without.
+    p = run("agent", "operation", "create", "{not json")
+    assert p.returncode == 2 and json.loads(p.stdout)["command"] == "create"
+
+
 def test_arguments_from_stdin(bk, monkeypatch):
     import io
 
@@ -194,6 +223,7 @@ def test_a_tool_provider_adds_tools(bk):
         agent._PROVIDERS.remove(provider)
 
 
+@pytest.mark.slow
 def test_mcp_help_prints_the_client_snippet_and_tools_list(pyz, tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("BK_")}
     env.update({"HOME": str(tmp_path), "BK_DATA_DIR": str(tmp_path / "d"), "BK_GPU_COUNT": "2",
@@ -236,6 +266,7 @@ def test_create_with_a_command_attaches_a_job_once(bk, tmp_path):
         assert r.code == 2 and words in env["error"]["message"], (bad, env)
 
 
+@pytest.mark.slow
 def test_an_agents_job_runs_and_its_log_reads_back(pyz, tmp_path):
     """Through the built archive: create with a command, the worker runs it
     (bk w once), job_log returns its output, bounded by max_bytes."""

@@ -102,7 +102,9 @@ LABELS = [
     (["/opt/cuda/bin/nbody", "-benchmark", "-numbodies=1000000"], "nbody"),
     (["ray::Trainer.train() token=abc"], "ray::Trainer.train()"),
     (["postgres: writer process   "], "postgres:"),
-    (["./evil\x1b[31mred\x07", "x"], "evil[31mred"),
+    (["./evil\x1b[31mred\x07", "x"], "evil\\x1b[31mred\\x07"),     # escaped, never raw
+    (["./a\u202eb\u200fc\u200b\u061c", "x"], "a\\u202eb\\u200fc\\u200b\\u061c"),
+    (["./" + "a" * 28 + "\u202e"], "a" * 28),                   # never cut inside an escape
     (["/x/" + "a" * 80], "a" * LABEL_MAX),
     (["python3", "--", "-weird.py"], "python3 -weird.py"),
     (["python3"], "python3"),

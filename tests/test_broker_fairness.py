@@ -21,7 +21,7 @@ import subprocess
 import pytest
 from helpers_broker import SYSTEM_PYTHON, needs_root, poll, site
 
-pytestmark = [needs_root, pytest.mark.root]
+pytestmark = [needs_root, pytest.mark.root, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ import os
 import pytest
 from helpers_broker import needs_root, site
 
-pytestmark = [needs_root, pytest.mark.root]
+pytestmark = [needs_root, pytest.mark.root, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

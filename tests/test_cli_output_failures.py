@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 NOW_ISO = "2026-07-13T10:41:30Z"
 FULL = "/dev/full"
@@ -120,3 +122,40 @@ def test_a_failed_request_still_says_its_error_when_the_envelope_is_lost(bk):
     assert code == 2
     assert err.splitlines() == ["error: missing the duration",
                                 "error: the output could not be written (No space left on device)"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="bk admin maintain is root's")
+@pytest.mark.root
+@pytest.mark.parametrize("json_flag", [[], ["--json"]], ids=["human", "json"])
+def test_a_maintenance_window_whose_output_is_lost_names_the_window(bk, json_flag):
+    """Issue 30 item 5: it named the announcement's ID, which `maintain end`
+    does not take."""
+    with open(FULL, "wb") as full:
+        code, _, err = bk(*json_flag, "admin", "maintain", "-t", "12:00", "-d", "1h", "--reason", "driver",
+                          "--yes", stdout=full)
+    assert code == 74, err
+    code, out, _ = bk("--json", "admin", "maintain", "list")
+    (window,) = json.loads(out)["data"]["windows"]
+    (notice,) = json.loads(bk("--json", "admin", "notice", "list")[1])["data"]["notices"]
+    assert err == (f"error: added maintenance window {window['id'][:8]} (notice {notice['id'][:8]}), "
+                   "but the output could not be written (No space left on device)\n")
+    code, _, err = bk("admin", "maintain", "end", window["id"][:8], stdout=subprocess.DEVNULL)
+    assert code == 0, err
+
+
+@pytest.mark.parametrize("json_flag", [[], ["--json"]], ids=["human", "json"])
+def test_an_agent_write_whose_envelope_is_lost_names_the_booking(bk, json_flag):
+    """Issue 30 item 5: `bk agent operation create ... >/dev/full` said only
+    that the output was lost, not which booking it had made."""
+    with open(FULL, "wb") as full:
+        code, _, err = bk(*json_flag, "agent", "operation", "create",
+                          '{"count": 1, "duration": 3600, "operation_id": "run-7"}', stdout=full)
+        assert code == 74, err
+        (rid,) = _ids(bk)
+        assert err == (f"error: create: created booking {rid}, but the output could not be written "
+                       "(No space left on device)\n")
+        code, _, err = bk(*json_flag, "agent", "cancel", f'{{"ref": "{rid}"}}', stdout=full)
+        assert (code, err.split(", but")[0]) == (74, f"error: cancel: cancelled booking {rid}")
+        code, _, err = bk(*json_flag, "agent", "context", stdout=full)     # a read: nothing to name
+        assert (code, err) == (74, "error: the output could not be written (No space left on device)\n")
+    assert _ids(bk) == []

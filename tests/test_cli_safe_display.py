@@ -14,6 +14,7 @@ import re
 
 import pytest
 from helpers_cli import ROOT, SIM_GPUS, bk_fixture
+from helpers_text import CLASSES, STRICT
 
 from bk.cli import app as cli_app
 from bk.cli.render import safe
@@ -32,6 +33,43 @@ MALLORY = Actor(3000, "mallorytoken")
 @pytest.fixture
 def bk(monkeypatch, capsys):
     yield from bk_fixture(monkeypatch, capsys)
+
+
+@pytest.mark.parametrize("name", sorted(CLASSES))
+def test_every_class_is_shown_as_visible_escapes(name):
+    from bk.core import safetext
+
+    text = CLASSES[name]
+    for shown in (safe(text), safetext.safe(text, multiline=True)):
+        assert not STRICT.search(shown), (name, shown)
+        assert "\\" in shown, shown                            # visibly: as escapes
+    assert not STRICT.search(safetext.safe(text, mark="?"))     # or as a mark, in a TUI cell
+    from bk.tui.render import clean
+
+    assert not STRICT.search(clean(text)) and "?" in clean(text)
+    assert all(safetext.escaped(c) or c.isprintable() or c in " " for c in text)
+
+
+def test_multiline_text_keeps_its_line_breaks_and_nothing_else():
+    from bk.core.safetext import safe_lines
+
+    assert safe_lines("one\r\ntwo\n\tthree\rfour\x1b[2J") == "one\ntwo\n\tthree\\rfour\\x1b[2J"
+    assert safe("one\ntwo") == "one\\ntwo"                     # one-line text: the break is shown
+
+
+def test_printable_text_of_any_script_is_unchanged():
+    for text in ("café 日本語 – ok", "emoji 🎉 and 🫠", "\u00a0nbsp\u3000wide", "नमस्ते", "عربى", "\ue0b0 icon"):
+        assert safe(text) == text
+
+
+def test_the_ledger_refuses_what_steers_and_accepts_the_invisible():
+    from bk.core.errors import InvalidInput
+    from bk.service.fields import check_text
+
+    for bad in ("a\u200fb", "a\u061cb", "a\u2028b", "a\u202eb", "a\x1bb", "a\tb"):
+        with pytest.raises(InvalidInput, match="control characters"):
+            check_text(bad, "--note", max_len=100)
+    assert check_text("👩\u200d💻 a\u200bb", "--note", max_len=100)     # shown escaped, stored as is
 
 
 def test_safe_escapes_what_steers_a_terminal_and_keeps_the_rest():
@@ -170,3 +208,54 @@ def test_a_name_from_the_ledger_is_escaped_in_every_table(bk):
     for argv in (["l", "--all"], ["st", "-v"]):
         out = bk.ok(*argv).out
         assert "mal\\x1b[31mlory\\u202e" in out and not RAW.search(out)
+
+
+def test_a_process_label_from_a_hostile_argv_is_neutralised_in_the_snapshot_json_and_views(pyz, tmp_path):
+    """A real process whose argv[0] carries every class: the monitor's
+    snapshot file, ``bk st --json`` and ``bk st -v`` all show escapes."""
+    import subprocess
+    import sys
+
+    from helpers_broker import poll
+    from helpers_text import CLASSES, STRICT
+
+    # Everything but the line breaks and the surrogate (argv holds bytes; a
+    # lone surrogate cannot be encoded, and the separators are enough).
+    evil = "".join(v for k, v in CLASSES.items() if "surrogate" not in k).replace("/", "|")
+    sleeper = subprocess.Popen([f"/nowhere/ev{evil}il", "120"], executable="/bin/sleep")
+    monitor = None
+    try:
+        sim = tmp_path / "sim.json"
+        sim.write_text(json.dumps({"gpus": [{"name": "H100", "mem_total_mib": 81559, "processes": [
+            {"pid": sleeper.pid, "mem_mib": 100, "proc": True}]}]}))
+        data = tmp_path / "data"
+        env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "LANG": "C.UTF-8", "TZ": "UTC",
+               "BK_DATA_DIR": str(data), "BK_GPU_SIM_FILE": str(sim)}
+        monitor = subprocess.Popen([sys.executable, str(pyz), "m", "--interval", "0.2"], env=env,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+        def snapshot_label():
+            if monitor.poll() is not None:
+                raise AssertionError(f"bk m exited: {monitor.stderr.read()}")
+            try:
+                doc = json.loads((data / "monitor" / "snapshot.json").read_text())
+            except (OSError, ValueError):
+                return None
+            procs = doc["gpus"][0].get("processes") or []
+            return procs[0].get("label") if procs else None
+
+        label = poll(snapshot_label, 60, "the monitor's snapshot with the process")
+        assert label.startswith("ev\\x1b") and not STRICT.search(label), repr(label)
+        st = subprocess.run([sys.executable, str(pyz), "st", "--json"], env=env, capture_output=True, text=True,
+                            timeout=60)
+        (proc,) = json.loads(st.stdout)["data"]["gpus"][0]["processes"]
+        assert proc["label"] == label
+        human = subprocess.run([sys.executable, str(pyz), "st", "-v"], env=env, capture_output=True, text=True,
+                               timeout=60)
+        assert human.returncode == 0 and label[:20] in human.stdout, human.stdout
+        assert not STRICT.search(human.stdout + human.stderr), repr(human.stdout)
+    finally:
+        for p in (monitor, sleeper):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait(10)

@@ -128,6 +128,7 @@ def _gone(pid: int) -> bool:
     return False
 
 
+@pytest.mark.slow
 def test_the_runner_kills_at_the_deadline(tmp_path):
     pidfile = tmp_path / "pid"
     code = f"import os, time; open({str(pidfile)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
@@ -221,6 +222,13 @@ def test_bad_replies_are_named(answer, state):
         assert "host key" in e.value.hint
 
 
+def test_ssh_s_own_message_is_not_prefixed_twice():
+    fake = FakeSsh(reply(b"", rc=255, stderr=b"ssh: connect to host a.lab port 22: Connection refused\r\n"))
+    with pytest.raises(NodeFailure) as e:
+        client(fake).call(["l"])
+    assert e.value.message == "ssh: connect to host a.lab port 22: Connection refused"
+
+
 def test_the_best_node_is_the_earliest_start_then_priority_then_name():
     def row(name, pri, start):
         opts = ({"start": start, "gpus": [0]},) if start else ()
@@ -236,13 +244,22 @@ def test_the_best_node_is_the_earliest_start_then_priority_then_name():
 
 # ------------------------------------------------------------- lost replies
 
+def res_json(rid="r-1", uid=1001, **over) -> dict:
+    """A reservation as a node's JSON has it (bk.service.views)."""
+    return {"id": rid, "short_id": rid[:8], "number": None, "uid": uid, "user": f"u{uid}", "mine": True,
+            "mode": "shared", "gpus": [0], "share": 1, "capacity": 2, "mem_mib": None, "mem_mib_effective": None,
+            "start": "2026-07-13T10:00:00Z", "end": "2026-07-13T10:30:00Z", "status": "upcoming",
+            "created": "2026-07-13T09:00:00Z", "op_id": "K", "job": None, "note": None, "cancelled_at": None,
+            "cancel_reason": None, "edits": 0, **over}
+
+
 def booked(nid=NODE_A, status="created", rid="r-1"):
-    return reply(wrapped(nid, ok("book", {"status": status, "reservation": {"id": rid, "short_id": rid}})))
+    return reply(wrapped(nid, ok("book", {"status": status, "reservation": res_json(rid)})))
 
 
 def op_found(action="create", rid="r-1", found=True):
     return reply(wrapped(NODE_A, ok("cluster op", {"op_id": "K", "found": found, "action": action if found else None,
-                                                   "reservation": {"id": rid} if found else None})))
+                                                   "reservation": res_json(rid) if found else None})))
 
 
 def cluster_with(fake) -> Cluster:
@@ -339,7 +356,7 @@ def test_admin_cluster_edits_the_catalog(capsys, node_env, tmp_path):
     os.chmod(tmp_path, 0o755)
     (tmp_path / "data").mkdir(mode=0o700)
     path = tmp_path / "etc" / "cluster.json"
-    # The local node runs the bk on PATH: this tree's.
+    # A bk on PATH (the local node does not need one: it runs this bk).
     bindir = tmp_path / "bin"
     bindir.mkdir()
     (bindir / "bk").write_text(f"#!/bin/sh\nPYTHONPATH={ROOT} exec {sys.executable} -m bk \"$@\"\n")
@@ -380,7 +397,7 @@ def test_a_given_op_id_is_looked_for_on_every_node_before_booking():
     fakes = {NODE_A: FakeSsh(op_found(found=False)),
              NODE_B: FakeSsh(reply(wrapped(NODE_B, ok("cluster op", {"op_id": "K", "found": True,
                                                                      "action": "create",
-                                                                     "reservation": {"id": "r-b"}}))))}
+                                                                     "reservation": res_json("r-b")}))))}
     c = cat.Catalog((entry("a", NODE_A), entry("b", NODE_B)), {}, "test")
     cl = Cluster(c, make_client=lambda e, cancelled=None: NodeClient(e, runner=fakes[e.id], wall=lambda: 1e6))
     done = cl.book(["1", "30m"], lambda o: ["book", "1", "30m"], op_id="K")
@@ -444,11 +461,39 @@ def test_bk_c_tui_without_a_terminal_view_prints_the_node_table(capsys, node_env
 
 
 def test_the_overview_names_people_and_keeps_going_past_a_failed_node():
-    listing = ok("list", {"scope": "all", "reservations": [{"id": "r-1", "short_id": "r-1", "uid": 1001,
-                                                             "user": "u1001", "gpus": [0]}]})
+    listing = ok("list", {"scope": "all", "reservations": [res_json("r-1")]})
     fakes = {NODE_A: FakeSsh(reply(wrapped(NODE_A, listing))), NODE_B: FakeSsh(reply(b"", ended="timeout"))}
     c = cat.Catalog((entry("a", NODE_A), entry("b", NODE_B)), {"a": {"1001": "alice"}}, "test")
     cl = Cluster(c, make_client=lambda e, cancelled=None: NodeClient(e, runner=fakes[e.id], wall=lambda: 1e6))
     ov = cl.overview().to_json()
     assert [(r["node"], r["person"]) for r in ov["reservations"]] == [("a", "alice")]
     assert [n["state"] for n in ov["nodes"]] == ["ok", "timeout"] and ov["complete"] is False
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the catalog must be root's")
+def test_the_local_node_is_this_bk_not_the_path_s_nor_the_working_directory_s(capsys, pyz, node_env, tmp_path,
+                                                                              monkeypatch):
+    """A ``local`` node with the default remote_command runs the bk that
+    runs ``bk c`` (the archive, or this checkout), with no ``bk`` on PATH,
+    and a ``bk/`` package in the working directory is never imported."""
+    import subprocess
+
+    os.chmod(tmp_path, 0o755)
+    code, ident = run_bk(capsys, "c", "id", "--json", env=node_env)
+    path = _write(tmp_path / "c.json", {"nodes": {"here": {"id": ident["data"]["id"], "target": "local"}}})
+    planted = tmp_path / "cwd"
+    (planted / "bk").mkdir(parents=True)
+    marker = tmp_path / "planted-ran"
+    (planted / "bk" / "__init__.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\nraise SystemExit(9)\n")
+    (planted / "bk" / "__main__.py").write_text("")
+    env = {**node_env, "BK_CLUSTER_FILE": path, "PATH": "/usr/bin:/bin"}
+    # The built archive, run as python3 bk.pyz from the planted directory.
+    p = subprocess.run([sys.executable, str(pyz), "c", "--json"], env=env, cwd=planted, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert json.loads(p.stdout)["data"]["nodes"][0]["state"] == "ok"
+    # This checkout, in this process.
+    monkeypatch.chdir(planted)
+    code, out = run_bk(capsys, "c", "--json", env=env)
+    assert code == 0 and out["data"]["nodes"][0]["state"] == "ok", out
+    assert not marker.exists()

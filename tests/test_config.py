@@ -124,3 +124,13 @@ def test_every_key_has_documentation_and_a_valid_default():
         assert key.doc.strip(), name
         if key.default is not None:
             assert config.check_value(key, key.default, "defaults") == key.default
+
+
+def test_simulated_gpus_needs_a_count():
+    from bk.store.config import parse_document
+
+    with pytest.raises(ConfigError) as e:
+        parse_document({"simulated_gpus": True}, "cfg", allow_security=True)
+    assert "gpu_count" in e.value.message
+    assert parse_document({"simulated_gpus": True, "gpu_count": 8}, "cfg", allow_security=True) == {
+        "simulated_gpus": True, "gpu_count": 8}

@@ -28,7 +28,7 @@ from helpers_broker import SYSTEM_PYTHON, needs_root, poll, site
 
 from bk.store import lock as bklock
 
-pytestmark = [needs_root, pytest.mark.root]
+pytestmark = [needs_root, pytest.mark.root, pytest.mark.slow]
 
 HOLD = ("import fcntl, os, sys\n"
         "fd = os.open(sys.argv[1], os.O_RDONLY)\n"

@@ -144,6 +144,7 @@ DOCS_WITH_COMMANDS = ("docs/GUIDE.md", "docs/GUIDE.zh-CN.md", "docs/CLUSTER.md",
                       "docs/TELEMETRY.md", "docs/SECURITY.md", "docs/RELEASING.md", "README.md")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rel", DOCS_WITH_COMMANDS)
 def test_every_command_shown_parses(rel):
     """Commands the tests cannot run (a shared server's root# sessions,
@@ -326,6 +327,7 @@ def _documented() -> str:
     return "".join((ROOT / "docs" / n).read_text(encoding="utf-8") for n in ("JSON.md", "TELEMETRY.md"))
 
 
+@pytest.mark.slow
 def test_every_json_field_bk_prints_is_documented(outputs):
     doc = _documented()
     fields: dict[str, str] = {}

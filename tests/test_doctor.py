@@ -76,6 +76,7 @@ def test_require_worker_fails_without_a_worker(bk):
     assert r.code == errors.EXIT_PARTIAL and "not ready: 1 check failed (worker)" in r.out
 
 
+@pytest.mark.slow
 def test_the_worker_for_real(pyz, tmp_path):
     """A job waiting without a worker is a warning; a real ``bk w start``
     satisfies --require-worker --strict."""
@@ -148,6 +149,7 @@ def test_help_documents_the_flags(bk):
 
 # ------------------------------------------------------------- the monitor, for real
 
+@pytest.mark.slow
 def test_the_monitor_heartbeat_running_stopped_and_gone(pyz, tmp_path):
     """A real ``bk m`` (the built archive): running passes --require-monitor
     --strict; after SIGTERM it is stopped (a warning, a failure when
@@ -199,10 +201,16 @@ def test_the_monitor_heartbeat_running_stopped_and_gone(pyz, tmp_path):
         assert rc == errors.EXIT_PARTIAL and m["status"] == "fail" and m["detail"].startswith("stale")
         assert f"process {p.pid} is gone" in m["detail"]
 
+        # Issue 30 item 13: `bk m status` called a damaged heartbeat absent
+        # while doctor called it damaged; both say damaged.
         (tmp_path / "data" / "monitor" / "heartbeat.json").write_text("{not json")
         rc, d = run()
         m = checks(d)["monitor"]
-        assert m["status"] == "warn" and m["detail"].startswith("absent: "), m
+        assert m["status"] == "warn" and m["detail"].startswith("damaged: "), m
+        assert d["monitor"]["state"] == "damaged"
+        st = subprocess.run([sys.executable, str(pyz), "m", "status"], env=env, capture_output=True,
+                            text=True, timeout=60)
+        assert st.returncode == 0 and st.stdout.startswith("monitor: damaged ("), st.stdout
     finally:
         for q in started:               # only what this test started
             if q.poll() is None:
@@ -229,6 +237,7 @@ def doctor(srv, account, *args) -> tuple[int, dict]:
     return rc, env["data"]
 
 
+@pytest.mark.slow
 @pytest.mark.root
 @needs_root
 def test_shared_server_without_and_with_its_broker(srv):
@@ -276,6 +285,7 @@ def test_shared_server_without_and_with_its_broker(srv):
         srv.stop_broker()
 
 
+@pytest.mark.slow
 @pytest.mark.root
 @needs_root
 def test_shared_server_untrusted_config_and_foreign_data_dir(srv):
@@ -299,3 +309,30 @@ def test_shared_server_untrusted_config_and_foreign_data_dir(srv):
         os.chown(srv.data, srv.service.uid, -1)
     rc, d = doctor(srv, None)
     assert d["ok"], json.dumps(d, indent=1)
+
+
+def test_a_heartbeat_from_ahead_of_the_clock_says_the_clock_went_back(pyz, tmp_path):
+    """Issue 30 item 13: after the clock was stepped back, the monitor's
+    heartbeat read "no update for -114708 s"."""
+    from bk.store import snapshot as sf
+
+    now = 1_780_000_000
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "LANG": "C.UTF-8", "TZ": "UTC",
+           "BK_DATA_DIR": str(tmp_path / "data"), "BK_GPU_COUNT": "2", "BK_NOW": str(now)}
+    assert subprocess.run([sys.executable, str(pyz), "1", "30m"], env=env, capture_output=True,
+                          timeout=60).returncode == 0
+    directory = tmp_path / "data" / "monitor"
+    directory.mkdir(mode=0o755)
+    # Written by a live process (this one) at a time 114708 s ahead of bk's clock.
+    sf.write_heartbeat(str(directory), sf.heartbeat_doc(status="running", pid=os.getpid(), started_at=now + 114000,
+                                                        updated_at=now + 114708, interval_s=2.0, detail=None,
+                                                        samples=5))
+    for argv in (["m", "status"], ["doctor"]):
+        p = subprocess.run([sys.executable, str(pyz), *argv], env=env, capture_output=True, text=True, timeout=60)
+        text = " ".join(p.stdout.split())
+        assert "114708 s ahead of this clock (the clock went back" in text, (argv, p.stdout)
+        assert "-114708" not in text
+    p = subprocess.run([sys.executable, str(pyz), "--json", "m", "status"], env=env, capture_output=True,
+                       text=True, timeout=60)
+    hb = json.loads(p.stdout)["data"]
+    assert hb["state"] == "stale" and hb["age_s"] is None        # no age at all, rather than a wrong one

@@ -70,6 +70,7 @@ def _can_unshare() -> bool:
                           capture_output=True).returncode == 0
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _can_unshare(), reason="needs root and unshare --mount (a private mount namespace)")
 def test_a_read_only_file_system_is_named_and_fails_doctor(pyz, tmp_path):
     mnt = tmp_path / "mnt"
@@ -108,3 +109,49 @@ def test_a_read_only_file_system_is_named_and_fails_doctor(pyz, tmp_path):
         assert not check["ok"] and "read-only file system" in check["detail"], check
         assert f"mount -o remount,rw {mnt}" in check["detail"]
     assert not os.path.exists(data)                       # the tmpfs is gone with its namespace
+
+
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("useradd") or not os.path.exists("/usr/bin/python3"),
+                    reason="needs root, useradd and /usr/bin/python3 (a real user: root writes anywhere)")
+def test_an_unwritable_state_directory_is_named_and_fails_doctor(pyz):
+    """Issue 30 item 11: the hint sent the user to "the data directory (bk
+    doctor)", and doctor, which did not look at the state directory, passed."""
+    from helpers_broker import SYSTEM_PYTHON, Accounts, make_base
+
+    base = make_base()
+    accounts = Accounts(base)
+    try:
+        ada = accounts.user()
+        archive = base / "bk.pyz"
+        shutil.copy(pyz, archive)
+        os.chmod(archive, 0o644)
+        home = Path(ada.home)
+        env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "LANG": "C.UTF-8", "TZ": "UTC", "NO_COLOR": "1",
+               "BK_DATA_DIR": str(home / "data"), "BK_GPU_COUNT": "4"}
+
+        def bk(*argv):
+            p = subprocess.run([SYSTEM_PYTHON, str(archive), "--json", *argv], env=env, capture_output=True,
+                               text=True, stdin=subprocess.DEVNULL, timeout=60, cwd=home, user=ada.uid,
+                               group=ada.gid, extra_groups=[])
+            return p.returncode, json.loads(p.stdout)
+
+        assert bk("p", "save", "small", "1", "30m")[0] == 0
+        state = home / "data" / "state"
+        assert state.is_dir()
+        os.chmod(state, 0o555)
+        code, env_ = bk("p", "save", "big", "4", "2h")
+        assert code == 74, env_
+        hint = env_["error"]["hint"]
+        assert str(state) in hint and "0555" in hint and "data directory" not in hint, hint
+        code, doc = bk("doctor", "--strict")
+        assert code == 1 and "state directory" in doc["data"]["failed"], doc
+        check = doctor_check(doc, "state directory")
+        assert str(state) in check["detail"] and check["fix"] == f"chmod u+rwx {state}"
+        os.chmod(state, 0o700)
+        code, doc = bk("doctor")
+        assert doctor_check(doc, "state directory")["ok"]
+        assert bk("p", "save", "big", "4", "2h")[0] == 0
+    finally:
+        accounts.cleanup()
+        shutil.rmtree(base, ignore_errors=True)

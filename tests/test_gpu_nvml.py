@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from bk import gpu
 from bk.gpu import open_backend
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -259,7 +260,7 @@ out["count"] = open_backend({{"BK_GPU_COUNT": "2"}}, proc_root={str(proc_root)!r
     assert out["fp"] == "nvml:1234-boot:NVRM version: NVIDIA UNIX x86_64 Kernel Module 999.1 Fake"
     assert out["pynvml_before"] is False and out["inits_before"] == 0   # opening and fingerprint: no NVML
     assert out["src"] == "nvml"
-    assert out["none"] == ["sim-count", "no GPU backend available; simulating"]
+    assert out["none"] == ["sim-count", gpu.NO_DRIVER_LOADED]
     assert out["count"] == "sim-count"
 
 

@@ -72,3 +72,18 @@ def test_missing_or_garbage_sim_file(tmp_path):
     (tmp_path / "g.json").write_text("{")
     with pytest.raises(ConfigError, match="not valid JSON"):
         open_backend({"BK_GPU_SIM_FILE": str(tmp_path / "g.json")}).snapshot(0)
+
+
+def test_gpus_simulated_on_purpose_are_no_fallback(tmp_path):
+    """simulated_gpus: no driver is looked for and nothing calls it a fault;
+    without it, a machine with no driver gets the reported stand-in."""
+    from bk import gpu
+
+    b = gpu.open_backend({"PATH": "/usr/bin:/bin"}, 3, simulated=True, proc_root=str(tmp_path))
+    snap = b.snapshot(0)
+    assert b.name == snap.source == gpu.SIMULATED and b.reason is None and snap.reason is None
+    assert snap.simulated and len(snap.gpus) == 3 and b.fingerprint() == "simulated:3"
+    fallback = gpu.open_backend({"PATH": "/usr/bin:/bin"}, 3, proc_root=str(tmp_path))
+    assert fallback.name == "sim-count" and fallback.reason == gpu.NO_DRIVER_LOADED
+    # The test variables still win over the configuration.
+    assert gpu.open_backend({"BK_GPU_COUNT": "2"}, 3, simulated=True).name == "sim-count"

@@ -157,7 +157,7 @@ def test_chain_without_pynvml_takes_nvidia_smi(smi, tmp_path, monkeypatch):
     assert b.fingerprint().startswith("smi:")
     # No driver loaded: the tool cannot answer, so it is not even run.
     b = open_backend({"PATH": smi.bin}, proc_root=str(tmp_path / "none"))
-    assert b.name == "sim-count" and b.reason == "no GPU backend available; simulating"
+    assert b.name == "sim-count" and b.reason == gpu.NO_DRIVER_LOADED
     assert not smi.argv_log.exists() or len(smi.argv_log.read_text().splitlines()) == 1
     # A driver, but neither pynvml nor the tool: the simulation says why.
     b = open_backend({"PATH": str(tmp_path / "empty")}, proc_root=str(proc))

@@ -21,7 +21,7 @@ import pytest
 
 from tests.helpers_install import BASE, NOBODY, PYTHON, bk, install, owner_mode, staging_root, tree  # noqa: F401
 
-pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="needs root"), pytest.mark.root]
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="needs root"), pytest.mark.root]
 
 
 def test_install_lays_out_every_file_as_documented(pyz, root):
@@ -37,8 +37,10 @@ def test_install_lays_out_every_file_as_documented(pyz, root):
         "etc/systemd/user/bk-worker.service": (0, 0, 0o644),
         "usr/local/share/man/man1/bk.1": (0, 0, 0o644),
         "usr/local/share/man/man5/gpubk-config.5": (0, 0, 0o644),
-        "usr/share/bash-completion/completions/bk": (0, 0, 0o644),
+        "usr/local/share/bash-completion/completions/bk": (0, 0, 0o644),
         "usr/local/share/zsh/site-functions/_bk": (0, 0, 0o644),
+        "usr/share/doc/gpubk/GUIDE.md": (0, 0, 0o644),
+        "usr/share/doc/gpubk/GUIDE.zh-CN.md": (0, 0, 0o644),
     }
     for rel, want in expect.items():
         assert owner_mode(root / rel) == (want[0], os.lstat(root / rel).st_gid if want[0] == NOBODY else 0,
@@ -51,7 +53,7 @@ def test_install_lays_out_every_file_as_documented(pyz, root):
     assert cfg["data_dir"] == f"{r}/var/lib/gpubk" and cfg["socket"] == f"{r}/run/gpubk/broker.sock"
     assert cfg["service_uid"] == NOBODY and cfg["gpu_count"] == 4
     unit = (root / "etc/systemd/system/gpubk-broker.service").read_text()
-    assert f"ExecStart={r}/opt/gpubk/bin/bk broker" in unit and f"User={NOBODY}" in unit
+    assert f"ExecStart={r}/opt/gpubk/bin/bk broker" in unit and "\nUser=nobody\n" in unit
     assert "RestartPreventExitStatus=75 77 78" in unit and "RuntimeDirectory=gpubk" in unit
     assert f"ReadWritePaths={r}/var/lib/gpubk" in unit
     assert f"ExecStart={r}/opt/gpubk/bin/bk m" in (root / "etc/systemd/system/gpubk-monitor.service").read_text()
@@ -77,13 +79,33 @@ def test_install_lays_out_every_file_as_documented(pyz, root):
     assert all(e["before"] is None for e in man["entries"])
 
 
-def test_units_verify_cleanly_and_are_hardened(pyz, root):
+@pytest.fixture(name="account")
+def service_account():
+    """A throwaway service account (systemd-analyze rightly warns about nobody)."""
+    from tests.helpers_broker import Accounts, make_base
+
+    base = make_base()
+    accounts = Accounts(base)
+    try:
+        yield accounts
+    finally:
+        accounts.cleanup()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_units_verify_cleanly_and_are_hardened(pyz, root, account):
     if not shutil.which("systemd-analyze"):
         pytest.skip("systemd-analyze is not installed")
-    install(pyz, root)
+    svc = account.user()
+    install(pyz, root, "--service-user", svc.name)
     env = dict(os.environ, MANPATH=str(root / "usr/local/share/man"))    # Documentation=man:... must resolve
     for name in ("gpubk-broker.service", "gpubk-monitor.service"):
         unit = root / "etc/systemd/system" / name
+        text = unit.read_text()
+        # By name, as a package's unit says it; Type=notify for the broker,
+        # which sends READY=1 once its socket answers.
+        assert f"\nUser={svc.name}\n" in text
+        assert ("\nType=notify\n" in text) == (name == "gpubk-broker.service")
         v = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, env=env)
         assert v.returncode == 0 and v.stderr == "", v.stderr
         s = subprocess.run(["systemd-analyze", "security", "--offline=true", str(unit)], capture_output=True,
@@ -148,7 +170,9 @@ def test_reinstall_keeps_data_and_config_and_refuses_bound_changes(pyz, root):
     p = bk(pyz, "--json", "admin", "install", "--root", str(root), "--yes", "--no-start", "--python", PYTHON)
     assert json.loads(p.stdout)["data"]["config"]["gpu_count"] == 4
     before = tree(root)
-    rc, env = install(pyz, root, "--gpu-count", "8", "--slot-minutes", "10", check=False)
+    p = bk(pyz, "--json", "admin", "install", "--root", str(root), "--yes", "--no-start", "--python", PYTHON,
+           "--gpu-count", "8", "--slot-minutes", "10", check=False)
+    rc, env = p.returncode, json.loads(p.stdout)
     assert rc == 2 and "bound into the ledger" in env["error"]["message"]
     assert "--gpu-count 8 (installed: 4)" in env["error"]["message"] and "--slot-minutes 10" in env["error"]["message"]
     assert tree(root) == before
@@ -218,17 +242,15 @@ def test_the_seed_uninstall_sequence_with_the_installed_command(pyz, root):
     assert sorted(os.listdir(root)) == []
 
 
-def test_group_access_units_and_directories(pyz, root):
-    import grp
-
-    group = grp.getgrgid(NOBODY).gr_name if NOBODY in [g.gr_gid for g in grp.getgrall()] else "nogroup"
-    gid = grp.getgrnam(group).gr_gid
-    install(pyz, root, "--access", "group", "--group", group)
-    assert owner_mode(root / "var/lib/gpubk") == (NOBODY, gid, 0o750)
-    assert owner_mode(root / "run/gpubk") == (NOBODY, gid, 0o2750)
+def test_group_access_units_and_directories(pyz, root, account):
+    svc = account.user()
+    group, gid = account.group()
+    install(pyz, root, "--service-user", svc.name, "--access", "group", "--group", group)
+    assert owner_mode(root / "var/lib/gpubk") == (svc.uid, gid, 0o750)
+    assert owner_mode(root / "run/gpubk") == (svc.uid, gid, 0o2750)
     for name in ("gpubk-broker.service", "gpubk-monitor.service"):
         unit = (root / "etc/systemd/system" / name).read_text()
-        assert f"Group={gid}" in unit and "RuntimeDirectoryMode=2750" in unit
+        assert f"\nGroup={group}\n" in unit and "RuntimeDirectoryMode=2750" in unit
         if shutil.which("systemd-analyze"):
             v = subprocess.run(["systemd-analyze", "verify", str(root / "etc/systemd/system" / name)],
                                capture_output=True, text=True,
@@ -285,7 +307,8 @@ def test_uninstall_refuses_while_the_broker_runs(pyz, root):
     with TemporaryService(str(unit), f"{root}/run/gpubk/broker.sock"):
         p = bk(pyz, "--json", "admin", "uninstall", "--root", str(root), "--yes", check=False)
         err = json.loads(p.stdout)["error"]
-        assert p.returncode == 78 and "still running" in err["message"] and "answers" in err["message"]
+        assert p.returncode == 75 and "still running" in err["message"] and "answers" in err["message"]
+        assert err["code"] == "busy"
     bk(pyz, "admin", "uninstall", "--root", str(root), "--yes", "--purge-data")
 
 
@@ -312,7 +335,8 @@ def test_guided_install_asks_one_question_at_a_time(pyz, root):
     pid, fd = pty.fork()
     if pid == 0:
         os.execve(PYTHON, argv, {"PATH": "/usr/bin:/bin", "HOME": "/root", "TERM": "dumb", "LANG": "C.UTF-8"})
-    answers = [("Service account", b"nobody\n"), ("How many GPUs", b"4\n"), ("Who may book", b"\n"),
+    answers = [("Service account", b"nobody\n"), ("Administrator contact", b"\n"), ("How many GPUs", b"4\n"),
+               ("Who may book", b"\n"),
                ("Slice length", b"\n"), ("Share slots", b"\n"), ("Data directory", b"\n"),
                ("The bk command", b"\n"), ("Show notices at login", b"n\n"), ("Apply this plan?", b"y\n")]
     seen = b""
@@ -352,7 +376,7 @@ def test_a_reconcile_that_changes_the_archive_refuses_while_the_broker_runs(pyz,
         p = subprocess.run([PYTHON, str(other), "--json", "admin", "install", "--root", str(root), "--yes",
                             "--no-start", "--python", PYTHON], capture_output=True, text=True, timeout=300,
                            env={"PATH": "/usr/bin:/bin", "HOME": "/root"})
-        assert p.returncode == 78 and "archive would change" in json.loads(p.stdout)["error"]["message"]
+        assert p.returncode == 75 and "archive would change" in json.loads(p.stdout)["error"]["message"]
     after = tree(root)
     after.pop("run/gpubk/broker.sock.lock", None)      # the broker's own lock file, left by design
     assert after == before
@@ -491,3 +515,23 @@ def test_with_systemd_uninstall_disables_the_units_before_removing_them(pyz, roo
     uninstall.uninstall(up, runner=fake)
     assert ["systemctl", "disable", "gpubk-broker.service", "gpubk-monitor.service"] in calls
     assert not (root / "etc/systemd/system/gpubk-broker.service").exists()
+
+
+def test_the_accounts_check_sees_only_what_an_install_could_make():
+    # Someone else's account added meanwhile (another test, another person)
+    # is not the installer's doing; one that names the staging root is.
+    import secrets
+
+    from tests.helpers_install import staged_root
+
+    names = ["bkx" + secrets.token_hex(3), "bkx" + secrets.token_hex(3)]
+    try:
+        with staged_root():
+            subprocess.run(["useradd", "-M", "-s", "/usr/sbin/nologin", names[0]], check=True, capture_output=True)
+        with pytest.raises(AssertionError, match="creates no accounts"):
+            with staged_root() as d:
+                subprocess.run(["useradd", "-M", "-d", str(d / "home"), "-s", "/usr/sbin/nologin", names[1]],
+                               check=True, capture_output=True)
+    finally:
+        for name in names:
+            subprocess.run(["userdel", name], capture_output=True)

@@ -29,6 +29,45 @@ def test_a_spec_is_private_and_bound_by_its_digest(jobs):
     assert spec.path == "/usr/bin"
 
 
+def _unsalted(job_id, argv, cwd, path, created) -> bytes:
+    """A spec as bk wrote it before salts (and as a dictionary attack would
+    rebuild one from a guess): the same fields, the same canonical JSON."""
+    import json
+
+    doc = {"schema": specs.SCHEMA, "id": job_id, "argv": list(argv), "cwd": cwd, "path": path,
+           "created": created}
+    return (json.dumps(doc, sort_keys=True, ensure_ascii=True, separators=(",", ":")) + "\n").encode()
+
+
+def test_a_correct_guess_of_every_field_cannot_be_confirmed_by_the_digest(jobs):
+    import hashlib
+
+    argv = ["python3", "train.py", "--token", "s3cr3t"]
+    digest = specs.write_spec(jobs, JID, argv, "/home/ada", "/usr/local/bin:/usr/bin:/bin", 1_700_000_000)
+    guess = _unsalted(JID, argv, "/home/ada", "/usr/local/bin:/usr/bin:/bin", 1_700_000_000)
+    assert hashlib.sha256(guess).hexdigest() != digest
+    with open(os.path.join(jobs, "specs", f"{JID}.json"), "rb") as f:
+        doc = __import__("json").loads(f.read())
+    assert len(bytes.fromhex(doc["salt"])) == specs.SALT_BYTES
+    assert specs.read_spec(jobs, JID, digest).argv == tuple(argv)       # the owner still verifies it
+    other = "f" * 32                                                   # and no two specs share a salt
+    specs.write_spec(jobs, other, argv, "/home/ada", None, 1)
+    with open(os.path.join(jobs, "specs", f"{other}.json"), "rb") as f:
+        assert __import__("json").loads(f.read())["salt"] != doc["salt"]
+
+
+def test_a_spec_written_before_salts_still_verifies_for_its_owner(jobs):
+    import hashlib
+
+    specs.write_spec(jobs, "f" * 32, ["true"], "/", None, 5)          # makes the directories
+    data = _unsalted(JID, ["echo", "hi"], "/tmp", "/usr/bin", 5)
+    fd = os.open(os.path.join(jobs, "specs", f"{JID}.json"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    os.write(fd, data)
+    os.close(fd)
+    spec = specs.read_spec(jobs, JID, hashlib.sha256(data).hexdigest())
+    assert spec.argv == ("echo", "hi") and spec.cwd == "/tmp" and spec.path == "/usr/bin"
+
+
 def test_a_spec_is_never_overwritten(jobs):
     specs.write_spec(jobs, JID, ["true"], "/", None, 5)
     with pytest.raises(IOFailure):
@@ -92,6 +131,65 @@ def test_logs_rotate_in_two_segments(jobs):
     assert tail == b"b" * 10 + b"c" * 10 and cut
     for name in os.listdir(os.path.join(jobs, "logs")):
         assert stat.S_IMODE(os.stat(os.path.join(jobs, "logs", name)).st_mode) == 0o600
+
+
+def _segments(jobs) -> dict:
+    d = os.path.join(jobs, "logs")
+    return {n: os.path.getsize(os.path.join(d, n)) for n in os.listdir(d)} if os.path.isdir(d) else {}
+
+
+def test_the_log_pump_keeps_the_cap_at_every_write_while_the_job_runs(jobs, tmp_path):
+    """Issue 30: the worker checked a log's size once per tick, so a fast
+    writer grew one far past the two promised segments.  With the pump, a
+    job that has written 3.5 segments and still runs has exactly its newest
+    1.5 segments on disk, and a new segment starts on the very byte."""
+    import subprocess
+    import sys
+    import time
+
+    gate = tmp_path / "gate"
+    os.mkfifo(gate)
+    writer = ("import sys; out = sys.stdout.buffer\n"
+              "for i in range(35): out.write(bytes([65 + i % 26]) * 100); out.flush()\n"
+              f"open({str(gate)!r}).read()\n"
+              "out.write(b'!end'); out.flush()\n")
+    fd, pump = logs.start_pump(jobs, JID, segment=1000)
+    try:
+        job = subprocess.Popen([sys.executable, "-c", writer], stdout=fd, stderr=fd)
+    finally:
+        os.close(fd)
+    try:
+        deadline = time.monotonic() + 20
+        while _segments(jobs).get(f"{JID}.log") != 500:        # the pump has copied all 3,500 bytes
+            assert time.monotonic() < deadline, _segments(jobs)
+            assert job.poll() is None and pump.poll() is None
+            time.sleep(0.01)
+        assert _segments(jobs) == {f"{JID}.log": 500, f"{JID}.log.1": 1000}
+        data, cut = logs.read(jobs, JID, limit=None)
+        assert data == b"".join(bytes([65 + i % 26]) * 100 for i in range(20, 35)) and not cut
+    finally:
+        with open(gate, "w") as g:
+            g.write("go")
+        job.wait(20)
+    assert pump.wait(20) == 0                                    # the job's end closed the pipe
+    assert _segments(jobs) == {f"{JID}.log": 504, f"{JID}.log.1": 1000}
+    assert logs.read(jobs, JID, limit=4)[0] == b"!end"
+    for name in os.listdir(os.path.join(jobs, "logs")):
+        assert stat.S_IMODE(os.stat(os.path.join(jobs, "logs", name)).st_mode) == 0o600
+
+
+def test_a_log_over_the_cap_from_before_the_pump_is_cut_back_before_it_grows(jobs):
+    import subprocess
+
+    fd = logs.open_for_job(jobs, JID)
+    os.write(fd, b"o" * 5000)                                  # an old worker's 5-segment log
+    os.close(fd)
+    w, pump = logs.start_pump(jobs, JID, segment=1000)
+    subprocess.run(["printf", "new"], stdout=w, check=True)
+    os.close(w)
+    assert pump.wait(20) == 0
+    assert _segments(jobs) == {f"{JID}.log": 3, f"{JID}.log.1": 1000}
+    assert logs.read(jobs, JID, limit=None)[0] == b"o" * 1000 + b"new"
 
 
 def test_logs_are_bounded_by_age_and_total(jobs):

@@ -96,6 +96,7 @@ def _replace_as_service(srv, path: Path, data: bytes) -> None:
 
 @needs_root
 @pytest.mark.root
+@pytest.mark.slow
 def test_the_broker_logs_lost_commits_and_their_recovery_with_the_files_and_the_fix(srv):
     for _ in range(3):
         rc, env = srv.run_json(srv.user, "1", "30m", "--again")
@@ -120,6 +121,7 @@ def test_the_broker_logs_lost_commits_and_their_recovery_with_the_files_and_the_
 
 @needs_root
 @pytest.mark.root
+@pytest.mark.slow
 def test_the_broker_logs_a_damaged_ledger_rebuilt_from_a_backup_and_one_it_cannot_rebuild(srv):
     for _ in range(2):
         rc, env = srv.run_json(srv.user, "1", "30m", "--again")
@@ -150,6 +152,7 @@ def test_the_broker_logs_a_damaged_ledger_rebuilt_from_a_backup_and_one_it_canno
 
 @needs_root
 @pytest.mark.root
+@pytest.mark.slow
 def test_monitor_and_worker_lines_carry_their_priority(srv):
     sim = srv.base / "sim.json"
     sim.write_text(json.dumps({"gpus": [{"name": "H100", "mem_total_mib": 81559, "util": 0, "processes": []}]}))

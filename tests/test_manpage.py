@@ -98,7 +98,8 @@ def test_bk_admin_8_sections_files_and_exit_table(generated):
                  "/etc/gpubk/install-manifest.json", "/var/lib/gpubk", "/run/gpubk/broker.sock",
                  "/etc/systemd/system/gpubk-broker.service", "/etc/systemd/system/gpubk-monitor.service",
                  "/etc/systemd/user/bk-worker.service", "/usr/local/share/man/man8/bk-admin.8",
-                 "/usr/share/bash-completion/completions/bk", "/usr/local/share/zsh/site-functions/_bk",
+                 "/usr/local/share/bash-completion/completions/bk", "/usr/local/share/zsh/site-functions/_bk",
+                 "/usr/share/doc/gpubk", "/usr/lib/sysusers.d/gpubk.conf", "/usr/lib/tmpfiles.d/gpubk.conf",
                  "/etc/profile.d/gpubk.sh"):
         assert f".I {manpage.esc(path)}\n" in files, path
     status = page.split(".SH EXIT STATUS", 1)[1].split(".SH ", 1)[0]
@@ -207,3 +208,14 @@ def test_examples_use_only_commands_that_exist():
     for m in re.finditer(r"(?:^|&& |\s)bk (\S+)", examples, re.M):
         word = m.group(1)
         assert word in words or word.isdigit() or word.startswith("#") or word.startswith("\\-"), word
+
+
+@pytest.mark.parametrize("rel", ["man/bk.1", "man/bk-admin.8", "man/gpubk-config.5"])
+def test_pages_report_bugs_and_show_no_argparse_words(generated, rel):
+    page = generated.get(rel) or (ROOT / rel).read_text(encoding="utf-8")
+    for leak in ("show this help message", "show program's version", "\\fI{", "[{"):
+        assert leak not in page, (rel, leak)
+    sections = [ln[4:] for ln in page.splitlines() if ln.startswith(".SH ")]
+    assert "REPORTING BUGS" in sections and sections[-1] == "SEE ALSO", sections
+    bugs = page.split(".SH REPORTING BUGS", 1)[1].split(".SH ", 1)[0]
+    assert "bk \\-\\-version" in bugs and "administrator" in bugs

@@ -312,3 +312,36 @@ def test_reader_frames_lines_and_bounds_them():
                              log=said.append))
     assert got == [b"a", b"bb\r", 20, b"d"]
     assert said and "middle" in said[0]
+
+
+def test_a_start_at_the_schemas_maximum_gets_hints_inside_the_horizon(pyz, tmp_path):
+    """Issue 30 item 13: a start at the schema's maximum (not on a slice
+    boundary) was answered "nearest valid starts: 4147-08-20T07:30:00Z or
+    ...", thousands of years past the booking horizon."""
+    import re
+
+    from bk.core.models import parse_iso
+
+    lines = [INIT, req(1, "tools/list")]
+    data = b"".join(json.dumps(x).encode() + b"\n" for x in lines)
+    proc = subprocess.run([sys.executable, str(pyz), "mcp"], input=data, capture_output=True,
+                          env=env_for(tmp_path), cwd=tmp_path, timeout=60)
+    tools = {t["name"]: t for t in by_id([json.loads(x) for x in proc.stdout.decode().splitlines()])[1]
+             ["result"]["tools"]}
+    top = tools["create"]["inputSchema"]["properties"]["start"]["anyOf"][0]["maximum"]
+    assert top % 300, "the maximum is not on a slice boundary (the test needs one that is not)"
+    calls = [INIT] + [req(i, "tools/call", {"name": name, "arguments": {"count": 1, "duration": 3600, "start": s}})
+                      for i, (name, s) in enumerate((("create", top), ("recommend", top),
+                                                     ("create", top - 10 ** 9)), 1)]
+    data = b"".join(json.dumps(x).encode() + b"\n" for x in calls)
+    proc = subprocess.run([sys.executable, str(pyz), "mcp"], input=data, capture_output=True,
+                          env=env_for(tmp_path), cwd=tmp_path, timeout=60)
+    r = by_id([json.loads(x) for x in proc.stdout.decode().splitlines()])
+    horizon_end = parse_iso(NOW_ISO) + 30 * 86400
+    for rid in (1, 2, 3):
+        env = r[rid]["result"]["structuredContent"]
+        assert not env["ok"] and env["error"]["details"]["field"] == "start", env
+        hint = env["error"]["hint"]
+        times = re.findall(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", hint)
+        assert times and all(parse_iso(t) + 3600 <= horizon_end for t in times), hint
+        assert "horizon" in hint, hint

@@ -38,6 +38,7 @@ def mcp(srv, user, *calls) -> list[dict]:
     return [r["result"]["structuredContent"] for r in replies]
 
 
+@pytest.mark.slow
 def test_an_agent_books_as_its_user_through_the_broker(srv):
     alice, bob = srv.users
     made, again, listed = mcp(srv, alice, ("create", {"count": 1, "duration": 1800, "operation_id": "a-1"}),
@@ -63,6 +64,7 @@ def test_an_agent_books_as_its_user_through_the_broker(srv):
     assert done["status"] == "cancelled" and [r["id"] for r in done["reservations"]] == [res["id"]]
 
 
+@pytest.mark.slow
 def test_local_reads_are_unknown_to_the_broker(srv):
     import socket
 
@@ -76,3 +78,23 @@ def test_local_reads_are_unknown_to_the_broker(srv):
         finally:
             s.close()
         assert reply["error"]["code"] == "invalid_input" and "unknown operation" in reply["error"]["message"]
+
+
+def test_another_users_job_log_is_refused_like_a_retry(srv):
+    """Issue 30: ``bk j log ID`` for another user's booking said "no output"
+    with exit 0 (its log lives in the owner's state directory, not the
+    caller's), and MCP ``job_log`` said ok; both are refused (exit 5)."""
+    alice, bob = srv.users
+    rc, env = srv.run_json(alice, "1", "30m", "--note", "job-log-test", "--", "echo", "private")
+    assert rc == 0, env
+    res = env["data"]["reservation"]
+    for action in ("log", "retry"):
+        rc, env = srv.run_json(bob, "j", action, res["id"])
+        assert rc == 5 and env["error"]["code"] == "permission_denied", (action, env)
+        assert alice.name in env["error"]["message"]
+    p = srv.run(bob, "j", "log", res["short_id"])
+    assert p.returncode == 5 and "no output" not in p.stdout + p.stderr, (p.stdout, p.stderr)
+    (log,) = mcp(srv, bob, ("job_log", {"ref": res["id"]}))
+    assert not log["ok"] and log["error"]["code"] == "permission_denied", log
+    rc, env = srv.run_json(alice, "j", "log", res["id"])                # the owner is not refused
+    assert rc == 0 and env["data"]["job"]["status"] == "pending", env

@@ -36,6 +36,7 @@ def bk(env, *argv, code=0, cwd=None, **extra):
     return p
 
 
+@pytest.mark.slow
 def test_the_before_stop_check_through_the_archive(pyz, tmp_path):
     env = {"BK_DATA_DIR": str(tmp_path / "d"), "BK_GPU_COUNT": "4", "HOME": str(tmp_path),
            "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "XDG_CONFIG_HOME": str(tmp_path / "c")}
@@ -50,6 +51,23 @@ def test_the_before_stop_check_through_the_archive(pyz, tmp_path):
     assert p.returncode == 7 and p.stderr.strip() == "3 3"
     doc = json.loads(p.stdout)
     assert doc["ok"] and doc["data"]["exit_code"] == 7 and doc["data"]["reservation"]["gpus"] == [3]
+
+
+def test_run_json_keeps_stdout_for_the_envelope_alone(pyz, env):
+    """Issue 30 item 6: `bk run --json -- CMD` printed the command's output
+    and then the envelope, both on stdout; a program could parse neither."""
+    bk(env, "1", "30m")
+    p = subprocess.run([sys.executable, str(pyz), "run", "--json", "--", "sh", "-c",
+                        "echo to-stdout; echo to-stderr >&2; exit 3"], env=env, capture_output=True,
+                       text=True, stdin=subprocess.DEVNULL, timeout=60, cwd=env["HOME"])
+    assert p.returncode == 3, p.stderr
+    doc = json.loads(p.stdout)                          # the whole of stdout: one envelope
+    assert doc["ok"] and doc["data"]["exit_code"] == 3 and doc["data"]["stopped"] is None
+    assert p.stderr.splitlines() == ["to-stdout", "to-stderr"]
+    # Without --json the command keeps stdout, and bk adds nothing to it.
+    p = subprocess.run([sys.executable, str(pyz), "run", "--", "sh", "-c", "echo to-stdout"], env=env,
+                       capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60, cwd=env["HOME"])
+    assert (p.returncode, p.stdout, p.stderr) == (0, "to-stdout\n", "")
 
 
 def test_run_with_no_active_booking_says_how_to_book(env):
@@ -67,6 +85,7 @@ def test_run_alone_shows_the_gpus_and_environment(env):
     assert "CUDA_DEVICE_ORDER=PCI_BUS_ID" in bk(env, "run").stdout
 
 
+@pytest.mark.slow
 def test_run_stops_the_command_when_the_booking_ends(env):
     now = int(time.time())
     fixed = str(now - now % 60 + 57)                    # 3 s before the one-minute booking ends
@@ -118,6 +137,7 @@ def test_run_keeps_the_terminal_and_forwards_ctrl_c(env):
     assert b"KeyboardInterrupt" in out
 
 
+@pytest.mark.slow
 def test_booking_with_a_command_warns_without_a_worker_and_lists_the_job(env, tmp_path):
     p = bk(env, "1", "30m", "--", "echo", "s3cr3t-token")
     assert "no bk worker is running" in p.stderr and "loginctl enable-linger" in p.stderr
@@ -138,6 +158,74 @@ def test_booking_with_a_command_warns_without_a_worker_and_lists_the_job(env, tm
         assert "s3cr3t" not in (tmp_path / "data" / name).read_text()
 
 
+def test_the_ledger_confirms_no_guess_of_a_private_command_and_the_worker_still_runs_it(pyz, env):
+    """Issue 22: the world-readable ledger held the sha256 of each job spec,
+    whose other fields (id, time, cwd, PATH) are all guessable, so a
+    dictionary over command lines confirmed the secret one.  An attacker who
+    guesses every field right, here exactly, still cannot match the ledger's
+    value; the owner's worker (the built archive) verifies the spec and runs it."""
+    import hashlib
+
+    token = "s3cr3t-" + os.urandom(4).hex()
+    argv = ["echo", "--token", token]
+
+    def pyz_bk(*words, code=0):
+        p = subprocess.run([sys.executable, str(pyz), *words], env=env, capture_output=True, text=True,
+                           stdin=subprocess.DEVNULL, timeout=60, cwd=env["HOME"])
+        assert p.returncode == code, (words, p.stdout, p.stderr)
+        return p
+
+    pyz_bk("1", "30m", "--", *argv)
+    ledger = json.loads((Path(env["BK_DATA_DIR"]) / "ledger.json").read_text())
+    (res,) = [r for r in ledger["reservations"] if r.get("job")]
+    job = res["job"]
+    assert token not in json.dumps(ledger)
+    created = res["created"] if isinstance(res["created"], int) else None
+    times = range(created - 5, created + 6) if created is not None else range(int(time.time()) - 60,
+                                                                            int(time.time()) + 1)
+    for guess in ([*argv], ["echo", "--token", "wrong"]):
+        for t in times:
+            doc = {"schema": "gpubk.jobspec.v1", "id": job["id"], "argv": guess, "cwd": env["HOME"],
+                   "path": env["PATH"], "created": t}
+            data = (json.dumps(doc, sort_keys=True, ensure_ascii=True, separators=(",", ":")) + "\n").encode()
+            assert hashlib.sha256(data).hexdigest() != job["digest"], (guess, t)
+    pyz_bk("w", "once")
+    done = json.loads(pyz_bk("j", "--json").stdout)["data"]["jobs"][0]
+    assert done["status"] == "succeeded", done
+    assert json.loads(pyz_bk("j", "log", "1", "--json").stdout)["data"]["log"] == f"--token {token}\n"
+
+
+def test_a_job_that_writes_25_mib_and_exits_within_a_tick_keeps_at_most_two_8_mib_segments(pyz, env):
+    """Issue 30: the cap was checked once per worker tick, so a job that
+    wrote fast and ended between two ticks left one 30 MB log.  Through the
+    built archive: 25 MiB and an end mark, written at once; at most two
+    segments of 8 MiB are left, the newest output in them."""
+    # One write(2) of it all, then exit: on a file, done before any tick.
+    writer = ("import os\n"
+              "view = memoryview(b''.join(bytes([97 + i]) * (1 << 20) for i in range(25)) + b'END')\n"
+              "while view: view = view[os.write(1, view):]\n"
+              "os._exit(0)\n")
+
+    def pyz_bk(*words):
+        p = subprocess.run([sys.executable, str(pyz), *words], env=env, capture_output=True,
+                           stdin=subprocess.DEVNULL, timeout=120, cwd=env["HOME"])
+        assert p.returncode == 0, (words, p.stdout, p.stderr)
+        return p.stdout
+
+    pyz_bk("1", "30m", "--", sys.executable, "-c", writer)
+    pyz_bk("w", "once")
+    job = json.loads(pyz_bk("j", "--json"))["data"]["jobs"][0]
+    assert job["status"] == "succeeded", job
+    logs = Path(env["BK_DATA_DIR"]) / "state" / "jobs" / "logs"
+    sizes = {p.name.split(".", 1)[1]: p.stat().st_size for p in logs.iterdir()}
+    # 25 MiB + 3: three full segments went by; the newest full one and the
+    # 1 MiB + 3 after it are left.
+    assert sizes == {"log": 2**20 + 3, "log.1": 8 * 2**20}, sizes
+    whole = json.loads(pyz_bk("j", "log", "1", "--all", "--json"))["data"]
+    assert whole["log"] == "".join(chr(97 + i) * 2**20 for i in range(16, 25)) + "END"
+    assert pyz_bk("j", "log", "1").endswith(b"yyyyEND\n")
+
+
 def test_commands_after_dashes_are_never_bks(env):
     p = bk(env, "1", "30m", "-g", "1", "--", "sh", "-c", "exit 0", "--json", "-g", "3")
     assert "GPU (1)" in p.stdout                          # -g 3 and --json were the command's
@@ -145,6 +233,7 @@ def test_commands_after_dashes_are_never_bks(env):
     assert "needs the command after --" in bk(env, "run", "1", "30m", code=2).stderr
 
 
+@pytest.mark.slow
 def test_a_second_worker_is_turned_away(env):
     proc = subprocess.Popen([sys.executable, "-m", "bk", "w", "start"], env=env, cwd=env["HOME"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -163,6 +252,28 @@ def test_a_second_worker_is_turned_away(env):
     assert proc.returncode == 0
 
 
+def test_a_turned_away_worker_never_says_it_started(pyz, env):
+    """Issue 30 item 13: the second `bk w start` printed "started" and then
+    "already running"."""
+    proc = subprocess.Popen([sys.executable, str(pyz), "w", "start"], env=env, cwd=env["HOME"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        while json.loads(bk(env, "w", "--json").stdout)["data"]["worker"]["state"] != "running":
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
+        p = subprocess.run([sys.executable, str(pyz), "w", "start"], env=env, cwd=env["HOME"], capture_output=True,
+                           text=True, stdin=subprocess.DEVNULL, timeout=60)
+        assert p.returncode == 75, p.stderr
+        assert p.stderr.startswith(f"error: a bk worker is already running for you (process {proc.pid})"), p.stderr
+        assert "started" not in p.stderr
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=20)
+    assert err.startswith(f"bk worker: started (pid {proc.pid})"), err     # the one that runs says so
+
+
+@pytest.mark.slow
 @pytest.mark.root
 @needs_root
 def test_the_command_line_reaches_no_file_another_user_can_read(tmp_path):

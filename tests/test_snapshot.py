@@ -92,7 +92,7 @@ def test_damaged_files_are_a_miss_never_an_error(d, content):
     open(os.path.join(d, sf.SNAPSHOT_FILE), "wb").write(content)
     assert sf.read_snapshot(d, T + 1) is None
     open(os.path.join(d, sf.HEARTBEAT_FILE), "wb").write(content)
-    assert sf.read_heartbeat(d, T).state == "absent"
+    assert sf.read_heartbeat(d, T).state == "damaged"           # there, but not believed
 
 
 def test_missing_directory_or_file(tmp_path):

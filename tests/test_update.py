@@ -8,40 +8,15 @@ unit's ExecStart= as its User= for the verification (``bk doctor --probe
 
 from __future__ import annotations
 
-import io
 import json
 import os
-import zipfile
 from pathlib import Path
 
 import pytest
 
-from tests.helpers_install import bk, install, staging_root  # noqa: F401 - the root fixture
+from tests.helpers_install import bk, install, staging_root, variant  # noqa: F401 - the root fixture
 
-pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="needs root"), pytest.mark.root]
-
-
-def variant(pyz: Path, out: Path, *, version: str | None = None, broken: bool = False) -> Path:
-    """Another archive: a new version number, or one whose doctor cannot run."""
-    with zipfile.ZipFile(pyz) as z:
-        entries = {n: z.read(n) for n in z.namelist() if not n.endswith((".pyc", "/"))}
-    if version:
-        init = entries["bk/__init__.py"].decode()
-        import re
-
-        entries["bk/__init__.py"] = re.sub(r'__version__ = "[^"]*"', f'__version__ = "{version}"', init).encode()
-        info = json.loads(entries["bk/_build.json"])
-        info["version"] = version
-        entries["bk/_build.json"] = json.dumps(info).encode()
-    if broken:
-        entries["bk/cli/cmd_doctor.py"] += b"\nraise ImportError('broken on purpose')\n"
-    buf = io.BytesIO()
-    buf.write(b"#!/usr/bin/env python3\n")
-    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
-        for name in sorted(entries):
-            z.writestr(name, entries[name])
-    out.write_bytes(buf.getvalue())
-    return out
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="needs root"), pytest.mark.root]
 
 
 def launcher(root: Path, *args: str, user: int | None = None):
@@ -113,6 +88,20 @@ def test_a_broken_archive_is_rolled_back(pyz, root, tmp_path):
     assert bookings(root) == kept
     bk(pyz, "admin", "uninstall", "--root", str(root), "--yes", "--purge-data")
     assert os.listdir(root) == []
+
+
+def test_a_failed_verification_names_doctors_failing_checks(pyz, root, tmp_path):
+    """Issue 30 item 13: the rollback printed the raw last 1500 characters
+    of doctor's JSON, cut mid-object."""
+    with_bookings(pyz, root)
+    bad = variant(pyz, tmp_path / "bad.pyz", version="6.6.7", failing=True)
+    p = bk(pyz, "update", str(bad), "--apply", "--yes", "--root", str(root), check=False)
+    assert p.returncode == 1, p.stdout + p.stderr
+    text = p.stdout
+    assert "failed its verification; rolled back" in text
+    assert "  selftest: FAIL: failed on purpose xxx" in text and "    fix: use the other archive" in text
+    assert '"checks"' not in text and '{"' not in text and '"detail"' not in text, text
+    bk(pyz, "admin", "uninstall", "--root", str(root), "--yes", "--purge-data")
 
 
 def test_anyone_may_preview_but_only_root_applies(pyz, root):

@@ -70,7 +70,7 @@ def map_person(c: cat.Catalog, node: str, uid: int, person: str) -> cat.Catalog:
         raise InvalidInput("the person's name is empty")
     people = {k: dict(v) for k, v in c.people.items()}
     people.setdefault(node, {})[str(uid)] = person
-    return cat.Catalog(c.nodes, people, c.path, c.history_dir)
+    return replace(c, people=people)
 
 
 def unmap(c: cat.Catalog, node: str, uid: int) -> cat.Catalog:
@@ -79,13 +79,22 @@ def unmap(c: cat.Catalog, node: str, uid: int) -> cat.Catalog:
     if str(uid) not in people.get(node, {}):
         raise NotFound(f"UID {uid} on {node} is not mapped")
     del people[node][str(uid)]
-    return cat.Catalog(c.nodes, {k: v for k, v in people.items() if v}, c.path, c.history_dir)
+    return replace(c, people={k: v for k, v in people.items() if v})
 
 
 def history_dir(c: cat.Catalog, path: str) -> cat.Catalog:
     if not os.path.isabs(path):
         raise InvalidInput(f"the history directory must be an absolute path, got {path!r}")
-    return cat.Catalog(c.nodes, c.people, c.path, os.path.normpath(path))
+    return replace(c, history_dir=os.path.normpath(path))
+
+
+def history_owners(c: cat.Catalog, owners: list[str]) -> cat.Catalog:
+    """The accounts whose exports ``bk c history`` trusts (names or UIDs)."""
+    parsed = [int(o) if o.isdigit() else o for o in owners]
+    for o in parsed:
+        if isinstance(o, str) and not cat.ACCOUNT_RE.match(o):
+            raise InvalidInput(f"--history-owner {o!r} is not an account name or UID", hint="e.g. --history-owner gpubk")
+    return replace(c, history_owners=cat.parse_owners(parsed, "--history-owner"))
 
 
 def local_node_id(settings) -> str:

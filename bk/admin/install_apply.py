@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import os
 
-from bk.admin import cmdlink, init, services, tracked
+from bk.admin import cmdlink, init, rootenv, services, tracked
 from bk.admin import manifest as mf
 from bk.admin.install import Plan, Result
 from bk.admin.layout import Layout, need_root
 from bk.admin.tracked import Action
-from bk.core.errors import ConfigError
+from bk.core.errors import Busy, ConfigError
 
 
 def apply(p: Plan, *, euid: int | None = None, runner=None) -> Result:
@@ -46,6 +46,13 @@ def apply(p: Plan, *, euid: int | None = None, runner=None) -> Result:
     pending: list[mf.Entry] = []       # recorded once the manifest's directory exists
     for a in p.actions:
         if not a.changes:
+            if a.role == "data" and a.step is not None and m.find(a.path) is None:
+                # A data directory already in place (the data an uninstall
+                # kept): tracked from now on as it is, so that --purge-data
+                # empties it and a plain uninstall keeps it.
+                entry = tracked.entry_for(a)
+                entry.before = mf.state(a.path)
+                pending.append(entry)
             continue
         if a.op == "remove":
             tracked.remove_tracked(m.find(a.path), layout.config_dir)
@@ -70,13 +77,15 @@ def apply(p: Plan, *, euid: int | None = None, runner=None) -> Result:
                 m.record(e)
             pending = []
             mf.save(layout.config_dir, m)
-        if a.step is not None and a.step.action == "write":
+        if a.step is not None and a.step.action in ("write", "rewrite"):
             entry.sha256 = mf.sha256_file(a.path)
             m.record(entry)
             mf.save(layout.config_dir, m)
         if a.kind == "file" and a.step is None and a.data is not None and len(a.data) <= tracked.SMALL:
             mf.backup(layout.config_dir, a.path)        # the installed text, for drift diffs
         applied.append(a)
+    for e in pending:
+        m.record(e)
     m.version = p.version
     m.updated_at = now
     m.options = _recorded_options(p)
@@ -91,7 +100,7 @@ def apply(p: Plan, *, euid: int | None = None, runner=None) -> Result:
 
         ran = services.run(p.service_commands, runner or subprocess.run)
         if stopped and not p.options.start:
-            notes.append("the services were stopped to replace the archive (--no-start): start them with "
+            notes.append("the services were stopped for this change (--no-start): start them with "
                          "sudo systemctl start gpubk-broker gpubk-monitor")
         failed = [r for r in ran if r["rc"] != 0]
         if failed:
@@ -100,6 +109,7 @@ def apply(p: Plan, *, euid: int | None = None, runner=None) -> Result:
         why = "a staging root" if layout.root != "/" else "systemd is not running here (no /run/systemd/system)"
         notes.append(f"services not started: {why}; where systemd runs, start them with:")
         notes += ["  " + c for c in services.shown(services.start_commands(not p.reconcile, True))]
+        notes.append(services.foreground(layout.launcher))
     status = "reconciled" if p.reconcile else "installed"
     if not applied:
         status = "unchanged"
@@ -127,9 +137,15 @@ def _stop_for_archive(p: Plan, runner) -> bool:
     """A running service must not see its archive replaced: zipimport keeps
     the old file's table of contents and reopens the file by name for every
     lazy import, so the new file's bytes would be read at the old offsets.
-    With systemd the services are stopped first (and started again after);
-    without it, a reconcile that changes the archive refuses while they run."""
-    if not p.reconcile or not any(a.role == "archive" and a.changes for a in p.actions):
+    Nor may it go on serving after the access rule changed: the broker reads
+    that rule only when it starts.  With systemd the services are stopped
+    first (and started again after, unless --no-start); without it, such a
+    reconcile refuses while they run."""
+    archive = any(a.role == "archive" and a.changes for a in p.actions)
+    # A new access rule is read by the broker only when it starts: until
+    # then it would serve everyone through a socket it made for all.
+    config = any(a.step is not None and a.step.action == "rewrite" for a in p.actions)
+    if not p.reconcile or not (archive or config):
         return False
     if p.systemd:
         import subprocess
@@ -138,8 +154,13 @@ def _stop_for_archive(p: Plan, runner) -> bool:
         return True
     running = services.running_writers(p.init_plan.options.socket, p.init_plan.options.data_dir)
     if running:
-        raise ConfigError("the services are running and the archive would change under them: "
-                          + "; ".join(running), hint="stop them first, then rerun (or use sudo bk update --apply)")
+        what = "the archive would change under them" if archive else \
+            "the configuration they read at start-up would change (" + "; ".join(
+                a.step.why.split(" (", 1)[1].rstrip(")") for a in p.actions
+                if a.step is not None and a.step.action == "rewrite") + ")"
+        raise Busy(f"the services are running and {what}: " + "; ".join(running),
+                   hint="stop them first, then rerun (or use sudo bk update --apply)" if archive
+                   else "stop them first, then rerun and start them again")
     return False
 
 
@@ -164,7 +185,7 @@ def _verify_launcher(layout: Layout) -> None:
 
     try:
         proc = subprocess.run([layout.launcher, "--version"], capture_output=True, text=True, timeout=60,
-                              check=False, env={"PATH": "/usr/bin:/bin", "HOME": "/"})
+                              check=False, env=rootenv.environment(), cwd=rootenv.CWD)
     except (OSError, subprocess.SubprocessError) as e:
         raise ConfigError(f"the installed {layout.launcher} does not run: {e}",
                           hint="check the interpreter it names (--python)") from None

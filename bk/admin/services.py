@@ -22,6 +22,8 @@ from __future__ import annotations
 import os
 import subprocess
 
+from bk.admin import rootenv
+
 UNITS = ("gpubk-broker.service", "gpubk-monitor.service")
 
 
@@ -40,6 +42,12 @@ def start_commands(first: bool, start: bool) -> list[list[str]]:
     return cmds
 
 
+def foreground(launcher: str) -> str:
+    """The line that says how to run the services where systemd does not."""
+    return (f"without systemd (a container, LXC, WSL), run them in the foreground instead: "
+            f"sudo {launcher} admin services run")
+
+
 def stop_commands() -> list[list[str]]:
     return [["systemctl", "stop", *UNITS]]
 
@@ -53,11 +61,13 @@ def shown(cmds: list[list[str]]) -> list[str]:
 
 
 def run(cmds: list[list[str]], runner=subprocess.run) -> list[dict]:
-    """Run systemctl commands; the outcome of each (nothing raised)."""
+    """Run systemctl commands; the outcome of each (nothing raised).  As
+    root: found on root's own PATH, in bk's environment (``bk.admin.rootenv``)."""
     out = []
     for c in cmds:
         try:
-            p = runner(c, capture_output=True, text=True, timeout=120, check=False)
+            p = runner(c, capture_output=True, text=True, timeout=120, check=False, env=rootenv.environment(),
+                       cwd=rootenv.CWD)
             out.append({"command": " ".join(c), "rc": p.returncode, "stderr": (p.stderr or "").strip()[-400:]})
         except (OSError, subprocess.SubprocessError) as e:
             out.append({"command": " ".join(c), "rc": None, "stderr": str(e)})
@@ -114,7 +124,8 @@ def active_units(runner=subprocess.run) -> list[str]:
     active = []
     for unit in UNITS:
         try:
-            p = runner(["systemctl", "is-active", unit], capture_output=True, text=True, timeout=30, check=False)
+            p = runner(["systemctl", "is-active", unit], capture_output=True, text=True, timeout=30, check=False,
+                       env=rootenv.environment(), cwd=rootenv.CWD)
         except (OSError, subprocess.SubprocessError):
             continue
         if (p.stdout or "").strip() in ("active", "activating", "reloading", "deactivating"):
@@ -130,23 +141,11 @@ def status(root: str, socket_path: str, data_dir: str, runner=subprocess.run) ->
 
 def unit_exec(unit_path: str) -> tuple[list[str], int, int]:
     """(ExecStart= argv, User=, Group=) of an installed unit, as numbers."""
-    import shlex
+    from bk.admin import unitfile
 
-    argv, uid, gid = None, None, None
-    with open(unit_path, encoding="utf-8") as f:
-        for line in f:
-            key, _, value = line.strip().partition("=")
-            if key == "ExecStart":
-                argv = shlex.split(value)
-            elif key == "User":
-                uid = int(value)
-            elif key == "Group":
-                gid = int(value)
-    if not argv or uid is None or gid is None:
-        from bk.core.errors import ConfigError
-
-        raise ConfigError(f"{unit_path} has no ExecStart=, User= or Group=", hint="reinstall: sudo bk admin install")
-    return argv, uid, gid
+    svc = unitfile.load(unit_path)
+    uid = unitfile.uid_of(svc.user, f"{unit_path}: User=")
+    return svc.exec_start, uid, unitfile.gid_of(svc.group, uid, f"{unit_path}: Group=")
 
 
 class TemporaryService:
@@ -165,8 +164,8 @@ class TemporaryService:
         import time
 
         argv, uid, gid = unit_exec(self.unit_path)
-        env = {"PATH": "/usr/bin:/bin", "HOME": "/", "LANG": "C.UTF-8"}
-        self.proc = subprocess.Popen(argv, user=uid, group=gid, extra_groups=[], env=env, cwd="/",
+        env = rootenv.environment(HOME="/")
+        self.proc = subprocess.Popen(argv, user=uid, group=gid, extra_groups=[], env=env, cwd=rootenv.CWD,
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.PIPE)
         deadline = time.monotonic() + self.timeout

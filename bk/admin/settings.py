@@ -4,11 +4,17 @@ already installed.
 A second run of install is a reconcile: it must not need every flag again,
 and it must not change what cannot change.  The GPU count, the slot length
 and the share slots are bound into the ledger at its first booking; the
-service account, the data directory, the access rule and the group are what
-the files on disk already belong to.  So the installed config supplies the
-flags not given, and a flag that disagrees with it is refused by name
-before anything changes.  A flag given with its default value, which the
-config leaves unsaid, is not a disagreement.
+service account and the data directory are what the files on disk already
+belong to.  So the installed config supplies the flags not given, and a
+flag that disagrees with it is refused by name before anything changes.  A
+flag given with its default value, which the config leaves unsaid, is not a
+disagreement.
+
+What a reconcile may change (``CHANGEABLE``): the access rule and its group
+(``--access group --group G``: the config, the units' ``Group=`` and
+``RuntimeDirectoryMode=``, and the data and socket directories' group and
+mode are all rewritten, GUIDE 5.6), and ``--simulated-gpus N`` for the
+count already installed.
 
 The interpreter comes from ``--python``, else the manifest's record of the
 last install, else the one running the installer; it must be one the
@@ -33,8 +39,9 @@ if TYPE_CHECKING:
 
 BOUND_FLAGS = {"gpu_count": "--gpu-count", "slot_minutes": "--slot-minutes",
                "max_shared_users": "--max-shared-users"}
-OWNER_FLAGS = {"service_user": "--service-user", "data_dir": "--data-dir", "access": "--access",
-               "group": "--group"}
+OWNER_FLAGS = {"service_user": "--service-user", "data_dir": "--data-dir"}
+# Config keys a reconcile rewrites when the flags say so (init.plan's may_change).
+CHANGEABLE = ("access", "group", "simulated_gpus")
 
 
 def existing_config(path: str) -> dict | None:
@@ -50,8 +57,9 @@ def settle(options: install.Options, layout: Layout, cfg: dict | None) -> init.O
     ones not given; a flag that disagrees with the installed config is refused."""
     data_dir = target(layout, options.data_dir, "--data-dir")
     given = {"gpu_count": options.gpu_count, "slot_minutes": options.slot_minutes,
-             "max_shared_users": options.max_shared_users, "data_dir": data_dir,
-             "access": options.access, "group": options.group}
+             "max_shared_users": options.max_shared_users, "data_dir": data_dir}
+    wanted = {"access": options.access, "group": options.group,
+              "simulated_gpus": True if options.simulated_gpus is not None else None}
     if cfg is not None:
         user = None
         if "service_uid" in cfg:
@@ -60,17 +68,17 @@ def settle(options: install.Options, layout: Layout, cfg: dict | None) -> init.O
             except (KeyError, ValueError, TypeError):
                 user = None
         have = {"gpu_count": cfg.get("gpu_count"), "slot_minutes": cfg.get("slot_minutes"),
-                "max_shared_users": cfg.get("max_shared_users"), "data_dir": cfg.get("data_dir"),
-                "access": cfg.get("access", "all"), "group": cfg.get("group")}
+                "max_shared_users": cfg.get("max_shared_users"), "data_dir": cfg.get("data_dir")}
         bound, owned = [], []
-        for key, default in (("slot_minutes", 5), ("max_shared_users", 2), ("access", "all")):
+        for key, default in (("slot_minutes", 5), ("max_shared_users", 2)):
             if have[key] is None and given[key] == default:
                 given[key] = None       # the default, which the config leaves unsaid
         for key in ("slot_minutes", "max_shared_users"):
             have[key] = have[key] if have[key] is not None else {"slot_minutes": 5, "max_shared_users": 2}[key]
         for key, value in given.items():
             if value is not None and value != have[key] and not (key == "gpu_count" and have[key] is None):
-                shown = f"{BOUND_FLAGS.get(key) or OWNER_FLAGS[key]} {value} (installed: {have[key]})"
+                installed = "unset" if have[key] is None else have[key]
+                shown = f"{BOUND_FLAGS.get(key) or OWNER_FLAGS[key]} {value} (installed: {installed})"
                 (bound if key in BOUND_FLAGS else owned).append(shown)
         if options.service_user is not None and user is not None and options.service_user != user:
             owned.append(f"--service-user {options.service_user} (installed: {user})")
@@ -84,14 +92,28 @@ def settle(options: install.Options, layout: Layout, cfg: dict | None) -> init.O
                                + "; nothing was changed",
                                hint="leave them out to keep the installed ones, or uninstall first")
         merged = {k: (v if v is not None else cfg.get(k)) for k, v in given.items()}
+        merged |= _access(wanted, cfg)
         service_user = options.service_user or user
     else:
-        merged = dict(given)
+        merged = dict(given) | wanted
         service_user = options.service_user
     return init.Options(service_user=service_user, data_dir=merged["data_dir"] or layout.p("/var/lib/gpubk"),
                         socket=layout.socket, access=merged["access"] or "all", group=merged["group"],
                         gpu_count=merged["gpu_count"], slot_minutes=merged["slot_minutes"],
-                        max_shared_users=merged["max_shared_users"], config_file=layout.config)
+                        max_shared_users=merged["max_shared_users"], config_file=layout.config,
+                        simulated_gpus=bool(merged["simulated_gpus"]))
+
+
+def _access(wanted: dict, cfg: dict) -> dict:
+    """access, group and simulated_gpus for a reconcile: the flags given,
+    the installed config for the rest.  ``--access all`` drops the group;
+    ``--group G`` alone keeps (or, on an ``all`` server, asks for) group
+    access, which init then checks."""
+    access = wanted["access"] or cfg.get("access", "all")
+    group = wanted["group"] if wanted["group"] is not None else (
+        None if wanted["access"] == "all" else cfg.get("group"))
+    simulated = wanted["simulated_gpus"] if wanted["simulated_gpus"] is not None else cfg.get("simulated_gpus")
+    return {"access": access, "group": group, "simulated_gpus": simulated}
 
 
 def interpreter(options: install.Options, m: mf.Manifest | None) -> str:
@@ -109,4 +131,30 @@ def interpreter(options: install.Options, m: mf.Manifest | None) -> str:
         raise InvalidInput(f"the interpreter {python} lives in a home directory ({real}), which the "
                            "services cannot see (ProtectHome=yes) and other users may not run",
                            hint="name a system interpreter: --python /usr/bin/python3")
+    _root_only_interpreter(python, real)
     return python
+
+
+def _root_only_interpreter(python: str, real: str) -> None:
+    """The interpreter runs as root (the compiler, ``sudo bk ...``) and as
+    every user: the file it is, and every directory on the way to it as
+    named and as resolved, must be root's alone (``bk.admin.rootenv``)."""
+    import stat
+
+    from bk.store.fsutil import unsafe_ancestor
+
+    # The directory that holds the name the launcher uses, and the one that
+    # holds the file it resolves to, each with every directory above it.
+    for directory in dict.fromkeys((os.path.realpath(os.path.dirname(python)), os.path.dirname(real))):
+        bad = unsafe_ancestor(directory, (0,), sticky_ok=False)
+        if bad is not None:
+            where, st, why = bad
+            owner = f"owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o}" if st is not None else why
+            raise InvalidInput(f"the interpreter {python} lies below {where}, which someone other than root can "
+                               f"change ({owner}); it would run as root and as every user",
+                               hint="name a system interpreter: --python /usr/bin/python3")
+    st = os.stat(real)
+    if st.st_uid != 0 or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise InvalidInput(f"the interpreter {real} can be changed by someone other than root (owner uid "
+                           f"{st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o}); it would run as root and as every user",
+                           hint="name a system interpreter: --python /usr/bin/python3")

@@ -25,8 +25,8 @@ import os
 from bk.admin import manifest as mf
 from bk.admin import services, tracked
 from bk.admin.layout import Layout, need_root
-from bk.core.errors import ConfigError
-from bk.core.record import dataclass
+from bk.core.errors import Busy, ConfigError
+from bk.core.record import dataclass, field
 from bk.store.fsutil import Safety, fsync_dir_at, open_dir, replace_file
 
 
@@ -50,11 +50,12 @@ class UninstallPlan:
     only_services: bool
     running: list[str]
     systemd: bool
+    kept: list[str] = field(default_factory=list)    # paths bk never removes, said in the plan
 
     def to_json(self) -> dict:
         return {"root": self.layout.root, "purge_data": self.purge_data, "services_only": self.only_services,
                 "steps": [r.to_json() for r in self.removals], "running": self.running,
-                "systemd": self.systemd}
+                "systemd": self.systemd, "kept": self.kept}
 
 
 SERVICE_ROLES = ("unit",)
@@ -103,7 +104,11 @@ def uninstall_plan(root: str, *, purge_data: bool = False, only_services: bool =
         running = [f"{u} is active" for u in services.active_units(runner or subprocess.run)]
     else:
         running = services.running_writers(socket_path, data_dir)
-    return UninstallPlan(layout, m, removals, purge_data, only_services, running, systemd)
+    # What ``bk admin data backup`` made (DATA_DIR-backups) is the
+    # administrator's, not the install's: even --purge-data keeps it.
+    backups = data_dir.rstrip("/") + "-backups"
+    kept = [backups] if purge_data and not only_services and os.path.isdir(backups) else []
+    return UninstallPlan(layout, m, removals, purge_data, only_services, running, systemd, kept)
 
 
 def _mutable(e: mf.Entry, now: dict | None, purge: bool) -> Removal:
@@ -126,7 +131,9 @@ def uninstall(up: UninstallPlan, *, euid: int | None = None, runner=None) -> lis
     if up.running:
         hint = ("sudo systemctl disable --now gpubk-monitor.service gpubk-broker.service" if up.systemd
                 else "stop the broker and the monitor first (kill -TERM their pids)")
-        raise ConfigError("the services are still running: " + "; ".join(up.running), hint=hint)
+        # Busy (75): stopping them is all it takes, then the same command succeeds.
+        raise Busy("the services are still running: " + "; ".join(up.running) + "; nothing was removed",
+                   hint=hint)
     if up.systemd and any(r.entry.role == "unit" and r.op == "remove" for r in up.removals):
         # Stopped is not disabled: enable's links in *.wants/ would dangle
         # once the unit files are gone.

@@ -20,6 +20,8 @@ BROKER_UNIT = "gpubk-broker.service"
 MONITOR_UNIT = "gpubk-monitor.service"
 WORKER_UNIT = "bk-worker.service"
 LOGIN_HOOK = "profile.d/gpubk.sh"
+SYSUSERS = "install/sysusers.d/gpubk.conf"
+TMPFILES = "install/tmpfiles.d/gpubk.conf"
 SYSTEM_UNITS = (BROKER_UNIT, MONITOR_UNIT)
 _TOKEN = re.compile(r"@([A-Z_]+)@")
 # systemd splits on white space and gives % and \ and quotes meaning; the
@@ -42,14 +44,30 @@ def check_path(path: str, what: str) -> str:
     return path
 
 
-def values(*, bk: str, uid: int, gid: int, monitor_uid: int, data_dir: str, socket_dir: str,
+# What systemd accepts as a User=/Group= name without reading it as a
+# number or a specifier (systemd.exec(5), "User="; the portable subset of
+# POSIX names that useradd also accepts).
+_NAME = re.compile(r"[a-z_][a-z0-9_-]{0,30}")
+
+
+def account_name(number: int, name: str | None) -> str:
+    """``User=``/``Group=`` by name (what a packager's unit says, and what
+    ``systemctl show`` prints), or by number when the account has no name
+    a unit can carry.  The broker and the monitor check the number from
+    the trusted config whichever is written, so a name that later names
+    another account makes them refuse to start (exit 77), never run as it."""
+    return name if name is not None and _NAME.fullmatch(name) else str(number)
+
+
+def values(*, bk: str, user: str, group: str, monitor_user: str, data_dir: str, socket_dir: str,
            group_access: bool) -> dict[str, str]:
     """The tokens of the units.  ``socket_dir`` is written to when it is not
     systemd's own runtime directory (a staging root)."""
     rw = [check_path(data_dir, "the data directory")]
     if socket_dir != "/run/gpubk":
         rw.append(check_path(socket_dir, "the socket directory"))
-    return {"BK": check_path(bk, "the bk launcher"), "UID": str(uid), "GID": str(gid),
-            "MONITOR_UID": str(monitor_uid), "RUNTIME_MODE": "2750" if group_access else "0755",
+    return {"BK": check_path(bk, "the bk launcher"), "USER": user, "GROUP": group,
+            "MONITOR_USER": monitor_user, "RUNTIME_MODE": "2750" if group_access else "0755",
+            "DATA_DIR": rw[0], "DATA_MODE": "0750" if group_access else "0755",
             "READ_WRITE": " ".join(rw), "MONITOR_READ_WRITE": " ".join(rw)}
 

@@ -89,6 +89,7 @@ from bk.core import journal
 from bk.core.envelope import failure
 from bk.core.errors import BkError, Busy, ConfigError, InvalidInput, WrongAccount
 from bk.core.record import dataclass
+from bk.core.timegrid import counted
 from bk.ipc import protocol
 from bk.store.config import check_owned_dir  # noqa: F401  (the broker's start-up check; tests use it here)
 
@@ -423,7 +424,7 @@ class Broker:
                 self.stats.refused += 1
                 self.stats.over_quota += 1
                 self._refuse(conn, Busy(
-                    f"uid {peer.uid} already has {held} connections open to the broker, the most one "
+                    f"uid {peer.uid} already has {counted(held, 'connection')} open to the broker, the most one "
                     f"user may hold (max_per_uid {self.max_per_uid} of max_clients {self.max_clients})",
                     hint="wait for this user's other bk commands to finish, or close the programs that "
                          "hold broker connections open", details={
@@ -433,7 +434,7 @@ class Broker:
                 self._release_uid(peer.uid)
                 self.stats.refused += 1
                 self._refuse(conn, Busy(
-                    f"the broker is serving its limit of {self.max_clients} clients",
+                    f"the broker is serving its limit of {counted(self.max_clients, 'client')}",
                     hint="retry in a moment", details={"reason": FULL, "quota": FULL,
                                                        "limit": self.max_clients}))
                 continue
@@ -587,10 +588,7 @@ class Broker:
             except OSError:
                 pass
         s = self.stats
-        def n(count: int, word: str) -> str:
-            return f"{count} {word}" + ("" if count == 1 else "s")
-
-        self.log(f"stopped after {n(s.connections, 'connection')}, {n(s.requests, 'request')} "
+        self.log(f"stopped after {counted(s.connections, 'connection')}, {counted(s.requests, 'request')} "
                  f"({s.errors} answered with an error, {s.refused} refused as over the limit, "
                  f"{s.over_quota} of them over the per-user quota)")
 
@@ -682,7 +680,7 @@ def _check_store(service) -> tuple[str, list[str]]:
                           + diff.describe(),
                           hint="put those values back in the configuration; the ledger keeps the policy "
                                "of its first write", details={"differences": diff.conflicts})
-    words = f"valid (seq {got.state.seq}, {len(got.state.reservations)} reservations, from {got.source})"
+    words = f"valid (seq {got.state.seq}, {counted(len(got.state.reservations), 'reservation')}, from {got.source})"
     return words + "".join(f"; warning: {w}" for w in got.warnings), list(got.warnings)
 
 

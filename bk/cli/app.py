@@ -214,15 +214,17 @@ class Context:
         script must not hang on a prompt it cannot see)."""
         return self.stdin_tty and not self.json
 
-    def confirm(self, question: str) -> bool:
-        """Ask a yes/no question on the terminal; anything but yes is no."""
-        sys.stderr.write(f"{question} [y/N] ")
+    def confirm(self, question: str, default: bool = False) -> bool:
+        """Ask a yes/no question on the terminal; anything but yes is no,
+        except an empty answer, which is ``default`` (shown as ``[Y/n]``)."""
+        sys.stderr.write(f"{question} [{'Y/n' if default else 'y/N'}] ")
         sys.stderr.flush()
         try:
             answer = input()
         except EOFError:
             return False
-        return answer.strip().lower() in ("y", "yes")
+        answer = answer.strip().lower()
+        return default if not answer else answer in ("y", "yes")
 
     def app(self):
         """The service-layer application for this process (opened lazily)."""
@@ -365,7 +367,7 @@ def _misplaced(option: str, command: str | None) -> UsageError:
 
 # Flags whose value may start with "-" (``bk e 1 -d -15m``, ``bk tl --from -2h``).  argparse would
 # take "-15m" for an unknown option, so such a value is glued to its flag.
-_SIGNED_VALUE_FLAGS = ("-d", "--duration", "--from")
+_SIGNED_VALUE_FLAGS = ("-d", "--duration", "--from", "--until")
 
 
 def _glue_signed_values(argv: list[str]) -> list[str]:
@@ -409,7 +411,7 @@ def run(argv: list[str], env: dict | None = None, *, opener=None) -> int:
     if as_json and _asks_help(argv):
         argv = typed = ["help", *_help_path(argv)]     # -h --json: help as an envelope
     command = guess_command(argv)
-    ctx = None
+    ctx = args = None
     try:
         parser = build_parser(_first_word(argv))
         command = guess_command(argv, parser)
@@ -433,6 +435,13 @@ def run(argv: list[str], env: dict | None = None, *, opener=None) -> int:
         out.warnings = _merge(_warnings_of(ctx), out.warnings)
         return emit(out, as_json, ctx.term)
     except BkError as err:
+        if args is not None:              # a handler may name what failed more exactly
+            command = getattr(args, "command", None) or command
+        if not as_json and _first_word(argv) == "agent":
+            # bk agent answers with its one-line envelope, usage errors too.
+            from bk.cli.cmd_agent import failure_output
+
+            return emit(failure_output(command, err, _warnings_of(ctx)), False)
         return emit_error(command, err, as_json, _warnings_of(ctx))
     except BrokenPipeError:
         from bk.cli.main import closed_pipe
@@ -518,7 +527,7 @@ def parse_argv(argv: list[str], parser: argparse.ArgumentParser | None = None) -
     stray = next((a.split("=", 1)[0] for a in extra if a.split("=", 1)[0] in hoisted), None)
     if stray is not None:
         raise _misplaced(stray, _command_path(args, parser))
-    _take_extra_words(args, extra)
+    _take_extra_words(args, extra, _command_path(args, parser))
     _attach(args, attached)
     return args
 
@@ -561,7 +570,7 @@ def _merge(first: list[str], second: list[str]) -> list[str]:
     return list(dict.fromkeys([*first, *second]))
 
 
-def _take_extra_words(args, extra: list[str]) -> None:
+def _take_extra_words(args, extra: list[str], path: str | None) -> None:
     """argparse gives a positional list only the words before the first
     option, so ``bk 2 -d 1h 12g`` leaves ``12g`` over.  Commands that take
     free words (``words`` in their namespace) get the leftovers in order;
@@ -572,9 +581,10 @@ def _take_extra_words(args, extra: list[str]) -> None:
             a.startswith("-") and a != "-" for a in extra):
         args.words.extend(extra)
         return
-    cmd = getattr(args, "command", None)
+    # The words typed (``agent operation``), not the command's name in the
+    # envelope (``operation``), which help may not know.
     raise UsageError(f"unrecognized arguments: {' '.join(extra)}",
-                     hint=f"see: bk help {cmd}" if cmd else "see: bk help")
+                     hint=f"see: bk help {path}" if path else "see: bk help")
 
 
 def _warnings_of(ctx) -> list[str]:

@@ -15,6 +15,7 @@ import os
 from bk.cli import common
 from bk.cli.render import Output, safe, wrap
 from bk.core.errors import EXIT_PARTIAL, PermissionDenied, UsageError
+from bk.core.timegrid import counted
 from bk.service.requests import CancelRequest
 
 INIT_EPILOG = """Examples:
@@ -22,7 +23,8 @@ INIT_EPILOG = """Examples:
   sudo bk admin init --service-user gpubk --gpu-count 8 --yes
   sudo bk admin init --service-user gpubk --gpu-count 8 --access group --group gpu-users --yes
 
-It creates no accounts or groups: create them first (useradd --system gpubk).
+It creates no accounts or groups: create them first
+(useradd --system --no-create-home --shell /usr/sbin/nologin gpubk).
 It writes the config last, and never over one that says something else.
 Then start the broker as the service account: sudo -u gpubk bk broker. For
 units that start it at boot, use sudo bk admin install instead (init plus
@@ -58,6 +60,9 @@ def register(sub) -> None:
     init.add_argument("--group", metavar="G", help="the group allowed with --access group")
     init.add_argument("--gpu-count", metavar="N", type=common.positive_int,
                       help="GPUs to schedule (default: detected)")
+    init.add_argument("--simulated-gpus", metavar="N", type=common.positive_int,
+                      help="a trial or CI server without GPUs: schedule N simulated GPUs on purpose "
+                           "(gpu_count N, simulated_gpus true)")
     init.add_argument("--slot-minutes", metavar="M", type=common.positive_int,
                       help="slice length, a divisor of 60 (default 5)")
     init.add_argument("--max-shared-users", metavar="N", type=common.positive_int,
@@ -196,10 +201,11 @@ def _plan_text(result, applied: bool) -> str:
 def run_init(args, ctx) -> Output:
     from bk.admin import init
 
+    gpu_count, simulated = common.simulated_gpu_count(args.gpu_count, args.simulated_gpus)
     options = init.Options(service_user=args.service_user, data_dir=args.data_dir, socket=args.socket,
-                           access=args.access, group=args.group, gpu_count=args.gpu_count,
+                           access=args.access, group=args.group, gpu_count=gpu_count,
                            slot_minutes=args.slot_minutes, max_shared_users=args.max_shared_users,
-                           config_file=args.config_file)
+                           config_file=args.config_file, simulated_gpus=simulated)
     plan = init.plan(options, ctx.env)
     if args.dry_run:
         result = init.dry_run(plan)
@@ -261,9 +267,9 @@ def run_notice_publish(args, ctx) -> Output:
     now, tz = call.now, call.tz
     until = start = None
     if args.until is not None:
-        until = timegrid.parse_start(args.until, now, tz, 1).t
-        if until <= now:
-            raise UsageError(f"--until {args.until} is not in the future", hint="e.g. --until +2h")
+        from bk.cli.common import time_ahead
+
+        until = time_ahead(args.until, "--until", now, tz)
     if args.start is not None:
         start = timegrid.parse_start(args.start, now, tz, 1).t
     result = app.publish_notice(NoticeRequest(args.text, level=args.level, until=until, dry_run=args.dry_run,
@@ -317,7 +323,7 @@ def run_data_recover(args, ctx) -> Output:
     def human(term) -> str:
         head = f"recovered: writes go on from commit {done.audit_seq + 1}"
         if done.replayed:
-            head += f"; replayed {len(done.replayed)} booking{'s' if len(done.replayed) != 1 else ''}"
+            head += f"; replayed {counted(len(done.replayed), 'booking')}"
         left = [b for b in done.bookings if b.reservation not in done.replayed]
         if left:
             head += f"; lost for good: {', '.join(b.reservation[:8] for b in left)}"

@@ -33,12 +33,17 @@ def register_admin(actions, parser_class) -> None:
                            description="Create the catalog if there is none. With NAME (on a GPU server), "
                            "store this server's node id in its data directory and enter it as the local "
                            "node NAME.", epilog="Examples:\n  sudo bk admin cluster init gpu-a --yes\n"
-                           "  sudo bk admin cluster init --yes          (a login node: no local node)",
+                           "  sudo bk admin cluster init --yes          (a login node: no local node)\n"
+                           "  sudo bk admin cluster init --history-dir /shared/gpubk-history --history-owner gpubk",
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     init.add_argument("name", metavar="NAME", nargs="?", help="this server's node name")
     init.add_argument("--priority", type=int, default=0, metavar="N", help="its priority (default 0)")
     init.add_argument("--history-dir", metavar="DIR",
                       help="where the nodes export usage history, for bk c history (kept when not given)")
+    init.add_argument("--history-owner", metavar="ACCOUNT", action="append", dest="history_owners",
+                      help="an account (name or UID) that runs bk c export on the nodes: bk c history "
+                      "trusts only namespaces it, root or the reader owns; repeat for several "
+                      "(default gpubk; kept when not given)")
     _plan_flags(init)
     init.set_defaults(handler=run_init, command="admin cluster init")
 
@@ -108,7 +113,7 @@ def _node_flags(p, *, defaults: bool = True) -> None:
     p.add_argument("--port", type=int, metavar="N", help="ssh port")
     p.add_argument("--known-hosts", metavar="FILE", help="a known_hosts file for this node")
     p.add_argument("--identity-file", metavar="FILE", help="an ssh key every user's ssh uses for this node")
-    p.add_argument("--remote-command", metavar="CMD", help="the node's bk (default: bk on its PATH)")
+    p.add_argument("--remote-command", metavar="CMD", help="the node's bk (default: bk on its PATH; for target local, this bk)")
 
 
 def _plan_flags(p) -> None:
@@ -151,6 +156,8 @@ def run_init(args, ctx) -> Output:
     c = admin.load(ctx.env)
     if args.history_dir is not None:
         c = admin.history_dir(c, args.history_dir)
+    if args.history_owners:
+        c = admin.history_owners(c, args.history_owners)
     if args.name is None:
         return _commit(ctx, args, c, "the catalog is ready")
     cat.check_name(args.name)
@@ -226,5 +233,8 @@ def run_status(args, ctx) -> Output:
                                 if rows else "no nodes yet: bk c probe NAME HOST")
         for node, m in sorted(c.people.items()):
             text += "\n" + f"{node}: " + ", ".join(f"{u}={safe(p)}" for u, p in sorted(m.items()))
+        if c.history_dir:
+            owners = c.history_owners if c.history_owners is not None else cat.DEFAULT_HISTORY_OWNERS
+            text += f"\nhistory: {c.history_dir}, exported by {', '.join(map(str, owners)) or 'root only'}"
         return text
     return Output("admin cluster status", {"path": c.path, "catalog": doc}, human)

@@ -14,7 +14,8 @@ from __future__ import annotations
 import argparse
 
 from bk.cli.render import Output, safe, wrap
-from bk.core.errors import EXIT_PARTIAL, PermissionDenied, UsageError
+from bk.core.errors import EXIT_PARTIAL, BkError, PermissionDenied, UsageError
+from bk.core.timegrid import counted
 
 RAW = argparse.RawDescriptionHelpFormatter
 
@@ -106,7 +107,8 @@ def register_policy(actions) -> None:
         "With options: change the trusted configuration atomically and, when a key the ledger binds "
         "changes (the memory reserve or rule), the binding in the same step. A change that bookings "
         "still to run would break is refused and they are listed, unless --force. If it is "
-        "interrupted between the two, running the same command again completes it. Blackouts: "
+        "interrupted between the two, running the same command again completes it. With the broker "
+        "stopped, root binds the ledger itself, as the service account. Blackouts: "
         "bk admin maintain.",
         epilog="Examples:\n  sudo bk admin gpu-policy\n  sudo bk admin gpu-policy --disable 3 --dry-run\n"
                "  sudo bk admin gpu-policy --enable 3 --priority 3=1,2=5\n"
@@ -132,8 +134,11 @@ def register_policy(actions) -> None:
 def register_data(dacts) -> None:
     b = dacts.add_parser("backup", help="copy the data directory, with a checksummed manifest",
                          description="Copy the ledger, its backups, the archive, the audit log and the "
-                         "usage history into DIR (new or empty), with manifest.json: the bk version and "
-                         "a SHA-256 per file. The services may run: it holds the writers' lock meanwhile.",
+                         "usage history (bk's files only; others are named and left out) into DIR, which it "
+                         "creates 0700 (an existing DIR must be root's, 0700 and empty; every directory above "
+                         "it only root's to change), with manifest.json: the bk version and a SHA-256 per "
+                         "file. The services may run: it holds the writers' lock meanwhile. A backup that "
+                         "fails (a full disk) is removed.",
                          epilog="Examples:\n  sudo bk admin data backup\n"
                                 "  sudo bk admin data backup /srv/backup/gpubk-2026-07-13",
                          formatter_class=RAW)
@@ -143,7 +148,10 @@ def register_data(dacts) -> None:
     b.set_defaults(handler=run_data_backup, command="admin data backup")
     v = dacts.add_parser("verify", help="check every file of a backup against its manifest",
                          description="Check every checksum of a backup; exit 1 naming each file that is "
-                                     "missing, changed or not in the manifest.",
+                                     "missing, changed, not in the manifest, or not a file bk keeps. A backup "
+                                     "anyone but root could have changed (a directory or file not root's, or "
+                                     "writable by group or others, or below such a directory) is refused "
+                                     "(exit 78).",
                          epilog="Examples:\n  sudo bk admin data verify /var/lib/gpubk-backups/20260713T180000Z",
                          formatter_class=RAW)
     v.add_argument("dir", metavar="DIR")
@@ -161,8 +169,9 @@ def register_data(dacts) -> None:
     c.set_defaults(handler=run_data_clear, command="admin data clear")
     r = dacts.add_parser("restore", help="restore a backup into an empty data directory",
                          description="Verify the backup, then copy it into the data directory, which must "
-                         "be empty (bk admin data clear empties it), owned by the service account with "
-                         "the modes the backup recorded. The services must be stopped (else exit 75).",
+                         "be empty (bk admin data clear empties it): bk's files only, owned by the service "
+                         "account (monitor/ and usage/ by the monitor account) with the modes bk gives them, "
+                         "whatever the manifest says. The services must be stopped (else exit 75).",
                          epilog="Examples:\n  sudo bk admin data restore /var/lib/gpubk-backups/20260713T180000Z --yes",
                          formatter_class=RAW)
     r.add_argument("dir", metavar="DIR")
@@ -206,7 +215,7 @@ def run_maintain(args, ctx) -> Output:
     if over and choice is None:
         listing = "\n".join("  " + _res_line(r, call) for r in over)
         if not ctx.interactive:
-            raise UsageError(f"{len(over)} booking{'s' if len(over) != 1 else ''} already in the window:\n{listing}",
+            raise UsageError(f"{counted(len(over), 'booking')} already in the window:\n{listing}",
                              hint="choose --keep (they run on) or --cancel-overlapping (their owners are told)")
         print(f"Bookings already in the window:\n{listing}")
         choice = "cancel" if ctx.confirm("Cancel them (their owners are told the reason)? "
@@ -217,7 +226,7 @@ def run_maintain(args, ctx) -> Output:
     what = (f"{'block new bookings and announce' if not args.no_block else 'announce'} maintenance "
             f"{_when(start, call)} to {_when(end, call)} ({level}): {safe(args.reason.strip())}")
     if over:
-        what += f"; {'cancel' if choice == 'cancel' else 'keep'} {len(over)} booking{'s' if len(over) != 1 else ''}"
+        what += f"; {'cancel' if choice == 'cancel' else 'keep'} {counted(len(over), 'booking')}"
     if not args.yes and not args.dry_run:
         if not ctx.interactive:
             raise UsageError(f"confirm with --yes: {what}", hint="or look first with --dry-run")
@@ -236,7 +245,14 @@ def run_maintain(args, ctx) -> Output:
             lines.append(f"  {'cancelled' if r.id in result.cancelled else 'kept'}: {_res_line(r, call)}")
         return "\n".join(lines)
 
-    done = None if result.dry_run else f"maintenance window {result.notice.id[:8]}"
+    done = None
+    if not result.dry_run:
+        # The window's ID is the one `maintain end` takes; the notice is
+        # how users hear of it.
+        done = (f"added maintenance window {result.blackout.id[:8]} (notice {result.notice.id[:8]})"
+                if result.blackout is not None else f"published maintenance notice {result.notice.id[:8]}")
+        if result.cancelled:
+            done += f", {counted(len(result.cancelled), 'booking')} cancelled"
     return Output("admin maintain", result.to_json(), human, done=done)
 
 
@@ -398,15 +414,14 @@ def run_notice_list(args, ctx) -> Output:
 
 def run_notice_edit(args, ctx) -> Output:
     need_root("notice edit")
-    from bk.core import timegrid
     from bk.service.requests import NoticeEditRequest
 
     app, call = ctx.app(), ctx.call()
     until = None
     if args.until is not None:
-        until = timegrid.parse_start(args.until, call.now, call.tz, 1).t
-        if until <= call.now:
-            raise UsageError(f"--until {args.until} is not in the future", hint="e.g. --until +2h")
+        from bk.cli.common import time_ahead
+
+        until = time_ahead(args.until, "--until", call.now, call.tz)
     result = app.run("notice_edit", NoticeEditRequest(args.ref, text=args.text, level=args.level, until=until,
                                                       clear_until=args.no_until, dry_run=args.dry_run), call=call)
     n = result.notice
@@ -461,7 +476,7 @@ def run_policy(args, ctx) -> Output:
     if plan.violations and not args.force:
         from bk.core.errors import PolicyRefused
 
-        raise PolicyRefused(f"{len(plan.violations)} booking{'s break' if len(plan.violations) != 1 else ' breaks'} the "
+        raise PolicyRefused(f"{counted(len(plan.violations), 'booking')} {'breaks' if len(plan.violations) == 1 else 'break'} the "
                             "new policy: " + "; ".join(f"{v.reservation.short_id} ({v.reservation.user}) {v.why}"
                                                        for v in plan.violations[:10]),
                             hint="add --force to keep them as they are, or cancel them first",
@@ -479,8 +494,24 @@ def run_policy(args, ctx) -> Output:
         fresh = opener(ctx.env)
         fcall = fresh.call()
         req = PolicyBindRequest(**fcall.policy.bound(), force=args.force)
-        bound = fresh.run("policy_bind", req, call=fcall).to_json()
-    data.update(status="changed" if plan.config_changes or bound else "unchanged", binding=bound)
+        try:
+            bound = policyedit.bind(fresh, req, fcall).to_json()
+        except BkError as e:
+            if not plan.config_changes:
+                raise
+            # The configuration is already the new one: say so, and how to
+            # finish, rather than the row's own "nothing was changed".
+            why = e.message.removesuffix("; nothing was changed")
+            e.message = f"changed {plan.config_file}, but not the ledger's binding: {why}"
+            e.hint = ("run the same command again to complete it (sudo bk admin gpu-policy shows the "
+                      "mismatch)" + (f"; {e.hint}" if e.hint else ""))
+            e.details = {**e.details, "config_changed": True}
+            raise
+    changed = plan.config_changes or (bound is not None and bound["status"] == "bound")
+    data.update(status="changed" if changed else "unchanged", binding=bound)
+    if not changed:
+        return Output("admin gpu-policy", data, f"unchanged: {plan.config_file} and the ledger's binding "
+                      "already say so")
     text = f"changed {plan.config_file}:\n{diff_text}"
     if bound:
         text += "\n  ledger binding: " + ", ".join(f"{k}={_js(v)}" for k, v in sorted(bound["after"].items()))
@@ -533,7 +564,7 @@ def _policy_show(app, call, data) -> Output:
 
 def _files_text(result) -> str:
     total = sum(e.size for e in result.files)
-    return f"{len(result.files)} files, {total} bytes"
+    return f"{counted(len(result.files), 'file')}, {counted(total, 'byte')}"
 
 
 def run_data_backup(args, ctx) -> Output:
@@ -544,8 +575,9 @@ def run_data_backup(args, ctx) -> Output:
     result = datacare.backup(app, args.dir, now=call.now, dry_run=args.dry_run)
     if result.status == "dry_run":
         return Output("admin data backup", result.to_json(), f"would back up {result.data_dir} to {result.backup_dir}")
+    left = (f"\nleft out, not bk's: {', '.join(safe(p) for p in result.skipped)}" if result.skipped else "")
     return Output("admin data backup", result.to_json(),
-                  f"backed up {result.data_dir} to {result.backup_dir} ({_files_text(result)})\n"
+                  f"backed up {result.data_dir} to {result.backup_dir} ({_files_text(result)}){left}\n"
                   f"check it with: sudo bk admin data verify {result.backup_dir}", done=f"backup {result.backup_dir}")
 
 

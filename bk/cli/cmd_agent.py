@@ -3,7 +3,8 @@ programs that would rather run a process than speak MCP.
 
 Each sub-command takes the same JSON object the MCP tool of that name
 takes, and prints the same ``gpubk.v1`` envelope, compact, on one line on
-stdout, failures included (with --json too; the exit status is the error's).
+stdout, failures included, usage errors too (with --json too; the exit
+status is the error's).
 """
 
 from __future__ import annotations
@@ -79,8 +80,7 @@ def _line(envelope: dict) -> str:
 
 
 def run(args, ctx) -> Output:
-    from bk.core.envelope import failure, success
-    from bk.core.errors import BkError
+    from bk.core.envelope import success
     from bk.service import agent
 
     app = ctx.app()
@@ -90,14 +90,38 @@ def run(args, ctx) -> Output:
         data = {"agent_schema": agent.SCHEMA, "operations": listed}
         return Output("operation", data, lambda term: _line(success("operation", data)))
     call = ctx.call()
-    try:
-        tool = agent.find(app, name)
-        if tool is None:
-            raise InvalidInput(f"unknown operation {name[:40]!r}",
-                               hint="operations: " + ", ".join(t.name for t in agent.tools(app)))
-        data = agent.invoke(app, tool, _arguments(args.arguments), call).to_json()
-    except BkError as e:
-        if ctx.json:
-            raise
-        return Output(name, {}, _line(failure(name, e, list(call.warnings))), exit_code=e.exit_code)
-    return Output(name, data, lambda term: _line(success(name, data, list(call.warnings))))
+    tool = agent.find(app, name)
+    if tool is None:
+        raise InvalidInput(f"unknown operation {name[:40]!r}",
+                           hint="operations: " + ", ".join(t.name for t in agent.tools(app)))
+    args.command = tool.name          # a failure's envelope names the tool, --json or not (bk.cli.app)
+    data = agent.invoke(app, tool, _arguments(args.arguments), call).to_json()
+    return Output(name, data, lambda term: _line(success(name, data, list(call.warnings))),
+                  done=_done(tool, data))
+
+
+def failure_output(command: str, err, warnings: list[str]) -> Output:
+    """A failure of ``bk agent`` without --json, usage errors included: the
+    same one-line envelope on stdout as a success (``bk.cli.app.run``)."""
+    from bk.core.envelope import failure
+
+    return Output(command, {}, _line(failure(command, err, warnings)), exit_code=err.exit_code)
+
+
+def _done(tool, data: dict) -> str | None:
+    """A write's own words for when its envelope cannot be written (stdout
+    full or closed): the booking it made, changed or cancelled, so that the
+    caller can find it without the envelope."""
+    if tool.read_only or data.get("dry_run") or data.get("status") == "dry_run":
+        return None
+    status = str(data.get("status") or "done")
+    where = f" on {data['node']}" if isinstance(data.get("node"), str) else ""
+    res = data.get("reservation")
+    if isinstance(res, dict) and res.get("short_id"):
+        return f"{tool.name}: {status} booking {res['short_id']}{where}"
+    rows = data.get("reservations")
+    ids = [r.get("short_id") for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
+    if ids:
+        noun = "booking" if len(ids) == 1 else "bookings"
+        return f"{tool.name}: {status} {noun} {', '.join(map(str, ids))}{where}"
+    return f"{tool.name}: {status}"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from bk.cli.render import Output, safe, table
+from bk.cli.render import Output, safe, safe_lines, table
 from bk.core.errors import EXIT_CAPACITY, EXIT_PARTIAL, ConfigError, InvalidInput, UsageError
 
 EPILOG = """Examples:
@@ -123,10 +123,12 @@ def register(sub) -> None:
 
     dl = acts.add_parser("d", aliases=["cancel"], help="cancel a booking on a node: NODE/ID",
                          description="Cancel one booking on one node.",
-                         epilog="Examples:\n  bk c d gpu-a/3f2a\n  bk c d gpu-b/1 --json",
+                         epilog="Examples:\n  bk c d gpu-a/3f2a\n  bk c d gpu-b/1 -y --json",
                          formatter_class=argparse.RawDescriptionHelpFormatter)
     dl.add_argument("ref", metavar="NODE/ID", help="the node and the booking's ID prefix or list number there")
     dl.add_argument("--op-id", metavar="KEY", help="idempotency key (default: a new one)")
+    dl.add_argument("-y", "--yes", action="store_true",
+                    help="accepted as bk d takes it; bk c d never asks (the node cancels at once)")
     dl.set_defaults(handler=run_cancel, command="cluster cancel")
 
     tui = acts.add_parser("tui", help="the full-screen view of one node (over ssh -t)",
@@ -195,7 +197,7 @@ def _add_ssh_flags(p) -> None:
     p.add_argument("--priority", type=int, metavar="N", default=0,
                    help="for the add command: preference among equal starts, lower first (default 0)")
     p.add_argument("--remote-command", metavar="CMD", default="bk",
-                   help="the node's bk (default: bk, found on its PATH)")
+                   help="the node's bk (default: bk, found on its PATH; for TARGET local, this bk)")
 
 
 def _add_request(p, specs) -> None:
@@ -259,11 +261,13 @@ def run_overview(args, ctx) -> Output:
     data = ov.to_json()
 
     def human(term) -> str:
-        rows = [(n["name"], n["target"], _term_line(n), sum(1 for x in data["reservations"] if x["node"] == n["name"]))
+        # The state, with a node's failure in its words, goes last: off a
+        # terminal it is folded, never cut.
+        rows = [(n["name"], n["target"], sum(1 for x in data["reservations"] if x["node"] == n["name"]), _term_line(n))
                 for n in data["nodes"]]
-        text = table(rows, ("NODE", "TARGET", "STATE", "BOOKINGS"), term, shrink=2)
-        res = [(x["node"] + "/" + x["short_id"], safe(x.get("person") or x["user"]),
-                ",".join(map(str, x["gpus"])), _when(x["start"], x["end"]), x["status"])
+        text = table(rows, ("NODE", "TARGET", "BOOKINGS", "STATE"), term, shrink=3, fold=True)
+        res = [(x["node"] + "/" + safe(x["short_id"]), safe(x.get("person") or x["user"]),
+                ",".join(map(str, x["gpus"])), _when(x["start"], x["end"]), safe(x["status"]))
                for x in data["reservations"]]
         if res:
             text += "\n\n" + table(res, ("NODE/ID", "USER", "GPUS", "WHEN", "STATUS"), term)
@@ -310,7 +314,7 @@ def run_rec(args, ctx) -> Output:
                 rows.append((r.node, _when(o["start"], o["end"]), ",".join(map(str, o["gpus"])), r.priority, ""))
             else:
                 rows.append((r.node, "-", "-", r.priority, safe(r.problem or "")))
-        text = table(rows, ("NODE", "WHEN", "GPUS", "PRIORITY", "PROBLEM"), term, shrink=4)
+        text = table(rows, ("NODE", "WHEN", "GPUS", "PRIORITY", "PROBLEM"), term, shrink=4, fold=True)
         if rec.best:
             text += f"\n\nbest: {rec.best.node} at {_when(rec.best.option['start'])}; book it with: bk c " \
                     + " ".join(_request_words(args, REC_PASS))
@@ -358,11 +362,12 @@ def run_book(args, ctx) -> Output:
             return (f"would book on {done.node}: GPUs {','.join(map(str, o['gpus']))} "
                     f"{_when(o['start'], o.get('end'))} (dry run)")
         how = " (the reply was lost; the node confirms it)" if done.recovered else ""
-        return (f"{data['status']} on {done.node}: {res.get('short_id')} GPUs "
+        short = safe(res.get("short_id"))
+        return (f"{safe(data['status'])} on {done.node}: {short} GPUs "
                 f"{','.join(map(str, res.get('gpus') or []))} {_when(res.get('start'), res.get('end'))}{how}\n"
-                f"edit: bk c e {done.node}/{res.get('short_id')} -d +30m · cancel: bk c d {done.node}/{res.get('short_id')}")
+                f"edit: bk c e {done.node}/{short} -d +30m · cancel: bk c d {done.node}/{short}")
     return Output("cluster book", data, human,
-                  done=None if done.dry_run else f"booked {res.get('short_id')} on {done.node}")
+                  done=None if done.dry_run else f"booked {safe(res.get('short_id'))} on {done.node}")
 
 
 def _split_ref(ref: str) -> tuple[str, str]:
@@ -381,11 +386,12 @@ def _write_on(ctx, args, words: list[str], action: str, command: str) -> Output:
     data = {"node": node, "op_id": op_id, "recovered": out.recovered, "retried": out.retried, **out.reply_data}
     res = data.get("reservation") or {}
 
+    status, short = safe(data.get("status")), safe(res.get("short_id"))
+
     def human(term) -> str:
-        return (f"{data.get('status')} on {node}: {res.get('short_id')} {_when(res.get('start'), res.get('end'))}"
+        return (f"{status} on {node}: {short} {_when(res.get('start'), res.get('end'))}"
                 + (" (the reply was lost; the node confirms it)" if out.recovered else ""))
-    return Output(command, data, human, warnings=list(out.warnings or []),
-                  done=f"{data.get('status')} {res.get('short_id')} on {node}")
+    return Output(command, data, human, warnings=list(out.warnings or []), done=f"{status} {short} on {node}")
 
 
 def run_edit(args, ctx) -> Output:
@@ -422,15 +428,15 @@ def run_at(args, ctx) -> Output:
         out = cluster.write(args.node, words, op_id, action)
         data = {"node": args.node, "op_id": op_id, "recovered": out.recovered, **out.reply_data}
         res = data.get("reservation") or {}
-        short = res.get("short_id")
+        status, short = safe(data.get("status")), safe(res.get("short_id"))
         if "-q" in words[:cut] or "--quiet" in words[:cut]:
-            human = str(short)
+            human = short
         else:
-            human = (f"{data.get('status')} on {args.node}: {short} GPUs {','.join(map(str, res.get('gpus') or []))} "
+            human = (f"{status} on {args.node}: {short} GPUs {','.join(map(str, res.get('gpus') or []))} "
                      f"{_when(res.get('start'), res.get('end'))}"
                      + (" (the reply was lost; the node confirms it)" if out.recovered else ""))
         return Output(action, data, human, warnings=list(out.warnings or []),
-                      done=f"{data.get('status')} {short} on {args.node}")
+                      done=f"{status} {short} on {args.node}")
     reply = cluster.at(args.node, words, as_json=ctx.json, columns=Term.detect(env=ctx.env).width)
     if ctx.json:
         env = reply.envelope
@@ -441,9 +447,11 @@ def run_at(args, ctx) -> Output:
                       None, warnings=reply.warnings)
     import sys
 
+    # The node's own text and diagnostics, as it printed them, but through
+    # the one text policy: another machine must not drive this terminal.
     if reply.stderr:
-        sys.stderr.write(reply.stderr)
-    return Output(f"@{args.node}", {}, reply.text or "", exit_code=reply.exit)
+        sys.stderr.write(safe_lines(reply.stderr).rstrip("\n") + "\n")
+    return Output(f"@{args.node}", {}, safe_lines(reply.text or ""), exit_code=reply.exit)
 
 
 def run_tui(args, ctx) -> Output:
@@ -474,7 +482,7 @@ def run_tui(args, ctx) -> Output:
 def run_probe(args, ctx) -> Output:
     import shlex
 
-    from bk.cluster import catalog
+    from bk.cluster import catalog, replies
     from bk.cluster.node import NodeClient, NodeFailure
 
     catalog.check_name(args.name)
@@ -482,7 +490,7 @@ def run_probe(args, ctx) -> Output:
     entry = catalog.NodeEntry(args.name, "", args.target, args.priority, args.timeout, True, args.port,
                               args.known_hosts, args.identity_file, tuple(shlex.split(args.remote_command)))
     try:
-        reply = NodeClient(entry, env=ctx.env).call(["c", "id"])
+        reply = NodeClient(entry, env=ctx.env).call(["c", "id"], shape=replies.IDENTITY)
     except NodeFailure as f:
         raise f.as_error() from None
     ident = reply.data if reply.ok else reply.node
@@ -500,9 +508,9 @@ def run_probe(args, ctx) -> Output:
     command = " ".join(shlex.quote(w) for w in cmd)
     data = {"name": args.name, "target": args.target, "node": ident, "skew_s": reply.skew_s,
             "command": command}
-    human = (f"{args.name} at {args.target}: node {ident.get('id')} ({safe(str(ident.get('hostname')))}, "
-             f"bk {ident.get('version')}, id {ident.get('id_source')})\n"
-             f"add it with:\n  {command}")
+    human = (f"{args.name} at {args.target}: node {safe(ident.get('id'))} ({safe(ident.get('hostname'))}, "
+             f"bk {safe(ident.get('version'))}, id {safe(ident.get('id_source'))})\n"
+             f"add it with:\n  {safe(command)}")
     return Output("cluster probe", data, human)
 
 

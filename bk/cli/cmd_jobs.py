@@ -7,7 +7,7 @@ import argparse
 import sys
 
 from bk.cli import common
-from bk.cli.render import Output, safe, table
+from bk.cli.render import Output, safe, table, wrap
 from bk.core import timegrid
 from bk.core.errors import UsageError
 
@@ -39,8 +39,9 @@ shell, in their own process group, with the booked GPUs in CUDA_VISIBLE_DEVICES.
 
 def register(sub) -> None:
     j = sub.add_parser("jobs", aliases=["j"], help="your scheduled commands (bk run N DUR -- CMD)",
-                       description="List your jobs (commands attached to bookings), show one's output, "
-                       "or retry one.", epilog=JOBS_EPILOG,
+                       description="List your jobs (commands attached to bookings) in the order of bk l "
+                       "(current and upcoming ones by list number, then ended ones newest first), show "
+                       "one's output, or retry one.", epilog=JOBS_EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     j.add_argument("action", nargs="?", choices=("list", "log", "retry"), default="list",
                    help="list (default), log ID, retry ID")
@@ -69,7 +70,7 @@ def run_jobs(args, ctx) -> Output:
     if args.action == "list":
         if args.ref:
             raise UsageError("bk j lists all your jobs; for one: bk j log ID")
-        return _list(app, call, args.limit)
+        return _list(app, call, args.limit, env=None if ctx.json else ctx.env)
     if not args.ref:
         raise UsageError(f"bk j {args.action} needs the job's ID", hint=f"e.g. bk j {args.action} 1 (see bk j)")
     if args.action == "log":
@@ -79,7 +80,8 @@ def run_jobs(args, ctx) -> Output:
 
         def human(term) -> str:
             if not data:
-                return f"(no output from the job of {res.short_id})"
+                why = _never_started(app, call, res)
+                return wrap(why, term.width, "", "  ") if why else f"(no output from the job of {res.short_id})"
             head = "(older output left out: bk j log ID --all)\n" if cut else ""
             # Output is the user's own program's: shown as written, but never
             # able to drive the terminal with escape sequences.
@@ -90,11 +92,35 @@ def run_jobs(args, ctx) -> Output:
     out = Output("jobs", result.to_json(), f"job of {r.short_id} requeued: pending; your worker starts it "
                  "when its GPUs are clear", done=f"requeued the job of {r.short_id}")
     if jobs.worker_status(app)["state"] != "running":
-        out.warnings.append(jobs.NO_WORKER)
+        out.warnings.append(jobs.no_worker_warning(app, ctx.env, again=True))
     return out
 
 
-def _list(app, call, limit) -> Output:
+def _never_started(app, call, res) -> str | None:
+    """Why a job has no output because it never ran, or None when it ran
+    (its state, or an exit status recorded, says so)."""
+    from bk.service import jobs
+
+    job = res.job
+    x = job.extra
+    ran = x.get("started") or x.get("exit_code") is not None
+    if job.status not in ("pending", "missed", "failed", "cancelled") or (ran and job.status != "pending"):
+        return None
+    reason = safe(x.get("reason") or "")
+    if job.status != "pending":
+        reason = reason.removeprefix("not started: ")
+        return f"the job of {res.short_id} never started ({job.status}): {reason or 'no reason was recorded'}"
+    if reason:
+        return f"the job of {res.short_id} has not started yet: {reason}"
+    if res.start > call.now:
+        when = timegrid.format_local_short(res.start, call.tz, call.now)
+        return f"the job of {res.short_id} has not started yet: its booking starts {when}"
+    if jobs.worker_status(app)["state"] != "running":
+        return f"the job of {res.short_id} has not started yet: {jobs.NO_WORKER}"
+    return f"the job of {res.short_id} has not started yet: your worker starts it at its next tick"
+
+
+def _list(app, call, limit, *, env: dict | None = None) -> Output:
     from bk.service import jobs
 
     mine = jobs.my_jobs(app, call)
@@ -102,6 +128,9 @@ def _list(app, call, limit) -> Output:
     data = {"jobs": [jobs.job_json(r) for r in rows], "total": len(mine),
             "worker": jobs.worker_status(app)}
     numbers = app.numbers(app.ledger(call=call), call=call)
+    nag = None
+    if env is not None and data["worker"]["state"] != "running" and any(r.job.status == "pending" for r in rows):
+        nag = jobs.no_worker_warning(app, env)
 
     def human(term) -> str:
         if not rows:
@@ -115,9 +144,9 @@ def _list(app, call, limit) -> Output:
                          safe(r.job.summary or ""), common.gpus_text(r.gpus),
                          timegrid.format_span(r.start, r.end, call.tz, call.now), state, safe(reason)])
         text = table(body, ["#", "BOOKING", "JOB", "COMMAND", "GPUS", "WHEN", "STATE", "REASON"], term,
-                     shrink=[7, 3])
-        if data["worker"]["state"] != "running" and any(r.job.status == "pending" for r in rows):
-            text += "\n" + jobs.NO_WORKER
+                     shrink=[7, 3], fold=True)
+        if nag:
+            text += "\n" + nag
         return text
     return Output("jobs", data, human)
 
@@ -133,6 +162,7 @@ def run_worker(args, ctx) -> Output:
         mine = jobs.my_jobs(app, call)
         counts = {s: sum(1 for r in mine if r.job.status == s) for s in ("pending", "running")}
         data = {"worker": st, "jobs": counts, "jobs_dir": jobs.jobs_path(app)}
+        nag = jobs.no_worker_warning(app, ctx.env) if st["state"] != "running" and not ctx.json else None
 
         def human(term) -> str:
             if st["state"] == "running":
@@ -141,8 +171,8 @@ def run_worker(args, ctx) -> Output:
             else:
                 head = "no worker is running for you"
             text = f"{head}; jobs: {counts['pending']} pending, {counts['running']} running"
-            if st["state"] != "running":
-                text += "\n" + jobs.NO_WORKER
+            if nag:
+                text += "\n" + nag
             return text
         return Output("worker", data, human)
 
@@ -153,8 +183,6 @@ def run_worker(args, ctx) -> Output:
 
         journal.write(sys.stderr, "bk worker", line, os.environ, os.fstat)
 
-    if args.action == "start":
-        log(f"started (pid {__import__('os').getpid()}); jobs in {jobs.jobs_path(app)}")
     started = jobs.serve_worker(app, ctx.env, once=args.action == "once", log=log)
     return Output("worker", {"action": args.action, "started": started},
                   f"worker {'stopped' if args.action == 'start' else 'done'}: started {started} job(s)"

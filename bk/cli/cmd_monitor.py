@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 
 from bk.cli.render import Output, safe, table
+from bk.core.timegrid import counted
 
 EPILOG = """Examples:
   bk m                      run the monitor in the foreground (private mode: as you)
@@ -17,7 +18,7 @@ EPILOG = """Examples:
   bk m --once               one sample of every GPU and its processes, nothing written
   bk m --once --json        the same as one JSON envelope
   bk m status               is a monitor running? (running, degraded, stale, stopped,
-                            topology-mismatch or absent)
+                            topology-mismatch, damaged or absent)
 
 The monitor samples the GPUs every 2 seconds, writes the latest sample to
 DATA_DIR/monitor/snapshot.json and a heartbeat beside it, and folds the samples
@@ -70,15 +71,15 @@ def run(args, ctx) -> Output:
 
 
 def heartbeat_line(hb) -> str:
-    if hb.state == "absent":
-        return f"monitor: absent ({hb.detail})" if hb.detail else "monitor: absent"
+    if hb.state in ("absent", "damaged"):
+        return f"monitor: {hb.state} ({safe(hb.detail)})" if hb.detail else f"monitor: {hb.state}"
     bits = [f"pid {hb.pid}"]
     if hb.age_s is not None:
         bits.append(f"last sample {hb.age_s} s ago")
     if hb.interval_s is not None:
         bits.append(f"every {hb.interval_s:g} s")
     if hb.samples is not None:
-        bits.append(f"{hb.samples} samples")
+        bits.append(counted(hb.samples, "sample"))
     line = f"monitor: {hb.state} ({', '.join(bits)})"
     return line + (f"\n  {safe(hb.detail)}" if hb.detail else "")
 
@@ -106,7 +107,8 @@ def once_text(got, term) -> str:
             who = safe(p.user) if p.user else (f"uid {p.uid}" if p.uid is not None else "?")
             procs.append([str(g.index), str(p.pid), who, safe(p.label or "?"), _cell(p.mem_mib),
                           _cell(p.sm), f"{state} {identity}".strip()])
-    parts = [head + f"\nsource: {safe(snap.source)}" + (" (simulated)" if snap.simulated else "")
+    parts = [head + f"\nsource: {safe(snap.source)}" + (" (simulated)" if snap.simulated
+                                                          and snap.source != "simulated" else "")
              + (f"; gaps: {', '.join(snap.gaps)}" if snap.gaps else ""),
              table(rows, ["GPU", "MODEL", "UTIL", "MEM MiB", "PROCS"], term, shrink=1)]
     if procs:

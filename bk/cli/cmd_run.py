@@ -33,7 +33,8 @@ ends and SIGKILL at the end, to its whole process group.
 
 Now (bk run -- CMD): the command keeps this terminal (REPLs and editors work);
 Ctrl-C goes to it. bk exits with the command's status, 124 when the booking
-ended, 130 after Ctrl-C. Later (bk run N DUR -- CMD): the command line is kept
+ended, 130 after Ctrl-C. With --json, stdout holds only bk's envelope (the
+exit status, whether bk stopped it): the command's own stdout goes to stderr. Later (bk run N DUR -- CMD): the command line is kept
 in a private file under your state directory, never in the shared ledger; a
 worker must run for you (bk w; systemctl --user enable --now bk-worker, and
 loginctl enable-linger so it survives logout). See bk j for your jobs and
@@ -121,6 +122,17 @@ def _cwd() -> str:
                          hint="cd to an existing directory and run the command again") from None
 
 
+def _stderr_fd() -> int:
+    try:
+        os.fstat(2)
+    except OSError:               # stderr closed: the output goes nowhere, not into the envelope
+        import subprocess
+
+        return subprocess.DEVNULL
+    sys.stdout.flush()
+    return 2
+
+
 def show(app, call, ref: str | None) -> Output:
     """``bk run`` alone: the booking a command would run on, and its environment."""
     from bk.service import jobs
@@ -155,7 +167,10 @@ def foreground(app, call, ctx, ref: str | None, cmd: list[str]) -> Output:
         sys.stderr.write(f"bk: running on booking {numbers.get(res.id)} [{res.short_id}], GPUs "
                          f"{common.gpus_text(res.gpus)} (you have {len(active)} active; choose with -r N)\n")
         sys.stderr.flush()
-    outcome = jobs.run_now(app, call, res, cmd, cwd=_cwd(), env=ctx.env)
+    # With --json stdout is the envelope's alone (docs/JSON.md): the
+    # command writes its own standard output to our stderr.
+    outcome = jobs.run_now(app, call, res, cmd, cwd=_cwd(), env=ctx.env,
+                           stdout=_stderr_fd() if ctx.json else None)
     view = common.view(call, numbers)
     data = {"reservation": view.reservation(res), "exit_code": outcome.exit_code,
             "returncode": outcome.returncode, "stopped": outcome.stopped}

@@ -97,13 +97,21 @@ def run_gpu(args, ctx) -> Output:
     active = tuple(r for r in mine if r.status(now) == "active")
     current = tuple(view.reservation(r) for r in active)
     if args.count is None and active:
-        found = advice.GpuAdvice(active, current, advice.export_line({g for r in active for g in r.gpus}))
+        booked = {g for r in active for g in r.gpus}
+        here = advice.present_gpus(booked, call.telemetry.inventory())
+        if here != booked:
+            gone = sorted(booked - here)
+            call.warn(f"{'GPU' if len(gone) == 1 else 'GPUs'} {common.gpus_text(gone)} of your booking "
+                      f"{'is' if len(gone) == 1 else 'are'} not on this machine now: "
+                      + ("CUDA_VISIBLE_DEVICES names only the GPUs present" if here else
+                         "there is no GPU of it to use (bk doctor says more)"))
+        found = advice.GpuAdvice(active, current, advice.export_line(here) if here else None)
 
         def human_current(term) -> str:
             lines = [wrap(f"yours now: {common.summary_line(r, capacity=call.policy.max_shared_users, tz=tz, now=now)}"
                           f", {timegrid.format_duration(r.end - now)} left", term.width, "", "  ")
                      for r in active]
-            return "\n".join([*lines, found.export])
+            return "\n".join([*lines, *([found.export] if found.export else [])])
         return Output("gpu", found.to_json(), human_current)
 
     count = common.parse_count(args.count) if args.count is not None else 1
@@ -112,7 +120,7 @@ def run_gpu(args, ctx) -> Output:
     ready = rec.ready()
     if not rec.options:
         raise Conflict(f"nothing fits {advice.describe(req)} within the next "
-                       f"{call.policy.queue_search_hours} hours (queue_search_hours)",
+                       f"{timegrid.counted(call.policy.queue_search_hours, 'hour')} (queue_search_hours)",
                        hint="ask for fewer GPUs, less memory or a shorter time")
     if not ready.options:
         # Not an error: the question was where to run, and the answer is
@@ -152,5 +160,5 @@ def live_line(g) -> str:
     if g.mem_free_mib is not None:
         parts.append(f"{g.mem_free_mib / 1024:.1f}G VRAM free")
     if g.processes is not None:
-        parts.append({0: "no processes", 1: "1 process"}.get(g.processes, f"{g.processes} processes"))
+        parts.append("no processes" if not g.processes else timegrid.counted(g.processes, "process", "processes"))
     return ", ".join(parts)

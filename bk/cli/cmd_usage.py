@@ -19,6 +19,7 @@ from bk.service import usage as views
 
 EPILOG = """Examples:
   bk u                          your dashboard: today, 7 days, 4 weeks, recent bookings
+  bk u --since 10d              the same, with your totals since then
   bk u users --since 30d        everyone's booked, active and idle GPU time
   bk u samples -g 0 -n 20       the last 20 minute records of GPU 0
   bk u events --since 7d        unreserved use and idle bookings
@@ -35,6 +36,12 @@ def register(sub) -> None:
                        "today, 7 days and 4 weeks, a chart of the last 7 days and 4 weeks, and "
                        "your recent bookings. Sub-commands show everyone's history.",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    # Their own dests: a sub-command's --since (with its own default) must
+    # not overwrite, or be overwritten by, the dashboard's.
+    p.add_argument("--since", dest="dash_since", metavar="WHEN",
+                   help="also show your totals since then (30d, 2w, 12h, today, 2026-11-01)")
+    p.add_argument("--until", dest="dash_until", metavar="WHEN",
+                   help="with --since: the end of that period (default now)")
     p.set_defaults(handler=run_dashboard, command="usage")
     actions = p.add_subparsers(dest="usage_action", metavar="ACTION", parser_class=type(p))
 
@@ -72,9 +79,10 @@ def register(sub) -> None:
     ev.set_defaults(handler=run_events, command="usage events")
 
     ver = actions.add_parser("verify", help="check the sealed days against their checksums",
-                             description="Recompute the SHA-256 and record count of every sealed "
-                             "day of the history and compare them with its seal. Exits 1 when a "
-                             "day does not match (tampered or damaged).",
+                             description="Recompute the SHA-256, record count and totals of every "
+                             "sealed day of the history and compare them with its seal, and check "
+                             "every line of every day. Exits 1 when a day does not match its seal "
+                             "(tampered) or holds lines that are not records (damaged).",
                              epilog="Examples:\n  bk u verify\n  bk u verify --json",
                              formatter_class=argparse.RawDescriptionHelpFormatter)
     ver.set_defaults(handler=run_verify, command="usage verify")
@@ -87,12 +95,16 @@ def _span_flags(p, default: str) -> None:
 
 
 def _span(args, call) -> tuple[int, int]:
-    since = core.parse_since(args.since, call.now, call.tz)
-    until = call.now if args.until is None else core.parse_since(args.until, call.now, call.tz)
+    return _period(args.since, args.until, call)
+
+
+def _period(since_word: str, until_word: str | None, call) -> tuple[int, int]:
+    since = core.parse_since(since_word, call.now, call.tz)
+    until = call.now if until_word is None else core.parse_since(until_word, call.now, call.tz)
     if until <= since:
         from bk.core.errors import InvalidInput
 
-        raise InvalidInput(f"--until ({args.until}) must be after --since ({args.since})",
+        raise InvalidInput(f"--until ({until_word}) must be after --since ({since_word})",
                            "e.g. bk u users --since 2026-11-01 --until 2026-12-01")
     return since, until
 
@@ -180,6 +192,18 @@ def _day_label(start: int, tz) -> str:
 
 def run_dashboard(args, ctx) -> Output:
     app, call = ctx.app(), ctx.call()
+    if args.dash_until is not None and args.dash_since is None:
+        from bk.core.errors import UsageError
+
+        raise UsageError("--until goes with --since", hint="e.g. bk u --since 2026-11-01 --until 2026-12-01")
+    period = None
+    if args.dash_since is not None:
+        # bk u --since 10d, as people write it: the dashboard, and their own
+        # totals over that period (the row of bk u users that is theirs).
+        since, until = _period(args.dash_since, args.dash_until, call)
+        rows = views.users(app, call=call, since=since, until=until).rows
+        mine = next((r.totals for r in rows if r.uid == call.actor.uid), core.Totals())
+        period = (since, until, mine)
     d = views.dashboard(app, call=call)
     tz, now = call.tz, call.now
 
@@ -190,8 +214,10 @@ def run_dashboard(args, ctx) -> Output:
         lines = [f"usage of {safe(d.user)} (GPU time; active = a process of yours on the booked GPU)",
                  f"  today     {totals_line(d.today)}",
                  f"  7 days    {totals_line(d.week)}",
-                 f"  4 weeks   {totals_line(d.four_weeks)}",
-                 "", "last 7 days:"]
+                 f"  4 weeks   {totals_line(d.four_weeks)}"]
+        if period is not None:
+            lines.append(f"  {timegrid.format_span(period[0], period[1], tz, now)}: {totals_line(period[2])}")
+        lines += ["", "last 7 days:"]
         lines += chart(d.days, [_day_label(b.start, tz) for b in d.days], term)
         lines += ["", "last 4 weeks:"]
         lines += chart(d.weeks, ["wk " + _day_label(b.start, tz)[4:] for b in d.weeks], term)
@@ -208,7 +234,12 @@ def run_dashboard(args, ctx) -> Output:
                                term, shrink=2))
         return "\n".join(lines)
 
-    return Output("usage", d.to_json(), human)
+    data = d.to_json()
+    if period is not None:
+        from bk.core.models import iso
+
+        data["period"] = {"since": iso(period[0]), "until": iso(period[1]), "totals": views.totals_json(period[2])}
+    return Output("usage", data, human)
 
 
 def run_users(args, ctx) -> Output:
@@ -295,8 +326,13 @@ def run_verify(args, ctx) -> Output:
             return "no usage history to verify"
         rows = [[c.kind, c.day, c.state, "-" if c.records is None else str(c.records), safe(c.detail)]
                 for c in rep.checks]
-        verdict = ("every sealed day matches its seal" if rep.ok else
-                   "some days do not match their seals: the files were changed after sealing")
-        return table(rows, ["KIND", "DAY", "STATE", "RECORDS", "DETAIL"], term, shrink=4) + "\n" + verdict
+        states = {c.state for c in rep.checks}
+        said = []
+        if states & {"tampered", "seal-without-data"}:
+            said.append("some days do not match their seals: the files were changed after sealing")
+        if "damaged" in states:
+            said.append("some days hold lines that are not usage records: they are skipped, never counted")
+        verdict = "\n".join(said) or "every sealed day matches its seal"
+        return table(rows, ["KIND", "DAY", "STATE", "RECORDS", "DETAIL"], term, shrink=4, fold=True) + "\n" + verdict
 
     return Output("usage verify", rep.to_json(), human, exit_code=0 if rep.ok else EXIT_PARTIAL)

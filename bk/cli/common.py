@@ -53,7 +53,42 @@ def positive_int(text: str) -> int:
     return n
 
 
+def simulated_gpu_count(gpu_count: int | None, simulated: int | None) -> tuple[int | None, bool]:
+    """``--gpu-count`` and ``--simulated-gpus`` of the set-up commands as
+    (gpu_count, simulated_gpus): the second says the count and that it is simulated."""
+    if simulated is None:
+        return gpu_count, False
+    if gpu_count is not None and gpu_count != simulated:
+        raise UsageError(f"--gpu-count {gpu_count} and --simulated-gpus {simulated} disagree",
+                         hint="--simulated-gpus N alone sets the count too")
+    return simulated, True
+
+
 # ------------------------------------------------------------------ words
+
+def time_ahead(word: str, flag: str, now: int, tz) -> int:
+    """A time ahead for an option that is not a start (a notice's
+    ``--until``): the start grammar (+2h, 18:30, tomorrow 09:00), refused in
+    the option's own words, since a refusal about "start" names an option
+    that was never typed."""
+    text = " ".join(word.split())
+    try:
+        t = timegrid.parse_start(text, now, tz, 1).t
+    except InvalidInput as e:
+        message, hint = e.message, e.hint or ""
+        if message.startswith("start "):
+            message = f"{flag} {message[len('start '):]}"
+        message = message.replace("a start is now or later", f"{flag} takes a time ahead")
+        if flag not in message:
+            message = f"{flag}: {message}"
+        if hint.startswith("e.g. now or "):
+            hint = f"e.g. {flag} +2h or {flag} 18:30"
+        hint = hint.replace("the earliest start is", "the earliest is")
+        raise InvalidInput(message, hint or f"e.g. {flag} +2h or {flag} 18:30") from None
+    if t <= now:
+        raise UsageError(f"{flag} {text} is not in the future", hint=f"e.g. {flag} +2h")
+    return t
+
 
 def parse_gpu_list(text: str | None, flag: str) -> tuple[int, ...] | None:
     from bk.service import builders
@@ -154,7 +189,7 @@ def summary_line(r: Reservation, *, capacity: int, tz, now: int, show_id: bool =
     """``2 GPUs (0,1) shared 12g 07-13 20:00–21:30 [a1b2c3d4]``"""
     n = len(r.gpus)
     mem = f" {timegrid.format_memory(r.mem_mib)}" if r.mem_mib else ""
-    return (f"{n} GPU{'s' if n != 1 else ''} ({gpus_text(r.gpus)}) {mode_text(r, capacity)}{mem} "
+    return (f"{timegrid.counted(n, 'GPU')} ({gpus_text(r.gpus)}) {mode_text(r, capacity)}{mem} "
             f"{timegrid.format_span(r.start, r.end, tz, now)}" + (f" [{r.short_id}]" if show_id else ""))
 
 

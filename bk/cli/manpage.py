@@ -77,6 +77,12 @@ def _help_text(action, prog: str) -> str:
     return " ".join(text.split())
 
 
+# argparse's own help for the options it adds, in the page's words.
+_BUILTIN_HELP = {argparse._HelpAction: "print the help of bk (or, after a command, of that command) and exit",
+                 argparse._VersionAction: "print bk's version and content hash and exit (with --json, its "
+                                          "build record)"}
+
+
 def _opt(action, prog: str) -> Opt:
     choices = [str(c) for c in action.choices] if action.choices and not isinstance(action.choices, dict) else []
     if isinstance(action.metavar, tuple):
@@ -84,12 +90,15 @@ def _opt(action, prog: str) -> Opt:
     elif action.metavar is not None:
         metavar = action.metavar
     elif choices:
-        metavar = "{" + ",".join(choices) + "}"
+        # "shared|exclusive", as a man page writes alternatives; argparse's
+        # "{shared,exclusive}" is its own usage notation.
+        metavar = "|".join(choices)
     elif action.option_strings:
         metavar = action.dest.upper() if action.nargs != 0 else None
     else:
         metavar = action.dest
-    return Opt(flags=list(action.option_strings), metavar=metavar, help=_help_text(action, prog),
+    text = _BUILTIN_HELP.get(type(action)) or _help_text(action, prog)
+    return Opt(flags=list(action.option_strings), metavar=metavar, help=text,
                positional=not action.option_strings, choices=choices,
                optional=action.nargs in ("?", "*", argparse.REMAINDER))
 
@@ -330,6 +339,11 @@ fingerprint of the hardware; deleting it only costs the next command a look.
 Presets and the prompt history live in \fI$XDG_STATE_HOME/bk\fR (default
 \fI~/.local/state/bk\fR); with \fBBK_DATA_DIR\fR set (a trial run), in
 \fI$BK_DATA_DIR/state\fR instead, so a demo leaves your real presets alone.
+.TP
+.B XDG_SESSION_ID
+The login session (set by systemd\-logind): advice such as how to start a
+worker is given once per session.  Without it, each terminal session (its
+login shell) is one.
 .SH FILES
 .TP
 .I /etc/gpubk/config.json
@@ -411,11 +425,18 @@ bk p save train 2 1h 12g && bk p train
 BK_DATA_DIR=$(mktemp \-d) BK_GPU_COUNT=4 bk 1 30m   # try it without GPUs
 .RE
 .fi
+.SH REPORTING BUGS
+Report a problem to the administrator of your server (\fBbk info\fR names
+them; on your own machine, to the gpubk project): what you ran, what it
+printed, and the output of \fBbk \-\-version\fR, which names this copy of bk
+(its version and content hash).
 .SH SEE ALSO
 .BR gpubk\-config (5),
 .BR bk\-admin (8)
 .PP
-\fBbk help\fR \fICOMMAND\fR, \fBbk tutorial\fR, and the guides in \fIdocs/\fR.
+\fBbk help\fR \fICOMMAND\fR, \fBbk tutorial\fR, and the guide
+\fI/usr/share/doc/gpubk/GUIDE.md\fR (\fIdocs/GUIDE.md\fR in the source tree;
+in Chinese, \fIGUIDE.zh\-CN.md\fR beside it).
 """
 
 

@@ -91,6 +91,9 @@ Each command is listed with its aliases in parentheses."""
 DAEMONS = r""".SH DAEMONS
 systemd runs these as the service account; the installed units say how
 (\fBsystemctl cat gpubk\-broker gpubk\-monitor\fR).
+Where systemd is not PID 1 (a container, LXC, WSL),
+\fBsudo bk admin services run\fR runs both from the same units, in the
+foreground, as their accounts.
 Each refuses to start as any other account (exit 77), with an untrusted
 configuration or directory (78), or while another copy runs (75); the units
 do not restart them after those."""
@@ -115,8 +118,14 @@ they rebuild from an installed package (default: the newest module's time),
 so the same package installs as the same bytes.
 .TP
 .B NOTIFY_SOCKET
-Set by systemd for \fBType=notify\fR units: \fBbk broker\fR reports ready and
+Set by systemd for \fBType=notify\fR units (and by
+\fBbk admin services run\fR for the broker): \fBbk broker\fR reports ready and
 stopping there.
+.TP
+.B RUNTIME_DIRECTORY
+Set for the services by systemd and by \fBbk admin services run\fR
+(\fI/run/gpubk\fR, from \fBRuntimeDirectory=\fR); bk itself reads the
+socket's path from the configuration.
 .TP
 .B JOURNAL_STREAM
 Set by systemd when a service's stderr is the journal: when it names bk's
@@ -178,14 +187,29 @@ worker itself).
 .I /usr/local/share/man/man8/bk\-admin.8
 The man pages.
 .TP
-.I /usr/share/bash\-completion/completions/bk
+.I /usr/local/share/bash\-completion/completions/bk
 .TQ
 .I /usr/local/share/zsh/site\-functions/_bk
 Shell completion.
 .TP
+.I /usr/share/doc/gpubk
+The guides (\fIGUIDE.md\fR, \fIGUIDE.zh\-CN.md\fR) and the other documents.
+.TP
 .I /etc/profile.d/gpubk.sh
 The login hook (\fB\-\-login\-hook\fR): notices and bookings at an
-interactive login, bounded to one second."""
+interactive login, bounded to one second.
+.PP
+\fBbk admin install \-\-destdir\fR \fIDIR\fR stages a package's files
+instead, each naming its final path: the archive and launcher as above, the
+units in \fI/usr/lib/systemd/system\fR and \fI/usr/lib/systemd/user\fR, man
+pages and completion under \fI/usr/share\fR, the command link
+\fI/usr/bin/bk\fR, and
+.TP
+.I /usr/lib/sysusers.d/gpubk.conf
+The service account, for \fBsystemd\-sysusers\fR(8).
+.TP
+.I /usr/lib/tmpfiles.d/gpubk.conf
+The data directory with its owner and mode, for \fBsystemd\-tmpfiles\fR(8)."""
 
 EXAMPLES = (
     ("Set up a server, see that it is ready, and look at it:",
@@ -198,19 +222,27 @@ EXAMPLES = (
      "sudo bk update new/bk.pyz --apply    # stop, replace, restart, verify"),
     ("Remove it again, data included:",
      "sudo systemctl disable --now gpubk-monitor.service gpubk-broker.service\n"
-     "sudo /opt/gpubk/bin/bk admin services uninstall --yes\n"
      "sudo /opt/gpubk/bin/bk admin uninstall --purge-data --dry-run\n"
      "sudo /opt/gpubk/bin/bk admin uninstall --purge-data --yes"),
 )
 
-TAIL = r""".SH SEE ALSO
+TAIL = r""".SH REPORTING BUGS
+Users report problems to you: \fBbk info\fR names the administrator
+(\fBadmin_contact\fR in \fBgpubk\-config\fR(5)).
+What bk itself gets wrong goes to the gpubk project with the output of
+\fBbk \-\-version \-\-json\fR (the version and the archive's content hash)
+and \fBsudo bk doctor \-\-probe \-\-json\fR.
+.SH SEE ALSO
 .BR bk (1),
 .BR gpubk\-config (5),
 .BR systemctl (1),
-.BR systemd.exec (5)
+.BR systemd.exec (5),
+.BR sysusers.d (5),
+.BR tmpfiles.d (5)
 .PP
-\fIdocs/GUIDE.md\fR (section 5, administrators), \fIdocs/UPGRADING.md\fR
-and \fIdocs/SECURITY.md\fR in the source tree."""
+\fI/usr/share/doc/gpubk/GUIDE.md\fR (section 5, administrators),
+\fIUPGRADING.md\fR and \fISECURITY.md\fR beside it (\fIdocs/\fR in the
+source tree)."""
 
 
 def _roots(commands: list[m.Command], words: tuple[str, ...]) -> list[m.Command]:

@@ -12,9 +12,11 @@ Two promises hold whatever the terminal and whatever the ledger holds:
   process labels, reasons and preset names are written by other people;
   an ESC byte in one could move the cursor, clear the screen or retitle the
   window of everyone who lists the bookings, and a bidi override can make
-  text read backwards.  Every view passes such strings through ``safe``,
-  which shows those characters as visible escapes (``\\x1b``, ``\\u202e``).
-  JSON keeps the stored strings: its encoder escapes them itself.
+  text read backwards.  Every view passes such strings through ``safe``
+  (``safe_lines`` for text that spans lines), the one policy of
+  ``bk.core.safetext``, which shows those characters as visible escapes
+  (``\\x1b``, ``\\u202e``, ``\\u200b``).  JSON keeps the stored strings:
+  its encoder escapes them itself.
 * Printing cannot undo or hide a write.  A terminal that cannot encode
   ``–`` (``LC_ALL=C``, ``PYTHONIOENCODING=ascii``) gets ASCII stand-ins
   (``_FALLBACK``), not a UnicodeEncodeError after the booking was made; and
@@ -30,10 +32,10 @@ import codecs
 import errno
 import json
 import os
-import re
 import sys
 from collections.abc import Callable, Sequence
 
+from bk.core import safetext as _safetext
 from bk.core.envelope import failure, success
 from bk.core.errors import EXIT_IO, BkError
 from bk.core.lazyre import Pattern
@@ -106,30 +108,10 @@ _ANSI = Pattern(r"\033\[[0-9;]*m")
 
 # ------------------------------------------------------------ safe display
 
-# What a stored string may not carry to the terminal: C0 controls (ESC, CR,
-# BS, BEL, newline and tab included: a note is one line), DEL and the C1
-# controls (0x9b is a one-byte CSI to many terminals), the line and
-# paragraph separators, the bidi embeddings, overrides and isolates, and
-# lone surrogates (a JSON ledger can hold "\ud800"; no encoder can write it).
-_UNSAFE = Pattern(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
-_NAMED = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
-
-
-def _escape(m: re.Match) -> str:
-    c = m.group()
-    n = ord(c)
-    return _NAMED.get(c) or (f"\\x{n:02x}" if n < 0x100 else f"\\u{n:04x}")
-
-
-def safe(text) -> str:
-    """``text`` (a note, a name, a label: anything a person stored) with the
-    characters that could steer the terminal shown as escapes: ``\\x1b``,
-    ``\\x9b``, ``\\n``, ``\\u202e``, ``\\ud800``.  Printable text, any script,
-    is unchanged."""
-    text = text if isinstance(text, str) else str(text)
-    if text.isascii() and text.isprintable():
-        return text
-    return _UNSAFE.sub(_escape, text)
+# The one text policy (bk.core.safetext): every view passes text other
+# people or machines wrote through these two.
+safe = _safetext.safe
+safe_lines = _safetext.safe_lines
 
 
 # ------------------------------------------------------ encodings, failures
@@ -230,8 +212,8 @@ def output_failed(exc: BaseException, done: str | None = None) -> int:
     reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
     if sys.stdout is None:
         reason = "standard output is closed"
-    what = f"{done}, but the output could not be written" if done else "the output could not be written"
-    _say(f"error: {what} ({reason})\n", 3)
+    what = f"{safe(done)}, but the output could not be written" if done else "the output could not be written"
+    _say(f"error: {what} ({safe(reason)})\n", 3)
     park_stdout()
     return EXIT_IO
 
@@ -242,30 +224,66 @@ def visible_len(text: str) -> int:
 
 
 def table(rows: Sequence[Sequence[str]], headers: Sequence[str], term: Term,
-          shrink: int | Sequence[int] | None = None) -> str:
+          shrink: int | Sequence[int] | None = None, *, fold: bool = False) -> str:
     """Aligned columns.  When wider than the terminal, the ``shrink`` columns
     (one index, or several in order) are cut with an ellipsis, each down to
-    its header's width at most.  Cells may carry colour (``term.style``)."""
+    its header's width at most.  Cells may carry colour (``term.style``).
+
+    ``fold``: off a terminal (a file, a pipe, a mail: read later, where the
+    words matter more than one line per row), the last column, free text
+    such as a reason, is never cut but folded onto continuation lines
+    indented to its column, as ``bk doctor`` folds its details; the other
+    ``shrink`` columns are cut only as far as it needs 20 characters."""
     cells = [list(map(str, headers))] + [list(map(str, r)) for r in rows]
     widths = [max(visible_len(r[i]) for r in cells) for i in range(len(headers))]
     order = [shrink] if isinstance(shrink, int) else list(shrink or ())
+    last = len(headers) - 1
+    folding = fold and not term.tty and last >= 0
+    if folding:
+        order = [i for i in order if i != last]
     ell = "…" if term.unicode else "..."
     for i in order:
-        excess = sum(widths) + 2 * (len(widths) - 1) - term.width
+        if folding:
+            excess = sum(widths[:last]) + 2 * last + FOLD_MIN - term.width
+        else:
+            excess = sum(widths) + 2 * (len(widths) - 1) - term.width
         if excess <= 0:
             break
         widths[i] = max(len(headers[i]), 2, widths[i] - excess)
+    start = sum(widths[:last]) + 2 * last
     lines = []
     for n, row in enumerate(cells):
         parts = []
         for i, c in enumerate(row):
+            if folding and i == last:
+                break
             if visible_len(c) > widths[i]:
                 c = _ANSI.sub("", c)[: max(1, widths[i] - len(ell))] + ell
             pad = widths[i] - visible_len(c)
             parts.append(c + " " * pad if i < len(row) - 1 else c)
+        more: list[str] = []
+        indent = start
+        if folding:
+            import textwrap
+
+            if term.width - start >= FOLD_MIN or n == 0:
+                first, *more = textwrap.wrap(row[last], width=max(FOLD_MIN, term.width - start),
+                                             break_long_words=True, break_on_hyphens=False) or [""]
+                parts.append(first)
+            else:
+                # Too little room beside the other columns: the text goes
+                # on the lines below the row, indented a little.
+                indent = FOLD_INDENT
+                more = textwrap.wrap(row[last], width=term.width - indent, break_long_words=True,
+                                     break_on_hyphens=False)
         line = "  ".join(parts).rstrip()
         lines.append(term.style(line, "bold") if n == 0 else line)
+        lines.extend(" " * indent + m for m in more)
     return "\n".join(lines)
+
+
+FOLD_MIN = 20            # the narrowest a folded last column gets beside the others
+FOLD_INDENT = 4          # below them otherwise
 
 
 def wrap(text: str, width: int, indent: str = "", hanging: str | None = None) -> str:
@@ -314,14 +332,9 @@ def _human_text(out: Output, term: Term) -> str:
         # write's own words, and the bug on stderr.
         if out.done is None or os.environ.get("BK_DEBUG") == "1":
             raise
-        _say(f"warning: the full output could not be shown ({type(exc).__name__}: {exc})\n")
+        _say(f"warning: the full output could not be shown ({type(exc).__name__}: {safe(exc)})\n")
         text = out.done
     return text.rstrip("\n") + "\n" if text else ""
-
-
-def safe_lines(text: str) -> str:
-    """``safe`` for a message that may span lines (a warning, an error)."""
-    return "\n".join(safe(line) for line in str(text).split("\n"))
 
 
 def emit_error(command: str, err: BkError, as_json: bool, warnings: list[str] | None = None) -> int:

@@ -30,7 +30,7 @@ import os
 import re
 
 from bk.core.errors import ConfigError, NotFound
-from bk.core.record import dataclass, field
+from bk.core.record import dataclass, field, replace
 
 SYSTEM_CATALOG = "/etc/gpubk/cluster.json"
 VERSION = 1
@@ -44,7 +44,12 @@ NODE_ID_RE = re.compile(r"^[a-z]-[0-9a-f]{8,64}$")
 
 NODE_KEYS = ("id", "target", "priority", "timeout_s", "enabled", "port", "known_hosts",
              "identity_file", "remote_command")
-TOP_KEYS = ("version", "nodes", "people", "history_dir")
+TOP_KEYS = ("version", "nodes", "people", "history_dir", "history_owners")
+# Who may own a node's namespace under history_dir when the catalog names
+# nobody: the service account the guide installs (root and the reader
+# are always trusted).
+DEFAULT_HISTORY_OWNERS = ("gpubk",)
+ACCOUNT_RE = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}\$?$")
 
 
 @dataclass(frozen=True)
@@ -81,6 +86,7 @@ class Catalog:
     people: dict = field(default_factory=dict)      # node -> {uid str: person}
     path: str | None = None
     history_dir: str | None = None                  # where nodes export usage (bk c history)
+    history_owners: tuple | None = None             # accounts (names or UIDs) that may export there
 
     def get(self, name: str) -> NodeEntry:
         for n in self.nodes:
@@ -98,22 +104,42 @@ class Catalog:
     def person(self, node: str, uid: int) -> str | None:
         return self.people.get(node, {}).get(str(uid))
 
+    def history_owner_uids(self, pwd_lookup=None) -> dict[int, str]:
+        """UID -> account of everyone whose namespaces ``bk c history``
+        trusts: root, the accounts of ``history_owners`` (default
+        ``DEFAULT_HISTORY_OWNERS``) that exist here, and numeric UIDs."""
+        if pwd_lookup is None:
+            import pwd
+
+            pwd_lookup = pwd.getpwnam
+        out = {0: "root"}
+        for who in (self.history_owners if self.history_owners is not None else DEFAULT_HISTORY_OWNERS):
+            if isinstance(who, int):
+                out.setdefault(who, str(who))
+                continue
+            try:
+                out.setdefault(pwd_lookup(who).pw_uid, who)
+            except KeyError:
+                pass
+        return out
+
     def to_json(self) -> dict:
         out = {"version": VERSION, "nodes": {n.name: n.to_json() for n in self.nodes},
                "people": {k: dict(sorted(v.items())) for k, v in sorted(self.people.items()) if v}}
         if self.history_dir:
             out["history_dir"] = self.history_dir
+        if self.history_owners is not None:
+            out["history_owners"] = list(self.history_owners)
         return out
 
     def with_node(self, entry: NodeEntry) -> Catalog:
         rest = tuple(n for n in self.nodes if n.name != entry.name)
-        return Catalog(tuple(sorted((*rest, entry), key=lambda n: n.name)), self.people, self.path,
-                       self.history_dir)
+        return replace(self, nodes=tuple(sorted((*rest, entry), key=lambda n: n.name)))
 
     def without(self, name: str) -> Catalog:
         self.get(name)
         people = {k: v for k, v in self.people.items() if k != name}
-        return Catalog(tuple(n for n in self.nodes if n.name != name), people, self.path, self.history_dir)
+        return replace(self, nodes=tuple(n for n in self.nodes if n.name != name), people=people)
 
 
 def _unknown(key: str, known, where: str, source: str) -> ConfigError:
@@ -219,7 +245,18 @@ def parse(doc: object, source: str) -> Catalog:
     hist = doc.get("history_dir")
     if hist is not None and (not isinstance(hist, str) or not os.path.isabs(hist)):
         raise ConfigError(f"{source}: history_dir must be an absolute path, got {hist!r}")
-    return Catalog(nodes, people, source, hist)
+    return Catalog(nodes, people, source, hist, parse_owners(doc.get("history_owners"), source))
+
+
+def parse_owners(owners: object, source: str) -> tuple | None:
+    """``history_owners``: account names or UIDs (None: the default)."""
+    if owners is None:
+        return None
+    if not isinstance(owners, list) or not all(
+            (isinstance(o, str) and ACCOUNT_RE.match(o)) or (type(o) is int and 0 <= o < 1 << 32) for o in owners):
+        raise ConfigError(f"{source}: history_owners must be a list of account names or UIDs, got {owners!r}",
+                          hint='e.g. ["gpubk"]: the accounts that run bk c export on the nodes')
+    return tuple(owners)
 
 
 def catalog_path(env: dict) -> str:

@@ -25,6 +25,7 @@ import os
 import threading
 from collections.abc import Callable, Sequence
 
+from bk.cluster import replies
 from bk.cluster.catalog import Catalog, NodeEntry
 from bk.cluster.fanout import fan_out
 from bk.cluster.node import NodeClient, NodeFailure, Reply
@@ -64,22 +65,22 @@ class Cluster:
 
     def overview(self) -> Overview:
         rows = []
-        got = dict((n.name, r) for n, r in self.fan_out(lambda c: c.call(["l", "--all"])))
+        got = dict((n.name, r) for n, r in self.fan_out(lambda c: c.call(["l", "--all"], shape=replies.LIST)))
         for n in self.catalog.nodes:
             r = got.get(n.name)
             rows.append(NodeRow.of(n, r, self.catalog))
         return Overview(tuple(rows))
 
     def check(self, *, jobs: bool = False) -> Check:
-        words = ["j"] if jobs else ["w"]
+        words, shape = (["j"], replies.JOBS) if jobs else (["w"], replies.WORKER_STATE)
 
         def job(c: NodeClient):
-            return c.call(words)
+            return c.call(words, shape=shape)
         got = dict((n.name, r) for n, r in self.fan_out(job))
         return Check(tuple(CheckRow.of(n, got.get(n.name), jobs=jobs) for n in self.catalog.nodes))
 
     def recommend(self, slot_words: list[str]) -> Recommendation:
-        got = self.fan_out(lambda c: c.call(["slots", *slot_words]))
+        got = self.fan_out(lambda c: c.call(["slots", *slot_words], shape=replies.SLOTS))
         rows = [RecRow.of(n, r) for n, r in got]
         return Recommendation(tuple(rows), best_row(rows))
 
@@ -132,7 +133,7 @@ class Cluster:
         cut = words.index("--") if "--" in words else len(words)      # -- CMD stays last
         sent = [*words[:cut], "--op-id", op_id, *words[cut:]]
         try:
-            return _written(client.call(sent), False, False)
+            return _written(client.call(sent, shape=replies.WRITE), False, False)
         except NodeFailure as first:
             if first.state in ("wrong_identity", "unsupported"):
                 raise first.as_error() from None
@@ -145,7 +146,7 @@ class Cluster:
         if found is not None:
             return WriteOutcome({"status": "exists", "reservation": found, "recovered": True}, True, False)
         try:
-            return _written(client.call(sent), False, True)
+            return _written(client.call(sent, shape=replies.WRITE), False, True)
         except NodeFailure as again:
             raise _unknown(node, op_id, lost, again) from None
 
@@ -175,7 +176,7 @@ def _unknown(node: str, op_id: str, lost: NodeFailure, why: NodeFailure) -> BkEr
 
 def lookup(client: NodeClient, op_id: str, action: str) -> dict | None:
     """The reservation ``op_id`` produced on that node (as JSON), or None."""
-    reply = client.call(["c", "op", op_id])
+    reply = client.call(["c", "op", op_id], shape=replies.OP)
     if not reply.ok:
         err = reply.error()
         raise NodeFailure(client.entry.name, "bad_reply", f"op lookup failed: {err.message if err else '?'}")

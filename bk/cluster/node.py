@@ -20,9 +20,11 @@ for the other nodes: the fan-out reports it in that node's row.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 
+from bk.cluster import replies
 from bk.cluster.catalog import NodeEntry
 from bk.core.envelope import is_envelope
 from bk.core.errors import BkError, ConfigError, Unavailable, error_from
@@ -122,12 +124,16 @@ class NodeClient:
             remote += ["--columns", str(columns)]
         remote += ["--", *words]
         if e.local:
-            return remote
+            return [*local_command(e), *remote[len(e.remote_command):]]
         return ssh.ssh_argv(e.target, remote, port=e.port, connect_timeout=max(1, min(10, int(e.timeout_s))),
                             known_hosts=e.known_hosts, identity_file=e.identity_file)
 
     def call(self, words: list[str], *, as_json: bool = True, columns: int | None = None,
-             timeout: float | None = None) -> Reply:
+             timeout: float | None = None, shape=None) -> Reply:
+        """Run ``words`` on the node.  The wrapper, the identity and the
+        command's envelope are always checked (``bk.cluster.replies``);
+        ``shape`` is what the command's ``data`` must look like (None: any
+        object, for ``bk @NODE ... --json``, which passes it on as JSON)."""
         e = self.entry
         before = self._wall()
         out = self._runner(self.argv(words, as_json=as_json, columns=columns),
@@ -143,11 +149,15 @@ class NodeClient:
         if out.ended == "cancelled":
             raise NodeFailure(e.name, "cancelled", "cancelled", None, out.seconds)
         if out.ended == "not_started":
-            raise NodeFailure(e.name, "unreachable", out.stderr_text, "is ssh installed?", out.seconds)
+            hint = (f"set the node's remote_command: sudo bk admin cluster set {e.name} --remote-command CMD"
+                    if e.local else "is ssh installed?")
+            raise NodeFailure(e.name, "unreachable", out.stderr_text, hint, out.seconds)
         doc = _decode(out.stdout)
         if doc is None:
             if out.rc == 255 and not e.local:
-                msg = out.stderr_text.splitlines()[-1] if out.stderr_text else "ssh failed"
+                msg = out.stderr_text.splitlines()[-1] if out.stderr_text else "failed"
+                # ssh's own lines start "ssh: connect to host ..." already.
+                msg = msg[5:] if msg.startswith("ssh: ") else msg
                 raise NodeFailure(e.name, "unreachable", f"ssh: {msg}", _ssh_hint(msg, e), out.seconds)
             shown = (out.stdout[:80].decode("utf-8", "replace") or out.stderr_text[:160] or "nothing")
             if out.rc == 127:
@@ -156,18 +166,17 @@ class NodeClient:
             raise NodeFailure(e.name, "bad_reply", f"not a bk reply (exit {out.rc}): {shown!r}",
                               "check the node by hand: ssh HOST bk c id --json", out.seconds)
         if doc.get("ok") is False:
-            err = doc.get("error") or {}
+            err = _checked(e, replies.ERROR, doc.get("error"), "error", out)
             details = err.get("details") or {}
             if details.get("reason") == "wrong_identity":
-                raise NodeFailure(e.name, "wrong_identity", str(err.get("message")), err.get("hint"),
-                                  out.seconds)
+                raise NodeFailure(e.name, "wrong_identity", err["message"], err.get("hint"), out.seconds)
             if doc.get("command") != "cluster node":
-                raise NodeFailure(e.name, "unsupported", f"its bk has no cluster commands: {err.get('message')}",
+                raise NodeFailure(e.name, "unsupported", f"its bk has no cluster commands: {err['message']}",
                                   "update bk on the node", out.seconds)
-            raise NodeFailure(e.name, "bad_reply", f"{err.get('code')}: {err.get('message')}",
-                              err.get("hint"), out.seconds)
-        data = doc["data"]
-        node = data.get("node") if isinstance(data.get("node"), dict) else {}
+            raise NodeFailure(e.name, "bad_reply", f"{err['code']}: {err['message']}", err.get("hint"),
+                              out.seconds)
+        wrapper = _checked(e, replies.WRAPPER, doc["data"], "data", out)
+        node = wrapper.get("node") or {}
         if e.id and node.get("id") != e.id:
             raise NodeFailure(e.name, "wrong_identity",
                               f"the node answered as {node.get('id')!r} ({node.get('hostname')}), "
@@ -176,16 +185,42 @@ class NodeClient:
                               f"and update the catalog; otherwise something else answers at {e.target}",
                               out.seconds)
         node_now = node.get("now_epoch")
-        if isinstance(node_now, bool) or not isinstance(node_now, (int, float)):
+        if node_now is None:
             node_now = _iso_seconds(node.get("now"))
         skew = None if node_now is None else round(node_now - (before + after) / 2, 3)
-        inner = data.get("reply")
-        if as_json and not is_envelope(inner):
-            raise NodeFailure(e.name, "bad_reply", "the node's reply carries no command envelope",
-                              None, out.seconds)
-        return Reply(e.name, node, inner if as_json else None,
-                     None if as_json else str(data.get("text") or ""), str(data.get("stderr") or ""),
-                     int(data.get("exit") or 0), out.seconds, skew)
+        inner = None
+        if as_json:
+            inner = doc["data"].get("reply")
+            if not is_envelope(inner):
+                raise NodeFailure(e.name, "bad_reply", "the node's reply carries no command envelope",
+                                  None, out.seconds)
+            inner = _envelope(e, inner, shape, out)
+        return Reply(e.name, node, inner, None if as_json else wrapper.get("text") or "",
+                     wrapper.get("stderr") or "", wrapper.get("exit") or 0, out.seconds, skew)
+
+
+def _checked(e: NodeEntry, shape, value: object, path: str, out) -> dict:
+    """``value`` as ``shape`` allows it, or the node's ``bad_reply``."""
+    try:
+        return replies.check(shape, value, path)
+    except replies.BadField as bad:
+        raise NodeFailure(e.name, "bad_reply", f"not a valid reply: {bad}",
+                          "the node's bk may be broken or not bk: check it by hand (ssh HOST bk c id --json)",
+                          out.seconds) from None
+
+
+def _envelope(e: NodeEntry, inner: dict, shape, out) -> dict:
+    """The command's envelope with its warnings, error and (when ``shape``
+    names what the command answers) data checked."""
+    checked = {"schema": inner["schema"], "command": _checked(e, replies.text(64), inner["command"],
+                                                              "reply.command", out),
+               "ok": inner["ok"], "warnings": _checked(e, replies.WARNINGS, inner["warnings"], "reply.warnings", out)}
+    if inner["ok"]:
+        data = inner["data"]
+        checked["data"] = data if shape is None else _checked(e, shape, data, "", out)
+    else:
+        checked["error"] = _checked(e, replies.ERROR, inner["error"], "reply.error", out)
+    return checked
 
 
 def terminal_argv(entry: NodeEntry, words: list[str]) -> list[str]:
@@ -196,9 +231,33 @@ def terminal_argv(entry: NodeEntry, words: list[str]) -> list[str]:
 
     remote = [*entry.remote_command, *words]
     if entry.local:
-        return remote
+        return [*local_command(entry), *words]
     return ssh.ssh_argv(entry.target, remote, port=entry.port, known_hosts=entry.known_hosts,
                         identity_file=entry.identity_file, tty=True)
+
+
+def local_command(entry: NodeEntry) -> list[str]:
+    """The program of a ``local`` node.  With the default ``remote_command``
+    (``bk``) that is this very bk, run by this interpreter, not whatever
+    ``bk`` the caller's PATH finds first (there may be none: bk run as
+    ``python3 bk.pyz``, or another version): the archive this process runs
+    from, or the package directory it was imported from.  Neither puts the
+    working directory on the child's ``sys.path`` (a zipapp's ``sys.path[0]``
+    is the archive; ``-c`` code drops its ``''`` before importing
+    anything), so a ``bk/`` in the directory where the user typed ``bk c``
+    cannot stand in for it.  A ``remote_command`` in the catalog is used as
+    it is."""
+    import sys
+
+    if entry.remote_command != ("bk",) or not sys.executable:
+        return list(entry.remote_command)
+    # This module's own origin says where bk is: bk/cluster/node.py.
+    archive = getattr(getattr(__spec__, "loader", None), "archive", None)     # zipimport
+    if isinstance(archive, str):
+        return [sys.executable, archive]
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return [sys.executable, "-c", f"import sys; sys.path[:] = [{root!r}, *filter(None, sys.path)]; "
+                                  "from bk.cli.main import main; sys.exit(main())"]
 
 
 def _decode(raw: bytes) -> dict | None:

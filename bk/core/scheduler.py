@@ -31,6 +31,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone, tzinfo
 
 from bk.core.record import dataclass
+from bk.core.timegrid import counted
 
 from .capacity import RES, check_invariants, default_mem, index_holds, usable_mib
 from .errors import Conflict, InvalidInput, PolicyRefused
@@ -212,7 +213,7 @@ class _Plan:
         horizon_end = self.now + p.booking_horizon_days * 86400
         if self.requested + self.d > horizon_end:
             raise PolicyRefused(
-                f"a booking must end within {p.booking_horizon_days} days of now "
+                f"a booking must end within {counted(p.booking_horizon_days, 'day')} of now "
                 f"(booking_horizon_days): {self._span(self.requested, self.requested + self.d)} "
                 f"ends after {self._clock(horizon_end)}",
                 "choose an earlier start or a shorter duration",
@@ -287,7 +288,7 @@ class _Plan:
         for b in self.blackouts:
             if b.start < e and s < b.end:
                 raise PolicyRefused(
-                    f"{self._span(s, e)} overlaps the blackout {iso(b.start)} to {iso(b.end)}"
+                    f"{self._span(s, e)} overlaps the maintenance window {self._span(b.start, b.end)}"
                     + (f": {b.reason}" if b.reason else ""),
                     f"choose a start at or after {self._clock(_ceil(b.end, self.q))}, or add --queue",
                     details={"rule": "blackout", "blackout": {
@@ -428,8 +429,8 @@ class _Plan:
     def refuse_capacity(self):
         """Raise the Conflict that says what holds the requested window."""
         s, e, req = self.requested, self.requested + self.d, self.req
-        what = (f"{req.count} GPU{'s' if req.count > 1 else ''} ({req.mode}"
-                + (f", {req.share} slot{'s' if req.share > 1 else ''}" if req.mode == SHARED else "")
+        what = (f"{counted(req.count, 'GPU')} ({req.mode}"
+                + (f", {counted(req.share, 'slot')}" if req.mode == SHARED else "")
                 + f") for {_dur(self.d)}")
         if not self.exact:
             limit = (f"{self.policy.queue_search_hours} h (queue_search_hours)"
@@ -504,8 +505,20 @@ def _validate(req: Request, policy: Policy, now: int, allow_past_start: bool) ->
             raise bad(f"the start must be whole epoch seconds, not {req.start!r}", "start")
         if req.start % q:
             near = _floor(req.start, q)
-            raise bad(f"the start must fall on a {policy.slot_minutes}-minute boundary", "start",
-                      f"nearest valid starts: {iso(max(near, current))} or {iso(max(near + q, current))}")
+            # Suggest only starts the horizon rule (checked next) accepts:
+            # a start far ahead (the schema's maximum) would get hints
+            # years past it.
+            horizon_end = now + policy.booking_horizon_days * 86400
+            latest = _floor(horizon_end - req.duration, q)
+            options = sorted({t for t in (max(near, current), max(near + q, current)) if t <= latest})
+            if req.start + req.duration > horizon_end or not options:
+                hint = (f"and it lies beyond the {policy.booking_horizon_days}-day horizon "
+                        "(booking_horizon_days): " + (f"the latest valid start is {iso(latest)}"
+                                                      if latest >= current else "that duration does not fit in it"))
+            else:
+                hint = "nearest valid start" + ("s: " if len(options) > 1 else ": ") + \
+                    " or ".join(iso(t) for t in options)
+            raise bad(f"the start must fall on a {policy.slot_minutes}-minute boundary", "start", hint)
         if req.start < current and not allow_past_start:
             raise bad("the start lies in the past", "start", f"the earliest valid start is {iso(current)}")
     for name, gs in (("pinned", req.pinned or ()), ("excluded", req.excluded)):
@@ -538,7 +551,7 @@ def _holder(g: int, r: Reservation) -> dict:
 
 
 def _gpus(n: int) -> str:
-    return f"{n} GPU" if n == 1 else f"{n} GPUs"
+    return counted(n, "GPU")
 
 
 def _dur(seconds: int) -> str:

@@ -24,6 +24,11 @@ Choice of backend (``open_backend``):
      either, it stands in for the simulation below, with the reason;
   5. a simulation of ``fallback_count`` GPUs, reported as such.
 
+``simulated=True`` (the configuration's ``simulated_gpus``: a trial or CI
+server without GPUs, said at install time) takes the place of 3-5: a
+count-only simulation of ``fallback_count`` GPUs chosen on purpose, with no
+``reason``, so nothing reads it as a fault; the driver is never looked for.
+
 Every backend that lists processes fills in their owner, label, start and
 container from /proc under ``proc_root`` (``bk.gpu.procinfo``).
 """
@@ -32,6 +37,12 @@ from __future__ import annotations
 
 from bk.core.errors import ConfigError
 from bk.core.telemetry import Inventory, Snapshot
+
+# The fallback's reason on a machine without the NVIDIA kernel driver (no
+# tool can answer there); doctor recognises it to name the real fix.
+# The source name of a server's GPUs simulated on purpose (simulated_gpus).
+SIMULATED = "simulated"
+NO_DRIVER_LOADED = "no NVIDIA driver is loaded: no /proc/driver/nvidia/version; simulating"
 
 
 class Backend:
@@ -59,7 +70,8 @@ class Backend:
         raise NotImplementedError
 
 
-def open_backend(env: dict, fallback_count: int | None = None, *, proc_root: str = "/proc") -> Backend:
+def open_backend(env: dict, fallback_count: int | None = None, *, simulated: bool = False,
+                 proc_root: str = "/proc") -> Backend:
     from bk.gpu import sim
 
     path = env.get("BK_GPU_SIM_FILE")
@@ -76,10 +88,12 @@ def open_backend(env: dict, fallback_count: int | None = None, *, proc_root: str
                               hint="export BK_GPU_COUNT=4")
         return sim.CountBackend(n)
     n = fallback_count or 4
+    if simulated:
+        return sim.CountBackend(n, name=SIMULATED)
     # Without the kernel driver neither NVML nor nvidia-smi can answer, and
     # a machine without one is told so by one stat, not by running a tool.
     if not _driver_loaded(proc_root):
-        return sim.CountBackend(n, reason="no GPU backend available; simulating")
+        return sim.CountBackend(n, reason=NO_DRIVER_LOADED)
     if _pynvml_installed():
         from bk.gpu.nvml import NO_DRIVER, NvmlBackend
 

@@ -18,9 +18,10 @@ trees).  The facts that shape this module:
   paths, data set names).  Only a label leaves this module: the basename of
   the executable, or for an interpreter (python, bash, java, node...) the
   basename of its script; never an argument after that, never the
-  environment.  Control characters are dropped and the label is capped at
-  32 characters: it ends up in a shared snapshot file and on others'
-  terminals.  A process may rewrite its own argv[0] (setproctitle), so only
+  environment.  The label is capped at 32 characters and its controls and
+  format characters (bidi, zero-width) are shown as escapes (``\\u202e``,
+  ``bk.core.safetext``): it ends up in a shared snapshot file, its JSON and
+  on others' terminals.  A process may rewrite its own argv[0] (setproctitle), so only
   the first word of it is used.
 * ``/proc/PID/cgroup`` places the process: one line ``0::/path`` on cgroup
   v2, one line per hierarchy ``N:controllers:path`` on v1.  Container
@@ -57,7 +58,6 @@ _INTERPRETERS = {
     "Rscript": (set(), {"-e"}, None),
 }
 _INTERP_RE = re.compile(r"^(python|pypy|perl|ruby|node|julia)[0-9.]*$")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 _HEX = r"([0-9a-f]{12,64})"
 # Most specific first: Kubernetes wraps a runtime's scope in its pod slice.
@@ -127,8 +127,24 @@ def safe_label(argv: list[str], comm: str | None = None) -> str | None:
 
 
 def _clean(text: str) -> str | None:
-    text = _CONTROL.sub("", text).strip()
-    return text[:LABEL_MAX] or None
+    """The label as it may leave this module: every character the one text
+    policy neutralises (controls, bidi and other format characters) shown
+    as its escape, so the snapshot, its JSON and every view carry the same
+    harmless text; then cut to ``LABEL_MAX`` characters, never inside an
+    escape."""
+    from bk.core.safetext import safe
+
+    shown = safe(text.strip())
+    if len(shown) <= LABEL_MAX:
+        return shown or None
+    out, used = [], 0
+    for c in text.strip():
+        piece = safe(c)
+        if used + len(piece) > LABEL_MAX:
+            break
+        out.append(piece)
+        used += len(piece)
+    return "".join(out).strip() or None
 
 
 class ProcInfo:

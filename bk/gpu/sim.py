@@ -38,13 +38,13 @@ def sim_uuid(index: int) -> str:
 class CountBackend(Backend):
     simulated = True
 
-    def __init__(self, n: int, reason: str | None = None):
-        self.name = "sim-count"
+    def __init__(self, n: int, reason: str | None = None, *, name: str = "sim-count"):
+        self.name = name
         self._n = n
         self.reason = reason
 
     def fingerprint(self) -> str:
-        return f"sim-count:{self._n}"
+        return f"{self.name}:{self._n}"
 
     def _gpus(self) -> tuple[GpuInfo, ...]:
         return tuple(GpuInfo(i, sim_uuid(i), "Simulated GPU") for i in range(self._n))

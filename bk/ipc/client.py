@@ -29,6 +29,7 @@ from bk.ipc import protocol
 
 HINT = "is the broker running? systemctl status gpubk-broker, or ask the administrator (bk info)"
 FULL = "max_clients"          # bk.broker.server.FULL (not imported: clients stay light)
+NO_BROKER = "no_broker"      # Unavailable details["reason"]: nothing listens, nothing was sent
 CONNECT_TIMEOUT = 5.0
 # The broker may wait up to lock_timeout_seconds (default 10) for the ledger
 # lock and then run the placement; give it that and a margin.
@@ -58,9 +59,11 @@ class BrokerClient:
         self.connect_timeout = connect_timeout
         self.reply_timeout = reply_timeout
 
-    def _unavailable(self, why: str) -> errors.Unavailable:
+    def _unavailable(self, why: str, reason: str = "unreachable") -> errors.Unavailable:
+        # reason NO_BROKER: nothing listens, so nothing was sent (bk admin
+        # gpu-policy then binds on the host itself).
         return errors.Unavailable(f"the gpubk broker is not reachable at {self.socket_path}: {why}; "
-                                  "nothing was changed", hint=HINT)
+                                  "nothing was changed", hint=HINT, details={"reason": reason})
 
     def _connect(self) -> socket.socket:
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
@@ -69,10 +72,10 @@ class BrokerClient:
             s.connect(self.socket_path)
         except FileNotFoundError:
             s.close()
-            raise self._unavailable("no socket (is the broker running?)") from None
+            raise self._unavailable("no socket (is the broker running?)", NO_BROKER) from None
         except ConnectionRefusedError:
             s.close()
-            raise self._unavailable("nobody is listening (the broker stopped)") from None
+            raise self._unavailable("nobody is listening (the broker stopped)", NO_BROKER) from None
         except PermissionError:
             s.close()
             raise errors.PermissionDenied(

@@ -9,9 +9,10 @@ The facts, and what follows from them:
   short safe summary (``bk.core.jobs.summary_of``); the argv, working
   directory and PATH live in a spec file in the user's own state directory
   (``$XDG_STATE_HOME/bk/jobs/specs``, 0700 directories, 0600 files), and
-  the booking holds the spec's sha256.  A spec whose bytes no longer match
-  that digest was changed after booking: it is refused and reported, never
-  run (``specs.read_spec``).
+  the booking holds the spec's sha256.  The spec holds 32 random bytes
+  that appear nowhere else, so that digest confirms no guess of the command
+  line.  A spec whose bytes no longer match that digest was changed after
+  booking: it is refused and reported, never run (``specs.read_spec``).
 * Only the user can start processes as the user (bk never runs setuid), so
   the launcher is a per-user process, the worker (``worker.Worker``), run
   by ``systemctl --user`` (``bk-worker.service``) or by hand (``bk w start``).
@@ -24,13 +25,13 @@ The facts, and what follows from them:
   dies keeps running; the next worker finds it by the exact marker entry
   in its environment (``/proc/PID/environ``, readable by the same user),
   stops it and marks the job ``uncertain``.
-* Logs are written by the job itself (stdout and stderr opened
-  ``O_APPEND`` on the log file), so output survives a worker crash.  The
-  worker rotates by copy-and-truncate into two segments (``ID.log``,
-  ``ID.log.1``): with ``O_APPEND`` every write of the job lands at the new
-  end after the truncation.  Bytes written between the copy and the
-  truncation are lost; that is the price of never holding the job's output
-  in the worker.
+* A job's stdout and stderr are a pipe to its log pump (``logpump``), a
+  small process of its own that writes ``ID.log`` and starts a new segment
+  (the old one becomes ``ID.log.1``) the moment the current one is full:
+  the two-segment cap holds at every write, even for a job that writes
+  gigabytes and exits within a tick.  The pump is in its own session and
+  ends when the job's output closes, so it outlives a worker crash and
+  output written then is kept too.
 
 This package does side effects (files, processes) for the service layer:
 ``bk.service.jobs`` is its only caller.  Its decisions that need no I/O are

@@ -138,11 +138,14 @@ FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
 
 def run_foreground(argv, *, cwd: str, env: dict, term_in: float, kill_in: float,
-                   monotonic: Callable[[], float] = time.monotonic) -> tuple[int, str | None]:
+                   monotonic: Callable[[], float] = time.monotonic,
+                   stdout: int | None = None) -> tuple[int, str | None]:
     """Run ``argv`` on this terminal until it exits; TERM its group after
-    ``term_in`` seconds, KILL after ``kill_in``.  Returns ``(returncode as
-    subprocess reports it, "end" when bk stopped it, "signal" when bk
-    forwarded a signal it received, else None)``."""
+    ``term_in`` seconds, KILL after ``kill_in``.  ``stdout``: a descriptor
+    for the command's standard output instead of bk's (``bk run --json``
+    gives it stderr, keeping stdout for the envelope).  Returns
+    ``(returncode as subprocess reports it, "end" when bk stopped it,
+    "signal" when bk forwarded a signal it received, else None)``."""
     tty = _stdin_tty()
 
     def child_setup():          # runs in the child between fork and exec
@@ -150,7 +153,7 @@ def run_foreground(argv, *, cwd: str, env: dict, term_in: float, kill_in: float,
         _take_terminal(tty, os.getpgrp())
 
     start = monotonic()
-    proc = subprocess.Popen(list(argv), cwd=cwd, env=env, preexec_fn=child_setup)
+    proc = subprocess.Popen(list(argv), cwd=cwd, env=env, preexec_fn=child_setup, stdout=stdout)
     pgid = proc.pid
     try:
         os.setpgid(pgid, pgid)      # the same, from this side: no window where it is ours

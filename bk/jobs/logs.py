@@ -1,13 +1,13 @@
 """Job logs: private, two segments per job, bounded three ways.
 
-``logs/ID.log`` is the current segment: the job's stdout and stderr are
-opened on it with ``O_APPEND`` (``open_for_job``), so the job writes it
-directly and its output outlives a worker crash.  When it grows past
-``SEGMENT_BYTES`` the worker copies it to ``ID.log.1`` (replacing the older
-segment) and truncates it (``rotate``); ``O_APPEND`` makes each later write
-land at the new end, so the file never has a hole.  A job's log is
-therefore at most about two segments (the per-job cap), checked every
-worker tick.
+``logs/ID.log`` is the current segment, ``ID.log.1`` the one before.  A
+worker's job writes into a pipe whose reader, the job's log pump
+(``bk.jobs.logpump``, started by ``start_pump``), writes the segments: it
+starts a new one exactly when the current one holds ``SEGMENT_BYTES``, so a
+job's log never exceeds two segments (the per-job cap), at any moment,
+however fast the job writes or ends.  A log left over the cap by an older
+bk is brought back within it (``rotate``: its newest ``SEGMENT_BYTES`` kept)
+before its job writes again.
 
 ``clean`` enforces the other two bounds for logs of jobs no longer running:
 an age limit (``MAX_AGE_S`` since the last write) and a per-user total
@@ -17,6 +17,8 @@ an age limit (``MAX_AGE_S`` since the last write) and a per-user total
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 from bk.core.jobs import JOB_ID
 from bk.jobs.specs import FILE_MODE, JobsDir
@@ -35,8 +37,8 @@ def _names(job_id: str) -> tuple[str, str]:
 
 
 def open_for_job(jobs_path: str, job_id: str) -> int:
-    """A descriptor of the job's current segment, for its stdout and stderr
-    (the caller closes it once the job has it)."""
+    """A descriptor of the job's current segment, opened for appending with
+    the state directory's checks (the caller closes it)."""
     cur, _old = _names(job_id)
     with JobsDir(jobs_path, create=True) as d:
         lfd = d.sub("logs")
@@ -47,8 +49,56 @@ def open_for_job(jobs_path: str, job_id: str) -> int:
             os.close(lfd)
 
 
+# The pump's whole start-up: only the directory that holds ``bk`` (a
+# checkout, site-packages, or the archive itself: zipimport reads it) is
+# added to an isolated interpreter's path, and only ``bk.jobs.logpump``,
+# which imports nothing of bk, is loaded from it.
+_PUMP = ("import sys; sys.path.insert(0, sys.argv[1]); from bk.jobs import logpump; "
+         "sys.exit(logpump.main(sys.argv[2:]))")
+
+
+def _bk_root() -> str:
+    """The directory (or archive) that holds the ``bk`` package: this
+    module is ``bk/jobs/logs.py`` inside it (in ``bk.pyz`` too, where the
+    path runs through the archive and zipimport reads it)."""
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def start_pump(jobs_path: str, job_id: str, segment: int = SEGMENT_BYTES) -> tuple[int, subprocess.Popen]:
+    """The write end of a pipe for the job's stdout and stderr, and the log
+    pump that reads it into the job's segments (``bk.jobs.logpump``).  The
+    caller gives the write end to the job and closes it; the pump ends when
+    the job and whatever it started have all closed it."""
+    cur, old = _names(job_id)
+    rotate(jobs_path, job_id, segment)
+    with JobsDir(jobs_path, create=True) as d:
+        lfd = d.sub("logs")
+        try:
+            path = os.path.join(jobs_path, "logs", cur)
+            fd = open_file(lfd, cur, path, d.safety, os.O_WRONLY | os.O_APPEND, create_mode=FILE_MODE)
+            try:
+                r, w = os.pipe()
+                try:
+                    proc = subprocess.Popen(
+                        [sys.executable, "-I", "-S", "-c", _PUMP, _bk_root(), str(lfd), str(fd), cur, old,
+                         str(segment)],
+                        stdin=r, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=(lfd, fd),
+                        close_fds=True, start_new_session=True, cwd="/", env={})
+                except BaseException:
+                    os.close(w)
+                    raise
+                finally:
+                    os.close(r)
+            finally:
+                os.close(fd)
+        finally:
+            os.close(lfd)
+    return w, proc
+
+
 def rotate(jobs_path: str, job_id: str, segment: int = SEGMENT_BYTES) -> bool:
-    """Copy-and-truncate the current segment once it exceeds ``segment``."""
+    """Copy-and-truncate the current segment once it exceeds ``segment``
+    (a log nobody writes now: before its pump starts)."""
     cur, old = _names(job_id)
     with JobsDir(jobs_path, create=False) as d:
         lfd = d.sub("logs") if d.fd is not None else None
@@ -63,8 +113,8 @@ def rotate(jobs_path: str, job_id: str, segment: int = SEGMENT_BYTES) -> bool:
                 size = os.fstat(fd).st_size
                 if size <= segment:
                     return False
-                # Keep the newest ``segment`` bytes: a job that wrote far more
-                # within one tick still leaves a bounded log.
+                # Keep the newest ``segment`` bytes of a log written before
+                # pumps bounded every write.
                 data = os.pread(fd, segment, size - segment)
                 replace_file(lfd, old, os.path.join(jobs_path, "logs"), data, FILE_MODE, sync=False)
                 os.ftruncate(fd, 0)

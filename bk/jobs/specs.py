@@ -17,6 +17,19 @@ the caller removes the spec (``remove``): nothing half-made is left.
 The binding: the booking carries ``digest_of(bytes)``; ``read_spec``
 re-reads the file through the same checks (owner, single link, not
 writable by others, mode 0600) and refuses it when the digest differs.
+
+Why every spec holds a random ``salt``.  The digest sits in the shared
+ledger, which every local user reads, and everything else a spec holds can
+be guessed: its id and creation time are in the ledger too, the working
+directory is usually the home directory, PATH is the distribution's, and
+the command is a handful of words (``python3 train.py --token ...``).  A
+hash of guessable bytes confirms a guess: a dictionary over likely command
+lines recovered one with its token in under a minute.  So each spec carries
+32 random bytes (``salt``, hex) that appear nowhere else; the digest covers
+them, and without them no guess can be checked against the ledger.  The
+salt is just another field of the spec's bytes, so verifying is unchanged:
+a spec written before salts existed is still bound by the digest its
+booking holds, and it still runs for its owner.
 """
 
 from __future__ import annotations
@@ -41,6 +54,7 @@ from bk.store.fsutil import (
 )
 
 SCHEMA = "gpubk.jobspec.v1"
+SALT_BYTES = 32
 DIR_MODE = 0o700
 FILE_MODE = 0o600
 MAX_SPEC_BYTES = 256 * 1024
@@ -114,9 +128,14 @@ class JobsDir:
                            create_mode=DIR_MODE if self.create else None)
 
 
-def encode_spec(job_id: str, argv: list[str], cwd: str, path: str | None, created: int) -> bytes:
+def encode_spec(job_id: str, argv: list[str], cwd: str, path: str | None, created: int,
+                salt: str | None) -> bytes:
+    """The spec's bytes.  ``salt`` None gives the form written before salts
+    (what an old booking's digest covers); every new spec has one."""
     doc = {"schema": SCHEMA, "id": job_id, "argv": list(argv), "cwd": cwd, "path": path,
            "created": created}
+    if salt is not None:
+        doc["salt"] = salt
     return (json.dumps(doc, sort_keys=True, ensure_ascii=True, separators=(",", ":")) + "\n").encode()
 
 
@@ -125,7 +144,7 @@ def write_spec(jobs_path: str, job_id: str, argv: list[str], cwd: str, path: str
     """Write a new spec (it must not exist), durably; returns its digest."""
     if not JOB_ID.fullmatch(job_id):
         raise ValueError("bad job id")
-    data = encode_spec(job_id, argv, cwd, path, created)
+    data = encode_spec(job_id, argv, cwd, path, created, os.urandom(SALT_BYTES).hex())
     if len(data) > MAX_SPEC_BYTES:
         raise IOFailure(f"the command line is too long for a job spec ({len(data)} bytes; "
                         f"at most {MAX_SPEC_BYTES})", hint="put the command in a script and run that")

@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Callable
 
@@ -46,6 +47,8 @@ from bk.store.fsutil import open_file, replace_file
 from bk.store.lock import FileLock, holder
 
 POLL_S = 1.0
+PUMP_WAIT_S = 5.0            # after a job exits, how long its log pump may take to write the rest
+PUMP_FIRST_WAIT_S = 1.0      # of which the tick that sees the exit waits at once
 CLEAN_EVERY_S = 60
 SPEC_GRACE_S = 600           # an unreferenced spec younger than this may belong to a booking being made
 LOCK_FILE = "worker.lock"
@@ -61,6 +64,8 @@ class Child:
     stopping: str | None = None  # "end" | "cancel" | "worker"
     kill_at: int | None = None
     killed: bool = False
+    pump: object = None          # subprocess.Popen of its log pump (bk.jobs.logpump)
+    exited_at: float | None = None
 
 
 @dataclass
@@ -72,6 +77,7 @@ class Worker:
     children: dict = field(default_factory=dict)       # job id -> Child
     unsent: dict = field(default_factory=dict)         # job id -> (res, status, reason, exit code)
     reasons: dict = field(default_factory=dict)        # job id -> the pending reason last written
+    pumps: list = field(default_factory=list)          # log pumps still writing for jobs that ended
     last_clean: float = 0.0
 
     # -- writes ------------------------------------------------------------
@@ -133,10 +139,14 @@ class Worker:
         self._flush(jobs)
         due = now + POLL_S
         grace = self.host.grace
+        self.pumps = [p for p in self.pumps if p.poll() is None]
         for jid, ch in list(self.children.items()):
             res = jobs.get(jid)
             rc = ch.proc.poll()
             if rc is not None:
+                if not self._pumped(ch):
+                    due = now                            # look again shortly
+                    continue
                 del self.children[jid]
                 state = J.exit_state(rc, stopped_for=ch.stopping if ch.stopping != "worker" else None)
                 code = J.shell_status(rc)
@@ -166,10 +176,6 @@ class Worker:
                     launcher.signal_group(ch.proc.pid, signal.SIGKILL)
                 else:
                     due = min(due, ch.kill_at)
-            try:
-                logs.rotate(self.host.jobs_path, jid)
-            except BkError as e:
-                self.log(journal.error(f"job {jid[:8]}: log rotation failed: {e.message}"))
         if any(r.job.status == J.RUNNING and j not in self.children and j not in self.unsent
                for j, r in jobs.items()):
             self.recover()                       # a previous worker's jobs: it died
@@ -193,6 +199,30 @@ class Worker:
             self.clean(jobs, now)
         return float(max(0, due - now))
 
+    def _pumped(self, ch: Child) -> bool:
+        """Whether the log of a job that exited is complete: its pump has
+        written everything and ended, or ``PUMP_WAIT_S`` passed (something
+        the job started still holds its output; the pump goes on alone)."""
+        if ch.pump is None or ch.pump.poll() is not None:
+            return True
+        t = self.time_fn()
+        if ch.exited_at is None:
+            # The usual case: the job's exit closed the pipe, and the pump
+            # writes what is left in it (64 KiB at most) and ends within
+            # milliseconds.  Waiting that long here keeps "the job exited,
+            # the next tick records it" true; only a pipe held open by
+            # something the job left running costs more, and is polled.
+            ch.exited_at = t
+            try:
+                ch.pump.wait(PUMP_FIRST_WAIT_S)
+                return True
+            except subprocess.TimeoutExpired:
+                pass
+        if t - ch.exited_at < PUMP_WAIT_S:
+            return False
+        self.pumps.append(ch.pump)
+        return True
+
     def _start(self, res, now: int) -> None:
         jid = res.job.extra["id"]
         blocked = self.host.blocker(res)
@@ -208,11 +238,14 @@ class Worker:
             if not os.path.isdir(spec.cwd):
                 raise FileNotFoundError(f"the working directory {spec.cwd} does not exist")
             env = self.host.env_for(res, spec)
-            fd = logs.open_for_job(self.host.jobs_path, jid)
+            fd, pump = logs.start_pump(self.host.jobs_path, jid)
             try:
                 proc = launcher.launch(spec.argv, cwd=spec.cwd, env=env, log_fd=fd)
-            finally:
+            except BaseException:
                 os.close(fd)
+                pump.wait()                  # the pipe's only writer is gone: it ends at once
+                raise
+            os.close(fd)
         except BkError as e:
             self.log(journal.warning(f"job {jid[:8]}: not started: {e.message}"))
             self._set(res, J.FAILED, f"not started: {e.message}")
@@ -224,7 +257,7 @@ class Worker:
             self.log(journal.warning(f"job {jid[:8]}: not started: {why}"))
             self._set(res, J.FAILED, f"not started: {why}")
             return
-        self.children[jid] = Child(proc, res.id, jid, now)
+        self.children[jid] = Child(proc, res.id, jid, now, pump=pump)
         self.reasons.pop(jid, None)
         self.log(f"job {jid[:8]} started on GPUs {','.join(map(str, res.gpus))}: pid {proc.pid} "
                  f"(booking {res.short_id})")
@@ -253,6 +286,11 @@ class Worker:
             if ch.proc.poll() is None:
                 launcher.signal_group(ch.proc.pid, signal.SIGKILL)
                 ch.proc.wait()
+            if ch.pump is not None:
+                try:
+                    ch.pump.wait(max(0.0, deadline + PUMP_WAIT_S - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    pass                 # something the job started holds its output: the pump goes on
             res = jobs.get(jid) or _stub(ch)
             self._set(res, J.FAILED, "stopped: its worker was stopped (a logout without "
                       "loginctl enable-linger, or systemctl --user stop bk-worker)",

@@ -44,6 +44,7 @@ from bk.core import journal
 from bk.core.errors import BkError, Busy, ConfigError, WrongAccount
 from bk.core.record import dataclass, field
 from bk.core.telemetry import Snapshot
+from bk.core.timegrid import counted
 from bk.store import snapshot as files
 
 DEFAULT_INTERVAL = 2.0
@@ -275,7 +276,7 @@ class Monitor:
             flushed = len(tail)
             self._pending.extend(tail)
         self._write_usage(None)
-        self._heartbeat(files.STOPPED, f"stopped by signal after {self.samples} samples", self.clock(),
+        self._heartbeat(files.STOPPED, f"stopped by signal after {counted(self.samples, 'sample')}", self.clock(),
                         sync=True)
         return flushed
 
@@ -346,7 +347,7 @@ def build(env: dict, settings, *, interval_s: float, clock: Callable[[], int], b
     from bk.service.app import make_store
 
     if backend is None:
-        backend = open_backend(env, settings["gpu_count"])
+        backend = open_backend(env, settings["gpu_count"], simulated=settings["simulated_gpus"])
     store = make_store(settings, clock_fn=clock, owner_uid=None, capacity=settings["max_shared_users"])
     view = LedgerView(store)
     return Monitor(backend, view.read, files.monitor_dir(settings), clock=clock, interval_s=interval_s,
@@ -392,7 +393,7 @@ def run(env: dict, *, interval_s: float = DEFAULT_INTERVAL, log: Callable[[str],
             # handler raises; ours writes to the pipe, which ends the wait.
             select.select([wake_r], [], [], max(0.0, due - monotonic()))
         flushed = monitor.finish()
-        log(f"stopped after {monitor.samples} samples; {flushed} partial minute records flushed")
+        log(f"stopped after {counted(monitor.samples, 'sample')}; {counted(flushed, 'partial minute record')} flushed")
         return RunStats(monitor.samples, flushed, os.getpid())
     finally:
         for s, h in old.items():
@@ -429,7 +430,7 @@ def once(env: dict, *, backend=None, clock_fn: Callable[[], int] | None = None) 
 
     settings = _settings(env)
     clock_fn = clock_fn or clock.now
-    backend = backend or open_backend(env, settings["gpu_count"])
+    backend = backend or open_backend(env, settings["gpu_count"], simulated=settings["simulated_gpus"])
     store = make_store(settings, clock_fn=clock_fn, owner_uid=None, capacity=settings["max_shared_users"])
     m = Monitor(backend, LedgerView(store).read, files.monitor_dir(settings), clock=clock_fn,
                 gpu_count=settings["gpu_count"], log=lambda line: None)

@@ -29,7 +29,7 @@ def open_app(env: dict, *, actor=None, clock_fn=None, backend=None, telemetry=No
             return backend
         from bk.gpu import open_backend as open_
 
-        return open_(env, settings["gpu_count"])
+        return open_(env, settings["gpu_count"], simulated=settings["simulated_gpus"])
 
     if telemetry is None:
         telemetry = Telemetry(open_backend, clock=clock_fn, cache_dir=where.cache_dir, monitor=settings)
@@ -51,7 +51,7 @@ def open_host(env: dict, settings, *, service_uid: int, telemetry=None):
         def open_backend():
             from bk.gpu import open_backend as open_
 
-            return open_(env, settings["gpu_count"])
+            return open_(env, settings["gpu_count"], simulated=settings["simulated_gpus"])
         # The refresher reads the monitor's snapshot while it is fresh
         # (``Telemetry.snapshot``), so the broker asks the GPUs itself only
         # when no monitor runs.

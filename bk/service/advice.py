@@ -70,7 +70,7 @@ def describe(req) -> str:
     """``2 GPUs, shared, 12 GiB per GPU, 1h``: what was asked for, in words."""
     n = req.count
     mem = f", {timegrid.format_memory(req.mem_mib)} per GPU" if req.mem_mib else ""
-    return f"{n} GPU{'s' if n != 1 else ''}, {req.mode}{mem}, {timegrid.format_duration(req.duration)}"
+    return f"{timegrid.counted(n, 'GPU')}, {req.mode}{mem}, {timegrid.format_duration(req.duration)}"
 
 
 @dataclass(frozen=True)
@@ -116,6 +116,15 @@ class GpuAdvice:
         return {"current": list(self.current_json),
                 "options": self.options.options_json() if self.options is not None else [],
                 "export": self.export, "free_now": self.free_now}
+
+
+def present_gpus(gpus, inventory) -> set[int]:
+    """The GPUs of ``gpus`` this machine has now (its inventory): a booking
+    made for a GPU that has gone (removed, fallen off the bus, a ledger made
+    for more) must not hand CUDA an index it does not know, which hides
+    every GPU after it in CUDA_VISIBLE_DEVICES."""
+    have = {g.index for g in inventory.gpus}
+    return {g for g in gpus if g in have}
 
 
 def export_line(gpus) -> str:

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from bk import clock
 from bk.core.errors import Ambiguous, BkError, Conflict, InvalidInput, IOFailure, NotFound, PermissionDenied
 from bk.core.models import ACTIVE, CANCELLED, ENDED, UPCOMING, LedgerState, Notice, Reservation
+from bk.core.timegrid import counted
 from bk.service.context import Actor, Call
 
 # The request types are for writes and the broker's reads: bk l, st and n
@@ -209,7 +210,7 @@ class Service:
         if isinstance(bound, int) and bound != call.policy.gpu_count:
             # Writes refuse this (policy binding); reads go on, but say why
             # the picture may not match the machine.
-            call.warn(f"this machine has {call.policy.gpu_count} GPUs but the ledger was made for "
+            call.warn(f"this machine has {counted(call.policy.gpu_count, 'GPU')} but the ledger was made for "
                       f"{bound}: writes are refused until they agree (bk doctor says more)")
         return read.state
 
@@ -361,7 +362,10 @@ class Service:
             hot = [r for r in state.reservations if r.uid == uid and not r.is_live(now)]
             seen = {r.id for r in hot}
             cold = [r for r in self.reader.archived(uid=uid) if r.id not in seen]
-            out = sorted(hot + cold, key=lambda r: (r.end, r.id), reverse=True)
+            # Newest first: the reverse of a list's order, so the WHEN
+            # column reads back in time (a booking's end says less: a long
+            # one that ended last started long before a short one after it).
+            out = sorted(hot + cold, key=lambda r: (r.start, r.created, r.id), reverse=True)
         else:
             raise InvalidInput(f"unknown list scope {scope!r}")
         return out[:limit] if limit else out

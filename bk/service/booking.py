@@ -34,7 +34,7 @@ from bk.core.models import (
     iso,
 )
 from bk.core.record import replace
-from bk.core.timegrid import floor_slice
+from bk.core.timegrid import counted, floor_slice
 from bk.service.context import Actor, Call
 from bk.service.requests import BookRequest, CancelRequest, EditRequest, canonical
 from bk.service.results import BookResult, CancelResult, EditResult
@@ -158,10 +158,18 @@ def repeat_of(state: LedgerState, req: BookRequest, call: Call) -> Reservation |
     return None
 
 
+def _gone(status: str, already: str = "") -> str:
+    """``was already cancelled`` / ``has already ended``: a status is an
+    adjective, not a verb ("has cancelled" read as if it had cancelled
+    something)."""
+    return f"was {already}cancelled" if status == CANCELLED else f"has {already}ended"
+
+
 def _repeat_hint(b: Reservation, now: int) -> str:
     ago = max(0, now - b.created)
-    when = f"{ago} seconds" if ago < 120 else f"{ago // 60} minutes"
-    return (f"you made this same booking {when} ago: {b.short_id} is that one, not a second; "
+    when = ("just now" if not ago else f"{counted(ago, 'second')} ago" if ago < 120
+            else f"{counted(ago // 60, 'minute')} ago")
+    return (f"you made this same booking {when}: {b.short_id} is that one, not a second; "
             "to book another on purpose, run the command again with --again")
 
 
@@ -291,7 +299,7 @@ def apply_edit(state: LedgerState, req: EditRequest, call: Call) -> Mutation:
     old = _owned(state, req.ref, actor, "edit")
     status = old.status(now)
     if status in (ENDED, CANCELLED):
-        raise InvalidInput(f"reservation {old.short_id} has {status}; it can no longer be edited",
+        raise InvalidInput(f"reservation {old.short_id} {_gone(status)}; it can no longer be edited",
                            hint="book again with: bk N DUR")
     if status == ACTIVE:
         new = _edit_active(state, old, req, call)
@@ -333,7 +341,7 @@ def _edit_active(state, old: Reservation, req: EditRequest, call: Call) -> Reser
     if end % policy.slot_seconds:
         raise InvalidInput(f"the new end is not on a {policy.slot_minutes}-minute boundary")
     if end - old.start > policy.max_booking_hours * 3600:
-        raise PolicyRefused(f"a booking may last at most {policy.max_booking_hours} hours "
+        raise PolicyRefused(f"a booking may last at most {counted(policy.max_booking_hours, 'hour')} "
                             "(max_booking_hours)", hint="shorten the extension")
     if end > old.end:
         # Check only what is added, on the same GPUs, with the booking itself ignored.
@@ -372,15 +380,48 @@ def _edit_upcoming(state, old: Reservation, req: EditRequest, call: Call) -> Res
     pinned = req.pinned
     if pinned is None and req.excluded is None:
         pinned = tuple(old.gpus)   # keep the GPUs unless the user asks for others
+    if not req.queue and _frees_only(old, start, duration, mode, share, mem, pinned, req.excluded):
+        # Inside what the booking already holds: nothing is placed, since
+        # nothing is taken.  A booking the administrator kept inside a
+        # maintenance window (or against a changed policy) may so be
+        # shortened, or given a note, where placing it anew is refused.
+        end = start + duration
+        if start % policy.slot_seconds or end % policy.slot_seconds:
+            raise InvalidInput(f"the new times are not on {policy.slot_minutes}-minute boundaries")
+        return old.replace(mem_mib=mem, gpus=tuple(sorted(pinned)), start=start, end=end)
     count = len(pinned) if pinned else len(old.gpus)
     sreq = scheduler.Request(count=count, duration=duration, mode=mode, share=share, mem_mib=mem,
                              start=max(start, floor_slice(now, policy.slot_minutes)),
                              queue=req.queue, pinned=pinned, excluded=tuple(req.excluded or ()),
                              ignore_id=old.id)
-    p = _place(state, sreq, call, live=False)
+    try:
+        p = _place(state, sreq, call, live=False)
+    except PolicyRefused as e:
+        window = e.details.get("blackout") if e.details.get("rule") == "blackout" else None
+        if window and any(b.id == window.get("id") and b.start < old.end and old.start < b.end
+                          for b in state.blackouts):
+            # Kept there by the administrator: "--queue" alone would move it.
+            e.hint = ("it was kept in this window: where it is, it may be shortened or given a note; "
+                      "a longer or later one must avoid the window (--queue moves it past it)")
+        raise
     new_share = policy.max_shared_users if mode == EXCLUSIVE else share
     return old.replace(mode=mode, share=new_share, mem_mib=mem, gpus=tuple(p.gpus),
                        start=p.start, end=p.end)
+
+
+def _frees_only(old: Reservation, start: int, duration: int, mode: str, share: int, mem, pinned,
+                excluded) -> bool:
+    """The edited booking takes nothing the old one did not hold: within its
+    time, on some of its GPUs, the same mode and share, no more memory."""
+    if excluded is not None or not pinned or not set(pinned) <= set(old.gpus):
+        return False
+    if mode != old.mode or (mode != EXCLUSIVE and share != old.share):
+        return False
+    if old.mem_mib is not None and (mem is None or mem > old.mem_mib):
+        return False
+    if old.mem_mib is None and mem is not None and mode != EXCLUSIVE:
+        return False          # a figure where there was none is a rule change, placed as usual
+    return duration > 0 and old.start <= start and start + duration <= old.end
 
 
 def apply_cancel(state: LedgerState, req: CancelRequest, call: Call) -> Mutation:
@@ -401,7 +442,7 @@ def apply_cancel(state: LedgerState, req: CancelRequest, call: Call) -> Mutation
                            hint="sudo bk admin cancel ID --reason 'maintenance'")
     status = res.status(now)
     if status in (ENDED, CANCELLED):
-        raise InvalidInput(f"reservation {res.short_id} has already {status}")
+        raise InvalidInput(f"reservation {res.short_id} {_gone(status, 'already ')}")
     new = res.replace(cancelled_at=now, cancelled_by=actor.uid,
                       cancel_reason=(req.reason or None))
     if status != ACTIVE and new.note:

@@ -28,11 +28,12 @@ class DataResult:
     problems: tuple = ()         # Problem
     removed: tuple = ()
     bk_version: str | None = None
+    skipped: tuple = ()          # backup: what is in the data directory but is not bk's
 
     def to_json(self) -> dict:
         return {"status": self.status, "data_dir": self.data_dir, "backup_dir": self.backup_dir,
                 "files": [e.to_json() for e in self.files], "problems": [p.to_json() for p in self.problems],
-                "removed": list(self.removed), "bk_version": self.bk_version}
+                "removed": list(self.removed), "bk_version": self.bk_version, "skipped": list(self.skipped)}
 
 
 def default_dir(data_dir: str, now: int) -> str:
@@ -50,6 +51,10 @@ def _socket(service) -> str | None:
     return service.settings["socket"] if service.shared else None
 
 
+def _shared(service) -> bool:
+    return bool(service.shared)
+
+
 def backup(service, dest: str | None, *, now: int, dry_run: bool = False) -> DataResult:
     from bk import __version__
 
@@ -57,13 +62,14 @@ def backup(service, dest: str | None, *, now: int, dry_run: bool = False) -> Dat
     dest = os.path.abspath(dest or default_dir(data_dir, now))
     if dry_run:
         return DataResult("dry_run", data_dir, dest, bk_version=__version__)
-    entries = store.backup(data_dir, dest, owner_uid=_owner(service), bk_version=__version__,
-                           now_iso=format_utc(now), lock_timeout=service.settings["lock_timeout_seconds"])
-    return DataResult("backed_up", data_dir, dest, tuple(entries), bk_version=__version__)
+    entries, skipped = store.backup(data_dir, dest, owner_uid=_owner(service), bk_version=__version__,
+                                    now_iso=format_utc(now), shared=_shared(service),
+                                    lock_timeout=service.settings["lock_timeout_seconds"])
+    return DataResult("backed_up", data_dir, dest, tuple(entries), bk_version=__version__, skipped=tuple(skipped))
 
 
 def verify(service, src: str) -> DataResult:
-    doc, entries, problems = store.verify(os.path.abspath(src))
+    doc, entries, problems = store.verify(os.path.abspath(src), shared=_shared(service))
     return DataResult("tampered" if problems else "verified", service.settings.data_dir, os.path.abspath(src),
                       tuple(entries), tuple(problems), bk_version=str(doc.get("bk_version")))
 
@@ -78,7 +84,7 @@ def clear(service, dest: str | None, *, now: int, dry_run: bool = False) -> Data
         return DataResult("dry_run", data_dir, os.path.abspath(dest or default_dir(data_dir, now)),
                           removed=tuple(sorted(os.listdir(data_dir))))
     made = backup(service, dest, now=now)
-    _doc, _entries, problems = store.verify(made.backup_dir)
+    _doc, _entries, problems = store.verify(made.backup_dir, shared=_shared(service))
     if problems:
         raise InvalidInput(f"the backup {made.backup_dir} does not verify ({problems[0].path} "
                            f"{problems[0].why}); nothing was cleared")
@@ -91,7 +97,7 @@ def clear(service, dest: str | None, *, now: int, dry_run: bool = False) -> Data
 def restore(service, src: str, *, dry_run: bool = False) -> DataResult:
     data_dir = service.settings.data_dir
     store.guard_stopped(data_dir, _socket(service))
-    doc, entries, problems = store.verify(os.path.abspath(src))
+    doc, entries, problems = store.verify(os.path.abspath(src), shared=_shared(service))
     if problems:
         return DataResult("tampered", data_dir, os.path.abspath(src), tuple(entries), tuple(problems),
                           bk_version=str(doc.get("bk_version")))
@@ -101,17 +107,39 @@ def restore(service, src: str, *, dry_run: bool = False) -> DataResult:
     if dry_run:
         return DataResult("dry_run", data_dir, os.path.abspath(src), tuple(entries),
                           bk_version=str(doc.get("bk_version")))
-    uid = _owner(service)
-    if os.path.isdir(data_dir):
-        st = os.stat(data_dir)
-        owner, mode = (st.st_uid, st.st_gid), st.st_mode & 0o777
-    else:
-        gid = service.settings["service_gid"] if service.shared else None
-        owner = (uid, gid if gid is not None else os.getegid())
-        try:
-            mode = int(str(doc.get("data_dir_mode", "0700")), 8) & 0o755
-        except ValueError:
-            mode = 0o700
-    store.restore(os.path.abspath(src), data_dir, entries, owner=owner, dir_mode=mode)
+    owners, dir_owner, dir_mode = _restored_owners(service)
+    store.restore(os.path.abspath(src), data_dir, entries, shared=_shared(service), owners=owners,
+                  dir_owner=dir_owner, dir_mode=dir_mode)
     return DataResult("restored", data_dir, os.path.abspath(src), tuple(entries),
                       bk_version=str(doc.get("bk_version")))
+
+
+def _restored_owners(service) -> tuple[dict, tuple[int, int], int]:
+    """Who owns what a restore writes, and the data directory's owner and
+    mode when it must be made: this server's configuration decides, never
+    the backup (``store.known``: the files' modes).  An existing data
+    directory keeps its owner and mode (the install made it)."""
+    from bk.store.snapshot import monitor_owner
+
+    settings = service.settings
+    uid = _owner(service)
+    gid = settings["service_gid"] if service.shared else None
+    gid = gid if gid is not None else os.getegid()
+    mode = 0o700
+    if service.shared:
+        mode = 0o755
+        if settings["access"] == "group" and settings["group"]:
+            import grp
+
+            try:
+                gid = grp.getgrnam(settings["group"]).gr_gid
+            except KeyError:
+                raise InvalidInput(f"the configured group {settings['group']!r} does not exist",
+                                   hint="create it, or fix 'group' in the configuration") from None
+            mode = 0o750
+    owner = (uid, gid)
+    if os.path.isdir(settings.data_dir):
+        st = os.stat(settings.data_dir)
+        owner, mode = (st.st_uid, st.st_gid), st.st_mode & 0o777
+    monitor = monitor_owner(settings) if service.shared else uid
+    return {"service": (owner[0], owner[1]), "monitor": (monitor, owner[1])}, owner, mode

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from bk import clock
 from bk.core.errors import BkError
+from bk.core.timegrid import counted
 from bk.service.status import policy_summary
 
 OK, WARN, FAIL = "ok", "warn", "fail"
@@ -232,6 +233,47 @@ def _unwritable(app, data_dir: str) -> tuple[str, str] | None:
     return None
 
 
+def _state_check(app, call) -> dict:
+    """The caller's own state directory (presets, job specs and logs, the
+    prompt history): every write there is this user's, so it and the
+    directories bk keeps in it must be real directories of theirs, writable
+    by them and by nobody else (``StateDir``'s rule).  Before the first
+    preset or job it need not exist, but its nearest existing parent must
+    let it be made."""
+    import os
+    import stat
+
+    from bk.store.fsutil import unsafe_stat
+
+    top = app.settings.locations.state_dir
+    me = os.geteuid()
+    if not os.path.lexists(top):
+        where = top
+        while not os.path.lexists(where) and os.path.dirname(where) != where:
+            where = os.path.dirname(where)
+        if os.path.isdir(where) and os.access(where, os.W_OK | os.X_OK):
+            return _check("state directory", True, f"{top}: not made yet (the first preset or job makes it)")
+        return _check("state directory", False, f"{top} does not exist and {where} does not let you make it",
+                      fix=f"ls -ld {where}; make {top} yours (mkdir -p -m 0700 {top}) or set XDG_STATE_HOME")
+    checked = []
+    for path in (top, os.path.join(top, "jobs"), os.path.join(top, "jobs", "specs"),
+                 os.path.join(top, "jobs", "logs")):
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue
+        bad = unsafe_stat(st, me, want_dir=True)
+        if bad is not None:
+            return _check("state directory", False, f"{path}: {bad[1]}",
+                          fix=f"ls -ld {path}; it must be a directory of yours (uid {me}), mode 0700")
+        if not os.access(path, os.W_OK | os.X_OK):
+            return _check("state directory", False, f"{path} is not writable by you "
+                          f"(mode {stat.S_IMODE(st.st_mode):04o})", fix=f"chmod u+rwx {path}")
+        checked.append(path)
+    return _check("state directory", True, f"{top}: yours and writable"
+                  + (f" ({len(checked) - 1} directories in it too)" if len(checked) > 1 else ""))
+
+
 def _socket_check(app, call) -> dict:
     """The broker's socket directory and socket: owned by the service
     account, the modes ``access`` asks for.  A missing directory or socket
@@ -313,7 +355,7 @@ def _policy_check(app, call) -> dict:
 def _gpu_check(app, call) -> dict:
     snap, inv = call.telemetry.snapshot(), call.telemetry.inventory()
     gpus = snap.gpus
-    detail = f"{snap.source}: {len(gpus)} GPU{'s' if len(gpus) != 1 else ''}"
+    detail = f"{snap.source}: {counted(len(gpus), 'GPU')}"
     reason = inv.reason
     if reason or snap.reason:
         detail += f" ({reason or snap.reason})"
@@ -328,11 +370,26 @@ def _gpu_check(app, call) -> dict:
     # the live data is missing, and placement uses share slots alone); in
     # private mode (BK_GPU_COUNT, a demo) it is what was asked for.  A real
     # fallback (nvidia-smi, after NVML did not answer) is no fault: its gaps
-    # are named above.
+    # are named above.  A server without the driver at all expects GPUs it
+    # cannot have: unless it was installed as a trial server (simulated_gpus,
+    # a simulation chosen on purpose, with no reason), that is a fault
+    # whatever the count, and no tool is worth pointing at.
+    from bk.gpu import NO_DRIVER_LOADED
+
     ok = True
-    if (reason or snap.reason) and snap.simulated and app.settings.mode == "shared":
+    fix = None
+    if app.settings["simulated_gpus"] and snap.simulated and not (reason or snap.reason):
+        detail += (f"; simulated on purpose (simulated_gpus in {app.settings.source or 'the configuration'}): "
+                   "placement by share slots alone")
+    elif (reason or snap.reason) == NO_DRIVER_LOADED and app.settings.mode == "shared":
+        ok = False
+        detail += "; this server expects real GPUs (simulated_gpus is not set)"
+        fix = ("install and load the NVIDIA driver (its kernel module makes /proc/driver/nvidia/version), "
+               "then restart the services; a trial server without GPUs: sudo bk admin install "
+               "--simulated-gpus N")
+    elif (reason or snap.reason) and snap.simulated and app.settings.mode == "shared":
         if "gpu_count" in app.settings.explicit:
-            detail += (f"; no GPU telemetry, so {call.policy.gpu_count} GPUs from the "
+            detail += (f"; no GPU telemetry, so {counted(call.policy.gpu_count, 'GPU')} from the "
                        "configuration are scheduled by share slots alone")
         else:
             ok = False
@@ -340,7 +397,7 @@ def _gpu_check(app, call) -> dict:
     if call.policy.gpu_count != len(gpus):
         ok = False
         detail += f"; the policy schedules {call.policy.gpu_count}"
-    return _check("gpu_backend", ok, detail)
+    return _check("gpu_backend", ok, detail, fix=fix)
 
 
 def _broker_check(app, call) -> dict:
@@ -403,19 +460,24 @@ def _monitor_check(app, call, required: bool) -> tuple[dict, dict | None]:
     if state == "running":
         return _check("monitor", True, detail), got
     path = os.path.join(directory, HEARTBEAT_FILE)
-    if state == "absent" and (hb.detail != ABSENT_HEARTBEAT.detail or os.path.lexists(path)):
+    if state == "damaged" or (state == "absent" and os.path.lexists(path)):
         # A file is there, but no heartbeat bk can believe (damaged, or
         # written by another account): the reader treats it as none.
         why = hb.detail if hb.detail != ABSENT_HEARTBEAT.detail else \
             f"{path} is damaged or not the monitor account's"
-        return _check("monitor", True, f"{state}: {why}", status=FAIL if required else WARN,
+        return _check("monitor", True, f"damaged: {why}", status=FAIL if required else WARN,
                       fix=f"restart the monitor, which writes a new one ({start})"), got
     if state == "absent":
         if not required:
             return _check("monitor", True, f"no monitor has run here ({directory}); each command "
                                            "samples the GPUs itself"), got
         return _check("monitor", False, f"no monitor has run here ({directory})", fix=start), got
-    fixes = {"degraded": "the GPU backend reports gaps: journalctl -u gpubk-monitor, nvidia-smi",
+    from bk.gpu import NO_DRIVER_LOADED
+
+    fixes = {"degraded": ("no NVIDIA driver is loaded: install and load it, then restart the monitor; a "
+                          "trial server without GPUs: sudo bk admin install --simulated-gpus N")
+                         if NO_DRIVER_LOADED in (hb.detail or "") else
+                         "the GPU backend reports gaps: journalctl -u gpubk-monitor, nvidia-smi",
              "stale": "it stopped answering; sudo systemctl restart gpubk-monitor"
                       if app.settings.mode == "shared" else "it stopped answering; restart bk m",
              "stopped": start,
@@ -468,7 +530,7 @@ FIXES = {
     "locking": "the file system refuses flock (a network mount?): keep the data directory on a local disk",
 }
 
-CHECKS = (("config", _config_check), ("ledger", _ledger_checks),
+CHECKS = (("config", _config_check), ("ledger", _ledger_checks), ("state directory", _state_check),
           ("policy", _policy_check), ("gpu_backend", _gpu_check))
 
 

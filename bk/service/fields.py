@@ -23,20 +23,21 @@ MAX_GPUS = 64
 
 # Text a user sends ends up on other users' terminals (``bk l --all``, the
 # TUI, notices).  C0/C1 control characters would let it carry terminal
-# escape sequences, and bidirectional overrides can make it read
-# differently from what it is, so neither may enter the shared ledger.  A
+# escape sequences, line separators break a one-line field, and bidi
+# controls can make it read differently from what it is, so none may enter
+# the shared ledger (``bk.core.safetext.steers``; every view also escapes
+# them, and the other invisible characters, with ``safetext.safe``).  A
 # lone surrogate is not a character at all: JSON's ``\ud800`` escape and
 # Python's ``surrogateescape`` (how argv holds bytes that are not UTF-8)
 # both make one, and no UTF-8 encoder will write it, so a reply or a
 # terminal line that held one would fail after the commit.
-_UNPRINTABLE = "[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]"
 _SURROGATE = "[\ud800-\udfff]"
 
 
 def unprintable(text: str) -> bool:
-    import re
+    from bk.core.safetext import steers
 
-    return re.search(_UNPRINTABLE, text) is not None
+    return steers(text)
 
 
 def check_text(value: object, label: str, *, max_len: int, min_len: int = 0,

@@ -164,3 +164,78 @@ class BrokerGateway:
         data, warnings = self.client.call(op.name, op.encode(req))
         call.warn(*warnings)
         return op.result.from_wire(data)
+
+
+class HostGateway:
+    """The broker's own writes, run on the host while no broker runs: for
+    the administrator in a maintenance stop (``bk admin gpu-policy``, whose
+    rebind would otherwise wait for a broker that refuses to start until
+    the binding agrees).
+
+    The store accepts one writer account, the service's (``Store`` refuses
+    any other euid, root included, so that every file it makes has that
+    owner).  Root becomes it only in a forked child: ``setgroups``,
+    ``setgid``, ``setuid`` cannot be undone, and the parent stays root.
+    The child runs the row through a ``LocalGateway`` under the store's
+    lock, the one the broker takes for every write, so a broker that
+    started meanwhile is only serialised with it, never raced.  The actor
+    is still the caller (the audit log says root did it).  The child sends
+    the result's wire JSON, or the error's, through a pipe and exits with
+    ``os._exit``: nothing of the parent's (atexit handlers, buffered
+    output) runs twice."""
+
+    def __init__(self, service):
+        self.service = service
+
+    def run(self, op, req, call):
+        import json
+        import os
+
+        from bk.core.errors import Internal, error_from
+
+        settings = self.service.settings
+        uid, gid = settings["service_uid"], settings["service_gid"]
+        if uid is None or gid is None or os.geteuid() != 0:
+            raise PermissionDenied("only root may write the shared ledger without the broker",
+                                   hint=op.admin_hint)
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:       # the child: never returns
+            os.close(r)
+            try:
+                reply = self._serve(op, req, call, uid, gid)
+            except BkError as e:
+                reply = {"ok": False, "error": e.to_json()}
+            except BaseException as e:      # noqa: BLE001  (reported to the parent, which raises it)
+                reply = {"ok": False, "error": {"code": "internal", "message": f"{type(e).__name__}: {e}"}}
+            try:
+                with os.fdopen(w, "wb") as f:
+                    f.write(json.dumps(reply).encode())
+            finally:
+                os._exit(0)
+        os.close(w)
+        with os.fdopen(r, "rb") as f:
+            raw = f.read()
+        _pid, status = os.waitpid(pid, 0)
+        try:
+            reply = json.loads(raw)
+        except ValueError:
+            raise Internal(f"the {op.name} child (uid {uid}) gave no reply (wait status {status})") from None
+        call.warn(*reply.get("warnings", ()))
+        if not reply.get("ok"):
+            err = reply.get("error") or {}
+            raise error_from(err.get("code"), err.get("message"), err.get("hint"), err.get("details"))
+        return op.result.from_wire(reply["data"])
+
+    def _serve(self, op, req, call, uid: int, gid: int) -> dict:
+        import os
+
+        from bk.service.app import make_store
+
+        os.setgroups([])
+        os.setgid(gid)
+        os.setuid(uid)
+        store = make_store(self.service.settings, clock_fn=lambda: call.now, owner_uid=uid,
+                           capacity=call.policy.max_shared_users)
+        result = LocalGateway(store, self.service).run(op, req, call)
+        return {"ok": True, "data": result.to_wire(), "warnings": list(call.warnings)}

@@ -32,6 +32,39 @@ NO_WORKER = ("no bk worker is running for you, so the command will not start on 
              "start one with: systemctl --user enable --now bk-worker "
              "(and: loginctl enable-linger $USER, so it keeps running after you log out), "
              "or run bk w start in a terminal that stays open")
+NO_WORKER_AGAIN = "no bk worker is running for you: the command starts once one runs (bk w says how)"
+NO_WORKER_NOTE = "worker-hint"          # in the state directory: the session it was last said in
+
+
+def session_key(env: dict, proc: str = "/proc") -> str:
+    """This login session: logind's (``XDG_SESSION_ID``, every terminal of
+    one login), else this terminal's: its session ID (the login shell's,
+    ``getsid``) and that leader's start time; with the boot, so that an ID
+    reused after a logout or a reboot is another session."""
+    def read(path: str, pick) -> str:
+        try:
+            with open(path, encoding="ascii", errors="replace") as f:
+                return pick(f.read())
+        except (OSError, IndexError):
+            return "?"
+    boot = read(f"{proc}/sys/kernel/random/boot_id", lambda t: t.strip())
+    logind = env.get("XDG_SESSION_ID")
+    if logind:
+        return f"{boot}:logind:{logind}"
+    sid = os.getsid(0)
+    return f"{boot}:{sid}:{read(f'{proc}/{sid}/stat', lambda t: t.rsplit(')', 1)[1].split()[19])}"
+
+
+def no_worker_warning(app, env: dict, *, again: bool = False) -> str | None:
+    """The long "no worker" advice the first time a session hears it; after
+    that nothing, or with ``again`` (a new job that will not start) one
+    short line.  Said after every ``bk j`` and ``bk w``, the same paragraph
+    had become noise."""
+    from bk.store.presets import said_this_session
+
+    if not said_this_session(app.settings.locations.state_dir, NO_WORKER_NOTE, session_key(env)):
+        return NO_WORKER
+    return NO_WORKER_AGAIN if again else None
 
 
 @dataclass(frozen=True)
@@ -64,6 +97,21 @@ def job_json(r: Reservation) -> dict | None:
             "gpus": list(r.gpus), "start": iso(r.start), "end": iso(r.end)}
 
 
+def _not_retryable(short: str, state: str) -> str:
+    """Why a job in ``state`` cannot be retried: a retry is for a job that
+    stopped without finishing its work, which a succeeded one did."""
+    from bk.core import jobs as J
+
+    which = "a job that failed, timed out, was cancelled or is uncertain can be retried"
+    if state == J.SUCCEEDED:
+        return f"the job of {short} succeeded: there is nothing to retry; only {which}"
+    if state in (J.PENDING, J.RUNNING):
+        return f"the job of {short} is still {state}; only {which}"
+    if state == J.MISSED:
+        return f"the job of {short} missed its booking (it ended before the job could start); only {which}"
+    return f"the job of {short} is {state}; only {which}"
+
+
 def apply_job_state(state, req, call):
     """The ``job_state`` row: the owner's job of one booking changes state
     along ``bk.core.jobs.NEXT`` (a retry: an ended job back to pending
@@ -83,8 +131,9 @@ def apply_job_state(state, req, call):
     old = res.job.status
     if req.retry:
         if req.status != J.PENDING or old not in J.RETRYABLE:
-            raise InvalidInput(f"the job of {res.short_id} has state {old}; only a job that ended "
-                               f"({', '.join(sorted(J.RETRYABLE))}) can be retried")
+            raise InvalidInput(_not_retryable(res.short_id, old),
+                               hint=None if old in (J.PENDING, J.RUNNING) else
+                               "to run the command once more, book it again: bk run N DUR -- CMD")
         if not res.is_live(call.now):
             raise InvalidInput(f"the booking {res.short_id} has {res.status(call.now)}; a job runs only "
                                "while its booking lasts", hint="book again: bk run N DUR -- CMD")
@@ -170,23 +219,32 @@ def attach_command(app, call, req, argv: list[str], *, cwd: str, env: dict):
     if (result.reservation.job or Job("")).extra.get("id") != jid:
         specs.remove(where, jid)
     if worker_status(app)["state"] != "running":
-        call.warn(NO_WORKER)
+        call.warn(no_worker_warning(app, env, again=True))
     return result
 
 
 # ----------------------------------------------------------------- reads
 
 def my_jobs(app, call) -> list[Reservation]:
-    """The caller's bookings that carry a job, in the hot ledger, newest start first."""
+    """The caller's bookings that carry a job, in the hot ledger, in the
+    order ``bk l`` shows them: current and upcoming ones in list order (so
+    the numbers count down the page), then ended ones newest first, as
+    ``bk l --history``."""
     from bk.core.ledgerdoc import DocKeep
 
     state = app.ledger(call=call, keep=DocKeep(uid=call.actor.uid))     # yours are all it looks at
-    return sorted((r for r in state.reservations if r.uid == call.actor.uid and r.job is not None),
-                  key=lambda r: (r.start, r.created), reverse=True)
+    mine = [r for r in state.reservations if r.uid == call.actor.uid and r.job is not None]
+    live = [r for r in mine if r.is_live(call.now)]
+    return (sorted(live, key=lambda r: (r.start, r.created))
+            + sorted((r for r in mine if not r.is_live(call.now)), key=lambda r: (r.start, r.created),
+                     reverse=True))
 
 
 def resolve_job(app, call, ref: str) -> Reservation:
-    """A job by its booking (list number or ID prefix) or by its own ID prefix."""
+    """A job by its booking (list number or ID prefix) or by its own ID
+    prefix.  Only the caller's own: another user's job lives in that user's
+    state directory, so its log here would be an empty file that is not
+    theirs, shown as "no output"; it is refused as a retry is (exit 5)."""
     ref = ref.strip().lower()
     mine = my_jobs(app, call)
     if len(ref) >= 4 and not ref.isdigit():
@@ -194,6 +252,9 @@ def resolve_job(app, call, ref: str) -> Reservation:
         if len(hits) == 1:
             return hits[0]
     res = app.resolve(ref, call=call)
+    if res.uid != call.actor.uid:
+        raise PermissionDenied(f"booking {res.short_id} is {res.user}'s: its job's output and state are "
+                               "for its owner only", hint="list your own jobs with: bk j")
     if res.job is None:
         raise NotFound(f"booking {res.short_id} has no command attached", hint="list your jobs with: bk j")
     return res
@@ -272,9 +333,11 @@ class RunOutcome:
     exit_code: int         # what bk exits with: the command's, 124 at the end, 130 on Ctrl-C
 
 
-def run_now(app, call, res: Reservation, argv: list[str], *, cwd: str, env: dict) -> RunOutcome:
+def run_now(app, call, res: Reservation, argv: list[str], *, cwd: str, env: dict,
+            stdout: int | None = None) -> RunOutcome:
     """Run ``argv`` in the foreground on ``res`` (this terminal), TERM at
-    the end minus the grace, KILL at the end."""
+    the end minus the grace, KILL at the end; ``stdout``: a descriptor for
+    its standard output instead of ours."""
     import signal
 
     from bk.core.jobs import shell_status, stop_times
@@ -284,7 +347,7 @@ def run_now(app, call, res: Reservation, argv: list[str], *, cwd: str, env: dict
     grace = int(app.settings["worker_termination_grace_seconds"])
     term_at, kill_at = stop_times(res.end, grace, call.now)
     rc, stopped = run_foreground(argv, cwd=cwd, env=env_for(app, res, env), term_in=term_at - call.now,
-                                 kill_in=kill_at - call.now)
+                                 kill_in=kill_at - call.now, stdout=stdout)
     if stopped == "end":
         code = 124
     elif rc == -signal.SIGINT:
@@ -365,10 +428,9 @@ def _printable(text: str | None) -> str | None:
     """A reason for the ledger: one line, no control characters, bounded."""
     if text is None:
         return None
-    from bk.service.fields import unprintable
+    from bk.core.safetext import safe
 
-    text = " ".join(text.split())[:MAX_REASON]
-    return "".join(c if not unprintable(c) else "?" for c in text)
+    return safe(" ".join(text.split())[:MAX_REASON], mark="?")
 
 
 def serve_worker(app, env: dict, *, once: bool = False, log=None, clock_fn=None,
@@ -389,6 +451,10 @@ def serve_worker(app, env: dict, *, once: bool = False, log=None, clock_fn=None,
 
     with Lease(host.jobs_path, data_dir=app.settings.data_dir, now=host.now()):
         worker = Worker(host, log=log or (lambda line: None))
+        if not once:
+            # Only now, with the lease held: a second worker is refused
+            # ("already running") before it could say it started.
+            worker.log(f"started (pid {os.getpid()}); jobs in {host.jobs_path}")
         saved = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         started = 0
         try:

@@ -37,6 +37,7 @@ from bk.core.models import (
     iso,
 )
 from bk.core.record import replace
+from bk.core.timegrid import counted
 from bk.service.context import Call
 from bk.service.requests import BlackoutEndRequest, MaintainRequest, NoticeEditRequest
 from bk.service.results import MaintainResult, NoticeEditResult
@@ -84,7 +85,7 @@ def apply_maintain(state: LedgerState, req: MaintainRequest, call: Call) -> Muta
     over = overlapping(state, start, req.end, now)
     ids = [r.id for r in over]
     if over and req.overlapping == "refuse":
-        raise Conflict(f"{len(over)} booking{'s' if len(over) != 1 else ''} overlap the window: "
+        raise Conflict(f"{counted(len(over), 'booking')} {'overlaps' if len(over) == 1 else 'overlap'} the window: "
                        + ", ".join(f"{r.short_id} ({r.user})" for r in over[:10]),
                        hint="choose: --keep (they run on) or --cancel-overlapping (their owners are told)",
                        details={"rule": "maintenance", "overlapping": ids})

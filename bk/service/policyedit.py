@@ -26,14 +26,19 @@ The decision: the configuration first, then the binding.
    configuration now holds, re-checks the bookings under the lock, and
    records before and after in the audit log.
 
+   On a shared server the row runs in the broker while it answers.  When
+   no broker listens (a maintenance stop, the moment administrators pick
+   for a policy change) root runs it on the host, as the service account
+   and under the store's lock (``bind``, ``HostGateway``): waiting for the
+   broker would not do, since a broker started with a configuration its
+   ledger disagrees with refuses to start.
+
 A crash between 2 and 3 leaves a configuration the ledger's binding does
 not match.  That is detectable: every write and ``bk doctor`` name the keys,
 and ``bk admin gpu-policy`` (show) says so.  It is repaired by re-running
-the same command: the configuration already holds the target, so step 2
-changes nothing and step 3 binds it.  (A broker restarted in that state
-refuses to start, because the ledger disagrees; then run the command again
-with the previous values, which makes both agree, start the broker, and
-apply the change again.)  Keys outside the binding need only step 2.
+the same command, broker running or not: the configuration already holds
+the target, so step 2 changes nothing and step 3 binds it.  Keys outside
+the binding need only step 2.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from bk.core.errors import ConfigError, InvalidInput, PolicyRefused
 from bk.core.models import CANCELLED, ENDED, SHARED, AuditEntry, LedgerState, Policy, iso
 from bk.core.policy import same
 from bk.core.record import dataclass, replace
+from bk.core.timegrid import counted
 from bk.service.context import Call
 from bk.service.requests import PolicyBindRequest
 from bk.service.results import PolicyBindResult
@@ -55,6 +61,10 @@ POLICY_BIND = "policy_bind"
 # The keys this command edits, with the config key each flag sets.
 EDITABLE = ("disabled_gpus", "gpu_priority", "booking_horizon_days", "max_booking_hours",
             "require_shared_memory", "shared_memory_reserve_mb")
+# The flag that sets each key, for a refusal in the words that were typed.
+FLAGS = {"disabled_gpus": "--disable/--enable", "gpu_priority": "--priority",
+         "booking_horizon_days": "--horizon-days", "max_booking_hours": "--max-hours",
+         "require_shared_memory": "--require-memory", "shared_memory_reserve_mb": "--reserve-mb"}
 
 
 @dataclass(frozen=True)
@@ -177,7 +187,7 @@ def violations(state: LedgerState, old: Policy, new: Policy, now: int, gpu_mem: 
             found.append(Violation(r, f"is longer than {new.max_booking_hours} h"))
         if r.end > now + new.booking_horizon_days * 86400 >= now and \
                 r.end <= now + old.booking_horizon_days * 86400:
-            found.append(Violation(r, f"ends beyond {new.booking_horizon_days} days from now"))
+            found.append(Violation(r, f"ends beyond {counted(new.booking_horizon_days, 'day')} from now"))
         if new.require_shared_memory and not old.require_shared_memory and r.mode == SHARED \
                 and r.mem_mib is None:
             found.append(Violation(r, "is shared without a memory figure (-m), now required"))
@@ -218,7 +228,14 @@ def plan(service, change: PolicyChange, *, call: Call) -> PolicyPlan:
     from bk.store.config import KEYS, check_value, parse_document
 
     for key in change.touched():
-        after[key] = check_value(KEYS[key], after[key], "the new policy")
+        try:
+            after[key] = check_value(KEYS[key], after[key], "the new policy")
+        except ConfigError as e:
+            # A bad flag value is a usage error (exit 2) about the flag,
+            # not a broken configuration (78): nothing was written.
+            raise InvalidInput(f"{FLAGS[key]} must be {e.details.get('expected', 'valid')}, got "
+                               f"{json.dumps(after[key])}", hint=f"see: bk help admin gpu-policy (it sets "
+                               f"{key}, man 5 gpubk-config)") from None
     # Drop values equal to what the file already says, so the diff is real.
     values = {**service.settings.values}
     wanted = {**values, **parse_document(after, path, allow_security=loc.config_is_system)}
@@ -266,6 +283,23 @@ def write_config(p: PolicyPlan) -> None:
         os.close(dirfd)
 
 
+def bind(service, req: PolicyBindRequest, call: Call):
+    """Step 3: the ``policy_bind`` row, through the broker while one
+    answers, else on the host (the module essay).  Only a broker that is
+    not there at all (no socket, nobody listening: nothing was sent) sends
+    it to the host; any other failure is the caller's to report."""
+    from bk.core.errors import Unavailable
+    from bk.service.gateway import HostGateway
+
+    try:
+        return service.run(POLICY_BIND, req, call=call)
+    except Unavailable as e:
+        if not service.shared or e.details.get("reason") != "no_broker":
+            raise
+    service.gateway = HostGateway(service)
+    return service.run(POLICY_BIND, req, call=call)
+
+
 # ------------------------------------------------------------ the bind row
 
 def apply_bind(state: LedgerState, req: PolicyBindRequest, call: Call) -> Mutation:
@@ -296,7 +330,7 @@ def apply_bind(state: LedgerState, req: PolicyBindRequest, call: Call) -> Mutati
                             hint="cancel or move those bookings first (--force cannot override this)",
                             details={"problems": invalid})
     if found and not req.force:
-        raise PolicyRefused(f"{len(found)} booking{'s break' if len(found) != 1 else ' breaks'} the new policy: "
+        raise PolicyRefused(f"{counted(len(found), 'booking')} {'breaks' if len(found) == 1 else 'break'} the new policy: "
                             + "; ".join(f"{v.reservation.short_id} ({v.reservation.user}) {v.why}"
                                         for v in found[:10]),
                             hint="add --force to keep them as they are, or cancel them first",

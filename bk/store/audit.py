@@ -30,6 +30,7 @@ import os
 from collections.abc import Callable, Iterator
 
 from bk.core.record import dataclass, field
+from bk.core.timegrid import counted
 
 FIELDS = ("time", "seq", "index", "uid", "user", "action", "reservation", "op_id",
           "before", "after", "result")
@@ -369,7 +370,7 @@ def describe_lost(records: list[dict]) -> str:
             who = e.get("user") or str(e.get("uid"))
             seen.setdefault(rid, f"{str(rid)[:8]} ({who}: {e.get('action')})")
     if not seen:
-        return f"{len(records)} audit record{'s' if len(records) != 1 else ''} and no booking"
+        return f"{counted(len(records), 'audit record')} and no booking"
     shown = list(seen.values())
     more = f" and {len(shown) - 10} more" if len(shown) > 10 else ""
     return "bookings " + ", ".join(shown[:10]) + more

@@ -40,6 +40,9 @@ class Key:
 KEYS: dict[str, Key] = {k.name: k for k in (
     Key("gpu_count", "int", None, "Number of GPUs to schedule. Default: detected (NVML) or simulated.",
         1, 64, nullable=True),
+    Key("simulated_gpus", "bool", False, "This server's GPUs are simulated on purpose (a trial or CI "
+        "server without GPUs): gpu_count GPUs scheduled by share slots alone, no driver looked for, and "
+        "no fault reported for the missing telemetry. Needs gpu_count."),
     Key("slot_minutes", "int", 5, "Slice length in minutes; bookings start and last whole slices. "
         "A divisor of 60.", 1, 60),
     Key("max_shared_users", "int", 2, "Share slots per GPU (how many shared bookings fit at once).", 1, 64),
@@ -134,7 +137,13 @@ class Settings:
 
 def _bad(name: str, expected: str, got: object, source: str) -> ConfigError:
     return ConfigError(f"{source}: {name} must be {expected}, got {json.dumps(got)}",
-                       hint=f"fix {name} in {source} (see man 5 gpubk-config)")
+                       hint=f"fix {name} in {source} (see man 5 gpubk-config)",
+                       details={"key": name, "expected": expected})
+
+
+def _num(x) -> str:
+    """A bound as people write it: 1048576, not 1.04858e+06; 0.5 stays 0.5."""
+    return str(int(x)) if float(x).is_integer() else repr(float(x))
 
 
 def check_value(key: Key, value: object, source: str) -> object:
@@ -153,7 +162,7 @@ def check_value(key: Key, value: object, source: str) -> object:
         if not ok:
             raise _bad(key.name, "a whole number" if kind == "int" else "a number", value, source)
         if (key.lo is not None and value < key.lo) or (key.hi is not None and value > key.hi):
-            raise _bad(key.name, f"between {key.lo:g} and {key.hi:g}", value, source)
+            raise _bad(key.name, f"between {_num(key.lo)} and {_num(key.hi)}", value, source)
         if key.name == "slot_minutes" and 60 % value:
             raise _bad(key.name, "a divisor of 60 (1, 2, 3, 4, 5, 6, 10, 12, 15, 20, 30, 60)", value, source)
         return float(value) if kind == "float" else value
@@ -204,6 +213,9 @@ def parse_document(doc: object, source: str, *, allow_security: bool) -> dict:
             raise ConfigError(f"{source}: {name!r} is accepted only from the trusted system file",
                               hint="set it in /etc/gpubk/config.json (root-owned)")
         out[name] = check_value(key, value, source)
+    if out.get("simulated_gpus") and out.get("gpu_count") is None:
+        raise ConfigError(f"{source}: simulated_gpus is true but gpu_count is not set",
+                          hint='say how many GPUs to simulate: "gpu_count": 8')
     if out.get("access") == "group" and not out.get("group"):
         raise ConfigError(f"{source}: access is 'group' but no group is named",
                           hint='add "group": "gpu-users"')

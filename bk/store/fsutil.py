@@ -125,11 +125,35 @@ def io_error(e: OSError, doing: str, path: str) -> IOFailure:
                          "directory; nothing was changed",
                          details={"path": path, "errno": e.errno, "mount": mount})
     if e.errno in (errno.EACCES, errno.EPERM):
-        return IOFailure(f"permission denied while {doing} {path}: {e.strerror}",
-                         "check the owner and mode of the data directory (bk doctor)",
+        return IOFailure(f"permission denied while {doing} {path}: {e.strerror}", permission_hint(path),
                          details={"path": path, "errno": e.errno})
     return IOFailure(f"I/O error while {doing} {path}: {e.strerror or e}",
                      details={"path": path, "errno": e.errno})
+
+
+def permission_hint(path: str) -> str:
+    """What to fix after EACCES on ``path``: the path itself when it exists,
+    else the nearest directory above it (where the file was to be made),
+    with its owner and mode as they are and who this process is.  The data
+    directory is only one of the places bk writes (the state directory's
+    presets and job specs are others), so the hint names the real one."""
+    where = path
+    while not os.path.lexists(where) and os.path.dirname(where) != where:
+        where = os.path.dirname(where)
+    me = os.geteuid()
+    try:
+        st = os.lstat(where)
+    except OSError:
+        return f"check the owner and mode of {where} (ls -ld {where})"
+    mode = stat.S_IMODE(st.st_mode)
+    what = "directory" if stat.S_ISDIR(st.st_mode) else "file"
+    if st.st_uid != me:
+        return (f"the {what} {where} belongs to uid {st.st_uid} (mode {mode:04o}), and this process runs "
+                f"as uid {me}: run as its owner, or give it to uid {me} (ls -ld {where}; bk doctor checks "
+                "the data and state directories)")
+    need = "u+rwx" if what == "directory" else "u+rw"
+    return (f"the {what} {where} is yours but its mode is {mode:04o}: chmod {need} {where} "
+            "(bk doctor checks the data and state directories)")
 
 
 def mount_point(path: str) -> str:

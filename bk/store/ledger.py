@@ -55,6 +55,7 @@ from bk.core.errors import BkError, ConfigError, Internal, IOFailure, LostCommit
 from bk.core.lazyre import Pattern
 from bk.core.models import LedgerState
 from bk.core.record import dataclass, field
+from bk.core.timegrid import counted
 from bk.store.fsutil import (
     Safety,
     ensure_free,
@@ -325,9 +326,11 @@ class Store:
         # The restored files must belong to the data directory's owner (the
         # service account on a shared server), or the next write refuses them.
         as_owner = "" if self.private else f"sudo -u '#{self.safety.uid}' "
+        none = (f"there is no backup in {p.backups_dir}" if not bad else
+                f"the one backup in {p.backups_dir} is not valid" if len(bad) == 1 else
+                f"none of the {len(bad)} backups in {p.backups_dir} is valid")
         return IOFailure(
-            f"no valid ledger: {p.ledger} {what}, and none of the {len(bad)} backups in "
-            f"{p.backups_dir} is valid; bk will not write until a valid ledger is in place",
+            f"no valid ledger: {p.ledger} {what}, and {none}; bk will not write until a valid ledger is in place",
             f"inspect the files, then either restore a copy you trust with "
             f"`{as_owner}cp COPY {p.ledger}.new && {as_owner}mv {p.ledger}.new {p.ledger}`, or "
             f"start an empty ledger (every booking is lost) with `{as_owner}mv {p.ledger} "
@@ -803,7 +806,7 @@ class Store:
                                      "check it in full until the next write seals it",
                      False: "; its seal does not match its bytes (edited in place?): reads check it in "
                             "full until the next write seals it"}[seal]
-        return True, f"valid: commit {st.seq}, {n} booking{'' if n == 1 else 's'}; {bound}{seal_note}"
+        return True, f"valid: commit {st.seq}, {counted(n, 'booking')}; {bound}{seal_note}"
 
     def _check_backups(self):
         def valid(data: bytes | None) -> bool:

@@ -31,6 +31,7 @@ import os
 from collections.abc import Callable
 
 from bk.core.lazyre import Pattern
+from bk.core.timegrid import counted
 from bk.store import audit
 from bk.store.fsutil import Safety, io_error, open_file, open_subdir, replace_file
 
@@ -117,7 +118,7 @@ def describe(found: list[tuple[str, str | None]]) -> str | None:
     if not found:
         return None
     bad = [why for _n, why in found if why]
-    return (f"{len(found)} sealed segment{'s' if len(found) != 1 else ''} in {SEGMENTS}/"
+    return (f"{counted(len(found), 'sealed segment')} in {SEGMENTS}/"
             + (": " + "; ".join(bad[:3]) if bad else ", every seal matches"))
 
 

@@ -32,8 +32,11 @@ Heartbeat states (``heartbeat_state``, pure, the clock passed in):
 failed or reported a lost driver, or the ledger could not be read),
 ``topology-mismatch`` (fresh, but the GPUs seen differ from the ledger's
 count), ``stale`` (no update for more than three intervals, or its process
-is gone), ``stopped`` (it recorded a clean stop), ``absent`` (no monitor
-ever wrote one here).
+is gone), ``stopped`` (it recorded a clean stop), ``damaged`` (a file is
+there, but not one bk can believe: not JSON, not a heartbeat, too large,
+or not the monitor account's), ``absent`` (no monitor ever wrote one here).
+A heartbeat dated ahead of the reader's clock (the clock was stepped back)
+is stale, and its detail says so rather than a negative age.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ import os
 from bk.core.errors import BkError
 from bk.core.models import GpuInfo, GpuProcess, iso
 from bk.core.record import dataclass, fields
-from bk.core.telemetry import Snapshot
+from bk.core.telemetry import MAX_PID, Snapshot, gpus_problem, whole
 from bk.store.fsutil import Safety, open_dir, open_file, read_all, replace_file
 
 SNAPSHOT_SCHEMA = "gpubk.snapshot.v1"
@@ -57,12 +60,13 @@ DIR_MODE = 0o755
 FILE_MODE = 0o644
 FRESH_INTERVALS = 3              # a file is fresh while younger than this many intervals
 MIN_FRESH_S = 2                  # ... and at least this many seconds (times are whole seconds)
+MAX_INTERVAL_S = 3600            # bk m --interval allows 0.05..3600
 MAX_BYTES = 8 << 20              # 64 GPUs with hundreds of processes is well under 1 MiB
 
-RUNNING, DEGRADED, STALE, STOPPED, MISMATCH, ABSENT = (
-    "running", "degraded", "stale", "stopped", "topology-mismatch", "absent")
-STATES = (RUNNING, DEGRADED, STALE, STOPPED, MISMATCH, ABSENT)
-# What the monitor itself may record; stale and absent are only ever read.
+RUNNING, DEGRADED, STALE, STOPPED, MISMATCH, DAMAGED, ABSENT = (
+    "running", "degraded", "stale", "stopped", "topology-mismatch", "damaged", "absent")
+STATES = (RUNNING, DEGRADED, STALE, STOPPED, MISMATCH, DAMAGED, ABSENT)
+# What the monitor itself may record; stale, damaged and absent are only ever read.
 RECORDED = (RUNNING, DEGRADED, MISMATCH, STOPPED)
 
 
@@ -133,39 +137,44 @@ def snapshot_doc(snapshot: Snapshot, *, interval_s: float, inventory_fingerprint
 
 def parse_snapshot(doc: object) -> SnapshotFile:
     """The inverse of ``snapshot_doc``; raises ValueError/TypeError/KeyError
-    on anything that is not one."""
+    on anything that is not one, and ValueError on a reading out of range
+    (``bk.core.telemetry.gpus_problem``): a utilisation of 10^9 % or a pid
+    of -1 is damage, and a damaged snapshot is not believed in part."""
     if not isinstance(doc, dict) or doc.get("schema") != SNAPSHOT_SCHEMA:
         raise ValueError("not a gpubk snapshot")
+    if not isinstance(doc["gpus"], list):
+        raise TypeError("gpus is not a list")
     gpus = []
     for g in doc["gpus"]:
         if not isinstance(g, dict):
             raise TypeError("gpu is not an object")
         procs = g.get("processes")
         info = _from_dict(GpuInfo, g, skip=("processes",))
-        if not isinstance(info.index, int) or not isinstance(info.uuid, str):
-            raise TypeError("gpu index/uuid")
         if procs is not None:
-            plist = []
-            for p in procs:
-                proc = _from_dict(GpuProcess, p)
-                if not isinstance(proc.pid, int):
-                    raise TypeError("process pid")
-                plist.append(proc)
-            info.processes = plist
+            if not isinstance(procs, list) or not all(isinstance(p, dict) for p in procs):
+                raise TypeError("processes")
+            info.processes = [_from_dict(GpuProcess, p) for p in procs]
         gpus.append(info)
+    why = gpus_problem(gpus)
+    if why is not None:
+        raise ValueError(why)
     taken = doc["taken_at"]
     interval = doc["interval_s"]
-    if not isinstance(taken, int) or not isinstance(interval, (int, float)) or interval <= 0:
-        raise TypeError("taken_at/interval_s")
+    if (not whole(taken, 0, 1 << 40) or type(interval) not in (int, float)
+            or not 0 < interval <= MAX_INTERVAL_S):
+        raise ValueError("taken_at/interval_s")
     own = {f.name: f for f in fields(Snapshot)}
     kw = {k: tuple(v) if isinstance(v, list) else v for k, v in doc.items() if k in own and k != "gpus"}
     snap = Snapshot(**kw, gpus=tuple(gpus))
-    if not isinstance(snap.source, str) or not all(isinstance(x, str) for x in snap.gaps):
-        raise TypeError("source/gaps")
+    if (not isinstance(snap.source, str) or not isinstance(snap.gaps, tuple)
+            or not all(isinstance(x, str) for x in snap.gaps) or not isinstance(snap.simulated, bool)
+            or not (snap.reason is None or isinstance(snap.reason, str))
+            or not isinstance(snap.capabilities, tuple) or not all(isinstance(x, str) for x in snap.capabilities)):
+        raise TypeError("source/gaps/simulated/reason/capabilities")
     fp = doc.get("fingerprint")
     pid = doc.get("pid")
     return SnapshotFile(snap, fp if isinstance(fp, str) else None, float(interval),
-                        pid if isinstance(pid, int) else None)
+                        pid if whole(pid, 1, MAX_PID) else None)
 
 
 def _dir(directory: str, owner: int | None, create: bool) -> int | None:
@@ -300,9 +309,12 @@ def heartbeat_state(doc: dict | None, now: int, *, alive: bool | None) -> str:
 def _valid_heartbeat(doc: object) -> bool:
     if not isinstance(doc, dict) or doc.get("schema") != HEARTBEAT_SCHEMA:
         return False
-    ints = ("pid", "started_at", "updated_at", "samples")
-    return (doc.get("status") in RECORDED and all(isinstance(doc.get(k), int) for k in ints)
-            and isinstance(doc.get("interval_s"), (int, float)) and doc["interval_s"] > 0
+    # In range, not only of the right type: a pid of -1 would make the
+    # liveness probe kill(-1, 0), a question about every process.
+    ints = (("pid", 1, MAX_PID), ("started_at", 0, 1 << 40), ("updated_at", 0, 1 << 40),
+            ("samples", 0, 1 << 62))
+    return (doc.get("status") in RECORDED and all(whole(doc.get(k), lo, hi) for k, lo, hi in ints)
+            and type(doc.get("interval_s")) in (int, float) and 0 < doc["interval_s"] <= MAX_INTERVAL_S
             and (doc.get("detail") is None or isinstance(doc["detail"], str)))
 
 
@@ -324,16 +336,27 @@ def read_heartbeat(directory: str, now: int, *, owner: int | None = None,
                    alive=pid_alive) -> Heartbeat:
     """The monitor's state now; ``absent`` when none ever wrote here, and
     for a damaged or foreign file (with a detail saying so)."""
+    path = os.path.join(directory, HEARTBEAT_FILE)
     doc = _read_doc(directory, HEARTBEAT_FILE, owner)
     if doc is None:
+        if os.path.lexists(path):
+            # There, but unreadable to bk: the reader treats it as no
+            # heartbeat, and says it is damaged rather than absent.
+            return Heartbeat(DAMAGED, detail=f"{path} is damaged or not the monitor account's")
         return ABSENT_HEARTBEAT
     if not _valid_heartbeat(doc):
-        return Heartbeat(ABSENT, detail=f"{os.path.join(directory, HEARTBEAT_FILE)} is not a heartbeat bk can read")
+        return Heartbeat(DAMAGED, detail=f"{path} is not a heartbeat bk can read")
     live = alive(doc["pid"]) if doc["status"] != STOPPED else None
     state = heartbeat_state(doc, now, alive=live)
     detail = doc.get("detail")
     if state == STALE:
-        detail = (f"process {doc['pid']} is gone" if live is False
-                  else f"no update for {now - doc['updated_at']} s") + (f" (last: {detail})" if detail else "")
+        if live is False:
+            why = f"process {doc['pid']} is gone"
+        elif doc["updated_at"] > now:
+            why = (f"its last update is {doc['updated_at'] - now} s ahead of this clock (the clock "
+                   "went back, or the heartbeat came from the future)")
+        else:
+            why = f"no update for {now - doc['updated_at']} s"
+        detail = why + (f" (last: {detail})" if detail else "")
     return Heartbeat(state, doc["pid"], doc["updated_at"], doc["started_at"], doc["interval_s"], detail,
-                     max(0, now - doc["updated_at"]), doc["samples"])
+                     now - doc["updated_at"] if doc["updated_at"] <= now else None, doc["samples"])

@@ -24,6 +24,7 @@ from datetime import datetime
 from bk.core import timegrid
 from bk.core.models import EXCLUSIVE
 from bk.core.record import dataclass
+from bk.core.safetext import safe
 from bk.service.timeline import time_labels
 from bk.tui import keys, layout, text
 from bk.tui.theme import Charset, Style, Theme
@@ -49,12 +50,18 @@ def _w(ch: str) -> int:
 
 
 def clean(s) -> str:
-    """Stored text made safe to draw: controls, bidi overrides and the like
-    become ``?``; combining marks are dropped (they would not take a cell)."""
+    """Stored text made safe to draw: what the one text policy
+    (``bk.core.safetext``) neutralises becomes ``?`` (an escape would not fit
+    a cell); so do private-use and unassigned characters, whose width the
+    terminal may not agree on; combining marks are dropped (they would not
+    take a cell)."""
+    s = safe(s, mark="?")
+    if s.isascii():
+        return s
     out = []
-    for ch in str(s):
+    for ch in s:
         cat = unicodedata.category(ch)
-        if cat in ("Cc", "Cf", "Cs", "Zl", "Zp", "Co", "Cn"):
+        if cat in ("Co", "Cn"):
             out.append("?")
         elif cat in ("Mn", "Me"):
             continue
@@ -267,9 +274,12 @@ def _main(state, world, width: int, height: int, theme: Theme, cs: Charset) -> F
     skip = draft.edit_of if draft is not None else None
 
     rows = layout.table_rows(world.reservations, frm=frm, to=to, now=now)
+    # Letters go to the caller's bookings the window shows, in table order:
+    # one out of view needs none, so 26 letters last for 26 bookings in
+    # view, not for the first 26 of the caller's whole future.
     own_rows: dict[str, int] = {}
     for r in rows:
-        if r.uid == world.actor_uid:
+        if r.uid == world.actor_uid and r.start < to and r.end > frm:
             own_rows[r.id] = len(own_rows)
 
     out: list[tuple] = []
@@ -385,7 +395,7 @@ def _main(state, world, width: int, height: int, theme: Theme, cs: Charset) -> F
     out.append(th.fill("th"))
     for i, r in enumerate(shown, first):
         mine = r.uid == world.actor_uid
-        letter = layout.own_letter(own_rows[r.id]) if mine else " "
+        letter = layout.own_letter(own_rows[r.id]) if r.id in own_rows else " "
         kind = ("row_mine" if mine else "row") + ("_sel" if i == sel_i else "")
         if r.id == skip:
             letter = "~"
@@ -425,7 +435,7 @@ def _glyph(cell, disabled: bool, cap: int, cs: Charset) -> tuple[str, str]:
         return "&", "mine"
     if cell.mine:
         ch = layout.own_letter(cell.first_mine)
-        return (ch.upper() if cell.used >= cap else ch), "mine"
+        return (ch.upper() if cell.full_mine else ch), "mine"
     if cell.used <= 0:
         return cs.free, "free"
     if cell.used >= cap:
@@ -444,7 +454,7 @@ def _describe(cell, disabled: bool, cap: int) -> str:
     if cell.mine:
         who.append("yours")
     if cell.others:
-        who.append(f"{cell.others} other{'s' if cell.others > 1 else ''}")
+        who.append(timegrid.counted(cell.others, "other"))
     return f"{min(cell.used, cap)}/{cap} slots held ({', '.join(who)})" if cell.used < cap else \
         f"full ({', '.join(who)})"
 

@@ -40,7 +40,9 @@ for it, and a scan in progress pauses before its next block (the store's
 short and every user's writes wait on it, so it should not share the
 interpreter with someone's scan; reads go on between commits.  Writes of
 one UID are shared out too: at most ``WRITES_PER_UID_PER_BATCH`` of them
-in one group commit.
+in one group commit.  A write's dry run changes nothing, so it is served
+as a read (``LocalGateway.dry_run``: the committed ledger, no lock), not
+in a commit that everyone's writes wait for.
 """
 
 from __future__ import annotations
@@ -393,17 +395,21 @@ class Dispatcher:
         made.append(self.service.call(actor_for(peer), telemetry=self.latest.current(), peer_pid=peer.pid))
         return req, made[-1]
 
-    def _read(self, op, fields, peer: Peer, made: list):
+    def _read(self, op, fields, peer: Peer, made: list, req=None):
         """A host-side read, outside the writers' lock (module docstring):
-        a read slot of the caller's UID first, then a turn (``Turns``)."""
+        a read slot of the caller's UID first, then a turn (``Turns``).
+        With ``req`` (already decoded, its call in ``made``): a write's dry
+        run, which changes nothing and so is served like a read."""
         self.readers.acquire(peer.uid)
         try:
             self.turns.enter(peer.uid)
             try:
                 self._current()
                 self.after_commit()
-                req, call = self._call(op, fields, peer, made)
                 service = self.service
+                if req is not None:
+                    return service.gateway.dry_run(op, req, made[-1])
+                req, call = self._call(op, fields, peer, made)
                 shared = self._shared.get(op.name)
                 if shared is None or call.actor.is_admin:
                     return service.gateway.run(op, req, call)
@@ -445,10 +451,13 @@ class Dispatcher:
                     req, call = self._call(op, fields, peer, made)
                 finally:
                     self.turns.leave()
-                outcome, _ = self.commits.submit((op, req, call), key=peer.uid)
-                if isinstance(outcome, BaseException):
-                    raise outcome
-                result = outcome
+                if getattr(req, "dry_run", False) is True and not (op.accepts_loss or op.rebinds):
+                    result = self._read(op, fields, peer, made, req=req)
+                else:
+                    outcome, _ = self.commits.submit((op, req, call), key=peer.uid)
+                    if isinstance(outcome, BaseException):
+                        raise outcome
+                    result = outcome
             else:
                 result = self._read(op, fields, peer, made)
                 call = made[-1]

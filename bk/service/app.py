@@ -40,9 +40,9 @@ if TYPE_CHECKING:
 
 _HEX = set("0123456789abcdef-")
 # How much of the audit log (the live log and its sealed segments together)
-# one ordinary user's request may read: about ten thousand records, the
-# last weeks of a busy lab.  The administrator's reads are not bounded so.
-USER_AUDIT_SCAN = 4 << 20
+# one ordinary user's request may read: about five thousand records, what a
+# booking's history used to look through.  The administrator's reads are not bounded so.
+USER_AUDIT_SCAN = 2 << 20
 
 
 def user_name(uid: int) -> str:

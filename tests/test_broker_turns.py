@@ -83,25 +83,3 @@ def test_a_read_that_waited_too_long_is_refused_busy():
     assert e.value.details == {"reason": "read_slots", "limit": 1, "uid": 7}
     assert e.value.exit_code == 75
 
-
-def test_a_commit_goes_before_every_waiting_read():
-    turns = Turns(width=1)
-    order: list[str] = []
-    turns.enter(0)
-
-    def work(label: str, **kw) -> None:
-        turns.enter(1 if label.startswith("read") else None, **kw)
-        order.append(label)
-        turns.leave()
-
-    reads = [threading.Thread(target=work, args=(f"read{i}",)) for i in range(3)]
-    for i, t in enumerate(reads):
-        t.start()
-        wait_for(lambda i=i: len(turns._waiting.get(1, [])) == i + 1, "the reads to queue")
-    commit = threading.Thread(target=work, args=("commit",), kwargs={"urgent": True})
-    commit.start()
-    wait_for(lambda: turns._urgent, "the commit to queue")
-    turns.leave()
-    for t in [*reads, commit]:
-        t.join(30)
-    assert order == ["commit", "read0", "read1", "read2"]

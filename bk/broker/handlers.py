@@ -25,9 +25,8 @@ lost-commit report) never take the writers' lock: the store's readers rely
 on atomic renames and appends, not on the lock, so a scan of a large log
 cannot hold up anyone's booking.  A request still costs the broker CPU,
 and all its threads share one interpreter, so the work is shared out round
-the UIDs (``Turns``: one piece of work at a time, the next turn to the UID
-that has waited longest, a commit before any), and one user's reads are
-bounded three ways (``ReadSlots``, ``Shared``, and the scan budget of
+the UIDs (``Turns``: a few reads at once, the next turn to the UID that
+has waited longest), and one user's reads are bounded three ways (``ReadSlots``, ``Shared``, and the scan budget of
 ``bk.service.app.USER_AUDIT_SCAN``): at most ``READ_SLOTS_PER_UID`` of a
 UID's reads run at once (the rest wait their turn, at most
 ``READ_SLOT_WAIT`` seconds, then hear ``busy``); an ordinary user's probe
@@ -72,8 +71,9 @@ READ_SLOTS_PER_UID = 2
 READ_SLOT_WAIT = 20.0
 # One UID's writes in one group commit (GroupCommit's per_key).
 WRITES_PER_UID_PER_BATCH = 4
-# Pieces of work running at once, shared round the UIDs, commits first (Turns).
-TURNS = 1
+# Reads doing their work at once, shared round the UIDs (Turns).  Three: one
+# UID's two read slots always leave one for everybody else.
+TURNS = 3
 WRITER_FIRST_WAIT = 1.0
 # Reads whose result ordinary users share: the probe writes, fsyncs and takes
 # the ledger lock for real, and what it finds does not change by the second.
@@ -266,59 +266,53 @@ class ReadSlots:
 
 
 class Turns:
-    """At most ``width`` pieces of work run in the broker at once; when more
+    """At most ``width`` reads do their work in the broker at once; when more
     wait, the turns go round the UIDs that wait, one each, in the order they
     began to wait, so a UID with sixteen requests queued and one with a
     single request alternate instead of the single one waiting for all
-    sixteen.  A commit is everyone's turn and goes first (``urgent``).
+    sixteen.
 
     Why so few: the broker's threads share one interpreter, so the CPU a
     request needs is what one user must not take from everyone else, and
-    running more at once only makes each slower.  A turn covers a read's
-    work (and a dry run's) and a group commit's transaction; waiting for the
-    disk inside one is cheap, and the work of any one read is bounded (the
-    scan budget).  Writes are decoded without one, so that those arriving
-    during a commit queue up for the next (``GroupCommit``); one UID's
-    share of a commit is ``WRITES_PER_UID_PER_BATCH``."""
+    running more at once only makes each slower.  Why not one: a UID holds
+    at most ``READ_SLOTS_PER_UID`` turns (its read slots come first), so
+    with ``TURNS`` above that a read that takes long (a cold disk) never
+    keeps another UID's reads waiting.  Writes take no turn: they decode
+    in a moment, those arriving during a commit queue up for the next
+    (``GroupCommit``), and a commit must never wait for a read; reads pause
+    for it instead (``after_commit``)."""
 
     def __init__(self, width: int = TURNS):
         self.width = width
         self._cv = threading.Condition()
         self._inside = 0
-        self._urgent: list[list[bool]] = []
-        self._waiting: dict[object, list[list[bool]]] = {}  # uid -> its waiters' flags, oldest first
-        self._order: list[object] = []                       # UIDs with waiters, whose turn is next
+        self._waiting: dict[int, list[list[bool]]] = {}     # uid -> its waiters' flags, oldest first
+        self._order: list[int] = []                           # UIDs with waiters, whose turn is next
 
-    def enter(self, uid: object, *, urgent: bool = False) -> None:
+    def enter(self, uid: int) -> None:
         with self._cv:
-            if self._inside < self.width and not self._order and not self._urgent:
+            if self._inside < self.width and not self._order:
                 self._inside += 1
                 return
             flag = [False]
-            if urgent:
-                self._urgent.append(flag)
-            else:
-                self._waiting.setdefault(uid, []).append(flag)
-                if uid not in self._order:
-                    self._order.append(uid)
+            self._waiting.setdefault(uid, []).append(flag)
+            if uid not in self._order:
+                self._order.append(uid)
             while not flag[0]:
                 self._cv.wait()
 
     def leave(self) -> None:
         with self._cv:
             self._inside -= 1
-            while self._inside < self.width and (self._urgent or self._order):
-                if self._urgent:
-                    self._urgent.pop(0)[0] = True
-                else:
-                    uid = self._order.pop(0)
-                    waiters = self._waiting[uid]
-                    waiters.pop(0)[0] = True
-                    if waiters:
-                        self._order.append(uid)      # its next one waits for the others' turns
-                    else:
-                        del self._waiting[uid]
+            while self._inside < self.width and self._order:
+                uid = self._order.pop(0)
+                waiters = self._waiting[uid]
+                waiters.pop(0)[0] = True
                 self._inside += 1
+                if waiters:
+                    self._order.append(uid)          # its next one waits for the others' turns
+                else:
+                    del self._waiting[uid]
             self._cv.notify_all()
 
 
@@ -439,13 +433,6 @@ class Dispatcher:
             self.readers.release(peer.uid)
 
     def _write_batch(self, items: list) -> tuple[list, list[str]]:
-        self.turns.enter(None, urgent=True)
-        try:
-            return self._commit_batch(items)
-        finally:
-            self.turns.leave()
-
-    def _commit_batch(self, items: list) -> tuple[list, list[str]]:
         with self.lock:
             self._no_commit.clear()
             try:

@@ -178,11 +178,11 @@ def run_worker(args, ctx) -> Output:
         return Output("worker", data, human)
 
     def log(line: str) -> None:
-        try:
-            sys.stderr.write(f"bk worker: {line}\n")
-            sys.stderr.flush()
-        except (OSError, ValueError):
-            pass
+        import os
+
+        from bk.core import journal  # with its priority when the journal reads it
+
+        journal.write(sys.stderr, "bk worker", line, os.environ, os.fstat)
 
     started = jobs.serve_worker(app, ctx.env, once=args.action == "once", log=log)
     return Output("worker", {"action": args.action, "started": started},

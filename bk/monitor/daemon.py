@@ -48,6 +48,7 @@ import sys
 import time
 from collections.abc import Callable
 
+from bk.core import journal
 from bk.core.errors import BkError, Busy, ConfigError, WrongAccount
 from bk.core.record import dataclass, field
 from bk.core.telemetry import Snapshot
@@ -59,11 +60,8 @@ USAGE_BACKLOG = 10_000            # minute records kept for a retry while histor
 
 
 def log_stderr(line: str) -> None:
-    try:
-        sys.stderr.write(f"bk m: {line}\n")
-        sys.stderr.flush()
-    except (OSError, ValueError):
-        pass
+    # With its priority when the journal reads it (bk.core.journal).
+    journal.write(sys.stderr, "bk m", line, os.environ, os.fstat)
 
 
 def _account(uid: int) -> str:
@@ -266,7 +264,8 @@ class Monitor:
         self.samples += 1
         self._heartbeat(s.status, s.detail, s.t)
         if s.detail != self._said:
-            self.log(s.detail or f"{s.status}: sampling every {self.interval_s:g} s")
+            line = s.detail or f"{s.status}: sampling every {self.interval_s:g} s"
+            self.log(journal.warning(line) if s.status == files.DEGRADED else journal.info(line))
             self._said = s.detail
         return s
 
@@ -277,7 +276,7 @@ class Monitor:
             return self.step()
         except Exception as e:
             detail = f"a sample failed (a bug): {type(e).__name__}: {e}"
-            self.log(detail)
+            self.log(journal.error(detail))
             self._said = detail
             self._heartbeat(files.DEGRADED, detail, self.clock())
             return None
@@ -301,7 +300,7 @@ class Monitor:
                 why = getattr(e, "message", None) or str(e)
                 s.detail = "; ".join(x for x in (s.detail, f"cannot write usage history: {why}") if x)
             else:
-                self.log(f"usage history not written: {getattr(e, 'message', None) or e}")
+                self.log(journal.error(f"usage history not written: {getattr(e, 'message', None) or e}"))
 
     def _save_activity(self, s: Sample | None) -> None:
         """Keep the idle clocks and baselines (``activity.json``)."""
@@ -326,7 +325,7 @@ class Monitor:
         try:
             files.write_heartbeat(self.directory, doc, sync=sync)
         except BkError as e:
-            self.log(f"cannot write the heartbeat: {e.message}")
+            self.log(journal.error(f"cannot write the heartbeat: {e.message}"))
 
     def finish(self) -> int:
         """The clean stop: the open minute into the history, ``stopped``
@@ -359,28 +358,25 @@ def _settings(env: dict):
     return load(locate(env))
 
 
-def _take_lock(directory: str) -> int:
-    from bk.store.fsutil import Safety, open_dir, open_file
-    from bk.store.lock import mark, take
+def _take_lock(directory: str, log: Callable[[str], None] = log_stderr) -> int:
+    from bk.store.fsutil import Safety, open_dir
+    from bk.store.lock import acquire
 
     path = os.path.join(directory, files.LOCK_FILE)
     safety = Safety(os.geteuid())
     dirfd = open_dir(directory, safety, create_mode=files.DIR_MODE)
     try:
-        fd = open_file(dirfd, files.LOCK_FILE, path, safety, os.O_RDWR, create_mode=0o644)
-    finally:
-        os.close(dirfd)
-    try:
-        # One try (timeout 0): a second monitor should refuse, not queue.
-        take(fd, path, timeout=0, busy=lambda pid: Busy(
+        # One try (timeout 0): a second monitor should refuse, not queue.  A
+        # lock file others could open, or one an intruder holds, is replaced
+        # (bk.store.lock), so no user can keep the monitor down.
+        return acquire(dirfd, files.LOCK_FILE, path, safety, timeout=0, what="the monitor's lock",
+                       log=lambda line: log(journal.warning(line)),
+                       busy=lambda pid: Busy(
             "another monitor is running here" + (f" (pid {pid})" if pid else ""),
             hint="see: systemctl status gpubk-monitor, or bk m status",
             details={"path": path, "holder_pid": pid}))
-    except BaseException:
-        os.close(fd)
-        raise
-    mark(fd)
-    return fd
+    finally:
+        os.close(dirfd)
 
 
 def _prepare_dir(settings, directory: str) -> None:
@@ -447,7 +443,7 @@ def run(env: dict, *, interval_s: float = DEFAULT_INTERVAL, log: Callable[[str],
     check_account(settings)
     directory = files.monitor_dir(settings)
     _prepare_dir(settings, directory)
-    lock_fd = _take_lock(directory)
+    lock_fd = _take_lock(directory, log)
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     stopping = []
 

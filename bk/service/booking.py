@@ -229,6 +229,10 @@ def apply_book(state: LedgerState, req: BookRequest, call: Call) -> Mutation:
     if first is not None:
         call.warn(_repeat_hint(first, now))
         return Mutation(False, [], BookResult("exists", first, {"repeat_of": first.id}))
+    if call.limits is not None and not actor.is_admin:
+        from bk.core import ledgerlimits  # a shared server's broker only
+
+        ledgerlimits.check_new(state.reservations, actor.uid, now, call.limits, req.note)
     p = _place(state, _sched_request(req), call)
     share = policy.max_shared_users if req.mode == EXCLUSIVE else req.share
     res = Reservation(id=call.new_id("reservation"), uid=actor.uid, user=actor.user, mode=req.mode, gpus=tuple(p.gpus),
@@ -308,6 +312,10 @@ def apply_edit(state: LedgerState, req: EditRequest, call: Call) -> Mutation:
     if before == after and (req.note is None or req.note == old.note):
         return Mutation(False, [], EditResult("unchanged", old, old, dry_run=req.dry_run))
     if req.note is not None:
+        if call.limits is not None and not actor.is_admin:
+            from bk.core import ledgerlimits
+
+            ledgerlimits.check_note(state.reservations, actor.uid, now, call.limits, old.note, req.note)
         new = new.replace(note=req.note)
     new = new.replace(edits=[*old.edits, Edit(now, actor.uid, actor.user,
                                               {k: v for k, v in before.items() if after[k] != v},
@@ -440,6 +448,10 @@ def apply_cancel(state: LedgerState, req: CancelRequest, call: Call) -> Mutation
         raise InvalidInput(f"reservation {res.short_id} {_gone(status, 'already ')}")
     new = res.replace(cancelled_at=now, cancelled_by=actor.uid,
                       cancel_reason=(req.reason or None))
+    if status != ACTIVE and new.note:
+        # It never started: its note would sit in the hot ledger for a day
+        # (bk.core.ledgerlimits) and says nothing about any use of the GPUs.
+        new = new.replace(note=None)
     if new.job is not None and new.job.status == "pending":
         # Never started: nothing for the worker to stop.  A running job
         # stays running until its worker has stopped it and says so.

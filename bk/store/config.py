@@ -80,6 +80,13 @@ KEYS: dict[str, Key] = {k.name: k for k in (
     Key("idle_release_minutes", "int", None, "Release (end) every running booking idle this many "
         "minutes, as the administrator's policy; unset: only bookings that opted in are released.",
         5, 10080, nullable=True),
+    Key("ledger_bookings_per_user", "int", 200, "Shared mode: the most bookings one user may have live "
+        "or cancelled within archive_after_hours; more are refused (ledger_limit, exit 3). 0: no limit. "
+        "The administrator is exempt.", 0, 1_000_000),
+    Key("ledger_bookings_per_minute", "int", 60, "Shared mode: the most bookings one user may make in 60 "
+        "seconds. 0: no limit. The administrator is exempt.", 0, 1_000_000),
+    Key("ledger_note_bytes_per_user", "int", 16384, "Shared mode: the most bytes the notes on one user's "
+        "bookings may take in the hot ledger. 0: no limit. The administrator is exempt.", 0, 1 << 30),
     Key("worker_termination_grace_seconds", "int", 5, "A scheduled command gets SIGTERM this many "
         "seconds before its booking ends and SIGKILL at the end (also bk run -- CMD).", 0, 3600),
     # Notifications (bk notify): the defaults every user gets, and the relay.
@@ -155,6 +162,14 @@ class Settings:
     @property
     def data_dir(self) -> str:
         return self.locations.data_dir
+
+    def ledger_limits(self):
+        """One user's share of the shared ledger (``bk.core.ledgerlimits``)."""
+        from bk.core.ledgerlimits import LedgerLimits
+
+        v = self.values
+        return LedgerLimits(v["ledger_bookings_per_user"], v["ledger_bookings_per_minute"],
+                            v["ledger_note_bytes_per_user"], v["archive_after_hours"])
 
     def policy(self, gpu_count: int) -> Policy:
         v = self.values

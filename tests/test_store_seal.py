@@ -17,7 +17,6 @@ from test_store_ledger import POLICY, Clock, T, add, booking, commit, ledger_byt
 from bk.core import ledgerdoc
 from bk.core.errors import Internal
 from bk.core.models import Reservation
-from bk.store import ledger as ledger_mod
 from bk.store.ledger import Store
 
 

@@ -276,7 +276,6 @@ def sealed(data: bytes) -> bool | None:
     return zlib.crc32(memoryview(data)[:-_SEAL_LEN]) == want
 
 
-SEAL_LEN = _SEAL_LEN
 # json.dumps builds a new JSONEncoder on every call made with options; the
 # writer encodes records one by one, so it keeps one.
 _encode_json = json.JSONEncoder(separators=(",", ":"), allow_nan=False, check_circular=False).encode

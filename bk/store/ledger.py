@@ -153,32 +153,21 @@ class _Loaded:
     source: str
     warnings: list[str]
     damaged: bytes | None = None     # the invalid ledger a backup stands in for
-    stamp: tuple | None = None       # the ledger file read (source "ledger"): see _stamp
-    tail: bytes = b""                # its last bytes (the seal)
+    data: bytes | None = None        # the ledger's bytes (source "ledger")
 
 
 @dataclass(frozen=True)
 class _Kept:
-    """What this Store last committed (or read under the lock), and how to
-    tell that the file still holds it (``Store._kept_state``).  ``state``
-    is never changed: transactions and readers get copies."""
+    """What this Store last committed (or read under the lock), and the
+    bytes of the file that holds it (``Store._kept_state`` compares them).
+    ``state`` is never changed: transactions and readers get copies."""
 
     state: LedgerState
     meta: ledgerdoc.DocMeta
-    stamp: tuple
-    tail: bytes
+    data: bytes
     checked: ledgerdoc.Checked | None      # set when this Store ran the check (its own commit)
     encoded: ledgerdoc.Encoded | None      # the bytes of its records (its own commit)
     earliest: float                         # archive.earliest_close of the bookings, or less
-
-
-def _stamp(st: os.stat_result) -> tuple:
-    """What changes whenever a file's content or metadata does: which inode
-    (device and number), its size, and its modification and change times.
-    Every write moves both times, and ``utime`` (a restore that puts an old
-    mtime back) moves the change time, which no call can set; a rename
-    over the name brings another inode."""
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def _own_copy(state: LedgerState) -> LedgerState:
@@ -288,23 +277,24 @@ class Store:
         return ReadResult(got.state, got.warnings, got.source, got.meta.partial)
 
     def _kept_state(self, dirfd: int) -> _Kept | None:
-        """The state this Store committed last, if the ledger file is still
-        the one it wrote: the same inode, size and times (``_stamp``), and
-        the same seal at its end.  Anything else (another writer's commit, a
-        restore, a repair by hand, a file put back with its old times) reads
-        the file again.  The broker is the only writer of a shared ledger,
-        so there it costs an open, an fstat and a read of the seal instead
-        of decoding every booking."""
+        """The state this Store committed last, if the ledger file still
+        holds exactly the bytes it wrote (or read).  The same bytes decode
+        to the same state, so nothing a file's stamp can hide (an edit in
+        place within one tick of the file system's clock, times put back,
+        another inode with the same bytes) makes this wrong; any other
+        content (another writer's commit, a restore, a repair by hand,
+        damage) reads the file again.  The file is opened with the checks
+        of every read (``open_file``).  The broker is the only writer of a
+        shared ledger, so there it costs a read of the file and a compare
+        (a few MB at C speed) instead of decoding every booking."""
         kept = self._kept
         if kept is None:
             return None
-        try:
-            fd = os.open(LEDGER, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dirfd)
-        except OSError:
+        fd = open_file(dirfd, LEDGER, self.paths.ledger, self.safety)
+        if fd is None:
             return None
         try:
-            st = os.fstat(fd)
-            if _stamp(st) != kept.stamp or os.pread(fd, len(kept.tail), st.st_size - len(kept.tail)) != kept.tail:
+            if os.fstat(fd).st_size != len(kept.data) or read_all(fd) != kept.data:
                 return None
         except OSError:
             return None
@@ -351,30 +341,14 @@ class Store:
                 return got
         return got
 
-    def _read_ledger(self, dirfd: int) -> tuple[bytes | None, tuple | None]:
-        """The ledger's bytes and the ``_stamp`` of the file they came from
-        (None if it changed while it was read)."""
-        fd = open_file(dirfd, LEDGER, self.paths.ledger, self.safety)
-        if fd is None:
-            return None, None
-        try:
-            before = _stamp(os.fstat(fd))
-            data = read_all(fd)
-            return data, (before if _stamp(os.fstat(fd)) == before else None)
-        except OSError as e:
-            raise io_error(e, "reading", self.paths.ledger) from None
-        finally:
-            os.close(fd)
-
     def _load_once(self, dirfd: int, verify: bool = False, keep=None) -> _Loaded:
         p = self.paths
-        data, stamp = self._read_ledger(dirfd)
+        data = self._read(dirfd, LEDGER, p.ledger)
         problems: list[str] = []
         if data is not None:
             state, meta, problems = self._parse(data, verify, keep)
             if not problems:
-                return _Loaded(state, meta, "ledger", [], stamp=stamp,
-                               tail=data[-ledgerdoc.SEAL_LEN:])
+                return _Loaded(state, meta, "ledger", [], data=data)
             if meta.newer:
                 raise ConfigError(
                     f"{p.ledger} was written by a newer bk (format version {meta.version}; this bk "
@@ -530,8 +504,8 @@ class Store:
             if not mutation.changed and not recovering:
                 if repaired:
                     self._sync_audit(afd)
-                if kept is None and got.source == "ledger" and got.stamp is not None:
-                    self._kept = _Kept(base, got.meta, got.stamp, got.tail, None, None,
+                if kept is None and got.source == "ledger" and got.data is not None:
+                    self._kept = _Kept(base, got.meta, got.data, None, None,
                                        archive.earliest_close(base.reservations))
                 return mutation.result
             state.seq = max(got.meta.seq, last_seq) + 1
@@ -610,19 +584,10 @@ class Store:
 
     def _keep(self, dirfd: int, state: LedgerState, data: bytes, token: str, now: int, records: list[dict],
               checked, encoded, earliest) -> None:
-        """After the commit point: remember what was committed, and the
-        ``_stamp`` of the file that holds it.  We hold the lock, so no bk
-        writer can have replaced it since the rename; anything else that
-        did is caught by the seal, compared too."""
+        """After the commit point: remember what was committed, and its
+        bytes (``_kept_state``)."""
         from bk.store import archive
 
-        self._kept = None
-        try:
-            st = os.stat(LEDGER, dir_fd=dirfd, follow_symlinks=False)
-        except OSError:
-            return
-        if st.st_size != len(data):
-            return
         meta = ledgerdoc.DocMeta(version=ledgerdoc.VERSION, seq=state.seq, commit=token, written_at=now,
                                  journal_seq=state.seq, journal=ledgerdoc.canonical(records))
         if earliest is None:
@@ -633,7 +598,7 @@ class Store:
         if checked is not None:
             checked = ledgerdoc.Checked(kept, self.capacity, checked.by_id)
         encoded = ledgerdoc.Encoded(kept.reservations, kept.ops, encoded.reservation_bytes, encoded.op_bytes)
-        self._kept = _Kept(kept, meta, _stamp(st), data[-ledgerdoc.SEAL_LEN:], checked, encoded, earliest)
+        self._kept = _Kept(kept, meta, data, checked, encoded, earliest)
 
     def _bind(self, state: LedgerState, policy: dict | None) -> None:
         """Policy binding (SPEC 5, ``bk.core.policy``): the first write

@@ -41,6 +41,20 @@ between the two (so the machine's own noise falls on both alike); the
 figure before the flood on the same broker is printed too.  Both print the
 broker's RSS.
 
+At scale (issue 29).  ``--scale``: a booking through the broker at 0 and
+at 10,000 live bookings (two brokers, alternating), each broker's RSS
+after, and the largest RSS of the built archive's ``bk l`` on a private
+ledger of 10,000 (``--pyz``).  Targets: within 2x of the booking at 0,
+broker RSS <= 100 MiB, ``bk l`` <= 30 MiB.  ``--users N`` (root): N
+throwaway accounts book at once, one request at a time each
+(``--per-user`` bookings), through our broker and, with ``--reference
+VENV`` (``pip install gpubk==0.2.8`` in a throwaway venv), through the
+reference's own daemon, set up by its own ``bk admin init`` and run as its
+own service account.  The clients are the daemons' wire clients (the
+reference's ``BrokerClient``), so neither side pays for a command's
+start-up.  Printed: bookings/s, p50, p95, the daemon's peak RSS.  Targets:
+ours at least 5x the reference's bookings/s, p95 <= 200 ms.
+
 ``--json`` alone also prints a summary as JSON after the tables.  ``--json
 PATH`` instead writes every cell of both tables to PATH for
 ``benchmarks/ab.py``: ``{"benchmark": "broker", "format": 1, "settings":

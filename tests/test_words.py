@@ -122,8 +122,9 @@ def test_pyz_a_cancelled_or_ended_booking_is_said_so(run):
 def test_pyz_retrying_a_job_that_succeeded_says_there_is_nothing_to_retry(run):
     run("1", "30m", "--", "true")
     run("w", "once")
-    assert json.loads(run("j", "--json").stdout)["data"]["jobs"][0]["status"] == "succeeded"
-    err = run("j", "retry", "1", code=2).stderr
+    job = json.loads(run("j", "--json").stdout)["data"]["jobs"][0]
+    assert job["status"] == "succeeded"
+    err = run("j", "retry", job["reservation"][:8], code=2).stderr    # its booking ended with it
     assert "succeeded: there is nothing to retry" in err and "bk run N DUR -- CMD" in err
     assert "only a job that ended" not in err            # a job that succeeded ended too
 

@@ -202,7 +202,7 @@ def render(data: Export, *, user_names: bool = False) -> str:
     for status, n in counts.items():
         out.add("gpubk_bookings", (("status", status),), n)
     for b in running:
-        who = (("reservation", b.short_id),) + ((("user", b.user),) if user_names else ())
+        who = (("reservation", b.id),) + ((("user", b.user),) if user_names else ())
         out.add("gpubk_booking_info", who + (("mode", b.mode),), 1)
         for i in b.gpus:
             key = gpu_keys.get(i, (("gpu", str(i)), ("UUID", "")))

@@ -147,7 +147,7 @@ class Exporter:
             live_at=snapshot.taken_at if snapshot is not None else None,
             live_source=snapshot.source if snapshot is not None else None, attributions=attributions,
             activity=activity, heartbeat=heartbeat, summary=self._today(t) if self.prom_dir else None,
-            since=since, user_of=_user_of)
+            since=since, user_of=exports.account_name)
         if self.prom_dir:
             from bk.export import prom
 
@@ -220,23 +220,16 @@ class Exporter:
             problems.append(f"cannot write {what}: {e.message}")
 
 
-def _user_of(uid: int) -> str | None:
-    import pwd
-
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return None
-
-
 def _uid_of(feed: str) -> int | None:
     """The account a feed file is named after, if it still exists."""
     import pwd
 
+    from bk.service.exports import account_name
+
     stem = feed[:-4]
     if stem.startswith("uid-") and stem[4:].isdigit():
         uid = int(stem[4:])
-        return uid if _user_of(uid) is not None else None
+        return uid if account_name(uid) is not None else None
     try:
         return pwd.getpwnam(stem).pw_uid
     except KeyError:

@@ -225,6 +225,15 @@ def write_page(directory: str, page: bytes, name: str = "index.html") -> str:
     return os.path.join(directory, name)
 
 
+def account_name(uid: int) -> str | None:
+    import pwd
+
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return None
+
+
 def host_name() -> str:
     import socket
 
@@ -268,7 +277,7 @@ def serve_export(app, req: ExportRequest, call) -> ExportResult:
                     live_at=snap.taken_at if snap is not None else None,
                     live_source=snap.source if snap is not None else None,
                     attributions=attribute_all(snap, state.reservations, now) if snap is not None else None,
-                    activity=activity, heartbeat=heartbeat, summary=summary, since=since)
+                    activity=activity, heartbeat=heartbeat, summary=summary, since=since, user_of=account_name)
     data = only(data, uid=call.actor.uid if req.scope == "mine" else None, gpu=req.gpu)
     return ExportResult(req, data, since)
 

@@ -142,7 +142,7 @@ class Exporter:
             reservations = hot + [r for r in self._archive(state, since) if r.id not in ids]
         data = exports.assemble(
             now=t, host=self.host, policy=policy, reservations=reservations,
-            blackouts=state.blackouts if state is not None else (), notices=state.notices if state is not None else (),
+            blackouts=getattr(state, "blackouts", ()), notices=getattr(state, "notices", ()),
             gpus=snapshot.gpus if snapshot is not None else (),
             live_at=snapshot.taken_at if snapshot is not None else None,
             live_source=snapshot.source if snapshot is not None else None, attributions=attributions,

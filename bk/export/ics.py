@@ -41,7 +41,8 @@ REFRESH = "PT5M"
 
 def escape_text(text: str) -> str:
     """A TEXT value (RFC 5545 3.3.11), after the text policy."""
-    s = safe(text, multiline=True).replace("\t", " ")
+    # Printable ASCII is what the text policy leaves as it is: skip its walk.
+    s = text if text.isascii() and text.isprintable() else safe(text, multiline=True).replace("\t", " ")
     return s.replace("\\", "\\\\").replace(";", "\\;").replace(",", "\\,").replace("\n", "\\n")
 
 
@@ -49,6 +50,13 @@ def fold(line: str) -> bytes:
     """One content line as octets: CRLF-terminated, folded so that no
     physical line is longer than 75 octets (the CRLF not counted), each fold
     a CRLF and one space, never inside a UTF-8 sequence."""
+    whole = line.encode("utf-8")
+    if len(whole) <= MAX_OCTETS:           # most lines: nothing to fold
+        return whole + b"\r\n"
+    if len(whole) == len(line):            # ASCII: every octet is a character
+        rest = MAX_OCTETS - 1
+        parts = [whole[:MAX_OCTETS]] + [whole[i:i + rest] for i in range(MAX_OCTETS, len(whole), rest)]
+        return b"\r\n ".join(parts) + b"\r\n"
     out = bytearray()
     width = 0
     limit = MAX_OCTETS
@@ -76,45 +84,70 @@ def _gpus(gpus) -> str:
     return ("GPU " if len(gpus) == 1 else "GPUs ") + ",".join(str(g) for g in gpus)
 
 
-def render(data: Export, *, name: str, busy: bool = True) -> bytes:
+def render(data: Export, *, name: str, busy: bool = True, cache: dict | None = None) -> bytes:
     """The feed of every booking and maintenance window in ``data``.
     ``name`` is the calendar's name (``X-WR-CALNAME``, RFC 7986 ``NAME``);
     ``busy``: the events block the subscriber's free/busy time (a feed of
-    one's own bookings) or not (everyone's)."""
-    lines = ["BEGIN:VCALENDAR", "VERSION:2.0", f"PRODID:{PRODID}", "CALSCALE:GREGORIAN",
-             f"NAME:{escape_text(name)}", f"X-WR-CALNAME:{escape_text(name)}",
-             f"REFRESH-INTERVAL;VALUE=DURATION:{REFRESH}", f"X-PUBLISHED-TTL:{REFRESH}"]
-    host = escape_text(data.host)
+    one's own bookings) or not (everyone's).  ``cache``: a dict the caller
+    keeps between renders (the monitor, every minute): a booking's event is
+    a function of the booking record alone, so an unchanged one is not
+    made again."""
+    head = ["BEGIN:VCALENDAR", "VERSION:2.0", f"PRODID:{PRODID}", "CALSCALE:GREGORIAN",
+            f"NAME:{escape_text(name)}", f"X-WR-CALNAME:{escape_text(name)}",
+            f"REFRESH-INTERVAL;VALUE=DURATION:{REFRESH}", f"X-PUBLISHED-TTL:{REFRESH}"]
+    out = [fold(line) for line in head]
     for b in data.bookings:
-        end = b.end
-        cancelled = b.cancelled_at is not None and b.cancelled_at <= b.start
-        early = b.cancelled_at is not None and not cancelled
-        if early:
-            end = max(b.cancelled_at, b.start + 60)
-        mode = "exclusive" if b.mode == "exclusive" else f"shared {b.slots}/{data.capacity}"
-        summary = f"{safe(b.user)}: {_gpus(b.gpus)} ({mode})"
-        desc = [f"Booking {b.short_id} of {safe(b.user)} on {safe(data.host)}: {_gpus(b.gpus)}, {mode}."]
-        if early:
-            desc.append(f"Released early at {stamp(b.cancelled_at)}; it was booked until {stamp(b.end)}.")
-        if cancelled:
-            desc.append("Cancelled.")
-        if b.note:
-            desc.append(f"Note: {b.note}")
-        desc.append(f"Change it: bk e {b.short_id}; cancel it: bk d {b.short_id}")
-        lines += ["BEGIN:VEVENT", f"UID:{b.id}@gpubk", f"DTSTAMP:{stamp(b.updated)}",
-                  f"CREATED:{stamp(b.created)}", f"LAST-MODIFIED:{stamp(b.updated)}",
-                  f"SEQUENCE:{b.sequence}", f"DTSTART:{stamp(b.start)}", f"DTEND:{stamp(end)}",
-                  f"SUMMARY:{escape_text(summary)}", f"DESCRIPTION:{escape_text(chr(10).join(desc))}",
-                  f"LOCATION:{host}", "CATEGORIES:GPU booking",
-                  f"STATUS:{'CANCELLED' if cancelled else 'CONFIRMED'}",
-                  f"TRANSP:{'OPAQUE' if busy else 'TRANSPARENT'}", "END:VEVENT"]
+        # What the event says, and nothing else (a running booking's activity
+        # and energy change every minute; its event does not).
+        key = (b.id, b.user, b.mode, b.gpus, b.slots, b.start, b.end, b.created, b.updated, b.sequence,
+               b.cancelled_at, b.note, data.host, data.capacity, busy)
+        got = cache.get(key) if cache is not None else None
+        if got is None:
+            got = b"".join(fold(line) for line in _event(b, data, busy))
+            if cache is not None:
+                cache[key] = got
+        out.append(got)
     for w in data.windows:
-        lines += ["BEGIN:VEVENT", f"UID:{w.id}@gpubk-maintenance",
-                  f"DTSTAMP:{stamp(w.updated if w.updated is not None else w.start)}",
-                  f"SEQUENCE:{w.sequence}", f"DTSTART:{stamp(w.start)}", f"DTEND:{stamp(w.end)}",
-                  f"SUMMARY:{escape_text('Maintenance on ' + data.host)}",
-                  f"DESCRIPTION:{escape_text('No GPU can be booked: ' + w.reason)}",
-                  f"LOCATION:{host}", "CATEGORIES:GPU maintenance", "STATUS:CONFIRMED", "TRANSP:TRANSPARENT",
-                  "END:VEVENT"]
-    lines.append("END:VCALENDAR")
-    return b"".join(fold(line) for line in lines)
+        out.append(b"".join(fold(line) for line in _window(w, data)))
+    out.append(fold("END:VCALENDAR"))
+    return b"".join(out)
+
+
+def _event(b, data: Export, busy: bool) -> list[str]:
+    end = b.end
+    cancelled = b.cancelled_at is not None and b.cancelled_at <= b.start
+    early = b.cancelled_at is not None and not cancelled
+    if early:
+        end = max(b.cancelled_at, b.start + 60)
+    mode = "exclusive" if b.mode == "exclusive" else f"shared {b.slots}/{data.capacity}"
+    user = _shown(b.user)
+    desc = [f"Booking {b.short_id} of {user} on {_shown(data.host)}: {_gpus(b.gpus)}, {mode}."]
+    if early:
+        desc.append(f"Released early at {stamp(b.cancelled_at)}; it was booked until {stamp(b.end)}.")
+    if cancelled:
+        desc.append("Cancelled.")
+    if b.note:
+        desc.append(f"Note: {b.note}")
+    desc.append(f"Change it: bk e {b.short_id}; cancel it: bk d {b.short_id}")
+    return ["BEGIN:VEVENT", f"UID:{b.id}@gpubk", f"DTSTAMP:{stamp(b.updated)}",
+            f"CREATED:{stamp(b.created)}", f"LAST-MODIFIED:{stamp(b.updated)}",
+            f"SEQUENCE:{b.sequence}", f"DTSTART:{stamp(b.start)}", f"DTEND:{stamp(end)}",
+            f"SUMMARY:{escape_text(f'{user}: {_gpus(b.gpus)} ({mode})')}",
+            f"DESCRIPTION:{escape_text(chr(10).join(desc))}",
+            f"LOCATION:{escape_text(data.host)}", "CATEGORIES:GPU booking",
+            f"STATUS:{'CANCELLED' if cancelled else 'CONFIRMED'}",
+            f"TRANSP:{'OPAQUE' if busy else 'TRANSPARENT'}", "END:VEVENT"]
+
+
+def _window(w, data: Export) -> list[str]:
+    return ["BEGIN:VEVENT", f"UID:{w.id}@gpubk-maintenance",
+            f"DTSTAMP:{stamp(w.updated if w.updated is not None else w.start)}",
+            f"SEQUENCE:{w.sequence}", f"DTSTART:{stamp(w.start)}", f"DTEND:{stamp(w.end)}",
+            f"SUMMARY:{escape_text('Maintenance on ' + data.host)}",
+            f"DESCRIPTION:{escape_text('No GPU can be booked: ' + w.reason)}",
+            f"LOCATION:{escape_text(data.host)}", "CATEGORIES:GPU maintenance", "STATUS:CONFIRMED",
+            "TRANSP:TRANSPARENT", "END:VEVENT"]
+
+
+def _shown(text: str) -> str:
+    return text if text.isascii() and text.isprintable() else safe(text)

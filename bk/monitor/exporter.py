@@ -74,6 +74,7 @@ class Exporter:
         self._archive_key = None
         self._archived: list = []
         self._written: dict[str, bytes] = {}  # path -> the bytes last published there
+        self._events: dict = {}               # the calendar renderer's cache of unchanged events
 
     @property
     def enabled(self) -> bool:
@@ -169,8 +170,11 @@ class Exporter:
         from bk.export import ics
         from bk.service import exports
 
+        if len(self._events) > 8 * len(feed.bookings) + 64:   # bookings that went: forget their events
+            self._events = {}
+        cache = self._events
         self._put(problems, "the calendar feed", self.ics_dir, ALL_FEED,
-                  ics.render(feed, name=f"GPU bookings on {feed.host}", busy=False))
+                  ics.render(feed, name=f"GPU bookings on {feed.host}", busy=False, cache=cache))
         users_dir = os.path.join(self.ics_dir, USERS_DIR)
         owners = {}
         for b in feed.bookings:
@@ -178,7 +182,8 @@ class Exporter:
         wanted = {}
         for uid, user in owners.items():
             mine = exports.only(feed, uid=uid)
-            wanted[feed_name(user, uid)] = (uid, ics.render(mine, name=f"{user}'s GPU bookings on {feed.host}"))
+            wanted[feed_name(user, uid)] = (uid, ics.render(mine, name=f"{user}'s GPU bookings on {feed.host}",
+                                                            cache=cache))
         from bk.store.publish import listing, remove
 
         try:

@@ -239,3 +239,42 @@ def test_sigkill_during_the_write_leaves_the_old_file_or_the_new(tmp_path):
 
     clear_leftovers(str(out), ("gpubk.prom",))
     assert os.listdir(out) in ([], ["gpubk.prom"])
+
+
+# ------------------------------------------------------------- bk export prom --listen
+
+@pytest.mark.slow
+def test_listen_serves_the_metrics_on_loopback_and_refuses_elsewhere(pyz, tmp_path):
+    import urllib.error
+    import urllib.request
+
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "LANG": "C.UTF-8", "TZ": "UTC",
+           "BK_DATA_DIR": str(tmp_path / "d"), "BK_GPU_COUNT": "2", "XDG_CACHE_HOME": str(tmp_path / "c")}
+    made = subprocess.run([sys.executable, str(pyz), "1", "1h"], env=env, capture_output=True, text=True, timeout=60)
+    assert made.returncode == 0, made.stderr
+    refused = subprocess.run([sys.executable, str(pyz), "--json", "export", "prom", "--listen", "0.0.0.0:0"],
+                             env=env, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "--allow-remote" in json.loads(refused.stdout)["error"]["hint"]
+    p = subprocess.Popen([sys.executable, str(pyz), "export", "prom", "--listen", "127.0.0.1:0"], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = p.stderr.readline()
+        m = re.search(r"http://127\.0\.0\.1:(\d+)/metrics", line)
+        assert m, line
+        url = f"http://127.0.0.1:{m.group(1)}"
+        with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
+            assert r.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+            first = r.read().decode()
+        assert lint(first) == [] and 'gpubk_bookings{status="active"} 1' in first
+        # A second scrape is made afresh (its own timestamp line, same families).
+        with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
+            assert lint(r.read().decode()) == []
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(url + "/other", timeout=30)
+        assert e.value.code == 404
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(30) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(30)

@@ -148,6 +148,7 @@ def test_fold_keeps_every_line_short_and_whole(text, prop):
     assert out[:-2].replace(b"\r\n ", b"").decode("utf-8") == line
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(st.text(alphabet=st.characters(blacklist_categories=("Cs", "Cc", "Cf", "Zl", "Zp", "Co", "Cn")),
                min_size=1, max_size=300))

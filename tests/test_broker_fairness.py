@@ -132,7 +132,12 @@ def test_ordinary_users_share_one_write_probe_and_root_gets_its_own(srv):
     for user in (b, b, None):
         rc, env = srv.run_json(user, "doctor", "--probe", timeout=60)
         assert env["ok"] is True or rc == 1, env
+        # A shared result is a real measurement: never a failed check of its own.
+        assert "ledger_read" not in env["data"]["failed"], env["data"]["failed"]
         got.append([w for w in env["warnings"] if "for another caller" in w])
+        if got[-1]:
+            details = {c["name"]: c["detail"] for c in env["data"]["checks"]}
+            assert "for another caller" in details["atomic replace"], details
     assert got[1] and "ordinary users share one probe" in got[1][0], got
     assert not got[2], got
 

@@ -54,7 +54,7 @@ import traceback
 from collections.abc import Callable
 
 from bk.core import journal
-from bk.core.envelope import failure, success
+from bk.core.envelope import failure, shared_result_note, success
 from bk.core.errors import BkError, Busy, Internal
 from bk.core.record import dataclass
 from bk.ipc import protocol
@@ -423,9 +423,7 @@ class Dispatcher:
                     return service.gateway.run(op, req, call)
                 result, age = shared.get(lambda: service.gateway.run(op, req, call))
                 if age is not None:
-                    call.warn(f"this result was measured {age:.0f} s ago for another caller (ordinary users "
-                              f"share one {op.name} per {shared.seconds:g} s); the administrator's is always "
-                              "fresh")
+                    call.warn(shared_result_note(age, op.name, shared.seconds))
                 return result
             finally:
                 self.turns.leave()

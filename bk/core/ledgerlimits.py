@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from bk.core.errors import LedgerLimit
 from bk.core.record import dataclass
+from bk.core.timegrid import counted
 
 WINDOW = 60                   # seconds: what "per minute" means
 BOOKINGS_KEY = "ledger_bookings_per_user"
@@ -83,15 +84,16 @@ def check_new(reservations, uid: int, now: int, limits: LedgerLimits, note: str 
     if limits.per_minute and u.last_minute >= limits.per_minute:
         wait = max(1, WINDOW - (now - (u.oldest_recent if u.oldest_recent is not None else now)))
         raise LedgerLimit(
-            f"you made {u.last_minute} bookings in the last minute, the most one user may make "
+            f"you made {counted(u.last_minute, 'booking')} in the last minute, the most one user may make "
             f"({PER_MINUTE_KEY} {limits.per_minute})",
             hint=f"retry in {wait} s; a script that books in a loop should pause between bookings",
             details=_details(PER_MINUTE_KEY, u.last_minute, limits.per_minute, uid, retry_after=wait))
     if limits.bookings and u.bookings >= limits.bookings:
         raise LedgerLimit(
-            f"you have {u.bookings} bookings live or cancelled in the last {limits.kept_hours} hours, "
+            f"you have {counted(u.bookings, 'booking')} live or cancelled in the last "
+            f"{counted(limits.kept_hours, 'hour')}, "
             f"the most one user may keep in the ledger ({BOOKINGS_KEY} {limits.bookings})",
-            hint=f"a cancelled booking leaves the ledger {limits.kept_hours} hours after it stops; "
+            hint=f"a cancelled booking leaves the ledger {counted(limits.kept_hours, 'hour')} after it stops; "
                  "cancel fewer, or ask the administrator (bk info)",
             details=_details(BOOKINGS_KEY, u.bookings, limits.bookings, uid))
     _check_notes(u.note_bytes, note_size(note), limits, uid)

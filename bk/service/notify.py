@@ -29,6 +29,7 @@ from bk.core import notify as N
 from bk.core.errors import BkError, ConfigError, InvalidInput
 from bk.core.models import iso
 from bk.core.record import dataclass, field
+from bk.core.timegrid import counted
 from bk.service.fields import Field
 
 # The requests' list fields travel as comma-separated text.
@@ -529,7 +530,7 @@ def doctor_check(app, call) -> dict | None:
         return {"name": "notifications", "ok": False, "status": "fail", "detail": e.message, "fix": e.hint}
     failing = {ch: h for ch, h in health.items() if h["failing"]}
     if failing:
-        parts = [f"{ch} failed {h['failures']} time{'s' if h['failures'] != 1 else ''} in a row "
+        parts = [f"{ch} failed {counted(h['failures'], 'time')} in a row "
                  f"(last at {h['last_failure']}): {h['error']}" for ch, h in sorted(failing.items())]
         return {"name": "notifications", "ok": False, "status": "fail", "detail": "; ".join(parts),
                 "fix": "check the setting (bk notify), change it (bk notify set), then: bk notify test"}

@@ -574,8 +574,8 @@ class Store:
             if recovering:
                 self._report_recovery(got, state.seq, kept_as)
             if accept_loss is not None and last_seq > got.meta.seq:
-                self._report(ACCEPTED_LOSS, f"{p.ledger}: commits {got.meta.seq + 1}-{last_seq}, which the "
-                             f"audit log {p.audit} records and the ledger lacked, were accepted as lost by "
+                self._report(ACCEPTED_LOSS, f"{p.ledger}: commits {got.meta.seq + 1}-{last_seq}, in the "
+                             f"audit log {p.audit} but not in the ledger, were accepted as lost by "
                              f"{actor} (uid {actor_uid}) with bk admin data recover; commit {state.seq} "
                              "writes over them, and the audit log keeps their records")
             return mutation.result
@@ -759,7 +759,7 @@ class Store:
         keep = f"; the damaged file is kept as {kept}" if kept else ""
         self._report(RECOVERED, f"{p.ledger} {what}: commit {seq} rebuilt it from the newest valid backup "
                      f"{backup} (commit {got.meta.seq}){keep}; bookings made after commit {got.meta.seq} are "
-                     f"lost unless recovered by hand: see what the audit log {p.audit} records beyond it "
+                     f"lost unless recovered by hand: see what the audit log {p.audit} holds beyond it "
                      "with sudo bk admin data recover --dry-run")
 
     def _remove_temps(self, dirfd: int) -> None:

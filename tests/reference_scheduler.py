@@ -300,8 +300,10 @@ def reference_advance(reservations, blackouts, policy, gpus, now, *, usage=None,
     cur = list(reservations)
     gpu_mem = {g.index: g.mem_total_mib for g in gpus or []}
 
+    place = {r.id: i for i, r in enumerate(reservations)}
+
     def key(r):
-        first = (r.advance.since, r.created, r.id)
+        first = (r.advance.since, r.created, place[r.id])
         return ((usage or {}).get(r.uid, 0.0),) + first if usage is not None else first
 
     def vram_of(r):

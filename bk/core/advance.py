@@ -27,7 +27,7 @@ The rules.
    moves before it, and the round is repeated until nothing moves (a
    booking that moved frees its old place for the ones after it, and the
    ones before it may then move again).  The order is first come, first
-   served (``Advance.since``, then creation, then id), or, with fair share,
+   served (``Advance.since``, then creation, then the ledger's order), or, with fair share,
    by the owner's decayed past usage (``bk.core.fairshare``, least first)
    and then first come.  Fair share orders only this competition: it never
    moves a booking later and never refuses one.
@@ -50,10 +50,10 @@ from collections.abc import Callable, Mapping, Sequence
 
 from bk.core import limits as lim
 from bk.core.errors import BkError
-from bk.core.models import EXCLUSIVE, Policy, Reservation
+from bk.core.models import ADVANCED, EXCLUSIVE, Policy, Reservation
 from bk.core.record import dataclass
 
-EVENT = "booking_advanced"     # the audit action and the edit's cause: part of the format
+EVENT = ADVANCED               # "booking_advanced": the audit action and the edit's cause, part of the format
 MAX_ROUNDS = 16                # each round moves something earlier; real ledgers settle in two
 MAX_TRIES = 32                 # places tried for one booking whose owner's limits refuse the first
 
@@ -70,10 +70,12 @@ def advancing(r: Reservation, now: int, slot_seconds: int) -> bool:
             and r.start > now - now % slot_seconds and r.end > now)
 
 
-def order_key(r: Reservation, usage: Mapping[int, float] | None = None) -> tuple:
-    """Rule 4's order: fair share (when ``usage`` is given) then first come."""
+def order_key(r: Reservation, usage: Mapping[int, float] | None = None, place: int = 0) -> tuple:
+    """Rule 4's order: fair share (when ``usage`` is given) then first come
+    (``place``: the booking's place in the ledger, which keeps bookings in
+    the order they were made, for two made in the same second)."""
     a = r.advance
-    first = (a.since if a is not None else r.created, r.created, r.id)
+    first = (a.since if a is not None else r.created, r.created, place)
     if usage is None:
         return first
     return (usage.get(r.uid, 0.0),) + first
@@ -82,8 +84,8 @@ def order_key(r: Reservation, usage: Mapping[int, float] | None = None) -> tuple
 def queue(reservations: Sequence[Reservation], now: int, slot_seconds: int,
           usage: Mapping[int, float] | None = None) -> list[Reservation]:
     """The advancing bookings in the order they are served."""
-    return sorted((r for r in reservations if advancing(r, now, slot_seconds)),
-                  key=lambda r: order_key(r, usage))
+    return [r for _, r in sorted(((order_key(r, usage, i), r) for i, r in enumerate(reservations)
+                                  if advancing(r, now, slot_seconds)), key=lambda kr: kr[0])]
 
 
 def positions(reservations: Sequence[Reservation], now: int, slot_seconds: int,

@@ -160,14 +160,15 @@ class DocKeep:
     """Which reservations a view needs, tested on their document form
     before any record is built: the caller's (``uid``), and those that hold
     capacity somewhere in ``[lo, hi)`` (not cancelled; ``hi`` None: no end),
+    those shared with others (``shared``: the caller may be one of them),
     or at all on a GPU numbered ``gpu_count`` or more (a view shows those
     GPUs whatever the window); with no argument, none (a read for the
     policy, the notices, the blackouts).  Times compare as the fixed-width
     strings ``format_utc`` writes, which sort as the instants do."""
 
     def __init__(self, *, uid: int | None = None, lo: int | None = None, hi: int | None = None,
-                 gpu_count: int | None = None):
-        self.uid, self.gpu_count = uid, gpu_count
+                 gpu_count: int | None = None, shared: bool = False):
+        self.uid, self.gpu_count, self.shared = uid, gpu_count, shared
         self.window = lo is not None
         self.lo = format_utc(lo) if lo is not None else ""
         self.hi = format_utc(hi) if hi is not None else None
@@ -177,6 +178,8 @@ class DocKeep:
             return True
         if "cancelled_at" in d:
             return False
+        if self.shared and "shared_with" in d:
+            return True
         if self.gpu_count is not None and d["end"] > self.lo and max(d["gpus"]) >= self.gpu_count:
             return True
         return self.window and d["end"] > self.lo and (self.hi is None or d["start"] < self.hi)

@@ -624,3 +624,31 @@ def place_booking(req, bounds: Bounds | None, uid: int, *, reservations, blackou
         check_placed(bounds, Held(None, p.start, p.end, tuple(p.gpus), vram), held, now=now, slot_seconds=q,
                      tz=tz, vram_explicit=req.mem_mib is not None or req.mode == EXCLUSIVE)
     return p
+
+
+# ------------------------------------------------------------ a change of the rules
+
+def violations(bounds: Bounds, bookings: Sequence[Held], now: int) -> list[tuple[str, str]]:
+    """The bookings of one user (``bookings``, in the order they were
+    made) that break ``bounds`` now: ``[(id, why)]``, for ``bk admin
+    gpu-policy`` to list before it changes the rules.  A limit on the sum
+    (GPU-hours, GPUs at once) names the bookings that take the user over,
+    the later ones, as if they were made again in order."""
+    out: list[tuple[str, str]] = []
+    earlier: list[Held] = []
+    for h in bookings:
+        for fname in REQUEST_ORDER + PLACED_ORDER[:2]:
+            b = bounds.values.get(fname)
+            if b is None or (fname == "ahead_hours" and h.start <= now):
+                continue
+            if breaks(b, h, earlier, now):
+                q = measure(fname, h, earlier, now)
+                what = {"booking_hours": f"lasts {format_duration(int(q))}",
+                        "ahead_hours": f"starts {format_duration(int(q))} ahead",
+                        "shared_vram_gib": f"counts {_num(q / GIB)} GiB per GPU",
+                        "gpu_hours": f"takes its owner to {_num(q / HOUR)} future GPU-hours",
+                        "gpus": f"takes its owner to {counted(int(q), 'GPU')} at once"}[fname]
+                out.append((h.id, f"{what}, over the limit {fname} {b.value:g} ({b.source})"))
+                break
+        earlier.append(h)
+    return out

@@ -399,7 +399,8 @@ class LedgerState:
 CREATE, EDIT, CANCEL, ADMIN_CANCEL = "create", "edit", "cancel", "admin_cancel"
 NOTICE_PUBLISH, NOTICE_ARCHIVE = "notice_publish", "notice_archive"
 COMMIT, RECOVER = "commit", "recover"
-ACTIONS = (CREATE, EDIT, CANCEL, ADMIN_CANCEL, NOTICE_PUBLISH, NOTICE_ARCHIVE, COMMIT, RECOVER)
+ADVANCED = "booking_advanced"        # bk.core.advance.EVENT: a booking moved earlier on its own
+ACTIONS = (CREATE, EDIT, CANCEL, ADMIN_CANCEL, NOTICE_PUBLISH, NOTICE_ARCHIVE, COMMIT, RECOVER, ADVANCED)
 
 
 @dataclass(frozen=True)

@@ -100,3 +100,61 @@ class Sharing:
     def users_of(self, r) -> frozenset[int]:
         """The owner and everyone it is shared with."""
         return self.uids(r) | {r.uid}
+
+
+# ------------------------------------------------------------ for attribution
+
+def sharers_map(reservations, sharing: Sharing) -> dict[str, frozenset[int]]:
+    """Booking id -> the uids it is shared with (only bookings that are)."""
+    out = {}
+    for r in reservations:
+        if r.shared_with and r.cancelled_at is None:
+            uids = sharing.uids(r)
+            if uids:
+                out[r.id] = uids
+    return out
+
+
+def expand(reservations, sharers: dict[str, frozenset[int]]) -> list:
+    """The bookings as process attribution should judge them: each shared
+    booking also as one *shadow* per user it is shared with (that user's,
+    the same GPUs and window), so their processes on its GPUs are ``ok``.
+    Only for judging processes (``telemetry.attribute_all``, the
+    enforcer's grants): a shadow holds no capacity and is never written."""
+    if not sharers:
+        return list(reservations)
+    out = list(reservations)
+    for r in reservations:
+        for uid in sorted(sharers.get(r.id, ())):
+            out.append(r.replace(id=f"{r.id}+{uid}", uid=uid, shared_with=()))
+    return out
+
+
+def as_owner(attributions: dict, snapshot, reservations, sharers: dict[str, frozenset[int]], now: int) -> dict:
+    """``attributions`` with each sharer's ``ok`` process on a running shared
+    booking's GPU credited to the booking's owner, for the activity judge
+    (``bk.core.activity``): the booking is in use when anyone it is shared
+    with works on it.  A process of someone who has a booking of their own
+    on that GPU stays theirs."""
+    if not sharers:
+        return attributions
+    from bk.core.telemetry import Attribution
+
+    running = [r for r in reservations if r.id in sharers and r.start <= now < r.end]
+    if not running:
+        return attributions
+    own = {(g, r.uid) for r in reservations if r.cancelled_at is None and r.start <= now < r.end
+           and r.id not in {x.id for x in running} for g in r.gpus}
+    out = dict(attributions)
+    for g in snapshot.gpus:
+        for p in g.processes or ():
+            a = attributions.get((g.index, p.pid))
+            uid = getattr(a, "uid", None) if a is not None and not isinstance(a, str) else p.uid
+            state = a if isinstance(a, str) else getattr(a, "state", None)
+            if state != "ok" or uid is None or (g.index, uid) in own:
+                continue
+            for r in running:
+                if g.index in r.gpus and uid in sharers[r.id]:
+                    out[(g.index, p.pid)] = Attribution("ok", getattr(a, "identity", None), r.uid)
+                    break
+    return out

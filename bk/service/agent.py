@@ -180,16 +180,11 @@ def apply_cleanup(state, req: CleanupRequest, call):
 
 def serve_list(app, req: ListRequest, call) -> Data:
     """What ``bk l --json`` shows (``data``): the same rows, the same numbers."""
-    from bk.service.views import View
+    from bk.service.fairview import listing
 
     state = app.ledger(call=call)
-    every = app.list(req.scope, call=call, state=state)
+    every, view = listing(app, req.scope, call, state)
     items = every[:req.limit] if req.limit else every
-    if req.scope == "mine":
-        numbers = {r.id: i for i, r in enumerate(every, 1)}
-    else:
-        numbers = app.numbers(state, call=call) if req.scope == "all" else {}
-    view = View.of(call, numbers)
     return Data({"scope": req.scope, "reservations": [view.reservation(r) for r in items], "total": len(every)})
 
 

@@ -156,7 +156,7 @@ declare -gA _bk_words=(
     ['/admin/enforce/on']='--failure --signal --no-signal --grace --bypass --dry-run -y --yes --json'
     ['/admin/enforce/run']='--json'
     ['/admin/enforce/status']='--json'
-    ['/admin/gpu-policy']='--disable --enable --priority --horizon-days --max-hours --require-memory --no-require-memory --reserve-mb --force --dry-run --json'
+    ['/admin/gpu-policy']='--disable --enable --priority --horizon-days --max-hours --require-memory --no-require-memory --reserve-mb --limit --tier --exempt --advance-default --fair-share --half-life-days --force --dry-run --json'
     ['/admin/init']='--service-user --data-dir --socket --access --group --gpu-count --simulated-gpus --slot-minutes --max-shared-users --config-file --dry-run -y --yes --json'
     ['/admin/install']='--service-user --data-dir --access --group --gpu-count --simulated-gpus --slot-minutes --max-shared-users --command-path --no-command-link --login-hook --no-login-hook --python --admin-contact --allow-downgrade --no-start --root --destdir --dry-run -y --yes --json'
     ['/admin/login-hook']='install status uninstall --json'
@@ -181,7 +181,7 @@ declare -gA _bk_words=(
     ['/agent/edit']='--json'
     ['/agent/operation']='--json'
     ['/agent/recommend']='--json'
-    ['/book']='-d --duration -g --gpu -e --exclude -m --mem -s --share -t --at --start --queue --note -y --yes -q --quiet --again -v --verbose --op-id --dry-run --json'
+    ['/book']='-d --duration -g --gpu -e --exclude -m --mem -s --share -t --at --start --queue --note -y --yes -q --quiet --again -v --verbose --advance --no-advance --with --op-id --dry-run --json'
     ['/broker']='--check --max-clients --idle-timeout --frame-timeout --json'
     ['/cancel']='-y --yes -q --quiet --op-id --dry-run --json'
     ['/cluster']='probe check rec recommend book x e edit d cancel tui at history export id node op --json'
@@ -201,8 +201,8 @@ declare -gA _bk_words=(
     ['/cluster/x']='-d --duration -m --mem -s --share -t --at --start --note --queue --op-id --dry-run --json'
     ['/config']='--json'
     ['/doctor']='--strict --probe --require-monitor --require-worker --json'
-    ['/edit']='-d --duration -t --at --start -g --gpu -e --exclude -m --mem -s --share --mode --queue --note -q --quiet --op-id --dry-run --json'
-    ['/exclusive']='-d --duration -g --gpu -e --exclude -m --mem -s --share -t --at --start --queue --note -y --yes -q --quiet --again -v --verbose --op-id --dry-run --json'
+    ['/edit']='-d --duration -t --at --start -g --gpu -e --exclude -m --mem -s --share --mode --queue --note -q --quiet --advance --no-advance --with --op-id --dry-run --json'
+    ['/exclusive']='-d --duration -g --gpu -e --exclude -m --mem -s --share -t --at --start --queue --note -y --yes -q --quiet --again -v --verbose --advance --no-advance --with --op-id --dry-run --json'
     ['/gpu']='-d --duration -g --gpu -e --exclude -m --mem -s --share --mode --json'
     ['/help']='--json'
     ['/history']='--json'
@@ -245,6 +245,8 @@ declare -gA _bk_choices=(
     ['/admin/notice/edit|--level']='info warning critical'
     ['/admin/notice/publish|--level']='info warning critical'
     ['/admin/maintain|--level']='info warning critical'
+    ['/admin/gpu-policy|--advance-default']='on off'
+    ['/admin/gpu-policy|--fair-share']='on off'
 )
 
 _bk() {

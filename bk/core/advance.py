@@ -32,7 +32,9 @@ The rules.
    and then first come.  Fair share orders only this competition: it never
    moves a booking later and never refuses one.
 5. Who runs it.  Capacity frees only through a write (time passing frees
-   nothing a placement did not already count), so the service runs ``plan``
+   nothing a placement did not already count; a change of the
+   configuration, a GPU enabled again, is seen at the next write near it),
+   so the service runs ``plan``
    inside the same transaction as every write other than a new booking
    (``bk.service.advancing``): the cancel or edit that freed capacity
    commits together with the moves it allows, and a crash loses both or
@@ -40,6 +42,11 @@ The rules.
    ``cause: booking_advanced``, an audit record with the action
    ``booking_advanced`` (the stable event name the notifier consumes) and a
    notice to the owner.
+6. What it costs.  A placement search per booking tried, so ``plan`` tries
+   only the bookings that room made by the write (``freed_by``), or by a
+   move made before, could let start earlier (``plan``'s docstring says why
+   that misses nothing); a cancellation tomorrow evening tries no booking
+   that ends before it.
 
 Pure: the ledger, the policy, the GPU inventory and ``now`` are arguments.
 """
@@ -111,11 +118,23 @@ def held(r: Reservation, policy: Policy, gpu_mem: Mapping[int, int | None] | Non
 def plan(reservations: Sequence[Reservation], blackouts, policy: Policy, gpus, now: int, *,
          usage: Mapping[int, float] | None = None,
          bounds_of: Callable[[Reservation], lim.Bounds] | None = None,
+         freed: Sequence[tuple[int, int]] | None = None, changed=(),
          max_rounds: int = MAX_ROUNDS) -> list[Move]:
     """The moves the advancing bookings make now, in the order made; a
     booking that moves twice appears once, with its first and last place.
     ``gpus``: the inventory (memory totals); ``bounds_of``: the owner's
-    limits of a booking (None: no limits)."""
+    limits of a booking (None: no limits).
+
+    ``freed``: the intervals the write made room in (``freed_by``), and
+    ``changed``: the ids of bookings the write itself changed; None: look
+    at every advancing booking.  Which ones are tried (rule 6 of the essay):
+    a booking can move only into room made since it was last placed, at an
+    instant before its end (any earlier window it could take ends before
+    its current end); so a booking is tried when some room made since its
+    last try (the write's, or a move's old place) starts before its end,
+    or when the write changed it.  Every booking is at its earliest after
+    each commit, so this finds exactly the moves trying all of them would
+    (``tests/test_fair_oracle.py`` checks it against the full brute force)."""
     from bk.core.scheduler import Request, place
 
     q = policy.slot_seconds
@@ -123,10 +142,18 @@ def plan(reservations: Sequence[Reservation], blackouts, policy: Policy, gpus, n
     index = {r.id: i for i, r in enumerate(current)}
     first: dict[str, Reservation] = {}
     gpu_mem = {g.index: g.mem_total_mib for g in gpus or ()}
+    room = [(-(1 << 62), 1)] if freed is None else [(a, 1) for a, b in freed if b > a]
+    version, tried = 1, {}
+    forced = set(changed)
     for _ in range(max_rounds):
         moved = False
         for r in queue(current, now, q, usage):
             r = current[index[r.id]]
+            last = tried.get(r.id, 0)
+            if r.id not in forced and not any(v > last and a < r.end for a, v in room):
+                continue
+            forced.discard(r.id)
+            tried[r.id] = version
             a = r.advance
             frm = max(a.after, now - now % q)
             frm = -(-frm // q) * q
@@ -142,10 +169,36 @@ def plan(reservations: Sequence[Reservation], blackouts, policy: Policy, gpus, n
                 continue
             first.setdefault(r.id, r)
             current[index[r.id]] = new
+            version += 1
+            room.append((r.start, version))
+            tried[r.id] = version
             moved = True
         if not moved:
             break
     return [Move(first[rid], current[index[rid]]) for rid in first]
+
+
+def freed_by(before: Sequence[Reservation], after: Sequence[Reservation], before_blackouts=(),
+             after_blackouts=(), now: int = 0) -> tuple[list[tuple[int, int]], set[str]]:
+    """What one write made room in, for ``plan``: the old window of every
+    booking it cancelled, shortened, moved or changed (all of it: more
+    than the room, never less), and of every maintenance window it ended
+    or removed; and the ids of the bookings it changed."""
+    old = {r.id: r for r in before}
+    freed, changed = [], set()
+    for r in after:
+        o = old.get(r.id)
+        if o is None or o is r:
+            continue
+        changed.add(r.id)
+        if o.cancelled_at is None and o.end > now:
+            freed.append((o.start, o.end))
+    gone = {r.id for r in after}
+    freed += [(o.start, o.end) for rid, o in old.items() if rid not in gone and o.cancelled_at is None
+              and o.end > now]
+    still = {(b.id, b.start, b.end) for b in after_blackouts}
+    freed += [(b.start, b.end) for b in before_blackouts if (b.id, b.start, b.end) not in still]
+    return freed, changed
 
 
 def _earliest(req, r, current, blackouts, policy, gpus, now, bounds, gpu_mem, place):

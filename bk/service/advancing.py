@@ -34,12 +34,17 @@ NOTICE_DAYS = 2
 _usage_cache: dict = {}
 
 
-def after_write(state, call, service) -> list[AuditEntry]:
-    """Move the advancing bookings that now fit earlier; the audit records."""
+def after_write(before, state, call, service) -> list[AuditEntry]:
+    """Move the advancing bookings that now fit earlier, in ``state`` (what
+    the write left of ``before``); the audit records."""
     policy, now = call.policy, call.now
     q = policy.slot_seconds
     waiting = advance.queue(state.reservations, now, q)
     if not waiting:
+        return []
+    freed, changed = advance.freed_by(before.reservations, state.reservations, before.blackouts,
+                                      state.blackouts, now)
+    if not freed and not changed & {r.id for r in waiting}:
         return []
     usage = None
     if policy.fair_share_half_life_s and len({r.uid for r in waiting}) > 1:
@@ -49,7 +54,8 @@ def after_write(state, call, service) -> list[AuditEntry]:
     try:
         gpus = list(call.telemetry.inventory().gpus)
         moves = advance.plan(state.reservations, state.blackouts, policy, gpus, now, usage=usage,
-                             bounds_of=limits.bounds_of_owner(call) if policy.limits else None)
+                             bounds_of=limits.bounds_of_owner(call) if policy.limits else None,
+                             freed=freed, changed=changed)
     except BkError as e:
         # The write stands; the bookings may move at the next one.
         call.warn(f"queued bookings were not moved earlier: {e.message}")

@@ -90,7 +90,7 @@ class LocalGateway:
                     # to move earlier do so in this same commit (issue 27).
                     from bk.service.advancing import after_write
 
-                    records += after_write(trial, call, self.service)
+                    records += after_write(cur, trial, call, self.service)
                 cur = trial
                 outcomes.append(m.result)
                 changed = changed or m.changed

@@ -75,7 +75,7 @@ def check_edit(state, old: Reservation, new: Reservation, call) -> None:
 
 
 def _explained(e: PolicyRefused, commands: list[str]) -> PolicyRefused:
-    hint = ("run: " + " or: ".join(commands)) if commands else "see your limits with: bk info"
+    hint = ("run: " + " or: ".join(commands)) if commands else "your limits: bk info"
     if e.details.get("limit") in ("gpu_hours", "gpus"):
         hint += "; your bookings: bk l"
     return PolicyRefused(e.message, hint, details={**e.details, "commands": commands})

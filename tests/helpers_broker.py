@@ -174,13 +174,17 @@ class Site:
 
     # -- the broker -----------------------------------------------------------
 
-    def start_broker(self, *flags: str, wait: bool = True) -> subprocess.Popen:
+    def start_broker(self, *flags: str, wait: bool = True, env=None) -> subprocess.Popen:
+        """``env``: more variables for the broker (a test seam), or a function
+        of the log file's descriptor that returns them (JOURNAL_STREAM)."""
         assert self.broker is None or self.broker.poll() is not None, "a broker is already running"
         self._logs += 1
         self.log_path = self.base / f"broker-{self._logs}.log"
         with open(self.log_path, "wb") as log:
+            extra = env(log.fileno()) if callable(env) else (env or {})
             self.broker = subprocess.Popen([SYSTEM_PYTHON, str(self.pyz), "broker", *flags],
-                                           stdout=log, stderr=subprocess.STDOUT, env=self.env(self.service),
+                                           stdout=log, stderr=subprocess.STDOUT,
+                                           env={**self.env(self.service), **extra},
                                            cwd=self.base, **self.popen_args(self.service))
         if wait:
             self.wait_ready()

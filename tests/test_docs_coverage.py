@@ -261,7 +261,8 @@ COMMANDS = [
     "agent recommend '{\"count\": 1, \"duration\": 3600}'", "agent operation",
     "admin maintain --reason x -t 13:00 -d 1h --dry-run", "admin maintain list",
     "admin gpu-policy --disable 1 --dry-run", "admin services status", "admin login-hook status",
-    "j log 1", "1 7m", "d 99", "--version",
+    "j log 1", "notify", "notify set --end-minutes 15,5 --dry-run", "notify test", "notify log",
+    "1 7m", "d 99", "--version",
 ]
 EXPECTED_ERRORS = ("1 7m", "d 99")              # for the error envelope's fields
 # Maps whose keys are data, not field names: JSON Schema (documented as such),
@@ -375,3 +376,29 @@ def test_every_snapshot_and_heartbeat_field_is_in_telemetry_md():
             "power_mw", "last_t"} <= found
     missing = sorted(k for k in found if f"`{k}`" not in text)
     assert not missing, f"snapshot/heartbeat fields missing from docs/TELEMETRY.md: {missing}"
+
+
+def test_every_attack_security_md_names_is_a_test_that_exists():
+    """docs/SECURITY.md's boundary table names the test that attacks each
+    boundary (issue 22 item 9): a renamed or deleted test must not leave the
+    table pointing at nothing."""
+    text = (ROOT / "docs" / "SECURITY.md").read_text()
+    section = text.split("## Boundaries and the tests that attack them", 1)[1].split("\n## ", 1)[0]
+    rows = [ln for ln in section.splitlines() if ln.startswith("| ") and not ln.startswith("| ---")][1:]
+    assert len(rows) >= 15, "the boundary table lost its rows"
+    missing = []
+    for row in rows:
+        attacked = row.rsplit("|", 2)[-2]
+        names = re.findall(r"(tests/test_\w+\.py)(?:::(test_\w+))?|::(test_\w+)", attacked)
+        assert names, f"a boundary with no test: {row}"
+        current = None
+        for path, name, bare in names:
+            if path:
+                current = ROOT / path
+                if not current.exists():
+                    missing.append(path)
+                    continue
+            name = name or bare
+            if name and (current is None or f"def {name}(" not in current.read_text()):
+                missing.append(f"{current}::{name}")
+    assert not missing, missing

@@ -34,6 +34,7 @@ As a user service (install/bk-worker.service), kept after you log out:
 
 One worker per user and state directory. It starts your jobs as you, without a
 shell, in their own process group, with the booked GPUs in CUDA_VISIBLE_DEVICES.
+bk w start also delivers your notifications (bk notify), in a thread of its own.
 """
 
 
@@ -177,11 +178,11 @@ def run_worker(args, ctx) -> Output:
         return Output("worker", data, human)
 
     def log(line: str) -> None:
-        try:
-            sys.stderr.write(f"bk worker: {line}\n")
-            sys.stderr.flush()
-        except (OSError, ValueError):
-            pass
+        import os
+
+        from bk.core import journal  # with its priority when the journal reads it
+
+        journal.write(sys.stderr, "bk worker", line, os.environ, os.fstat)
 
     started = jobs.serve_worker(app, ctx.env, once=args.action == "once", log=log)
     return Output("worker", {"action": args.action, "started": started},

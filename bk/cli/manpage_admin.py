@@ -136,6 +136,13 @@ stopping there.
 Set for the services by systemd and by \fBbk admin services run\fR
 (\fI/run/gpubk\fR, from \fBRuntimeDirectory=\fR); bk itself reads the
 socket's path from the configuration.
+.TP
+.B JOURNAL_STREAM
+Set by systemd when a service's stderr is the journal: when it names bk's
+stderr, \fBbk broker\fR, \fBbk m\fR and \fBbk w\fR start each log line with
+its priority (\fB<3>\fR error, \fB<4>\fR warning, \fB<6>\fR information), and so do
+bk's \fBerror:\fR and \fBwarning:\fR lines, so that \fBjournalctl \-p err\fR finds
+them.
 .SH FILES
 \fBbk admin install\fR writes these (below \fB\-\-root\fR \fIDIR\fR when
 given) and records each one in its manifest:

@@ -35,6 +35,7 @@ import time
 from bk.core import enforce as rule
 from bk.core.errors import ConfigError, InvalidInput, PermissionDenied
 from bk.core.record import dataclass, field
+from bk.core.timegrid import counted
 from bk.enforce import cgroups, state
 
 UNIT = "gpubk-enforcer.service"
@@ -446,7 +447,7 @@ def verdict(on: bool, live: str, doc: dict | None, kernel_view: list | None) -> 
                 + (f": {'; '.join(doc['problems'])}" if doc.get("problems") else ""),
                 "fix": "journalctl -u gpubk-enforcer; bk admin enforce status"}
     users = sorted({t["uid"] for t in targets})
-    return {"ok": True, "detail": f"enforcing on {len(targets)} cgroups of {len(users)} users "
+    return {"ok": True, "detail": f"enforcing on {counted(len(targets), 'cgroup')} of {counted(len(users), 'user')} "
             f"({doc.get('failure')} on failure)", "fix": None}
 
 

@@ -52,6 +52,7 @@ from bk.core import enforce as rule
 from bk.core.errors import BkError, ConfigError, WrongAccount
 from bk.core.models import iso
 from bk.core.record import dataclass, field
+from bk.core.timegrid import counted
 from bk.enforce import cgroups, state
 
 SCAN_S = 2.0                      # rescan cgroups, re-read the snapshot
@@ -791,7 +792,7 @@ def run(env: dict, *, log: Callable[[str], None] = log_stderr, max_passes: int |
     try:
         mode = "fail open, BPF links" if opts.links else \
             f"fail {'open' if opts.fail_open else 'closed'}, plain attachments"
-        log(f"pid {os.getpid()}: enforcing on {opts.root} ({mode}); {len(devices.gpus)} GPUs, "
+        log(f"pid {os.getpid()}: enforcing on {opts.root} ({mode}); {counted(len(devices.gpus), 'GPU')}, "
             f"minors from {devices.source}")
         e._event("started", detail=mode)
         passes = serve(e, watch, wake_r, stopping, max_passes=max_passes)

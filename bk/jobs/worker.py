@@ -41,6 +41,7 @@ import time
 from collections.abc import Callable
 
 from bk.core import jobs as J
+from bk.core import journal
 from bk.core.errors import BkError, Busy, InvalidInput, NotFound, PermissionDenied
 from bk.core.record import dataclass, field
 from bk.jobs import launcher, logs, specs
@@ -93,11 +94,11 @@ class Worker:
             # Retrying cannot help: the booking left the ledger, or the job
             # changed meanwhile (a retry, a cancel).  Said once, then dropped.
             self.unsent.pop(jid, None)
-            self.log(f"job {jid[:8]}: not recorded as {status}: {e.message}")
+            self.log(journal.warning(f"job {jid[:8]}: not recorded as {status}: {e.message}"))
             return False
         except BkError as e:             # busy, the broker restarting, a full disk: next tick
             self.unsent[jid] = (res, status, reason, exit_code)
-            self.log(f"could not record job {jid[:8]} as {status} yet ({e.message}); will retry")
+            self.log(journal.warning(f"could not record job {jid[:8]} as {status} yet ({e.message}); will retry"))
             return False
         self.unsent.pop(jid, None)
         return True
@@ -145,7 +146,8 @@ class Worker:
         jobs = {j: r for j, r in self.jobs().items() if j not in self.children}
         found = launcher.find_marked(self.host.uid, jobs, self.proc_root)
         for jid, pids in found.items():
-            self.log(f"job {jid[:8]}: found orphaned processes {pids} of a previous worker; stopping them")
+            self.log(journal.warning(f"job {jid[:8]}: found orphaned processes {pids} of a previous worker; "
+                                     "stopping them"))
             launcher.stop_orphans(pids, grace=min(self.host.grace, 5), proc_root=self.proc_root)
         marked = []
         for jid, res in jobs.items():
@@ -204,7 +206,7 @@ class Worker:
             if ch.stopping is not None and not ch.killed:
                 if now >= ch.kill_at:
                     ch.killed = True
-                    self.log(f"job {jid[:8]}: KILL to process group {ch.proc.pid}")
+                    self.log(journal.warning(f"job {jid[:8]}: KILL to process group {ch.proc.pid}"))
                     launcher.signal_group(ch.proc.pid, signal.SIGKILL)
                 else:
                     due = min(due, ch.kill_at)
@@ -279,14 +281,14 @@ class Worker:
                 raise
             os.close(fd)
         except BkError as e:
-            self.log(f"job {jid[:8]}: not started: {e.message}")
+            self.log(journal.warning(f"job {jid[:8]}: not started: {e.message}"))
             self._set(res, J.FAILED, f"not started: {e.message}")
             return
         except OSError as e:
             why = e.strerror or str(e)
             if e.filename and e.filename not in why:
                 why = f"{e.filename}: {why}"
-            self.log(f"job {jid[:8]}: not started: {why}")
+            self.log(journal.warning(f"job {jid[:8]}: not started: {why}"))
             self._set(res, J.FAILED, f"not started: {why}")
             return
         self.children[jid] = Child(proc, res.id, jid, now, pump=pump, keep=spec.keep)
@@ -303,7 +305,7 @@ class Worker:
             specs.clean(self.host.jobs_path, keep=keep, now=self.time_fn(), grace_s=SPEC_GRACE_S)
             logs.clean(self.host.jobs_path, running=set(self.children), now=self.time_fn())
         except BkError as e:
-            self.log(f"cleaning job files failed: {e.message}")
+            self.log(journal.warning(f"cleaning job files failed: {e.message}"))
 
     def stop_all(self, grace: float) -> None:
         """The worker is told to stop: TERM every job's group, KILL after ``grace``."""

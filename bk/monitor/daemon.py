@@ -48,6 +48,7 @@ import sys
 import time
 from collections.abc import Callable
 
+from bk.core import journal
 from bk.core.errors import BkError, Busy, ConfigError, WrongAccount
 from bk.core.record import dataclass, field
 from bk.core.telemetry import Snapshot
@@ -59,11 +60,8 @@ USAGE_BACKLOG = 10_000            # minute records kept for a retry while histor
 
 
 def log_stderr(line: str) -> None:
-    try:
-        sys.stderr.write(f"bk m: {line}\n")
-        sys.stderr.flush()
-    except (OSError, ValueError):
-        pass
+    # With its priority when the journal reads it (bk.core.journal).
+    journal.write(sys.stderr, "bk m", line, os.environ, os.fstat)
 
 
 def _account(uid: int) -> str:
@@ -169,7 +167,7 @@ class Monitor:
                  clock: Callable[[], int], interval_s: float = DEFAULT_INTERVAL,
                  folder=None, usage=None, gpu_count: int | None = None,
                  log: Callable[[str], None] = log_stderr, pid: int | None = None,
-                 tracker=None, cpu_trees=None, keep_activity: bool = False):
+                 tracker=None, cpu_trees=None, keep_activity: bool = False, exporter=None):
         self.backend = backend
         self.ledger = ledger
         self.directory = directory
@@ -192,6 +190,8 @@ class Monitor:
         self._activity_at: int | None = None  # when activity.json was last written
         self._capacity: int | None = None     # the ledger policy's share slots per GPU
         self.activity_doc: dict | None = None # the latest sample's published activity
+        self.exporter = exporter              # bk.monitor.exporter.Exporter, or None: no exports
+        self._state = None                    # the ledger state of the latest look
 
     # -- looking
 
@@ -213,6 +213,7 @@ class Monitor:
         state = None
         try:
             state = self.ledger()
+            self._state = state
             self._reservations = list(state.reservations)
             policy = getattr(state, "policy", None) or {}
             if isinstance(policy.get("max_shared_users"), int):
@@ -275,6 +276,8 @@ class Monitor:
                                        capacity=self._capacity, sharers=s.sharers)
                 closed = bool(done)
                 self._pending.extend(done)
+                if self.exporter is not None:
+                    self.exporter.fold(done)
         self._write_usage(s)
         if self.keep_activity and (closed or self._activity_at is None or s.t - self._activity_at >= 60):
             self._save_activity(s)
@@ -287,11 +290,31 @@ class Monitor:
                 s.status = files.DEGRADED if s.status == files.RUNNING else s.status
                 s.detail = "; ".join(x for x in (s.detail, f"cannot write the snapshot: {e.message}") if x)
         self.samples += 1
+        if self.exporter is not None and self.exporter.due(s.t):
+            self._export(s, activity)
         self._heartbeat(s.status, s.detail, s.t)
         if s.detail != self._said:
-            self.log(s.detail or f"{s.status}: sampling every {self.interval_s:g} s")
+            line = s.detail or f"{s.status}: sampling every {self.interval_s:g} s"
+            self.log(journal.warning(line) if s.status == files.DEGRADED else journal.info(line))
             self._said = s.detail
         return s
+
+    def _export(self, s: Sample, activity: dict | None) -> None:
+        """The exports of this minute (``bk.monitor.exporter``); a failure
+        degrades the heartbeat, as a failed history write does."""
+        snap = s.snapshot
+        count = len(snap.gpus) if snap is not None and snap.gpus else (self.gpu_count or 1)
+        beat = files.Heartbeat(s.status, self.pid, s.t, self.started_at, self.interval_s, s.detail, 0,
+                               self.samples)
+        try:
+            problems = self.exporter.step(s.t, state=self._state, snapshot=snap, attributions=s.attributions,
+                                          activity=activity, heartbeat=beat,
+                                          policy=self.exporter.settings.policy(count))
+        except Exception as e:          # a bug in an export must not cost the sample
+            problems = [f"the exports failed (a bug): {type(e).__name__}: {e}"]
+        if problems:
+            s.status = files.DEGRADED if s.status == files.RUNNING else s.status
+            s.detail = "; ".join(x for x in (s.detail, *problems) if x)
 
     def safe_step(self) -> Sample | None:
         """``step`` for the daemon: a surprise (a bug) is logged and recorded
@@ -300,7 +323,7 @@ class Monitor:
             return self.step()
         except Exception as e:
             detail = f"a sample failed (a bug): {type(e).__name__}: {e}"
-            self.log(detail)
+            self.log(journal.error(detail))
             self._said = detail
             self._heartbeat(files.DEGRADED, detail, self.clock())
             return None
@@ -324,7 +347,7 @@ class Monitor:
                 why = getattr(e, "message", None) or str(e)
                 s.detail = "; ".join(x for x in (s.detail, f"cannot write usage history: {why}") if x)
             else:
-                self.log(f"usage history not written: {getattr(e, 'message', None) or e}")
+                self.log(journal.error(f"usage history not written: {getattr(e, 'message', None) or e}"))
 
     def _save_activity(self, s: Sample | None) -> None:
         """Keep the idle clocks and baselines (``activity.json``)."""
@@ -349,7 +372,7 @@ class Monitor:
         try:
             files.write_heartbeat(self.directory, doc, sync=sync)
         except BkError as e:
-            self.log(f"cannot write the heartbeat: {e.message}")
+            self.log(journal.error(f"cannot write the heartbeat: {e.message}"))
 
     def finish(self) -> int:
         """The clean stop: the open minute into the history, ``stopped``
@@ -382,28 +405,25 @@ def _settings(env: dict):
     return load(locate(env))
 
 
-def _take_lock(directory: str) -> int:
-    from bk.store.fsutil import Safety, open_dir, open_file
-    from bk.store.lock import mark, take
+def _take_lock(directory: str, log: Callable[[str], None] = log_stderr) -> int:
+    from bk.store.fsutil import Safety, open_dir
+    from bk.store.lock import acquire
 
     path = os.path.join(directory, files.LOCK_FILE)
     safety = Safety(os.geteuid())
     dirfd = open_dir(directory, safety, create_mode=files.DIR_MODE)
     try:
-        fd = open_file(dirfd, files.LOCK_FILE, path, safety, os.O_RDWR, create_mode=0o644)
-    finally:
-        os.close(dirfd)
-    try:
-        # One try (timeout 0): a second monitor should refuse, not queue.
-        take(fd, path, timeout=0, busy=lambda pid: Busy(
+        # One try (timeout 0): a second monitor should refuse, not queue.  A
+        # lock file others could open, or one an intruder holds, is replaced
+        # (bk.store.lock), so no user can keep the monitor down.
+        return acquire(dirfd, files.LOCK_FILE, path, safety, timeout=0, what="the monitor's lock",
+                       log=lambda line: log(journal.warning(line)),
+                       busy=lambda pid: Busy(
             "another monitor is running here" + (f" (pid {pid})" if pid else ""),
             hint="see: systemctl status gpubk-monitor, or bk m status",
             details={"path": path, "holder_pid": pid}))
-    except BaseException:
-        os.close(fd)
-        raise
-    mark(fd)
-    return fd
+    finally:
+        os.close(dirfd)
 
 
 def _prepare_dir(settings, directory: str) -> None:
@@ -441,11 +461,27 @@ def build(env: dict, settings, *, interval_s: float, clock: Callable[[], int], b
     store = make_store(settings, clock_fn=clock, owner_uid=None, capacity=settings["max_shared_users"])
     view = LedgerView(store)
     directory = files.monitor_dir(settings)
+    usage = _open_usage(settings)
     return Monitor(backend, view.read, directory, clock=clock, interval_s=interval_s,
                    folder=Folder(60, interval_s=max(1, round(interval_s)), capacity=settings["max_shared_users"]),
-                   usage=_open_usage(settings), gpu_count=settings["gpu_count"], log=log,
+                   usage=usage, gpu_count=settings["gpu_count"], log=log,
                    tracker=open_tracker(settings, directory, interval_s), cpu_trees=CpuTrees(proc_root),
-                   keep_activity=True)
+                   keep_activity=True, exporter=open_exporter(settings, usage, store))
+
+
+def open_exporter(settings, usage, store):
+    """The exports the configuration asks for (None when it names no
+    directory): the textfile, the calendars, the page of the week."""
+    from bk.monitor.exporter import Exporter
+
+    exporter = Exporter(settings, usage=usage, store=store, tz=_local_tz())
+    return exporter if exporter.enabled else None
+
+
+def _local_tz():
+    from bk import clock
+
+    return clock.local_tz()
 
 
 def open_tracker(settings, directory: str, interval_s: float):
@@ -470,7 +506,7 @@ def run(env: dict, *, interval_s: float = DEFAULT_INTERVAL, log: Callable[[str],
     check_account(settings)
     directory = files.monitor_dir(settings)
     _prepare_dir(settings, directory)
-    lock_fd = _take_lock(directory)
+    lock_fd = _take_lock(directory, log)
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     stopping = []
 

@@ -39,8 +39,10 @@ if TYPE_CHECKING:
     )
 
 _HEX = set("0123456789abcdef-")
-# How many recent audit records one booking's history looks through.
-AUDIT_SCAN_FOR_ONE = 5000
+# How much of the audit log (the live log and its sealed segments together)
+# one ordinary user's request may read: about five thousand records, what a
+# booking's history used to look through.  The administrator's reads are not bounded so.
+USER_AUDIT_SCAN = 2 << 20
 
 
 def user_name(uid: int) -> str:
@@ -114,6 +116,10 @@ class Service:
         self._gateway_for = gateway_for
         self._gateway = None
         self.id_source: Callable[[], str] | None = None    # tests: deterministic IDs
+        # One user's share of the ledger, where writes run on a shared one
+        # (``local``, the broker's); private mode has one user, and a client's
+        # writes are checked by the broker.
+        self.limits = None
 
     @classmethod
     def local(cls, settings, telemetry, *, actor: Actor | None = None,
@@ -128,9 +134,12 @@ class Service:
 
         policy = policy or policy_of(settings, telemetry)
         store = make_store(settings, clock_fn=clock_fn, owner_uid=owner_uid, capacity=policy.max_shared_users)
-        return cls(settings=settings, policy=policy, reader=LedgerReader(store),
-                   gateway_for=gateway, telemetry=telemetry,
-                   actor=actor or process_actor(), clock_fn=clock_fn)
+        svc = cls(settings=settings, policy=policy, reader=LedgerReader(store),
+                  gateway_for=gateway, telemetry=telemetry,
+                  actor=actor or process_actor(), clock_fn=clock_fn)
+        if settings.mode == "shared":
+            svc.limits = settings.ledger_limits()
+        return svc
 
     @classmethod
     def remote(cls, settings, telemetry, *, actor: Actor | None = None,
@@ -163,7 +172,7 @@ class Service:
         not: the peer's zone is not the broker's."""
         call = Call(actor or self.actor, self._clock(), self._tz(), self.policy,
                     telemetry if telemetry is not None else self.telemetry, peer_pid=peer_pid,
-                    make_id=self.id_source)
+                    make_id=self.id_source, limits=self.limits)
         if actor is None:
             call.warn(*clock.zone_warnings(call.tz))
         return call
@@ -210,7 +219,13 @@ class Service:
     def run(self, name: str, req, *, call: Call | None = None):
         from bk.service import ops
 
-        return self.gateway.run(ops.get(name), req, self._call(call))
+        op = ops.get(name)
+        if not op.served:
+            # A local read (the row's served=False): this process may make
+            # it, and the broker does not know it.
+            op.validate(req)
+            return op.serve(self, req, self._call(call)).rendered(None)
+        return self.gateway.run(op, req, self._call(call))
 
     def write_batch(self, items: list) -> list:
         """``[(op name, request, call)]`` in one transaction (the broker's
@@ -305,16 +320,18 @@ class Service:
         from bk.service.results import AuditResult
 
         store = self.reader.store
+        budget = None if call.actor.is_admin else USER_AUDIT_SCAN
         if req.reservation is not None:
             # Bookings are public on a shared server (the ledger is
             # world-readable), so a reservation's lifecycle is too.
-            tail = store.audit_tail(limit=AUDIT_SCAN_FOR_ONE)
-            entries = [e for e in tail.entries if e.get("reservation") == req.reservation][-req.limit:]
+            tail = store.audit_tail(limit=req.limit, reservation=req.reservation, budget=budget)
         else:
             uid = None if (req.all and call.actor.is_admin) else call.actor.uid
-            tail = store.audit_tail(limit=req.limit, uid=uid)
-            entries = tail.entries
-        return AuditResult(tuple(entries), tuple(tail.problems), tail.complete)
+            tail = store.audit_tail(limit=req.limit, uid=uid, budget=budget)
+        if budget is not None and not tail.complete and len(tail.entries) < req.limit:
+            call.warn(f"only the newest {budget >> 20} MiB of the audit log were searched (the most one "
+                      "user's request may read); older records are not shown")
+        return AuditResult(tuple(tail.entries), tuple(tail.problems), tail.complete)
 
     def local_probe(self) -> list[tuple[str, bool, str]]:
         """``bk doctor --probe``: try the writes a commit needs, for real."""

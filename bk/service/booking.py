@@ -236,12 +236,19 @@ def apply_book(state: LedgerState, req: BookRequest, call: Call) -> Mutation:
     if first is not None:
         call.warn(_repeat_hint(first, now))
         return Mutation(False, [], BookResult("exists", first, {"repeat_of": first.id}))
+    if call.limits is not None and not actor.is_admin:
+        from bk.core import ledgerlimits  # a shared server's broker only
+
+        ledgerlimits.check_new(state.reservations, actor.uid, now, call.limits, req.note)
     p = _place(state, _sched_request(req), call, limited=req)
     share = policy.max_shared_users if req.mode == EXCLUSIVE else req.share
     res = Reservation(id=call.new_id("reservation"), uid=actor.uid, user=actor.user, mode=req.mode, gpus=tuple(p.gpus),
                       share=share, start=p.start, end=p.end, created=now, mem_mib=req.mem_mib,
                       op_id=req.op_id, note=req.note, job=_attached_job(req, now),
-                      advance=_new_advance(req, p, call), shared_with=_shared(req.shared_with, actor))
+                      advance=_new_advance(req, p, call), shared_with=_shared(req.shared_with, actor),
+                      # Placed later than asked: the owner's deliverer tells them
+                      # when it could start earlier (bk.service.notifier).
+                      extra={"queued_from": iso(req.start if req.start is not None else now)} if p.queued else {})
     status = "queued" if p.queued else "created"
     if res.start <= now:
         call.warn(*in_use_warnings(state, res, call.telemetry.snapshot(), now))
@@ -350,6 +357,10 @@ def apply_edit(state: LedgerState, req: EditRequest, call: Call) -> Mutation:
     if before == after and (req.note is None or req.note == old.note) and _fair_of(new) == _fair_of(old):
         return Mutation(False, [], EditResult("unchanged", old, old, dry_run=req.dry_run))
     if req.note is not None:
+        if call.limits is not None and not actor.is_admin:
+            from bk.core import ledgerlimits
+
+            ledgerlimits.check_note(state.reservations, actor.uid, now, call.limits, old.note, req.note)
         new = new.replace(note=req.note)
     fair_before, fair_after = _fair_of(old), _fair_of(new)
     fair_was = {k: v for k, v in fair_before.items() if fair_after[k] != v}
@@ -511,6 +522,10 @@ def apply_cancel(state: LedgerState, req: CancelRequest, call: Call) -> Mutation
         raise InvalidInput(f"reservation {res.short_id} {_gone(status, 'already ')}")
     new = res.replace(cancelled_at=now, cancelled_by=actor.uid,
                       cancel_reason=(req.reason or None))
+    if status != ACTIVE and new.note:
+        # It never started: its note would sit in the hot ledger for a day
+        # (bk.core.ledgerlimits) and says nothing about any use of the GPUs.
+        new = new.replace(note=None)
     if new.job is not None and new.job.status == "pending":
         # Never started: nothing for the worker to stop.  A running job
         # stays running until its worker has stopped it and says so.

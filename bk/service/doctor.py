@@ -21,6 +21,7 @@ scheduled-command worker (``--require-worker`` asks for the caller's own).
 from __future__ import annotations
 
 from bk import clock
+from bk.core.envelope import SHARED_RESULT
 from bk.core.errors import BkError
 from bk.core.timegrid import counted
 from bk.service.status import policy_summary
@@ -522,6 +523,14 @@ def _worker_check(app, call, required: bool) -> dict | None:
     return None
 
 
+def _notify_check(app, call) -> dict | None:
+    """Your notifications (``bk notify``): a channel that has been failing,
+    or settings with no deliverer to act on them; nothing for most users."""
+    from bk.service.notify import doctor_check
+
+    return doctor_check(app, call)
+
+
 # What to do when a check fails and its own error named no fix.
 FIXES = {
     "config": "sudo bk admin init, or correct the file (man 5 gpubk-config)",
@@ -606,6 +615,7 @@ def doctor(app, probe: bool = False, *, strict: bool = False, require_monitor: b
     checks += [c for c in _run("worker", _worker_check, app, call, require_worker) if c is not None]
     if shared and app.settings["enforce"]:
         checks += _run("enforcer", _enforce_checks, app, call)
+    checks += [c for c in _run("notifications", _notify_check, app, call) if c is not None]
     if probe:
         answered = True
         if shared:
@@ -623,6 +633,13 @@ def doctor(app, probe: bool = False, *, strict: bool = False, require_monitor: b
             checks.append(_check("probe", False, "atomic replace and locking not tried: the broker, "
                                  "which tries them on a shared server, did not answer"))
     for w in call.warnings:
+        if w.startswith(SHARED_RESULT):
+            # The broker's shared probe: a real measurement, only not this
+            # caller's own; said beside the checks it measured, not a failure.
+            for c in checks:
+                if c["name"] in ("atomic replace", "locking"):
+                    c["detail"] = f"{c['detail']} ({w})"
+            continue
         checks.append(_check("ledger_read", False, w))
     for c in checks:
         if c["status"] != OK and not c["fix"]:

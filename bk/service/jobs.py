@@ -481,10 +481,16 @@ def serve_worker(app, env: dict, *, once: bool = False, log=None, clock_fn=None,
 
     with Lease(host.jobs_path, data_dir=app.settings.data_dir, now=host.now()):
         worker = Worker(host, log=log or (lambda line: None))
+        notifier = None
         if not once:
             # Only now, with the lease held: a second worker is refused
             # ("already running") before it could say it started.
             worker.log(f"started (pid {os.getpid()}); jobs in {host.jobs_path}")
+            # The user's notifications come from this process too, in a
+            # thread of their own (bk.service.notifier says why here).
+            from bk.service import notifier as notifications
+
+            notifier = notifications.start(env, say=worker.log, clock_fn=clock_fn)
         saved = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         started = 0
         try:
@@ -504,6 +510,8 @@ def serve_worker(app, env: dict, *, once: bool = False, log=None, clock_fn=None,
                     return bool(stop) or (should_stop is not None and should_stop())
                 worker.run(done)
         finally:
+            if notifier is not None:
+                notifier.stop()
             if worker.children:
                 worker.stop_all(host.grace)
             for s, h in saved.items():

@@ -195,6 +195,15 @@ def _serve_agent(name: str):
     return serve
 
 
+def _serve_notify(name: str):
+    def serve(service, req, call):
+        from bk.service import notify
+
+        return notify.serve(name)(service, req, call)
+    serve.__name__ = f"serve_notify_{name}"
+    return serve
+
+
 def _check_recommend(req):
     from bk.service.requests import BookRequest, check_request
 
@@ -271,9 +280,31 @@ OPERATIONS: dict[str, Operation] = {op.name: op for op in (
     Operation("usage", "your GPU usage (booked, active, idle), or one booking's", "bk.service.agent:UsageRequest",
               "bk.service.agent:USAGE_FIELDS", "bk.service.agent:Data", READ, ANYONE, idempotent=True, destructive=False,
               serve=_serve_agent("usage"), served=False),
+    # Notifications (bk.service.notify): the caller's own private settings,
+    # terminals and delivery log, so local rows that never reach the broker.
+    # The settings file is not the ledger: notify_set is a local row like the
+    # others (no transaction), and it changes nothing of anybody else's.
+    Operation("notify_show", "your notification settings, your terminals now, the deliverer and each "
+              "channel's health", Empty, (), "bk.service.notify:NotifyResult", READ, ANYONE,
+              idempotent=True, destructive=False, serve=_serve_notify("show"), served=False),
+    Operation("notify_set", "change your notification settings (checked first: a bad address, URL or "
+              "name is refused)", "bk.service.notify:NotifySetRequest", "bk.service.notify:SET_FIELDS",
+              "bk.service.notify:NotifyResult", READ, ANYONE, idempotent=True, destructive=False,
+              serve=_serve_notify("set"), check="bk.service.notify:check_set", served=False),
+    Operation("notify_test", "send one test notification on each of your channels", "bk.service.notify:"
+              "NotifyTestRequest", "bk.service.notify:TEST_FIELDS", "bk.service.notify:NotifyResult", READ,
+              ANYONE, idempotent=False, destructive=False, serve=_serve_notify("test"), served=False),
+    Operation("notify_log", "the notifications delivered to you, newest first", "bk.service.notify:"
+              "NotifyLogRequest", "bk.service.notify:LOG_FIELDS", "bk.service.notify:NotifyResult", READ,
+              ANYONE, idempotent=True, destructive=False, serve=_serve_notify("log"), served=False),
     Operation("job_log", "the output of the command attached to one of your bookings",
               "bk.service.agent:JobLogRequest", "bk.service.agent:JOB_LOG_FIELDS", "bk.service.agent:Data", READ, ANYONE, idempotent=True, destructive=False,
               serve=_serve_agent("job_log"), served=False),
+    # bk export prom|ics|html (bk.service.exports); the monitor assembles the same record itself.
+    Operation("export", "the bookings, the GPUs' live state and today's use, for Prometheus, calendars and "
+              "the web page of the week", "bk.service.exports:ExportRequest", "bk.service.exports:EXPORT_FIELDS",
+              "bk.service.exports:ExportResult", READ, ANYONE, idempotent=True, destructive=False,
+              serve="bk.service.exports:serve_export", served=False),
 )}
 
 

@@ -29,6 +29,7 @@ class Key:
     name: str
     kind: str                 # "int" | "float" | "bool" | "str" | "path" | "int_list" | "uid_list" | "priority_map" | "choice"
     #                           | "limits" | "limit_tiers" | "member_list" (bk.core.limits parses them)
+    #                           | "name_list" (names from choices) | "minutes_list" | "quiet" (HH:MM-HH:MM) | "email"
     default: object
     doc: str
     lo: float | None = None
@@ -37,6 +38,13 @@ class Key:
     choices: tuple[str, ...] = ()
     nullable: bool = False
 
+
+# bk.core.notify names these too; repeated so that loading the configuration
+# (every command) does not load the notification rules (tests/test_notify.py
+# checks that they agree).
+NOTIFY_EVENTS = ("starts_soon", "started", "ends_soon", "ended", "changed", "moved_earlier",
+                 "can_start_earlier", "gpu_used_by_other", "idle_nudge")
+NOTIFY_CHANNELS = ("terminal", "desktop", "email", "webhook")
 
 KEYS: dict[str, Key] = {k.name: k for k in (
     Key("gpu_count", "int", None, "Number of GPUs to schedule. Default: detected (NVML) or simulated.",
@@ -86,8 +94,51 @@ KEYS: dict[str, Key] = {k.name: k for k in (
         "order of their owners' decayed past usage (least first) instead of first come, first served."),
     Key("fair_share_half_life_days", "float", 7.0, "How fast past usage is forgotten for fair share: "
         "usage this many days old counts half.", 0.1, 365),
+    Key("ledger_bookings_per_user", "int", 200, "Shared mode: the most bookings one user may have live "
+        "or cancelled within archive_after_hours; more are refused (ledger_limit, exit 3). 0: no limit. "
+        "The administrator is exempt.", 0, 1_000_000),
+    Key("ledger_bookings_per_minute", "int", 60, "Shared mode: the most bookings one user may make in 60 "
+        "seconds. 0: no limit. The administrator is exempt.", 0, 1_000_000),
+    Key("ledger_note_bytes_per_user", "int", 16384, "Shared mode: the most bytes the notes on one user's "
+        "bookings may take in the hot ledger. 0: no limit. The administrator is exempt.", 0, 1 << 30),
+    # Exports (issue 28): what the monitor keeps current every minute, each off until set.
+    Key("prometheus_textfile_dir", "path", None, "The monitor writes gpubk.prom there every minute "
+        "(node_exporter --collector.textfile.directory); a directory the monitor account owns.",
+        nullable=True),
+    Key("prometheus_user_label", "bool", False, "Metrics name the booker (label user) and the per-user "
+        "families are exported; off: no metric names a person."),
+    Key("calendar_dir", "path", None, "The monitor keeps iCalendar feeds there every minute: all.ics "
+        "(every booking) and users/NAME.ics (each user's own); a directory the monitor account owns.",
+        nullable=True),
+    Key("calendar_publish_users", "bool", False, "Per-user feeds are readable by everyone (a web server "
+        "may publish them); off: each is readable by its user alone (a POSIX ACL)."),
+    Key("html_dir", "path", None, "The monitor writes the page of the week there (index.html) every "
+        "minute; a directory the monitor account owns, for a web server to publish.", nullable=True),
     Key("worker_termination_grace_seconds", "int", 5, "A scheduled command gets SIGTERM this many "
         "seconds before its booking ends and SIGKILL at the end (also bk run -- CMD).", 0, 3600),
+    # Notifications (bk notify): the defaults every user gets, and the relay.
+    Key("notify_events", "name_list", list(NOTIFY_EVENTS), "Events users are told of unless they choose "
+        "otherwise (bk notify set --events).", choices=NOTIFY_EVENTS),
+    Key("notify_channels", "name_list", ["terminal", "desktop"], "Channels used unless a user chooses "
+        "otherwise: terminal, desktop, email, webhook.", choices=NOTIFY_CHANNELS),
+    Key("notify_start_minutes", "minutes_list", [10], "Minutes before a "
+        "booking starts that its owner is told."),
+    Key("notify_end_minutes", "minutes_list", [30, 15, 5], "Minutes before a booking "
+        "ends that its owner is told (with the extend command when the calendar allows it)."),
+    Key("notify_quiet_hours", "quiet", None, "Local hours (HH:MM-HH:MM) in which pop-ups, email and "
+        "webhooks are held back, unless a user sets their own.", nullable=True),
+    Key("notify_smtp_host", "str", None, "The mail relay for email notifications; unset: no email.",
+        nullable=True),
+    Key("notify_smtp_port", "int", 25, "The mail relay's port.", 1, 65535),
+    Key("notify_smtp_starttls", "bool", False, "Use STARTTLS with the mail relay."),
+    Key("notify_mail_from", "email", None, "The sender of notification mail (default bk@ this host's "
+        "name).", nullable=True),
+    Key("notify_email_domain", "str", None, "Mail domain of the local accounts: a user who chose the "
+        "email channel but no address gets USER@this domain.", nullable=True),
+    Key("notify_webhook_allow_private", "bool", False, "Allow webhooks to loopback, link-local and "
+        "private addresses (a lab's own chat server); by default only public addresses."),
+    Key("notify_timeout_seconds", "float", 10.0, "How long one email or webhook delivery may take "
+        "before it counts as failed (and is retried, at most three times).", 1, 120),
     Key("admin_contact", "str", None, "Who to ask about this server (shown by bk info).", nullable=True),
     Key("data_dir", "path", None, "Data directory (shared mode). Default /var/lib/gpubk.",
         security=True, nullable=True),
@@ -138,6 +189,14 @@ class Settings:
     @property
     def data_dir(self) -> str:
         return self.locations.data_dir
+
+    def ledger_limits(self):
+        """One user's share of the shared ledger (``bk.core.ledgerlimits``)."""
+        from bk.core.ledgerlimits import LedgerLimits
+
+        v = self.values
+        return LedgerLimits(v["ledger_bookings_per_user"], v["ledger_bookings_per_minute"],
+                            v["ledger_note_bytes_per_user"], v["archive_after_hours"])
 
     def policy(self, gpu_count: int) -> Policy:
         v = self.values
@@ -247,6 +306,22 @@ def check_value(key: Key, value: object, source: str) -> object:
             raise ConfigError(f"{source}: {e}", hint=f"fix {key.name} in {source} (see man 5 gpubk-config)",
                               details={"key": key.name, "expected": key.doc}) from None
         return value
+    if kind in ("name_list", "minutes_list", "quiet", "email"):
+        from bk.core import notify as N
+
+        try:
+            if kind == "name_list":
+                return list(N.check_names(value, key.choices, key.name.rsplit("_", 1)[-1].rstrip("s")))
+            if kind == "minutes_list":
+                return list(N.check_minutes(value, key.name))
+            if kind == "email":
+                return N.check_email(value)
+            N.parse_quiet(value)
+            return value.strip()
+        except N.Invalid as e:
+            raise ConfigError(f"{source}: {key.name}: {e}", hint=(f"{e.hint}; " if e.hint else "")
+                              + f"fix {key.name} in {source} (see man 5 gpubk-config)",
+                              details={"key": key.name}) from None
     raise AssertionError(kind)
 
 
@@ -368,7 +443,8 @@ def load(locations: Locations) -> Settings:
             raise ConfigError(f"configuration file {path} does not exist")
     if locations.mode == "shared":
         data_dir = values["data_dir"] or locations.data_dir
-        locations = Locations(locations.mode, data_dir, path, True, locations.state_dir, locations.cache_dir)
+        locations = Locations(locations.mode, data_dir, path, True, locations.state_dir, locations.cache_dir,
+                              locations.config_dir)
     return Settings(locations, values, source, explicit)
 
 

@@ -260,6 +260,15 @@ def read_snapshot_file(directory: str, now: int, *, max_age_s: float | None = No
     return got
 
 
+def read_snapshot_doc(directory: str, *, owner: int | None = None) -> dict | None:
+    """The snapshot document as the monitor wrote it (``parse_snapshot`` and
+    ``fresh`` judge it), for a reader that also wants the fields the
+    ``Snapshot`` record does not carry (``bk.service.notify``: a booking's
+    activity); None for anything ``read_snapshot_file`` would not believe."""
+    doc = _read_doc(directory, SNAPSHOT_FILE, owner)
+    return doc if isinstance(doc, dict) else None
+
+
 def read_snapshot(directory: str, now: int, *, max_age_s: float | None = None,
                   owner: int | None = None) -> Snapshot | None:
     got = read_snapshot_file(directory, now, max_age_s=max_age_s, owner=owner)

@@ -178,6 +178,31 @@ def test_a_queued_booking_moves_earlier_when_a_cancellation_frees_room(bk):
         {"cause": "booking_advanced"}, BOB.uid, SLICE + 2 * H, SLICE)
 
 
+def test_the_owner_hears_moved_earlier_from_their_deliverer_even_after_their_own_cancel(tmp_path):
+    """The notifier (issue 26) tells of an edit that moved a start earlier
+    when someone else made it; an advance is bk's, so it is told also when
+    the owner's own cancel made the room, and as moved, not as "can start
+    earlier" (it already did)."""
+    from test_notify import BOB as NBOB
+    from test_notify import T0, World
+
+    from bk.service.requests import CancelRequest as Cancel
+
+    w = World(tmp_path, gpus=1)
+    wall = w.book(count=1, duration=3600, mode="exclusive")             # ada's own, now
+    bobs = w.book(NBOB, count=1, duration=3600, mode="exclusive")       # bob's, after it
+    mine = w.book(count=1, duration=1800, advance=True)                 # ada's, queued after both
+    assert mine.start == bobs.end and mine.advance is not None
+    d = w.deliverer()
+    assert not any("earlier" in x for x in w.at(T0 + 60, d))
+    app = w.app()
+    app.cancel(Cancel(wall.id), call=app.call())                        # ada's own write makes the room
+    assert app.ledger().find(mine.id).start == T0
+    lines = [x for x in w.at(T0 + 120, d) if "earlier" in x]
+    assert lines == [f"booking {mine.short_id} moved earlier: it now starts 08:00 (was 10:00) on GPU 0"], lines
+    assert not any("earlier" in x for x in w.at(T0 + 180, d))          # told once
+
+
 def test_only_advancing_bookings_move_and_never_later(bk):
     bob = book_as(bk, BOB, BookRequest(4, 2 * H, mode="exclusive"))
     plain = bk.data("1", "1h", "--note", "stays")["reservation"]

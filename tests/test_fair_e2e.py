@@ -136,6 +136,20 @@ def test_gpu_policy_on_a_shared_server_lists_the_bookings_a_change_would_break()
         assert rc == 2 and env["error"]["message"].startswith("--limit: limits.*.gpus must be a whole number"), env
 
 
+META = {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}}
+
+
+def mcp(srv, user, *calls) -> list[dict]:
+    """One ``bk mcp`` session of ``user`` (as tests/test_mcp_broker.py):
+    each (name, arguments) a tools/call; the envelopes."""
+    lines = [json.dumps({"jsonrpc": "2.0", "id": i, "method": "tools/call",
+                         "params": {"name": n, "arguments": a, "_meta": META}})
+             for i, (n, a) in enumerate(calls, 1)]
+    p = srv.run(user, "mcp", input="".join(x + "\n" for x in lines))
+    assert p.returncode == 0, p.stderr
+    return [json.loads(x)["result"]["structuredContent"] for x in p.stdout.splitlines()]
+
+
 def test_shared_server_limits_advances_and_shared_bookings_with_real_users():
     with site() as srv:
         team, _ = srv.accounts.group()
@@ -154,6 +168,12 @@ def test_shared_server_limits_advances_and_shared_bookings_with_real_users():
         assert rc == 3 and env["error"]["details"]["rule"] == "limit_gpus", env
         assert "you may hold at most 2 GPUs at once" in env["error"]["message"]
         assert env["error"]["details"]["commands"], env          # the broker's reply keeps the details
+        # Her agent gets the same refusal, fields and all, and sees her limits in its context.
+        made, ctx = mcp(srv, alice, ("create", {"count": 1, "duration": 3600, "operation_id": "f-1"}),
+                        ("context", {}))
+        assert not made["ok"] and made["error"]["details"] == env["error"]["details"], made
+        assert made["error"]["message"] == env["error"]["message"]
+        assert ctx["data"]["policy"]["your_limits"]["limits"]["gpus"]["value"] == 2, ctx
         rc, env = srv.run_json(bob, "1", "3h")
         assert rc == 3 and env["error"]["details"]["rule"] == "limit_booking_hours", env
         assert "of the team tier" in env["error"]["message"]
@@ -181,6 +201,10 @@ def test_shared_server_limits_advances_and_shared_bookings_with_real_users():
         rc, env = srv.run_json(bob, "l")
         shared = [r for r in env["data"]["reservations"] if r["id"] == wall["id"]]
         assert shared and shared[0]["shared_with_you"] and shared[0]["number"] is None, env
+        listed, ctx = mcp(srv, bob, ("list", {}), ("context", {}))
+        assert [(r["id"], r["shared_with_you"]) for r in listed["data"]["reservations"]
+                if r["id"] == wall["id"]] == [(wall["id"], True)], listed
+        assert [r["id"] for r in ctx["data"]["shared_with_you"]] == [wall["id"]], ctx
         p = srv.run(bob, "run", "-r", wall["short_id"], "--", "/bin/sh", "-c", "echo $CUDA_VISIBLE_DEVICES")
         assert p.returncode == 0, (p.stdout, p.stderr)
         p = srv.run(carol, "--json", "run", "-r", wall["short_id"], "--", "/bin/true")

@@ -85,8 +85,8 @@ def test_a_gpu_hours_refusal_says_the_numbers_what_passes_and_the_command(bk):
     r = bk("2", "4h", "-t", "12:00")
     assert r.code == 3
     assert ("you hold 20 of 24 future GPU-hours (limit gpu_hours for everyone); this needs 8; it fits "
-            "if it ends 2h earlier (2h in all), or it has 1 GPU, or it is booked from 13:00, once your "
-            "bookings have used enough") in r.err
+            "if it ends 2h earlier (2h in all), or it has 1 GPU, or you book it at 13:00 or later, once "
+            "your bookings have used enough") in r.err
     err = bk.json("2", "4h", "-t", "12:00").error
     d = err["details"]
     assert (err["code"], d["rule"], d["limit"], d["value"], d["source"]) == (
@@ -95,7 +95,16 @@ def test_a_gpu_hours_refusal_says_the_numbers_what_passes_and_the_command(bk):
     assert d["fits"] == {"duration": 2 * H, "count": 1, "book_from": "2026-07-13T13:00:00Z"}
     assert d["commands"][:2] == ["bk 2 2h --start 2026-07-13T12:00:00Z", "bk 1 4h --start 2026-07-13T12:00:00Z"]
     assert "run: bk 2 2h --start 2026-07-13T12:00:00Z" in err["hint"]
-    # What it suggests does pass.
+    # Waiting is enough too: not a command to run now, but what to run then
+    # (the asked start will have passed: the booking starts when made).
+    assert d["later"] == {"from": "2026-07-13T13:00:00Z", "command": "bk 2 4h"}
+    assert "; at 13:00 or later: bk 2 4h;" in err["hint"]
+    bk.mp.setenv("BK_NOW", "2026-07-13T13:00:00Z")
+    assert bk.json(*shlex.split(d["later"]["command"])[1:], "--dry-run").code == 0
+    bk.mp.setenv("BK_NOW", "2026-07-13T12:59:00Z")
+    assert bk.json(*shlex.split(d["later"]["command"])[1:], "--dry-run").code == 3
+    bk.mp.setenv("BK_NOW", "2026-07-13T10:41:30Z")
+    # What it suggests now does pass now.
     assert bk.json(*shlex.split(d["commands"][0])[1:]).code == 0
     # With that one booked too, the earliest time rises to 12:30; at 12:30 the same request passes.
     d = bk.json("2", "2h", "-t", "14:00").error["details"]

@@ -560,8 +560,8 @@ def refusal(b: Bound, new: Held, held: Sequence[Held], *, now: int, slot_seconds
         ways.append(f"it starts from {clock(f['start'])}")
     if "book_from" in f:
         when = clock(f["book_from"])
-        ways.append(f"it is booked from {when}" if b.name == "ahead_hours"
-                    else f"it is booked from {when}, once your bookings have used enough")
+        ways.append(f"you book it at {when} or later" if b.name == "ahead_hours"
+                    else f"you book it at {when} or later, once your bookings have used enough")
     msg = head + ("; it fits if " + _join(ways) if ways else "")
     details = {"rule": RULES[b.name], **b.to_json(), **facts,
                "fits": {k: (_iso(v) if k in ("end", "start", "latest_start", "book_from") else v)

@@ -16,6 +16,7 @@ from bk.core import limits as lim
 from bk.core import timegrid
 from bk.core.errors import PolicyRefused
 from bk.core.models import EXCLUSIVE, Reservation, iso, parse_iso
+from bk.core.record import replace
 
 
 def bounds(call, *, uid: int | None = None, user: str | None = None) -> lim.Bounds | None:
@@ -54,7 +55,7 @@ def place(state, sreq, call, *, gpus, load, req=None):
                                  load=load, tz=call.tz)
     except PolicyRefused as e:
         if req is not None and str(e.details.get("rule", "")).startswith("limit_"):
-            raise _explained(e, book_commands(req, e.details, call)) from None
+            raise _explained(e, book_commands(req, e.details, call), _later(e.details, req, call)) from None
         raise
 
 
@@ -71,14 +72,37 @@ def check_edit(state, old: Reservation, new: Reservation, call) -> None:
         lim.check_all(b, held(new, call.policy, gpu_mem), others, now=call.now,
                       slot_seconds=call.policy.slot_seconds, tz=call.tz, before=held(old, call.policy, gpu_mem))
     except PolicyRefused as e:
-        raise _explained(e, edit_commands(new, e.details, call)) from None
+        raise _explained(e, edit_commands(new, e.details, call), _later(e.details, None, call)) from None
 
 
-def _explained(e: PolicyRefused, commands: list[str]) -> PolicyRefused:
-    hint = ("run: " + " or: ".join(commands)) if commands else "your limits: bk info"
+def _later(details: dict, req, call) -> dict | None:
+    """``fits.book_from`` as what to do then: the same request (``req``;
+    None for an edit), made at that time or later (nothing to run now, so
+    not in ``commands``); ``when`` is for the hint only.  A start that
+    will have passed by then is left out: the booking starts when made."""
+    t = (details.get("fits") or {}).get("book_from")
+    if t is None:
+        return None
+    command = None
+    if req is not None:
+        command = _words(replace(req, start=None) if req.start is not None and req.start < parse_iso(t) else req)
+    return {"from": t, "command": command,
+            "when": timegrid.format_local_short(parse_iso(t), call.tz, call.now)}
+
+
+def _explained(e: PolicyRefused, commands: list[str], later: dict | None = None) -> PolicyRefused:
+    """The refusal with the commands that pass now (``details.commands``)
+    and, where waiting is enough, when the same request passes (``later``)."""
+    parts = ["run: " + " or: ".join(commands)] if commands else []
+    if later is not None:
+        parts.append(f"at {later['when']} or later: " + (later["command"] or "the same edit"))
+    hint = "; ".join(parts) if parts else "your limits: bk info"
     if e.details.get("limit") in ("gpu_hours", "gpus"):
         hint += "; your bookings: bk l"
-    return PolicyRefused(e.message, hint, details={**e.details, "commands": commands})
+    details = {**e.details, "commands": commands}
+    if later is not None:
+        details["later"] = {"from": later["from"], "command": later["command"]}
+    return PolicyRefused(e.message, hint, details=details)
 
 
 def _words(req, *, count=None, duration=None, mem=None, start=None) -> str:
@@ -115,9 +139,6 @@ def book_commands(req, details: dict, call) -> list[str]:
         out.append(_words(req, start=parse_iso(f["start"])))
     if "latest_start" in f:
         out.append(_words(req, start=parse_iso(f["latest_start"])))
-    if "book_from" in f:
-        when = timegrid.format_local_short(parse_iso(f["book_from"]), call.tz, call.now)
-        out.append(f"{_words(req)} (at {when} or later)")
     return out
 
 
@@ -133,7 +154,4 @@ def edit_commands(new: Reservation, details: dict, call) -> list[str]:
         out.append(f"bk e {ref} -m {timegrid.format_memory(f['mem_mib'])}")
     if "start" in f and new.start > call.now:
         out.append(f"bk e {ref} --start {f['start']}")
-    if "book_from" in f:
-        when = timegrid.format_local_short(parse_iso(f["book_from"]), call.tz, call.now)
-        out.append(f"the same edit at {when} or later")
     return out

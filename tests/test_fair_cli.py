@@ -311,6 +311,30 @@ def test_a_shared_booking_is_usable_by_the_named_users_and_changed_only_by_its_o
     assert "edited by ada: shared_with bob → nobody" in bk.ok("lg").out
 
 
+def test_bk_t_shows_a_booking_shared_through_a_group_as_yours_to_use(bk):
+    """bob's booking shared with @nlp: carol (a member) sees it in bk t
+    marked "+" and drawn as hers; dave (not a member) sees it as bob's."""
+    from bk.tui import keys, render, theme
+    from bk.tui.world import load_world
+
+    r = book_as(bk, BOB, BookRequest(1, 2 * H, shared_with="@nlp"))
+
+    def row_of(actor):
+        w = load_world(bk.service(actor))
+        f = render.render(keys.ViewState(width=100, height=30), w, (100, 30), theme.THEMES["dark"],
+                          theme.UNICODE)
+        line = next(ln for ln in f.lines if " bob " in (t := "".join(t for t, _ in ln)) and r.id[:4] in t)
+        return w, "".join(t for t, _ in line), {k for _, k in line}
+
+    mine = theme.THEMES["dark"].style("row_mine")
+    w, text, styles = row_of(CAROL)
+    assert w.usable == {r.id} and text.lstrip().startswith("+")
+    assert mine in styles, styles
+    w, text, styles = row_of(DAVE)
+    assert w.usable == frozenset() and not text.lstrip().startswith("+")
+    assert mine not in styles, styles
+
+
 def test_with_refuses_what_is_not_a_name(bk):
     bk.ok("1", "1h")
     err = bk.json("e", "1", "--with", "bob;rm").error

@@ -36,16 +36,15 @@ def run(args, ctx) -> Output:
 
     # One read: the list and the numbering.  Only the bookings it can show
     # are built: yours (mine, history), or every live one (--all).
-    keep = DocKeep(uid=call.actor.uid, lo=call.now if scope == "all" else None)
+    keep = DocKeep(uid=call.actor.uid, lo=call.now if scope == "all" else None, shared=scope == "mine")
     state = app.ledger(call=call, keep=keep)
-    every = app.list(scope, call=call, state=state)
+    from bk.service.fairview import listing
+
+    # The list *is* the numbering (one ledger read, not two); bookings
+    # others shared with you follow yours, unnumbered.
+    every, view = listing(app, scope, call, state)
     total = len(every)
     items = every[:args.limit] if args.limit else every
-    if scope == "mine":         # the list *is* the numbering (one ledger read, not two)
-        numbers = {r.id: i for i, r in enumerate(every, 1)}
-    else:
-        numbers = app.numbers(state, call=call) if scope == "all" else {}
-    view = common.view(call, numbers)
     rows = [view.reservation(r) for r in items]
 
     def human(term) -> str:
@@ -56,7 +55,7 @@ def run(args, ctx) -> Output:
         table = common.reservations_table(items, view, term, tz=call.tz, show_user=scope == "all")
         if len(items) < total:   # a cut list says so: the rest exists
             table += f"\nshowing {len(items)} of {total} (bk l{_flag(scope)} -n 0 for all)"
-        return table + common.job_lines(items, view, call.actor.uid)
+        return table + common.fair_table_lines(items, view) + common.job_lines(items, view, call.actor.uid)
 
     return Output("list", {"scope": scope, "reservations": rows, "total": total}, human)
 

@@ -52,6 +52,7 @@ from bk.core.models import (
     EXCLUSIVE,
     MODES,
     SHARED,
+    Advance,
     Blackout,
     Edit,
     Job,
@@ -76,6 +77,7 @@ _TOP_KEYS = frozenset((
 _RES_KEYS = frozenset((
     "id", "uid", "user", "mode", "gpus", "share", "mem_mib", "start", "end", "created",
     "op_id", "note", "cancelled_at", "cancelled_by", "cancel_reason", "edits", "job",
+    "advance", "shared_with",
 ))
 
 
@@ -118,6 +120,8 @@ def reservation_to_dict(r: Reservation) -> dict:
     edits) left out, unknown fields kept.  ``Reservation.to_dict`` writes
     the same content with every field present."""
     d = {}
+    if r.advance is not None:
+        d["advance"] = canonical(r.advance.to_dict())
     if r.cancel_reason is not None:
         d["cancel_reason"] = r.cancel_reason
     if r.cancelled_at is not None:
@@ -140,6 +144,8 @@ def reservation_to_dict(r: Reservation) -> dict:
     if r.op_id is not None:
         d["op_id"] = r.op_id
     d["share"] = r.share
+    if r.shared_with:
+        d["shared_with"] = list(r.shared_with)
     d["start"] = format_utc(r.start)
     d["uid"] = r.uid
     d["user"] = r.user
@@ -154,14 +160,15 @@ class DocKeep:
     """Which reservations a view needs, tested on their document form
     before any record is built: the caller's (``uid``), and those that hold
     capacity somewhere in ``[lo, hi)`` (not cancelled; ``hi`` None: no end),
+    those shared with others (``shared``: the caller may be one of them),
     or at all on a GPU numbered ``gpu_count`` or more (a view shows those
     GPUs whatever the window); with no argument, none (a read for the
     policy, the notices, the blackouts).  Times compare as the fixed-width
     strings ``format_utc`` writes, which sort as the instants do."""
 
     def __init__(self, *, uid: int | None = None, lo: int | None = None, hi: int | None = None,
-                 gpu_count: int | None = None):
-        self.uid, self.gpu_count = uid, gpu_count
+                 gpu_count: int | None = None, shared: bool = False):
+        self.uid, self.gpu_count, self.shared = uid, gpu_count, shared
         self.window = lo is not None
         self.lo = format_utc(lo) if lo is not None else ""
         self.hi = format_utc(hi) if hi is not None else None
@@ -171,6 +178,8 @@ class DocKeep:
             return True
         if "cancelled_at" in d:
             return False
+        if self.shared and "shared_with" in d:
+            return True
         if self.gpu_count is not None and d["end"] > self.lo and max(d["gpus"]) >= self.gpu_count:
             return True
         return self.window and d["end"] > self.lo and (self.hi is None or d["start"] < self.hi)
@@ -186,8 +195,25 @@ def reservation_from_dict(d: dict) -> Reservation:
         d.get("mem_mib"), d.get("op_id"), d.get("note"), _opt_time(d.get("cancelled_at")),
         d.get("cancelled_by"), d.get("cancel_reason"),
         [edit_from_dict(e) for e in edits] if edits else [], _job(d.get("job")),
+        _advance(d.get("advance")), _names(d.get("shared_with")),
         {k: d[k] for k in unknown} if unknown else {},
     )
+
+
+def _advance(v: object):
+    """An advance record; anything else is passed through for validation to refuse."""
+    if v is None:
+        return None
+    try:
+        return Advance.from_dict(v)
+    except (KeyError, TypeError, ValueError):
+        return v
+
+
+def _names(v: object):
+    if v is None:
+        return ()
+    return tuple(v) if type(v) is list else v
 
 
 def _job(v: object):
@@ -568,7 +594,15 @@ def _reservation_ok(r: Reservation, gpu_count, cap) -> bool:
         and (r.cancelled_by is None or type(r.cancelled_by) is int)
         and type(r.edits) is list and (not r.edits or all(type(e) is Edit for e in r.edits))
         and (r.job is None or type(r.job) is Job) and type(r.extra) is dict
+        and (r.advance is None or type(r.advance) is Advance)
+        and (not r.shared_with or _shared_ok(r.shared_with))
     )
+
+
+def _shared_ok(v) -> bool:
+    from bk.core.sharing import MAX_SHARED, valid_entry
+
+    return type(v) is tuple and len(v) <= MAX_SHARED and all(valid_entry(x) for x in v)
 
 
 def _gpus_ok(g: tuple, gpu_count) -> bool:
@@ -608,6 +642,12 @@ def _reservation_problems(r: Reservation, gpu_count, cap) -> list[str]:
     if (type(r.edits) is not list or not all(type(e) is Edit for e in r.edits)
             or not (r.job is None or type(r.job) is Job) or type(r.extra) is not dict):
         bad.append("edits, job or extra has the wrong type")
+    if not (r.advance is None or type(r.advance) is Advance):
+        bad.append("advance must be an object with since and after times")
+    if r.shared_with and not _shared_ok(r.shared_with):
+        from bk.core.sharing import MAX_SHARED
+
+        bad.append(f"shared_with must be a list of at most {MAX_SHARED} user names and @groups")
     return bad
 
 

@@ -180,16 +180,11 @@ def apply_cleanup(state, req: CleanupRequest, call):
 
 def serve_list(app, req: ListRequest, call) -> Data:
     """What ``bk l --json`` shows (``data``): the same rows, the same numbers."""
-    from bk.service.views import View
+    from bk.service.fairview import listing
 
     state = app.ledger(call=call)
-    every = app.list(req.scope, call=call, state=state)
+    every, view = listing(app, req.scope, call, state)
     items = every[:req.limit] if req.limit else every
-    if req.scope == "mine":
-        numbers = {r.id: i for i, r in enumerate(every, 1)}
-    else:
-        numbers = app.numbers(state, call=call) if req.scope == "all" else {}
-    view = View.of(call, numbers)
     return Data({"scope": req.scope, "reservations": [view.reservation(r) for r in items], "total": len(every)})
 
 
@@ -229,13 +224,20 @@ def serve_context(app, req, call) -> Data:
     their live state, its bookings, the time, and what it may call."""
     from bk import __version__
     from bk.core.models import iso
+    from bk.core.record import replace
+    from bk.service.advancing import positions
+    from bk.service.fairview import shared_with_me
+    from bk.service.limits import bounds
     from bk.service.status import live_gpus
     from bk.service.telemetry import monitor_json
     from bk.service.views import View
 
     state = app.ledger(call=call)
     mine = app.own_current(state, call=call)
-    view = View.of(call, {r.id: i for i, r in enumerate(mine, 1)})
+    theirs = shared_with_me(state, call)
+    view = replace(View.of(call, {r.id: i for i, r in enumerate(mine, 1)}), positions=positions(state, call, app),
+                   usable=frozenset(r.id for r in theirs))
+    limits = bounds(call)
     inv = call.telemetry.inventory()
     live, missing = live_gpus(app, state=state, call=call)
     p = call.policy
@@ -255,9 +257,13 @@ def serve_context(app, req, call) -> Data:
         "policy": {"gpu_count": p.gpu_count, "slot_minutes": p.slot_minutes,
                    "max_shared_users": p.max_shared_users, "booking_horizon_days": p.booking_horizon_days,
                    "max_booking_hours": p.max_booking_hours, "queue_search_hours": p.queue_search_hours,
-                   "require_shared_memory": p.require_shared_memory},
+                   "require_shared_memory": p.require_shared_memory,
+                   # Issue 27: the caller's own limits, and how queued bookings wait.
+                   "your_limits": None if limits is None else limits.to_json(),
+                   "advance_default": p.advance_default, "fair_share": p.fair_share_half_life_s is not None},
         "gpus": gpus, "telemetry": missing, "monitor": monitor,
         "reservations": [view.reservation(r) for r in mine],
+        "shared_with_you": [view.reservation(r) for r in theirs],
         "tools": [t.name for t in tools(app)],
         "units": "times: ISO-8601 UTC in results, epoch seconds (UTC) in arguments; durations: seconds; "
                  "memory: MiB per GPU",

@@ -146,7 +146,9 @@ def gpu_rows(state, snapshot, policy, now: int) -> list[GpuRow]:
     info: dict[int, GpuInfo] = snapshot.by_index()
     per = holds_by_gpu(state.reservations, now, policy.gpu_count)
     dark = [(b.start, b.end) for b in state.blackouts if b.end > now]
-    atts = telemetry.attribute_all(snapshot, state.reservations, now)
+    from bk.service.fairview import expanded
+
+    atts = telemetry.attribute_all(snapshot, expanded(state.reservations), now)
     names = {r.uid: r.user for r in state.reservations}
     unknown = telemetry.Attribution(telemetry.UNKNOWN, None, None)
     rows = []
@@ -299,7 +301,9 @@ def live_gpus(app, *, state=None, call=None) -> tuple[dict[int, GpuLive], str | 
     call = call or app.call()
     state = state or app.ledger(call=call)
     snap = call.telemetry.snapshot()
-    atts = telemetry.attribute_all(snap, state.reservations, call.now)
+    from bk.service.fairview import expanded
+
+    atts = telemetry.attribute_all(snap, expanded(state.reservations), call.now)
     out = {}
     for g in snap.gpus:
         free = (g.mem_total_mib - g.mem_used_mib

@@ -8,7 +8,8 @@ from bk.core.record import dataclass, field
 
 
 def reservation_json(r: Reservation, *, now: int, actor_uid: int, policy: Policy,
-                     gpu_mem: dict | None = None, number: int | None = None) -> dict:
+                     gpu_mem: dict | None = None, number: int | None = None, position: int | None = None,
+                     usable: bool = False) -> dict:
     eff = None
     if r.mode != EXCLUSIVE:
         totals = [(gpu_mem or {}).get(g) for g in r.gpus]
@@ -28,6 +29,12 @@ def reservation_json(r: Reservation, *, now: int, actor_uid: int, policy: Policy
         "op_id": r.op_id, "job": r.job.to_dict() if r.job is not None else None, "note": r.note,
         "cancelled_at": iso(r.cancelled_at), "cancel_reason": r.cancel_reason,
         "edits": len(r.edits),
+        # Issue 27: a booking that moves earlier on its own (its place in
+        # line, the latest start it keeps), and who else may use it.
+        "advance": None if r.advance is None or r.cancelled_at is not None or r.start <= now else {
+            "position": position, "latest_start": iso(r.start), "after": iso(r.advance.after),
+            "since": iso(r.advance.since)},
+        "shared_with": list(r.shared_with), "shared_with_you": usable and r.uid != actor_uid,
     }
 
 
@@ -46,11 +53,15 @@ class View:
     policy: Policy
     gpu_mem: dict
     numbers: dict = field(default_factory=dict)
+    positions: dict = field(default_factory=dict)     # advancing booking -> place in line
+    usable: frozenset = frozenset()                  # others' bookings shared with the caller
+    tz: object = None
 
     @classmethod
     def of(cls, call, numbers: dict | None = None) -> View:
-        return cls(call.now, call.actor.uid, call.policy, call.gpu_mem(), numbers or {})
+        return cls(call.now, call.actor.uid, call.policy, call.gpu_mem(), numbers or {}, tz=call.tz)
 
     def reservation(self, r: Reservation) -> dict:
         return reservation_json(r, now=self.now, actor_uid=self.actor_uid, policy=self.policy,
-                                gpu_mem=self.gpu_mem, number=self.numbers.get(r.id))
+                                gpu_mem=self.gpu_mem, number=self.numbers.get(r.id),
+                                position=self.positions.get(r.id), usable=r.id in self.usable)

@@ -41,6 +41,7 @@ class World:
     monitor: dict = field(default_factory=lambda: {"state": "absent"})
     worker: dict = field(default_factory=lambda: {"state": "absent"})
     shared: bool = False
+    usable: frozenset = frozenset()    # others' bookings shared with this user (bk e ID --with)
     warnings: tuple = ()
     error: str | None = None           # the ledger could not be read: why
     seq: int = 0                       # loads so far: lets the screen tell a new world
@@ -81,7 +82,10 @@ def load_world(app, *, snapshot=None, worker=None, seq: int = 0, read=None) -> W
     if snapshot is not None:
         gpus = tuple(gpu_rows(state, snapshot, policy, now))
         live = snapshot.describe()
+    from bk.service.fairview import shared_with_me
+
     return World(**base, reservations=tuple(r for r in state.reservations if r.cancelled_at is None),
+                 usable=frozenset(r.id for r in shared_with_me(state, call)),
                  blackouts=tuple(state.blackouts), notices=tuple(app.notices(state=state, call=call)),
                  gpus=gpus, live=live, monitor=monitor_json(app.telemetry),
                  worker=worker or {"state": "absent"}, warnings=tuple(call.warnings))

@@ -7,6 +7,7 @@ import argparse
 from bk.cli import common
 from bk.cli.render import Output
 from bk.core.errors import InvalidInput
+from bk.service import activity
 
 DEFAULT_LIMIT = 20
 
@@ -45,7 +46,7 @@ def run(args, ctx) -> Output:
         numbers = {r.id: i for i, r in enumerate(every, 1)}
     else:
         numbers = app.numbers(state, call=call) if scope == "all" else {}
-    view = common.view(call, numbers)
+    view = common.view(call, numbers, activity=activity.rows(app.settings, items, call.now))
     rows = [view.reservation(r) for r in items]
 
     def human(term) -> str:

@@ -189,7 +189,9 @@ def serve_list(app, req: ListRequest, call) -> Data:
         numbers = {r.id: i for i, r in enumerate(every, 1)}
     else:
         numbers = app.numbers(state, call=call) if req.scope == "all" else {}
-    view = View.of(call, numbers)
+    from bk.service.activity import rows
+
+    view = View.of(call, numbers, rows(app.settings, items, now=call.now))
     return Data({"scope": req.scope, "reservations": [view.reservation(r) for r in items], "total": len(every)})
 
 
@@ -235,7 +237,9 @@ def serve_context(app, req, call) -> Data:
 
     state = app.ledger(call=call)
     mine = app.own_current(state, call=call)
-    view = View.of(call, {r.id: i for i, r in enumerate(mine, 1)})
+    from bk.service.activity import rows
+
+    view = View.of(call, {r.id: i for i, r in enumerate(mine, 1)}, rows(app.settings, mine, call.now))
     inv = call.telemetry.inventory()
     live, missing = live_gpus(app, state=state, call=call)
     p = call.policy

@@ -147,7 +147,7 @@ def book_request(*, count_: int | str, duration_: int | str, policy, now: int, t
                  mode: str = SHARED, share: int | None = None, at: str | None = None,
                  start_iso: str | None = None, start_at: int | None = None, queue: bool = False,
                  gpus=None, exclude=None, note: str | None = None, op_id: str | None = None,
-                 dry_run: bool = False, again: bool = False):
+                 dry_run: bool = False, again: bool = False, idle_release_=None):
     """The typed request for ``bk N DUR [MEM]`` and its read-only cousins
     (``bk slots``, ``bk g``).  ``start_at`` is an already resolved start
     (a form's); ``at``/``start_iso`` the typed words; ``again`` books even
@@ -167,8 +167,37 @@ def book_request(*, count_: int | str, duration_: int | str, policy, now: int, t
         count=count(count_), duration=duration(duration_, slot), mode=mode, share=share or 1,
         mem_mib=memory(mem), start=when, queue=bool(queue), pinned=gpu_list(gpus, "-g", n_gpus),
         excluded=gpu_list(exclude, "-e", n_gpus) or (), note=note, op_id=op_id, dry_run=bool(dry_run),
-        again=bool(again))
+        again=bool(again), idle_release_minutes=idle_release(idle_release_) or None)
     return req, spec
+
+
+OFF_WORDS = ("off", "none", "no", "never")
+
+
+def idle_release(value, flag: str = "--idle-release") -> int | None:
+    """``60m``, ``2h`` (or minutes as an int) -> minutes; ``off`` -> 0 (an
+    edit's "no opt-in"); None stays None."""
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        minutes = value
+    elif str(value).strip().lower() in OFF_WORDS:
+        return 0
+    else:
+        minutes = timegrid.parse_duration(str(value), 1) // 60
+    if not 5 <= minutes <= 10080:
+        raise InvalidInput(f"{flag} must be 5 minutes to 7 days (or off), got {minutes} minutes",
+                           hint=f"e.g. {flag} 60m")
+    return minutes
+
+
+def keep_for(value, now: int, flag: str = "--keep-for") -> int | None:
+    """``4h`` -> the epoch second the keep ends (now + 4h); ``off`` -> 0."""
+    if value is None:
+        return None
+    if str(value).strip().lower() in OFF_WORDS:
+        return 0
+    return now + timegrid.parse_duration(str(value), 1)
 
 
 def length_or_end(text, old: Reservation, *, now: int, tz, slot_minutes: int) -> tuple[int | None, int | None]:
@@ -197,7 +226,8 @@ def edit_request(old: Reservation, *, policy, now: int, tz, length=None, end: in
                  at: str | None = None, start_iso: str | None = None, start_at: int | None = None,
                  gpus=None, exclude=None, mem=None, share: int | None = None, mode: str | None = None,
                  queue: bool = False, note: str | None = None, op_id: str | None = None,
-                 dry_run: bool = False, clear_mem: bool = False) -> EditRequest:
+                 dry_run: bool = False, clear_mem: bool = False, idle_release_=None,
+                 keep_for_=None) -> EditRequest:
     """The typed change of booking ``old``.  ``length`` is ``-d``'s word (or
     seconds of total length); ``end`` an already resolved new end; ``mem``
     a size (or the word ``auto``), ``clear_mem`` forgets the figure."""
@@ -221,4 +251,5 @@ def edit_request(old: Reservation, *, policy, now: int, tz, length=None, end: in
     return EditRequest(ref=old.id, duration=new_length, start=when, end=new_end, mode=mode, share=share,
                        mem_mib=mem_mib, clear_mem=clear_mem, pinned=gpu_list(gpus, "-g", policy.gpu_count),
                        excluded=gpu_list(exclude, "-e", policy.gpu_count), queue=bool(queue), note=note, op_id=op_id,
-                       dry_run=bool(dry_run))
+                       dry_run=bool(dry_run), idle_release_minutes=idle_release(idle_release_),
+                       keep_until=keep_for(keep_for_, now))

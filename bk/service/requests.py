@@ -40,6 +40,11 @@ class BookRequest:
     job_id: str | None = None
     job_digest: str | None = None
     job_summary: str | None = None
+    # Issue 25: end the booking after this many minutes seen idle (opt-in),
+    # and bk adopt: the processes it follows, "PID:START,..." (START: the
+    # process's start time in clock ticks since boot, /proc/PID/stat).
+    idle_release_minutes: int | None = None
+    adopt: str | None = None
 
 
 @dataclass(frozen=True)
@@ -58,6 +63,8 @@ class EditRequest:
     note: str | None = None
     op_id: str | None = None
     dry_run: bool = False
+    idle_release_minutes: int | None = None   # 0: off (no opt-in: the administrator's policy alone)
+    keep_until: int | None = None             # hold nudges and idle release until then; 0: stop holding
 
     def changes(self) -> dict:
         skip = {"ref", "op_id", "dry_run", "queue"}
@@ -71,6 +78,9 @@ class CancelRequest:
     reason: str | None = None
     op_id: str | None = None
     dry_run: bool = False
+
+
+LATE_FIELDS = ("idle_release_minutes", "adopt", "keep_until")
 
 
 def canonical(action: str, req: object) -> str:
@@ -87,6 +97,11 @@ def canonical(action: str, req: object) -> str:
     # still the same request.
     d.pop("job_id", None)
     d.pop("job_digest", None)
+    # Fields added later count only when set, so that an op-id recorded
+    # before them still names the same request.
+    for late in LATE_FIELDS:
+        if d.get(late) is None:
+            d.pop(late, None)
     import hashlib
 
     blob = json.dumps([action, d], sort_keys=True, separators=(",", ":"), default=list)

@@ -80,6 +80,13 @@ KEYS: dict[str, Key] = {k.name: k for k in (
     Key("idle_release_minutes", "int", None, "Release (end) every running booking idle this many "
         "minutes, as the administrator's policy; unset: only bookings that opted in are released.",
         5, 10080, nullable=True),
+    Key("price_per_kwh", "float", None, "Energy price per kWh (in your currency) for bk u's cost column: "
+        "the GPUs' energy (the driver's counter) times pue times this; unset: no cost shown.", 0, 1e6,
+        nullable=True),
+    Key("gco2_per_kwh", "float", None, "Grams of CO2-equivalent per kWh of the supply, for bk u's CO2e "
+        "column (times pue); unset: no CO2e shown.", 0, 1e5, nullable=True),
+    Key("pue", "float", 1.0, "Power usage effectiveness of the machine room: the facility's energy per "
+        "unit of IT energy, applied to cost and CO2e (1.0: the GPUs' energy alone).", 1.0, 5.0),
     Key("ledger_bookings_per_user", "int", 200, "Shared mode: the most bookings one user may have live "
         "or cancelled within archive_after_hours; more are refused (ledger_limit, exit 3). 0: no limit. "
         "The administrator is exempt.", 0, 1_000_000),

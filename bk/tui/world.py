@@ -44,6 +44,7 @@ class World:
     warnings: tuple = ()
     error: str | None = None           # the ledger could not be read: why
     seq: int = 0                       # loads so far: lets the screen tell a new world
+    activity: dict = field(default_factory=dict)   # booking id -> the monitor's activity row (issue 25)
 
     @property
     def gpu_indices(self) -> list[int]:
@@ -81,7 +82,10 @@ def load_world(app, *, snapshot=None, worker=None, seq: int = 0, read=None) -> W
     if snapshot is not None:
         gpus = tuple(gpu_rows(state, snapshot, policy, now))
         live = snapshot.describe()
-    return World(**base, reservations=tuple(r for r in state.reservations if r.cancelled_at is None),
+    from bk.service.activity import rows
+
+    live_rs = tuple(r for r in state.reservations if r.cancelled_at is None)
+    return World(**base, reservations=live_rs, activity=rows(app.settings, live_rs, now),
                  blackouts=tuple(state.blackouts), notices=tuple(app.notices(state=state, call=call)),
                  gpus=gpus, live=live, monitor=monitor_json(app.telemetry),
                  worker=worker or {"state": "absent"}, warnings=tuple(call.warnings))

@@ -103,7 +103,7 @@ def plan(app, call, *, pid: int | None = None, gpu: int | None = None, until: in
     if end <= call.now:
         raise InvalidInput("--until is in the past", hint="e.g. --until 18:00 or --until +4h")
     req = BookRequest(count=len(held), duration=end - start, mode=EXCLUSIVE if exclusive else SHARED,
-                      share=1, mem_mib=mem, pinned=tuple(sorted(held)), note=note, op_id=op_id,
+                      share=1, mem_mib=mem, start=start, pinned=tuple(sorted(held)), note=note, op_id=op_id,
                       dry_run=dry_run, idle_release_minutes=idle_release_minutes,
                       adopt=",".join(f"{p}:{s}" for p, s in sorted(roots)))
     fit = longest_fit(app, call, req)

@@ -190,7 +190,8 @@ def dashboard(svc, *, call, uid: int | None = None) -> Dashboard:
     span = store.span()
     empty = core.Totals()
     if span is None:
-        return Dashboard(uid, user, now, False, None, empty, empty, empty, hint=MONITOR_HINT)
+        return Dashboard(uid, user, now, False, None, empty, empty, empty, hint=MONITOR_HINT,
+                         prices=Prices.of_settings(svc.settings))
     days = core.local_days(now, tz, DASH_DAYS * DASH_WEEKS)
     lo = days[0][0]
     # One read of the caller's records for the whole window (lines without

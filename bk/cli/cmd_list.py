@@ -7,6 +7,7 @@ import argparse
 from bk.cli import common
 from bk.cli.render import Output
 from bk.core.errors import InvalidInput
+from bk.service import activity
 
 DEFAULT_LIMIT = 20
 
@@ -45,6 +46,9 @@ def run(args, ctx) -> Output:
     every, view = listing(app, scope, call, state)
     total = len(every)
     items = every[:args.limit] if args.limit else every
+    from bk.core.record import replace
+
+    view = replace(view, activity=activity.rows(app.settings, items, call.now))
     rows = [view.reservation(r) for r in items]
 
     def human(term) -> str:

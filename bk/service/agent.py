@@ -185,6 +185,10 @@ def serve_list(app, req: ListRequest, call) -> Data:
     state = app.ledger(call=call)
     every, view = listing(app, req.scope, call, state)
     items = every[:req.limit] if req.limit else every
+    from bk.core.record import replace
+    from bk.service.activity import rows
+
+    view = replace(view, activity=rows(app.settings, items, now=call.now))
     return Data({"scope": req.scope, "reservations": [view.reservation(r) for r in items], "total": len(every)})
 
 
@@ -234,9 +238,11 @@ def serve_context(app, req, call) -> Data:
 
     state = app.ledger(call=call)
     mine = app.own_current(state, call=call)
+    from bk.service.activity import rows
+
     theirs = shared_with_me(state, call)
-    view = replace(View.of(call, {r.id: i for i, r in enumerate(mine, 1)}), positions=positions(state, call, app),
-                   usable=frozenset(r.id for r in theirs))
+    view = replace(View.of(call, {r.id: i for i, r in enumerate(mine, 1)}, rows(app.settings, mine, call.now)),
+                   positions=positions(state, call, app), usable=frozenset(r.id for r in theirs))
     limits = bounds(call)
     inv = call.telemetry.inventory()
     live, missing = live_gpus(app, state=state, call=call)

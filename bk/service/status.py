@@ -247,7 +247,10 @@ def status_view(app, verbose: bool = False, *, call=None) -> StatusView:
         shown = sorted((r for r in state.reservations if r.is_live(now)), key=lambda r: (r.start, r.created))
     else:
         shown = mine
-    view = View(now, call.actor.uid, call.policy, {g.index: g.mem_total_mib for g in snap.gpus}, numbers)
+    from bk.service.activity import rows
+
+    view = View(now, call.actor.uid, call.policy, {g.index: g.mem_total_mib for g in snap.gpus}, numbers,
+                rows(app.settings, shown, now))
     running = [r for r in mine if r.status(now) == "active"]
     return StatusView(now, {"name": snap.source, "simulated": snap.simulated},
                       tuple(gpu_rows(state, snap, call.policy, now)), tuple(shown),

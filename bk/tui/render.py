@@ -139,11 +139,15 @@ def _state_word(d: dict) -> str:
     return str(d.get("state") or "absent")
 
 
-def _status(r, now: int) -> str:
+def _status(r, now: int, activity: dict | None = None) -> str:
     if r.end <= now:
         return "ended"
     if r.start <= now:
-        return f"{timegrid.format_duration(r.end - now)} left"
+        from bk.core.activity import short_text
+
+        row = (activity or {}).get(r.id)
+        words = short_text(row.get("state"), row.get("idle_s")) if row else None
+        return f"{timegrid.format_duration(r.end - now)} left" + (f" · {words}" if words else "")
     return f"in {timegrid.format_duration(r.start - now)}"
 
 
@@ -404,7 +408,7 @@ def _main(state, world, width: int, height: int, theme: Theme, cs: Charset) -> F
         tail = " ".join(x for x in (job, clean(note)) if x) if wide else ""
         s = (f" {letter} {ids[r.id][:idw].ljust(idw)} {clean(r.user)[:7]:<8}{_gpus(r.gpus)[:5]:<6}"
              f"{_mode(r, cap):<11}{(_mem(r.mem_mib) if r.mode != EXCLUSIVE else '-'):<6}"
-             f"{_when(r.start, r.end, world, cs):<18}{_status(r, now):<13}{tail}")
+             f"{_when(r.start, r.end, world, cs):<18}{_status(r, now, getattr(world, 'activity', None)):<13}{tail}")
         out.append(Line(width, theme).add(s, kind).fill(kind))
     for _ in range(table_n - len(shown)):
         out.append(Line(width, theme).add("   (no bookings in view: press a to add one)" if not rows and _ == 0

@@ -45,6 +45,7 @@ class World:
     warnings: tuple = ()
     error: str | None = None           # the ledger could not be read: why
     seq: int = 0                       # loads so far: lets the screen tell a new world
+    activity: dict = field(default_factory=dict)   # booking id -> the monitor's activity row (issue 25)
 
     @property
     def gpu_indices(self) -> list[int]:
@@ -82,9 +83,11 @@ def load_world(app, *, snapshot=None, worker=None, seq: int = 0, read=None) -> W
     if snapshot is not None:
         gpus = tuple(gpu_rows(state, snapshot, policy, now))
         live = snapshot.describe()
+    from bk.service.activity import rows
     from bk.service.fairview import shared_with_me
 
-    return World(**base, reservations=tuple(r for r in state.reservations if r.cancelled_at is None),
+    live_rs = tuple(r for r in state.reservations if r.cancelled_at is None)
+    return World(**base, reservations=live_rs, activity=rows(app.settings, live_rs, now),
                  usable=frozenset(r.id for r in shared_with_me(state, call)),
                  blackouts=tuple(state.blackouts), notices=tuple(app.notices(state=state, call=call)),
                  gpus=gpus, live=live, monitor=monitor_json(app.telemetry),

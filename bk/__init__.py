@@ -10,6 +10,8 @@
 #   bk/ipc/      the broker's wire: frames and the client, shared by both ends.
 #   bk/service/  the application API every front end calls: the operation
 #                table, the per-call context, typed results; never prints.
+#   bk/export/   pure renderers of the exports: Prometheus, iCalendar, the
+#                page of the week.
 #   bk/cli/      the command-line front end (argparse, rendering).
 #   bk/broker/   the shared-server daemon: Unix socket, SO_PEERCRED identity.
 #   bk/admin/    server set-up (bk admin init).

@@ -63,7 +63,8 @@ PLURAL_AFTER_COUNT = re.compile(r"(?<!/)\{([^{}]+)\} (?:" + NOUNS + r")\b")
 CANNOT_BE_ONE = {("bk/service/app.py", "len(hits)"), ("bk/store/ledger.py", "len(bad)"),
                  ("bk/core/telemetry.py", "len(gpus)"), ("bk/cli/guided.py", "n"),
                  ("bk/cli/cmd_timeline.py", "ncols"), ("bk/cli/cmd_cluster.py", "mode"),
-                 ("bk/cli/cmd_cluster.py", "res.get('short_id')"), ("bk/cli/cmd_cluster.py", "short")}
+                 ("bk/cli/cmd_cluster.py", "res.get('short_id')"), ("bk/cli/cmd_cluster.py", "short"),
+                 ("bk/cli/cmd_export.py", "req.gpu")}              # "GPU 3 bookings": an index, not a count
 
 
 def test_no_sentence_counts_by_hand():

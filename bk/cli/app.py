@@ -71,6 +71,7 @@ COMMAND_WORDS: dict[str, tuple[str, ...]] = {
     "bk.cli.cmd_notify": ("notify",),
     "bk.cli.cmd_monitor": ("m", "monitor"),
     "bk.cli.cmd_usage": ("u", "usage"),
+    "bk.cli.cmd_export": ("export",),
     "bk.cli.cmd_cluster": ("c", "cluster"),
     "bk.cli.cmd_mcp": ("mcp",),
     "bk.cli.cmd_agent": ("agent",),

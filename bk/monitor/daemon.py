@@ -151,7 +151,7 @@ class Monitor:
                  clock: Callable[[], int], interval_s: float = DEFAULT_INTERVAL,
                  folder=None, usage=None, gpu_count: int | None = None,
                  log: Callable[[str], None] = log_stderr, pid: int | None = None,
-                 tracker=None, cpu_trees=None, keep_activity: bool = False):
+                 tracker=None, cpu_trees=None, keep_activity: bool = False, exporter=None):
         self.backend = backend
         self.ledger = ledger
         self.directory = directory
@@ -174,6 +174,8 @@ class Monitor:
         self._activity_at: int | None = None  # when activity.json was last written
         self._capacity: int | None = None     # the ledger policy's share slots per GPU
         self.activity_doc: dict | None = None # the latest sample's published activity
+        self.exporter = exporter              # bk.monitor.exporter.Exporter, or None: no exports
+        self._state = None                    # the ledger state of the latest look
 
     # -- looking
 
@@ -195,6 +197,7 @@ class Monitor:
         state = None
         try:
             state = self.ledger()
+            self._state = state
             self._reservations = list(state.reservations)
             policy = getattr(state, "policy", None) or {}
             if isinstance(policy.get("max_shared_users"), int):
@@ -250,6 +253,8 @@ class Monitor:
                                        capacity=self._capacity)
                 closed = bool(done)
                 self._pending.extend(done)
+                if self.exporter is not None:
+                    self.exporter.fold(done)
         self._write_usage(s)
         if self.keep_activity and (closed or self._activity_at is None or s.t - self._activity_at >= 60):
             self._save_activity(s)
@@ -262,12 +267,31 @@ class Monitor:
                 s.status = files.DEGRADED if s.status == files.RUNNING else s.status
                 s.detail = "; ".join(x for x in (s.detail, f"cannot write the snapshot: {e.message}") if x)
         self.samples += 1
+        if self.exporter is not None and self.exporter.due(s.t):
+            self._export(s, activity)
         self._heartbeat(s.status, s.detail, s.t)
         if s.detail != self._said:
             line = s.detail or f"{s.status}: sampling every {self.interval_s:g} s"
             self.log(journal.warning(line) if s.status == files.DEGRADED else journal.info(line))
             self._said = s.detail
         return s
+
+    def _export(self, s: Sample, activity: dict | None) -> None:
+        """The exports of this minute (``bk.monitor.exporter``); a failure
+        degrades the heartbeat, as a failed history write does."""
+        snap = s.snapshot
+        count = len(snap.gpus) if snap is not None and snap.gpus else (self.gpu_count or 1)
+        beat = files.Heartbeat(s.status, self.pid, s.t, self.started_at, self.interval_s, s.detail, 0,
+                               self.samples)
+        try:
+            problems = self.exporter.step(s.t, state=self._state, snapshot=snap, attributions=s.attributions,
+                                          activity=activity, heartbeat=beat,
+                                          policy=self.exporter.settings.policy(count))
+        except Exception as e:          # a bug in an export must not cost the sample
+            problems = [f"the exports failed (a bug): {type(e).__name__}: {e}"]
+        if problems:
+            s.status = files.DEGRADED if s.status == files.RUNNING else s.status
+            s.detail = "; ".join(x for x in (s.detail, *problems) if x)
 
     def safe_step(self) -> Sample | None:
         """``step`` for the daemon: a surprise (a bug) is logged and recorded
@@ -414,11 +438,27 @@ def build(env: dict, settings, *, interval_s: float, clock: Callable[[], int], b
     store = make_store(settings, clock_fn=clock, owner_uid=None, capacity=settings["max_shared_users"])
     view = LedgerView(store)
     directory = files.monitor_dir(settings)
+    usage = _open_usage(settings)
     return Monitor(backend, view.read, directory, clock=clock, interval_s=interval_s,
                    folder=Folder(60, interval_s=max(1, round(interval_s)), capacity=settings["max_shared_users"]),
-                   usage=_open_usage(settings), gpu_count=settings["gpu_count"], log=log,
+                   usage=usage, gpu_count=settings["gpu_count"], log=log,
                    tracker=open_tracker(settings, directory, interval_s), cpu_trees=CpuTrees(proc_root),
-                   keep_activity=True)
+                   keep_activity=True, exporter=open_exporter(settings, usage, store))
+
+
+def open_exporter(settings, usage, store):
+    """The exports the configuration asks for (None when it names no
+    directory): the textfile, the calendars, the page of the week."""
+    from bk.monitor.exporter import Exporter
+
+    exporter = Exporter(settings, usage=usage, store=store, tz=_local_tz())
+    return exporter if exporter.enabled else None
+
+
+def _local_tz():
+    from bk import clock
+
+    return clock.local_tz()
 
 
 def open_tracker(settings, directory: str, interval_s: float):

@@ -219,7 +219,13 @@ class Service:
     def run(self, name: str, req, *, call: Call | None = None):
         from bk.service import ops
 
-        return self.gateway.run(ops.get(name), req, self._call(call))
+        op = ops.get(name)
+        if not op.served:
+            # A local read (the row's served=False): this process may make
+            # it, and the broker does not know it.
+            op.validate(req)
+            return op.serve(self, req, self._call(call)).rendered(None)
+        return self.gateway.run(op, req, self._call(call))
 
     def write_batch(self, items: list) -> list:
         """``[(op name, request, call)]`` in one transaction (the broker's

@@ -300,6 +300,11 @@ OPERATIONS: dict[str, Operation] = {op.name: op for op in (
     Operation("job_log", "the output of the command attached to one of your bookings",
               "bk.service.agent:JobLogRequest", "bk.service.agent:JOB_LOG_FIELDS", "bk.service.agent:Data", READ, ANYONE, idempotent=True, destructive=False,
               serve=_serve_agent("job_log"), served=False),
+    # bk export prom|ics|html (bk.service.exports); the monitor assembles the same record itself.
+    Operation("export", "the bookings, the GPUs' live state and today's use, for Prometheus, calendars and "
+              "the web page of the week", "bk.service.exports:ExportRequest", "bk.service.exports:EXPORT_FIELDS",
+              "bk.service.exports:ExportResult", READ, ANYONE, idempotent=True, destructive=False,
+              serve="bk.service.exports:serve_export", served=False),
 )}
 
 

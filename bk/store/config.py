@@ -87,6 +87,19 @@ KEYS: dict[str, Key] = {k.name: k for k in (
         "seconds. 0: no limit. The administrator is exempt.", 0, 1_000_000),
     Key("ledger_note_bytes_per_user", "int", 16384, "Shared mode: the most bytes the notes on one user's "
         "bookings may take in the hot ledger. 0: no limit. The administrator is exempt.", 0, 1 << 30),
+    # Exports (issue 28): what the monitor keeps current every minute, each off until set.
+    Key("prometheus_textfile_dir", "path", None, "The monitor writes gpubk.prom there every minute "
+        "(node_exporter --collector.textfile.directory); a directory the monitor account owns.",
+        nullable=True),
+    Key("prometheus_user_label", "bool", False, "Metrics name the booker (label user) and the per-user "
+        "families are exported; off: no metric names a person."),
+    Key("calendar_dir", "path", None, "The monitor keeps iCalendar feeds there every minute: all.ics "
+        "(every booking) and users/NAME.ics (each user's own); a directory the monitor account owns.",
+        nullable=True),
+    Key("calendar_publish_users", "bool", False, "Per-user feeds are readable by everyone (a web server "
+        "may publish them); off: each is readable by its user alone (a POSIX ACL)."),
+    Key("html_dir", "path", None, "The monitor writes the page of the week there (index.html) every "
+        "minute; a directory the monitor account owns, for a web server to publish.", nullable=True),
     Key("worker_termination_grace_seconds", "int", 5, "A scheduled command gets SIGTERM this many "
         "seconds before its booking ends and SIGKILL at the end (also bk run -- CMD).", 0, 3600),
     # Notifications (bk notify): the defaults every user gets, and the relay.

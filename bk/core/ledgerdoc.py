@@ -786,13 +786,21 @@ class Checked:
     other than the one checked, or any problem found, runs the full
     ``check_state``, whose messages are then the ones reported."""
 
-    __slots__ = ("reservations", "policy", "capacity", "by_id")
+    __slots__ = ("reservations", "policy", "capacity", "by_id", "holds", "quick")
 
-    def __init__(self, state: LedgerState, capacity: int | None, by_id: dict | None = None):
+    def __init__(self, state: LedgerState, capacity: int | None, by_id: dict | None = None,
+                 holds=None, quick: int = 0):
         self.reservations = state.reservations    # what ``Delta.of`` compares the next state's with
         self.policy = plain_copy(state.policy)
         self.capacity = capacity
         self.by_id = by_id if by_id is not None else {r.id: r for r in state.reservations}
+        # The live bookings per GPU and time (``capacity.HoldIndex`` of
+        # ``reservations``), which finds the bookings near the added ones
+        # without a pass over all of them.  Made at the second check by
+        # changes in a row (a process that commits again and again: the
+        # broker), since making it costs a pass more than it saves once.
+        self.holds = holds
+        self.quick = quick               # checks by changes in a row that led here
 
 
 def check_next(state: LedgerState, capacity: int | None, base: Checked | None,
@@ -829,17 +837,50 @@ def _check_changes(state: LedgerState, capacity: int | None, base: Checked, delt
             if not _reservation_ok(r, gpu_count, cap) or r.id in by_id:
                 return None
             by_id[r.id] = r
+    from bk.core.capacity import RES
+
+    holds = _holds_next(base, state.reservations, gpu_count)
     live = [r for r in delta.fresh if r.cancelled_at is None]
     if live:
         lo, hi = min(r.start for r in live), max(r.end for r in live)
         gpus = {g for r in live for g in r.gpus}
-        near = [r for r in state.reservations if r.cancelled_at is None and r.start < hi and r.end > lo
-                and not gpus.isdisjoint(r.gpus)]
+        if holds is not None:
+            near = list({id(h[RES]): h[RES] for g in gpus if g in holds.per
+                         for h in _near(holds.per[g], lo, hi)}.values())
+        else:
+            near = [r for r in state.reservations if r.cancelled_at is None and r.start < hi and r.end > lo
+                    and not gpus.isdisjoint(r.gpus)]
         _check_capacity(LedgerState(reservations=near), cap, probs)
     _check_others(state, probs)
     if probs:
         return None
-    return Checked(state, capacity, by_id)
+    return Checked(state, capacity, by_id, holds, base.quick + 1)
+
+
+_EVER = -(1 << 62)        # the ``now`` of a check's hold index: ended bookings count too
+
+
+def _holds_next(base: Checked, reservations: list, gpu_count: int):
+    """The hold index of ``reservations`` from the base's (None: not kept yet)."""
+    from bk.core.capacity import HoldIndex
+
+    if gpu_count is None or gpu_count > 4096:       # bookings' GPUs unbounded, or a silly policy
+        return None
+    usable = {g: None for g in range(gpu_count)}
+    if base.holds is not None and base.holds.key == (1, tuple(usable.items())):
+        got = base.holds.derive(reservations, _EVER)
+        if got is not None:
+            return got
+    if base.quick >= 1:
+        return HoldIndex.build(reservations, now=_EVER, capacity=1, usable=usable)
+    return None
+
+
+def _near(per: tuple, lo: int, hi: int) -> list[tuple]:
+    from bk.core.capacity import GpuLedger
+
+    holds, starts, ml = per
+    return GpuLedger(0, 1, None, holds, starts=starts, max_len=ml).overlapping(lo, hi)
 
 
 def validate(obj, capacity: int | None = None) -> list[str]:

@@ -596,7 +596,7 @@ class Store:
         # share (and nothing changes): the caller keeps the state it made.
         kept = _own_copy(state)
         if checked is not None:
-            checked = ledgerdoc.Checked(kept, self.capacity, checked.by_id)
+            checked = ledgerdoc.Checked(kept, self.capacity, checked.by_id, checked.holds, checked.quick)
         encoded = ledgerdoc.Encoded(kept.reservations, kept.ops, encoded.reservation_bytes, encoded.op_bytes)
         self._kept = _Kept(kept, meta, data, checked, encoded, earliest)
 

@@ -65,7 +65,9 @@ def _fresh_memo():
     capacity._last = saved
 
 
-def test_derived_index_equals_a_fresh_one_after_every_random_change():
+@pytest.mark.parametrize("overlay", [3, capacity.MAX_OVERLAY])
+def test_derived_index_equals_a_fresh_one_after_every_random_change(monkeypatch, overlay):
+    monkeypatch.setattr(capacity, "MAX_OVERLAY", overlay)      # the id map copied whole often, or seldom
     rng = random.Random(SEED)
     usable = {g: (16000 if g % 2 else None) for g in range(GPUS)}
     now, rs = 1_800_000_000, []

@@ -139,16 +139,25 @@ def plan(reservations: Sequence[Reservation], blackouts, policy: Policy, gpus, n
 
     q = policy.slot_seconds
     current = list(reservations)
-    index = {r.id: i for i, r in enumerate(current)}
     first: dict[str, Reservation] = {}
     gpu_mem = {g.index: g.mem_total_mib for g in gpus or ()}
     room = [(-(1 << 62), 1)] if freed is None else [(a, 1) for a, b in freed if b > a]
     version, tried = 1, {}
     forced = set(changed)
+    # The queue's order is that of the first round in every round: a move
+    # changes a booking's times and GPUs, never what orders it (its
+    # advance, its creation, its place), and makes no other booking an
+    # advancing one; so it is found once, not by a pass over every
+    # booking per round.
+    order = [i for _, i in sorted((order_key(r, usage, i), i) for i, r in enumerate(current)
+                                  if advancing(r, now, q))]
+    index = {current[i].id: i for i in order}
     for _ in range(max_rounds):
         moved = False
-        for r in queue(current, now, q, usage):
-            r = current[index[r.id]]
+        for i in order:
+            r = current[i]
+            if not advancing(r, now, q):
+                continue
             last = tried.get(r.id, 0)
             if r.id not in forced and not any(v > last and a < r.end for a, v in room):
                 continue
@@ -168,7 +177,7 @@ def plan(reservations: Sequence[Reservation], blackouts, policy: Policy, gpus, n
             if new is None:
                 continue
             first.setdefault(r.id, r)
-            current[index[r.id]] = new
+            current[i] = new
             version += 1
             room.append((r.start, version))
             tried[r.id] = version

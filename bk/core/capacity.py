@@ -38,7 +38,7 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import compress
-from operator import is_not, itemgetter
+from operator import is_, is_not, itemgetter
 
 from .models import EXCLUSIVE, MODES, SHARED, Blackout, Policy, Reservation, iso
 
@@ -197,7 +197,7 @@ class HoldIndex:
 
     __slots__ = ("source", "key", "now", "per", "by_id")
 
-    def __init__(self, source: list, key: tuple, now: int, per: dict, by_id: dict | None = None):
+    def __init__(self, source: list, key: tuple, now: int, per: dict, by_id=None):
         self.source, self.key, self.now, self.per, self.by_id = source, key, now, per, by_id
 
     @classmethod
@@ -236,7 +236,10 @@ class HoldIndex:
             return None
         old = self.source
         n = min(len(old), len(reservations))
-        at = list(compress(range(n), map(is_not, old, reservations)))
+        if all(map(is_, old, reservations)):       # the common case, at C speed: nothing, or appends
+            at = []
+        else:
+            at = list(compress(range(n), map(is_not, old, reservations)))
         if len(at) + abs(len(old) - len(reservations)) > MAX_CHANGED:
             return None
         gone = [old[i] for i in at] + old[n:]
@@ -266,17 +269,26 @@ class HoldIndex:
                 holds.insert(i, h)
                 if h[END] - h[START] > ml:
                     per[g] = (holds, starts, h[END] - h[START])
-        by_id = self.by_id
+        by_id = self.by_id or None          # (ids, changed ids), or not made yet
         if by_id is not None:
-            by_id = dict(by_id)
+            base, over = by_id
+            over = dict(over)
             for r in gone:
-                if by_id.get(r.id) is r:
-                    del by_id[r.id]
+                if _lookup(base, over, r.id) is r:
+                    over[r.id] = None
             for r in fresh:
-                if r.id in by_id:
-                    by_id = None          # an id twice: found by a scan if asked
+                if _lookup(base, over, r.id) is not None:
+                    over = None               # an id twice: found by a scan if asked
                     break
-                by_id[r.id] = r
+                over[r.id] = r
+            if over is None:
+                by_id = None
+            elif len(over) > MAX_OVERLAY:
+                base = dict(base)
+                base.update(over)
+                by_id = ({k: v for k, v in base.items() if v is not None}, {})
+            else:
+                by_id = (base, over)
         return HoldIndex(source, self.key, self.now, per, by_id)
 
     def _held(self, r: Reservation, capacity: int, usable):
@@ -287,16 +299,16 @@ class HoldIndex:
     def ignoring(self, rid: str) -> dict:
         """``per`` without the holds of the bookings with id ``rid``."""
         if self.by_id is None:
-            by_id: dict = {}
+            by_id: dict | None = {}
             for r in self.source:
                 if r.id in by_id:
                     by_id = None
                     break
                 by_id[r.id] = r
-            self.by_id = by_id            # a cache of what source says, set once
-        if self.by_id is None:
+            self.by_id = (by_id, {}) if by_id is not None else False    # a cache of source, set once
+        if not self.by_id:
             return {g: ([h for h in holds if h[RES].id != rid], None, ml) for g, (holds, _s, ml) in self.per.items()}
-        r = self.by_id.get(rid)
+        r = _lookup(*self.by_id, rid)
         per = dict(self.per)
         if r is None:
             return per
@@ -307,6 +319,14 @@ class HoldIndex:
                 _drop(holds, starts, r)
                 per[g] = (holds, starts, ml)
         return per
+
+
+MAX_OVERLAY = 256       # ids changed since the id map was last copied whole
+
+
+def _lookup(base: dict, over: dict, rid: str):
+    got = over.get(rid, base)
+    return base.get(rid) if got is base else got
 
 
 def _drop(holds: list, starts: list, r: Reservation) -> None:

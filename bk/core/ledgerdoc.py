@@ -449,14 +449,68 @@ def _no_constants(name: str):
     raise ValueError(f"{name} is not valid JSON")
 
 
-def loads(data: bytes) -> dict:
-    """Bytes -> dict.  Raises ValueError (never returns a non-dict)."""
+class _Dropped:
+    """A reservation a reader's ``DocKeep`` does not keep, in its place in
+    the document's list: the record's dict was let go as soon as it was
+    parsed."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<dropped>"
+
+
+DROPPED = _Dropped()
+
+
+def loads(data: bytes, keep=None) -> dict:
+    """Bytes -> dict.  Raises ValueError (never returns a non-dict).
+
+    ``keep`` (a ``DocKeep``; a reader of a sealed document only): the
+    reservations it does not keep are ``DROPPED`` in the list.  The JSON
+    parser hands every object it completes to a hook before it parses the
+    next, so a booking the view does not need is judged and let go at once
+    and a read of a few bookings never holds the dicts of all of them (at
+    10,000 that is most of the memory of ``bk l``).  The hook only sees an
+    object, not where it sits; one that looks like a booking elsewhere
+    would be dropped too, so every drop is counted, and unless each one is
+    found in the reservations list the document is parsed again whole."""
+    if keep is not None:
+        doc = _loads_dropping(data, keep)
+        if doc is not None:
+            return doc
     try:
         doc = json.loads(data, parse_constant=_no_constants)
     except (UnicodeDecodeError, RecursionError) as e:
         raise ValueError(str(e)) from None
     if not isinstance(doc, dict):
         raise ValueError(f"the document is a JSON {type(doc).__name__}, not an object")
+    return doc
+
+
+def _loads_dropping(data: bytes, keep) -> dict | None:
+    dropped = 0
+
+    def hook(d: dict):
+        nonlocal dropped
+        if "created" in d and "gpus" in d and "uid" in d and "id" in d:
+            try:
+                if not keep(d):
+                    dropped += 1
+                    return DROPPED
+            except (KeyError, TypeError, ValueError, AttributeError):
+                pass                       # kept: conversion says what is wrong with it
+        return d
+    try:
+        doc = json.loads(data, object_hook=hook, parse_constant=_no_constants)
+    except (UnicodeDecodeError, RecursionError):
+        return None                        # the plain parse says so
+    if not isinstance(doc, dict):
+        return None
+    if dropped:
+        res = doc.get("reservations")
+        if type(res) is not list or res.count(DROPPED) != dropped:
+            return None
     return doc
 
 
@@ -490,6 +544,8 @@ def _records(doc: dict, key: str, conv, out: list, probs: _Problems, keep=None) 
         probs.add(f"{key}: expected a list, got {type(items).__name__}")
         return
     for i, d in enumerate(items):
+        if d is DROPPED:                   # loads(keep=...): not kept
+            continue
         if not isinstance(d, dict):
             probs.add(f"{key}[{i}]: expected an object, got {type(d).__name__}")
             continue

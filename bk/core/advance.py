@@ -46,7 +46,15 @@ The rules.
    only the bookings that room made by the write (``freed_by``), or by a
    move made before, could let start earlier (``plan``'s docstring says why
    that misses nothing); a cancellation tomorrow evening tries no booking
-   that ends before it.
+   that ends before it.  A try costs a placement against the scheduler's
+   kept index (``bk.core.capacity``) changed by the moves made so far,
+   not a pass over the ledger, and the queue's order is found once: at
+   10,000 live bookings ten advancing bookings add about 13 ms to the
+   write that freed room for them (``benchmarks/limits.py``).  The bounds
+   are ``MAX_ROUNDS`` rounds and ``MAX_TRIES`` places per booking whose
+   owner's limits refuse; neither is reached by a real ledger, and no
+   try is put off to a later write, so every booking stays at the
+   earliest start the rules allow it after each commit.
 
 Pure: the ledger, the policy, the GPU inventory and ``now`` are arguments.
 """

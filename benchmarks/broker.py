@@ -129,6 +129,10 @@ def serve(base: str) -> None:
     from bk.broker.handlers import Dispatcher
     from bk.broker.server import Broker, Plan
 
+    if os.environ.get("BK_BENCH_GLIBC_DEFAULTS"):      # for an A/B of server.keep_freed_memory
+        from bk.broker import server
+
+        server.keep_freed_memory = lambda: None
     s = settings(base, "shared")
     service = Service.local(s, telemetry(), owner_uid=os.geteuid())
     plan = Plan("benchmark", s.data_dir, s["socket"], os.geteuid(), "all", None)

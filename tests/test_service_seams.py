@@ -50,7 +50,7 @@ def counted(bk, monkeypatch):
     import bk.gpu as gpu
 
     real = gpu.open_backend
-    monkeypatch.setattr(gpu, "open_backend", lambda env, fallback=None: Counting(real(env, fallback)))
+    monkeypatch.setattr(gpu, "open_backend", lambda env, *a, **kw: Counting(real(env, *a, **kw)))
     Counting.calls = []
     return Counting.calls
 

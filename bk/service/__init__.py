@@ -1,4 +1,40 @@
-"""The service layer: one application API for every front end.
+"""The service layer's one face: the operation table, and the service that runs it.
+
+Every front end (the CLI and its prompt, the TUI, ``bk mcp`` and ``bk
+agent``, the broker, the cluster's node) reaches the service the same way:
+open the service for this process (``open_app``), build a typed request
+(``bk.service.builders`` for words a person typed), run one row of the table
+(``service.run(name, request, call=call)``) and render the typed result it
+returns (``to_json()`` is the JSON every front end shows).  ``__all__``
+names that face; the modules under it are the rows' own business.
+
+A row names the request type and its field spec, the result type, whether
+it reads or writes, who may call it, and whether a retry is harmless or it
+destroys something.  Everything else is derived from the table:
+
+* the broker's allowlist and decoder (``bk.broker.handlers``: an op not in
+  the table, or not ``served``, is refused before any code runs);
+* the client side (``bk.service.gateway.BrokerGateway``: encode the request
+  with the spec, rebuild the result with the result type);
+* the local side (``LocalGateway``: run ``apply`` in one transaction, or
+  ``serve`` for a read only the host may make);
+* the agent surface (``bk.agent``: ``bk mcp`` tools, ``bk agent``): input
+  schemas from ``schema``, hints from access/destructive/idempotent.
+
+A row with ``served=False`` is never a broker operation: it is a read
+anyone may make from the committed ledger or their own files (or a change
+to their own private files, a preset), so every caller runs its ``serve``
+in its own process (``Service.run``); ``served()`` is the broker's
+allowlist.  A row's ``explain`` words a refusal for the caller, in the
+caller's process and zone, from the facts its apply put in the error's
+details (the ``book`` row's nearest start that fits), so both gateways and
+every front end say the same.
+
+Every request, field spec, result and function of a row is named as
+``"module:attr"``: the module is imported when the row's value is first
+used, so ``bk l`` loads the list row's module and nothing of the writes,
+the agent surface or the jobs.  Adding a write is one apply function plus
+one row.
 
 ``open_app(env)`` reads the configuration and returns the service for this
 process: in private mode one whose operations run on the local ledger, in
@@ -9,6 +45,196 @@ backend instead of patching.
 
 from __future__ import annotations
 
+from bk.core.errors import InvalidInput
+from bk.core.record import dataclass
+
+READ, WRITE = "read", "write"
+ANYONE, OWNER, ADMIN = "anyone", "owner", "admin"
+HOST = "host"       # whoever owns the data: you in private mode, root on a shared server
+
+_LAZY = frozenset({"request", "fields", "result", "apply", "serve", "check", "explain"})
+
+
+def _resolve(ref: str):
+    module, _, attr = ref.partition(":")
+    return getattr(__import__(module, fromlist=(attr,)), attr)
+
+
+@dataclass(frozen=True)
+class Operation:
+    name: str
+    summary: str                      # "book GPUs"; also the MCP tool description's first line
+    request: object                   # each of these may be "module:attr" (module docstring)
+    fields: object
+    result: object
+    access: str                       # READ | WRITE
+    who: str                          # ANYONE | OWNER (the apply checks ownership) | ADMIN | HOST (checked here)
+    idempotent: bool                  # a retry of the same request changes nothing more
+    destructive: bool                 # it removes or stops something
+    apply: object = None              # a served WRITE: (state, request, call) -> Mutation
+    serve: object = None              # READ on the host, or served=False: (service, request, call) -> result
+    check: object = None              # shape rules beyond the field spec, every front end
+    admin_hint: str | None = None     # for ADMIN rows: the command that does it with sudo
+    accepts_loss: bool = False        # WRITE: may commit over commits only the audit log has (recovery)
+    rebinds: bool = False             # WRITE: changes the bound policy itself (skips the store's binding check)
+    served: bool = True               # False: run in the caller's process, never a broker op
+    explain: object = None            # (error, request, call) -> error: a refusal worded for the caller
+
+    def __getattribute__(self, name):
+        # A "module:attr" value (see the module docstring) becomes the
+        # object it names on first use, and stays so.
+        value = object.__getattribute__(self, name)
+        if type(value) is str and name in _LAZY:
+            value = _resolve(value)
+            object.__setattr__(self, name, value)
+        return value
+
+    def decode(self, wire: object):
+        """The typed request from untrusted JSON, shape-checked."""
+        from bk.service import fields
+
+        req = fields.decode(self.request, self.fields, {} if wire is None else wire)
+        if self.check is not None:
+            self.check(req)
+        return req
+
+    def validate(self, req) -> None:
+        """The same checks as ``decode`` for a request built in this process:
+        private mode (``LocalGateway``) and a broker client (``encode``) run
+        it, so a request is refused, or not, wherever it is made."""
+        from bk.service import fields
+
+        self.check_type(req)
+        fields.check(req, self.fields)
+        if self.check is not None:
+            self.check(req)
+
+    def check_type(self, req) -> None:
+        if type(req) is not self.request:
+            raise InvalidInput(f"{self.name} takes a {self.request.__name__}, not {type(req).__name__}")
+
+    def encode(self, req) -> dict:
+        from bk.service import fields
+
+        self.validate(req)
+        return fields.encode(req)
+
+    def schema(self) -> dict:
+        from bk.service import fields
+
+        return fields.schema(self.request, self.fields)
+
+
+def _row(name, summary, request, fields, result, access, who, *, idempotent, destructive, **kw) -> Operation:
+    return Operation(name, summary, request, fields, result, access, who, idempotent, destructive, **kw)
+
+
+_S = "bk.service."
+_REQ, _SPEC, _RES = _S + "requests:", _S + "specs:", _S + "results:"
+
+
+def _table() -> dict[str, Operation]:
+    rows = (
+        _row("book", "book GPUs, shared or exclusive, now or later", _REQ + "BookRequest", _SPEC + "BOOK_FIELDS",
+             _RES + "BookResult", WRITE, ANYONE, idempotent=False, destructive=False,
+             apply=_S + "booking:apply_book", check=_REQ + "check_request", explain=_S + "booking:explain_book"),
+        _row("edit", "change one of your bookings", _REQ + "EditRequest", _SPEC + "EDIT_FIELDS",
+             _RES + "EditResult", WRITE, OWNER, idempotent=False, destructive=False,
+             apply=_S + "booking:apply_edit", check=_REQ + "check_request"),
+        _row("cancel", "cancel a booking (another user's: the administrator, with a reason)",
+             _REQ + "CancelRequest", _SPEC + "CANCEL_FIELDS", _RES + "CancelResult", WRITE, OWNER,
+             idempotent=True, destructive=True, apply=_S + "booking:apply_cancel"),
+        # The worker's one write: the state of a job of the caller's own booking
+        # (pending -> running -> an end), or bk j retry requeueing one.
+        _row("job_state", "set the state of a job attached to one of your bookings", _REQ + "JobStateRequest",
+             _SPEC + "JOB_STATE_FIELDS", _S + "jobs:JobResult", WRITE, OWNER, idempotent=True, destructive=False,
+             apply=_S + "jobs:apply_job_state"),
+        _row("notice_publish", "publish announcements", _REQ + "NoticeRequest", _SPEC + "NOTICE_FIELDS",
+             _RES + "NoticeResult", WRITE, ADMIN, idempotent=False, destructive=False,
+             apply=_S + "notices:apply_publish", admin_hint="sudo bk admin notice publish TEXT"),
+        _row("notice_archive", "archive notices", _REQ + "NoticeArchiveRequest", _SPEC + "NOTICE_ARCHIVE_FIELDS",
+             _RES + "NoticeResult", WRITE, ADMIN, idempotent=True, destructive=True,
+             apply=_S + "notices:apply_archive", admin_hint="sudo bk admin notice archive ID"),
+        _row("blackout_add", "open a maintenance window: announce it, block new bookings in it, keep or "
+             "cancel the bookings already there", _REQ + "MaintainRequest", _SPEC + "MAINTAIN_FIELDS",
+             _RES + "MaintainResult", WRITE, ADMIN, idempotent=False, destructive=True,
+             apply=_S + "maintenance:apply_maintain", check=_S + "maintenance:check_maintain",
+             admin_hint="sudo bk admin maintain"),
+        _row("blackout_end", "end a maintenance window now (or withdraw one not begun)",
+             _REQ + "BlackoutEndRequest", _SPEC + "BLACKOUT_END_FIELDS", _RES + "MaintainResult", WRITE, ADMIN,
+             idempotent=True, destructive=True, apply=_S + "maintenance:apply_end",
+             admin_hint="sudo bk admin maintain end ID"),
+        _row("notice_edit", "change an announcement (the audit log keeps what it said)",
+             _REQ + "NoticeEditRequest", _SPEC + "NOTICE_EDIT_FIELDS", _RES + "NoticeEditResult", WRITE, ADMIN,
+             idempotent=True, destructive=False, apply=_S + "maintenance:apply_notice_edit",
+             check=_S + "maintenance:check_notice_edit", admin_hint="sudo bk admin notice edit ID --text ..."),
+        _row("policy_bind", "bind the ledger to the policy the host's configuration now holds",
+             _REQ + "PolicyBindRequest", _SPEC + "POLICY_BIND_FIELDS", _RES + "PolicyBindResult", WRITE, ADMIN,
+             idempotent=True, destructive=False, apply=_S + "policyedit:apply_bind", rebinds=True,
+             admin_hint="sudo bk admin gpu-policy ..."),
+        _row("data_lost", "show the commits the audit log records but the ledger lacks", _REQ + "Empty", (),
+             _RES + "LostResult", READ, HOST, idempotent=True, destructive=False,
+             serve=_S + "recovery:serve_lost", admin_hint="sudo bk admin data recover --dry-run"),
+        _row("data_recover", "accept (or replay) the commits the ledger lost", _REQ + "RecoverRequest",
+             _SPEC + "RECOVER_FIELDS", _RES + "LostResult", WRITE, HOST, idempotent=False, destructive=True,
+             apply=_S + "recovery:apply_recover", admin_hint="sudo bk admin data recover", accepts_loss=True),
+        _row("audit", "read the audit trail (your own; everyone's for the administrator)",
+             _REQ + "AuditRequest", _SPEC + "AUDIT_FIELDS", _RES + "AuditResult", READ, ANYONE,
+             idempotent=True, destructive=False, serve=_S + "hostreads:_serve_audit"),
+        _row("probe", "try the writes a commit needs, for real", _REQ + "Empty", (), _RES + "ProbeResult",
+             READ, ANYONE, idempotent=True, destructive=False, serve=_S + "hostreads:_serve_probe"),
+        _row("ping", "the broker's version and the caller as the kernel sees it", _REQ + "Empty", (),
+             _RES + "PingResult", READ, ANYONE, idempotent=True, destructive=False,
+             serve=_S + "hostreads:_serve_ping"),
+        # The agent's writes and local reads (bk.service.agent): bk mcp tools and bk agent.
+        _row("cleanup", "cancel your current and upcoming bookings made with an op-id prefix (or all of "
+             "them), in one commit", _S + "agent:CleanupRequest", _S + "agent:CLEANUP_FIELDS",
+             _S + "agent:CleanupResult", WRITE, OWNER, idempotent=True, destructive=True,
+             apply=_S + "agent:apply_cleanup", check=_S + "agent:check_cleanup"),
+        _row("context", "who you are, the rules, the GPUs and their live state, your bookings, the time",
+             _REQ + "Empty", (), _S + "agent:Data", READ, ANYONE, idempotent=True, destructive=False,
+             serve=_S + "agent:serve_context", served=False),
+        _row("list", "your current and upcoming bookings, numbered (or everyone's, or your history)",
+             _S + "agent:ListRequest", _S + "agent:LIST_FIELDS", _S + "agent:Data", READ, ANYONE,
+             idempotent=True, destructive=False, serve=_S + "agent:serve_list", served=False),
+        _row("recommend", "when and where GPUs are free: options, each with the command that books it "
+             "(books nothing)", _S + "agent:RecommendRequest", _S + "agent:RECOMMEND_FIELDS", _S + "agent:Data",
+             READ, ANYONE, idempotent=True, destructive=False, serve=_S + "agent:serve_recommend", served=False,
+             check=_S + "agent:check_recommend"),
+        _row("usage", "your GPU usage (booked, active, idle), or one booking's", _S + "agent:UsageRequest",
+             _S + "agent:USAGE_FIELDS", _S + "agent:Data", READ, ANYONE, idempotent=True, destructive=False,
+             serve=_S + "agent:serve_usage", served=False),
+        _row("job_log", "the output of the command attached to one of your bookings",
+             _S + "agent:JobLogRequest", _S + "agent:JOB_LOG_FIELDS", _S + "agent:Data", READ, ANYONE,
+             idempotent=True, destructive=False, serve=_S + "agent:serve_job_log", served=False),
+    )
+    return {op.name: op for op in rows}
+
+
+OPERATIONS: dict[str, Operation] = _table()
+
+
+def served(name: str) -> Operation:
+    """The row the broker serves for ``name``: local rows are unknown there."""
+    op = OPERATIONS.get(name) if isinstance(name, str) else None
+    if op is None or not op.served:
+        raise InvalidInput(f"unknown operation {str(name)[:40]!r}",
+                           hint="operations: " + ", ".join(n for n, o in OPERATIONS.items() if o.served))
+    return op
+
+
+def get(name: str) -> Operation:
+    op = OPERATIONS.get(name) if isinstance(name, str) else None
+    if op is None:
+        raise InvalidInput(f"unknown operation {str(name)[:40]!r}", hint="operations: " + ", ".join(OPERATIONS))
+    return op
+
+
+def writes() -> list[Operation]:
+    return [op for op in OPERATIONS.values() if op.access == WRITE]
+
+
+# ------------------------------------------------------------ the service
 
 def open_app(env: dict, *, actor=None, clock_fn=None, backend=None, telemetry=None, connect=None):
     """The service for this process.  Tests and embedding front ends may

@@ -112,6 +112,13 @@ CLEANUP_FIELDS = (Field("op_id_prefix", "text", min_len=1, max_len=128, pattern=
                   Field("dry_run", "bool", help="show what would be cancelled; change nothing"))
 
 
+def check_recommend(req: RecommendRequest) -> None:
+    from bk.service.requests import BookRequest, check_request
+
+    check_request(BookRequest(req.count, req.duration, mode=req.mode, share=req.share, mem_mib=req.mem_mib,
+                              start=req.start, pinned=req.pinned, excluded=req.excluded))
+
+
 def check_cleanup(req: CleanupRequest) -> None:
     if (req.op_id_prefix is None) == (not req.all):
         raise InvalidInput("cleanup takes either op_id_prefix or all: true (not both, not neither)",
@@ -353,11 +360,6 @@ def perform(app, op, req, call):
     """Run a row for this process's caller: a local read here (what the
     caller may read anyway), anything else through the service's gateway
     (this host's store, or the broker)."""
-    if not op.served:
-        op.validate(req)
-        return op.serve(app, req, call).rendered(None)
-    if op.name == "book":
-        return app.book(req, call=call)       # with the nearest-start hint on a conflict
     return app.run(op.name, req, call=call)
 
 

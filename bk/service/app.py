@@ -19,7 +19,7 @@ import os
 from collections.abc import Callable
 
 from bk import clock
-from bk.core.errors import Ambiguous, BkError, Conflict, InvalidInput, IOFailure, NotFound, PermissionDenied
+from bk.core.errors import Ambiguous, BkError, InvalidInput, IOFailure, NotFound, PermissionDenied
 from bk.core.models import ACTIVE, CANCELLED, ENDED, UPCOMING, LedgerState, Notice, Reservation
 from bk.service.context import Actor, Call
 
@@ -29,7 +29,6 @@ from bk.service.context import Actor, Call
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from bk.service.requests import (
-        AuditRequest,
         BookRequest,
         CancelRequest,
         EditRequest,
@@ -38,8 +37,6 @@ if TYPE_CHECKING:
     )
 
 _HEX = set("0123456789abcdef-")
-# How many recent audit records one booking's history looks through.
-AUDIT_SCAN_FOR_ONE = 5000
 
 
 def user_name(uid: int) -> str:
@@ -207,45 +204,35 @@ class Service:
     # -- operations (bk.service.ops) ----------------------------------------
 
     def run(self, name: str, req, *, call: Call | None = None):
-        from bk.service import ops
+        """Run row ``name`` of the operation table (``bk.service``) with
+        ``req`` for this call: a local row (``served=False``) here, in this
+        process; any other through the gateway (this host's store, or the
+        broker).  A refusal comes back worded by the row's ``explain``."""
+        from bk.service import get
 
-        return self.gateway.run(ops.get(name), req, self._call(call))
+        op = get(name)
+        call = self._call(call)
+        try:
+            if not op.served:
+                op.check_type(req)
+                if op.check is not None:
+                    op.check(req)
+                return op.serve(self, req, call)
+            return self.gateway.run(op, req, call)
+        except BkError as e:
+            if op.explain is None:
+                raise
+            raise op.explain(e, req, call) from None
 
     def write_batch(self, items: list) -> list:
         """``[(op name, request, call)]`` in one transaction (the broker's
         group commit); one rendered result or BkError per item."""
-        from bk.service import ops
+        from bk.service import get
 
-        return self.gateway.write_batch([(ops.get(name), req, call) for name, req, call in items])
+        return self.gateway.write_batch([(get(name), req, call) for name, req, call in items])
 
     def book(self, req: BookRequest, *, call: Call | None = None):
-        call = self._call(call)
-        try:
-            return self.run("book", req, call=call)
-        except Conflict as e:
-            raise self._with_nearest(e, req, call) from None
-
-    def _with_nearest(self, e: Conflict, req: BookRequest, call: Call) -> Conflict:
-        """An exact start that is taken: name the nearest start that fits,
-        with the command that books it, rather than leave the user guessing."""
-        if req.start is None or req.queue or e.details.get("rule") not in ("capacity", "memory"):
-            return e
-        from bk.core.record import replace
-        from bk.core.timegrid import format_local_short
-
-        try:
-            found = self.recommend(replace(req, queue=True, op_id=None, dry_run=False), alternatives=1,
-                                   call=call)
-        except BkError:
-            return e
-        if not found.options:
-            return e
-        p = found.options[0]
-        hint = (f"the nearest start that fits is {format_local_short(p.start, call.tz, call.now)}: "
-                f"{found.command(p, call.tz)} (or add --queue to take it)")
-        from bk.core.models import iso
-
-        return Conflict(e.message, hint, details={**e.details, "nearest_start": iso(p.start)})
+        return self.run("book", req, call=call)
 
     def edit(self, req: EditRequest, *, call: Call | None = None):
         return self.run("edit", req, call=call)
@@ -297,27 +284,6 @@ class Service:
             return lost
         return self.run("data_recover", RecoverRequest(lost.ledger_seq, lost.audit_seq, replay=replay),
                         call=call)
-
-    # host-side halves of the read operations (LocalGateway serves them)
-
-    def local_audit(self, req: AuditRequest, call: Call):
-        from bk.service.results import AuditResult
-
-        store = self.reader.store
-        if req.reservation is not None:
-            # Bookings are public on a shared server (the ledger is
-            # world-readable), so a reservation's lifecycle is too.
-            tail = store.audit_tail(limit=AUDIT_SCAN_FOR_ONE)
-            entries = [e for e in tail.entries if e.get("reservation") == req.reservation][-req.limit:]
-        else:
-            uid = None if (req.all and call.actor.is_admin) else call.actor.uid
-            tail = store.audit_tail(limit=req.limit, uid=uid)
-            entries = tail.entries
-        return AuditResult(tuple(entries), tuple(tail.problems), tail.complete)
-
-    def local_probe(self) -> list[tuple[str, bool, str]]:
-        """``bk doctor --probe``: try the writes a commit needs, for real."""
-        return self.reader.store.probe()
 
     # -- reads -------------------------------------------------------------
 

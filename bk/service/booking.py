@@ -221,7 +221,10 @@ def apply_book(state: LedgerState, req: BookRequest, call: Call) -> Mutation:
     if first is not None:
         call.warn(_repeat_hint(first, now))
         return Mutation(False, [], BookResult("exists", first, {"repeat_of": first.id}))
-    p = _place(state, _sched_request(req), call)
+    try:
+        p = _place(state, _sched_request(req), call)
+    except Conflict as e:
+        raise _with_nearest(e, state, req, call) from None
     share = policy.max_shared_users if req.mode == EXCLUSIVE else req.share
     res = Reservation(id=call.new_id("reservation"), uid=actor.uid, user=actor.user, mode=req.mode, gpus=tuple(p.gpus),
                       share=share, start=p.start, end=p.end, created=now, mem_mib=req.mem_mib,
@@ -237,6 +240,54 @@ def apply_book(state: LedgerState, req: BookRequest, call: Call) -> Mutation:
     result = replace(result, same_shape=same_shape_count(state.reservations, actor.uid, res))
     return Mutation(True, [AuditEntry(CREATE, status, res.id, req.op_id, None, summary(res), res.uid)],
                     result)
+
+
+def _with_nearest(e: Conflict, state: LedgerState, req: BookRequest, call: Call) -> Conflict:
+    """An exact start that is taken: the nearest start that fits, found on
+    the same state in the same transaction, goes into the refusal's details
+    (``nearest_start``, ``nearest_gpus``), from which ``explain_book`` words
+    the hint in the caller's own process and zone."""
+    if req.start is None or req.queue or e.details.get("rule") not in ("capacity", "memory"):
+        return e
+    snap = call.telemetry.snapshot()
+    try:
+        found = scheduler.recommend(_sched_request(replace(req, queue=True)), reservations=state.reservations,
+                                    blackouts=state.blackouts, policy=call.policy, gpus=list(snap.gpus),
+                                    now=call.now, alternatives=1, tz=call.tz,
+                                    load=telemetry.placement_load(snap, state.reservations, call.now,
+                                                                  uid=call.actor.uid))
+    except BkError:
+        return e
+    if not found:
+        return e
+    p = found[0]
+    return Conflict(e.message, e.hint, details={**e.details, "nearest_start": iso(p.start),
+                                                "nearest_gpus": list(p.gpus)})
+
+
+def explain_book(e: BkError, req: BookRequest, call: Call) -> BkError:
+    """The ``book`` row's refusal for the caller: an exact start that is
+    taken names the nearest start that fits (``_with_nearest``), with the
+    command that books it, rather than leave the user guessing.  Run by
+    ``Service.run`` for both gateways: the broker's reply carries the same
+    details, and the words are in this caller's zone."""
+    start, gpus = e.details.get("nearest_start"), e.details.get("nearest_gpus")
+    if not isinstance(e, Conflict) or not isinstance(start, str) or not isinstance(gpus, list):
+        return e
+    from bk.core.models import parse_iso
+    from bk.core.timegrid import format_local_short
+    from bk.service.advice import local_command
+
+    try:
+        at = parse_iso(start)
+        option = scheduler.Placement(at, at + req.duration, tuple(gpus), True, {}, None)
+    except (TypeError, ValueError):
+        return e
+    command = local_command(replace(req, queue=True, op_id=None, dry_run=False), option, call.now,
+                            call.policy.slot_minutes, call.tz)
+    hint = (f"the nearest start that fits is {format_local_short(option.start, call.tz, call.now)}: "
+            f"{command} (or add --queue to take it)")
+    return Conflict(e.message, hint, details=e.details)
 
 
 SHAPE_WINDOW = 20      # the user's latest bookings the preset suggestion looks at (presets.RECENT)

@@ -1,0 +1,46 @@
+"""The reads only the host may make: the audit trail, the probe, the ping.
+
+On a shared server the audit log is the service account's (it holds
+everyone's before/after details) and the probe tries the writes a commit
+needs as that account, so these rows are served by the broker; in private
+mode ``LocalGateway`` serves them here.
+"""
+
+from __future__ import annotations
+
+from bk.service.results import AuditResult, PingResult, ProbeResult
+
+# How many recent audit records one booking's history looks through.
+AUDIT_SCAN_FOR_ONE = 5000
+
+
+def _serve_audit(service, req, call) -> AuditResult:
+    """Audit entries, newest ``limit`` (oldest first): the caller's own
+    (records they made, or about their bookings), everyone's for the
+    administrator with ``all``, or one reservation's lifecycle."""
+    store = service.reader.store
+    if req.reservation is not None:
+        # Bookings are public on a shared server (the ledger is
+        # world-readable), so a reservation's lifecycle is too.
+        tail = store.audit_tail(limit=AUDIT_SCAN_FOR_ONE)
+        entries = [e for e in tail.entries if e.get("reservation") == req.reservation][-req.limit:]
+    else:
+        uid = None if (req.all and call.actor.is_admin) else call.actor.uid
+        tail = store.audit_tail(limit=req.limit, uid=uid)
+        entries = tail.entries
+    return AuditResult(tuple(entries), tuple(tail.problems), tail.complete)
+
+
+def _serve_probe(service, req, call) -> ProbeResult:
+    """``bk doctor --probe``: try the writes a commit needs, for real."""
+    return ProbeResult(tuple(service.reader.store.probe()))
+
+
+def _serve_ping(service, req, call) -> PingResult:
+    import os
+
+    from bk import __version__
+
+    actor = call.actor
+    return PingResult({"version": __version__, "pid": os.getpid(), "uid": os.geteuid()},
+                      {"pid": call.peer_pid, "uid": actor.uid, "user": actor.user, "admin": actor.is_admin})

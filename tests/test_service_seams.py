@@ -204,7 +204,7 @@ def test_open_app_takes_injected_telemetry(tmp_path):
     from bk.core.models import GpuInfo, GpuProcess
     from bk.core.telemetry import Inventory, Snapshot
     from bk.service import open_app
-    from bk.service.status import status_view
+    from bk.service import StatusRequest
     from bk.service.telemetry import Fixed
 
     gpus = (GpuInfo(0, "GPU-a", "Test", mem_total_mib=1024, util=50,
@@ -220,7 +220,7 @@ def test_open_app_takes_injected_telemetry(tmp_path):
     # One attribution for both: the booking warns about eve's process, and
     # status calls it unreserved (eve has no booking).
     assert call.warnings == ["GPU 0 is in use right now by a process of eve without a booking there (100 MiB)"]
-    view = status_view(app).to_json()
+    view = app.run("status", StatusRequest()).to_json()
     assert view["backend"] == {"name": "test", "simulated": True}
     assert [p["state"] for p in view["gpus"][0]["processes"]] == ["unreserved"]
 

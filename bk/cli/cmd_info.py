@@ -10,7 +10,6 @@ from bk.cli import common
 from bk.cli.cmd_status import notice_lines
 from bk.cli.render import Output, safe, table, wrap
 from bk.service.doctor import config_view, info_view
-from bk.service.status import login_view
 
 
 def register(sub) -> None:
@@ -81,8 +80,10 @@ def _zone_text(zone: dict) -> str:
 
 
 def run_login(args, ctx) -> Output:
-    app, call = ctx.app(), ctx.call()
-    lv = login_view(app, call=call)
+    from bk.service import LoginRequest
+
+    call = ctx.call()
+    lv = ctx.app().run("login", LoginRequest(), call=call)
     now, tz = call.now, call.tz
 
     def human(term) -> str:

@@ -30,23 +30,12 @@ def register(sub) -> None:
 
 
 def run(args, ctx) -> Output:
-    app, call = ctx.app(), ctx.call()
-    scope = "all" if args.all else "history" if args.history else "mine"
-    from bk.core.ledgerdoc import DocKeep
+    from bk.service import ListRequest
 
-    # One read: the list and the numbering.  Only the bookings it can show
-    # are built: yours (mine, history), or every live one (--all).
-    keep = DocKeep(uid=call.actor.uid, lo=call.now if scope == "all" else None)
-    state = app.ledger(call=call, keep=keep)
-    every = app.list(scope, call=call, state=state)
-    total = len(every)
-    items = every[:args.limit] if args.limit else every
-    if scope == "mine":         # the list *is* the numbering (one ledger read, not two)
-        numbers = {r.id: i for i, r in enumerate(every, 1)}
-    else:
-        numbers = app.numbers(state, call=call) if scope == "all" else {}
-    view = common.view(call, numbers)
-    rows = [view.reservation(r) for r in items]
+    call = ctx.call()
+    scope = "all" if args.all else "history" if args.history else "mine"
+    listed = ctx.app().run("list", ListRequest(scope, args.limit or None), call=call)
+    items, total, view = listed.reservations, listed.total, listed.view
 
     def human(term) -> str:
         if not items:
@@ -58,7 +47,7 @@ def run(args, ctx) -> Output:
             table += f"\nshowing {len(items)} of {total} (bk l{_flag(scope)} -n 0 for all)"
         return table + common.job_lines(items, view, call.actor.uid)
 
-    return Output("list", {"scope": scope, "reservations": rows, "total": total}, human)
+    return Output("list", listed.to_json(), human)
 
 
 def _limit(text: str) -> int:

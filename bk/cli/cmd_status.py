@@ -7,7 +7,6 @@ import argparse
 from bk.cli import common
 from bk.cli.render import Output, safe, table, wrap
 from bk.core.timegrid import format_duration, format_local_short
-from bk.service.status import status_view
 
 
 def register(sub) -> None:
@@ -32,8 +31,10 @@ def run(args, ctx) -> Output:
 
 
 def status_output(ctx, *, verbose: bool) -> Output:
-    app, call = ctx.app(), ctx.call()
-    st = status_view(app, verbose, call=call)
+    from bk.service import StatusRequest
+
+    call = ctx.call()
+    st = ctx.app().run("status", StatusRequest(verbose), call=call)
     now, tz = call.now, call.tz
 
     def human(term) -> str:

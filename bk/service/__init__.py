@@ -192,15 +192,29 @@ def _table() -> dict[str, Operation]:
              _S + "agent:CleanupResult", WRITE, OWNER, idempotent=True, destructive=True,
              apply=_S + "agent:apply_cleanup", check=_S + "agent:check_cleanup"),
         _row("context", "who you are, the rules, the GPUs and their live state, your bookings, the time",
-             _REQ + "Empty", (), _S + "agent:Data", READ, ANYONE, idempotent=True, destructive=False,
-             serve=_S + "agent:serve_context", served=False),
+             _REQ + "Empty", (), _S + "status:ContextResult", READ, ANYONE, idempotent=True, destructive=False,
+             serve=_S + "status:_serve_context", served=False),
+        _row("status", "every GPU (use, memory, processes, live state, when next free), your bookings (or "
+             "everyone's) and the notices", _S + "status:StatusRequest", _SPEC + "STATUS_FIELDS",
+             _S + "status:StatusView", READ, ANYONE, idempotent=True, destructive=False,
+             serve=_S + "status:_serve_status", served=False),
+        _row("login", "the notices, and your bookings running now or starting within the hour",
+             _S + "status:LoginRequest", _SPEC + "LOGIN_FIELDS", _S + "status:LoginView", READ, ANYONE,
+             idempotent=True, destructive=False, serve=_S + "status:_serve_login", served=False),
         _row("list", "your current and upcoming bookings, numbered (or everyone's, or your history)",
-             _S + "agent:ListRequest", _S + "agent:LIST_FIELDS", _S + "agent:Data", READ, ANYONE,
-             idempotent=True, destructive=False, serve=_S + "agent:serve_list", served=False),
+             _S + "views:ListRequest", _SPEC + "LIST_FIELDS", _S + "views:ListResult", READ, ANYONE,
+             idempotent=True, destructive=False, serve=_S + "views:_serve_list", served=False),
+        _row("notices", "the announcements, and the notices addressed to you", _S + "views:NoticesRequest",
+             _SPEC + "NOTICES_FIELDS", _S + "views:NoticesResult", READ, ANYONE, idempotent=True,
+             destructive=False, serve=_S + "views:_serve_notices", served=False),
         _row("recommend", "when and where GPUs are free: options, each with the command that books it "
-             "(books nothing)", _S + "agent:RecommendRequest", _S + "agent:RECOMMEND_FIELDS", _S + "agent:Data",
-             READ, ANYONE, idempotent=True, destructive=False, serve=_S + "agent:serve_recommend", served=False,
-             check=_S + "agent:check_recommend"),
+             "(books nothing)", _S + "advice:RecommendRequest", _SPEC + "RECOMMEND_FIELDS",
+             _S + "advice:Recommendation", READ, ANYONE, idempotent=True, destructive=False,
+             serve=_S + "advice:_serve_recommend", served=False, check=_S + "advice:check_recommend"),
+        _row("gpu", "which GPUs to use now: those of your running booking, or GPUs free now (idle first) "
+             "with their live state, or the earliest options", _S + "advice:GpuRequest", _SPEC + "GPU_FIELDS",
+             _S + "advice:GpuAdvice", READ, ANYONE, idempotent=True, destructive=False,
+             serve=_S + "advice:_serve_gpu", served=False),
         _row("usage", "your GPU usage (booked, active, idle), or one booking's", _S + "agent:UsageRequest",
              _S + "agent:USAGE_FIELDS", _S + "agent:Data", READ, ANYONE, idempotent=True, destructive=False,
              serve=_S + "agent:serve_usage", served=False),
@@ -232,6 +246,35 @@ def get(name: str) -> Operation:
 
 def writes() -> list[Operation]:
     return [op for op in OPERATIONS.values() if op.access == WRITE]
+
+
+# ------------------------------------------------------------ the face's names
+#
+# The request and result types of the rows, by name: ``from bk.service
+# import ListRequest``.  Each is imported from its module when first asked
+# for (PEP 562), so naming one costs only the module of its row.
+
+_TYPES = {
+    "views": ("ListRequest", "ListResult", "NoticesRequest", "NoticesResult"),
+    "advice": ("RecommendRequest", "Recommendation", "GpuRequest", "GpuAdvice"),
+    "status": ("StatusRequest", "StatusView", "LoginRequest", "LoginView", "ContextResult"),
+    "requests": ("BookRequest", "EditRequest", "CancelRequest", "NoticeRequest", "NoticeArchiveRequest",
+                 "AuditRequest", "JobStateRequest", "Empty", "RecoverRequest", "MaintainRequest",
+                 "BlackoutEndRequest", "NoticeEditRequest", "PolicyBindRequest"),
+    "results": ("BookResult", "EditResult", "CancelResult", "NoticeResult", "AuditResult", "ProbeResult",
+                "PingResult", "LostResult", "MaintainResult", "NoticeEditResult", "PolicyBindResult"),
+    "context": ("Actor", "Call"),
+}
+_WHERE = {name: module for module, names in _TYPES.items() for name in names}
+
+
+def __getattr__(name: str):
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'bk.service' has no attribute {name!r}")
+    value = _resolve(f"bk.service.{module}:{name}")
+    globals()[name] = value
+    return value
 
 
 # ------------------------------------------------------------ the service
@@ -284,3 +327,7 @@ def open_host(env: dict, settings, *, service_uid: int, telemetry=None):
         telemetry = Telemetry(open_backend, clock=clock.now, monitor=settings)
     actor = Actor(service_uid, user_name(service_uid))
     return Service.local(settings, telemetry, actor=actor, owner_uid=service_uid, clock_fn=clock.now)
+
+
+__all__ = ["ADMIN", "ANYONE", "HOST", "OPERATIONS", "OWNER", "READ", "WRITE", "Operation", "get", "open_app",
+           "open_host", "served", "writes", *_WHERE]

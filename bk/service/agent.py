@@ -36,39 +36,18 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from bk.core.errors import InvalidInput
-from bk.core.models import MODES, Reservation
+from bk.core.models import Reservation
 from bk.core.record import dataclass, field, replace
 from bk.service.fields import Field
 from bk.service.results import _malformed, _Rendered
 from bk.service.specs import OP_ID, OP_ID_HELP, RESERVATION_ID
 
 SCHEMA = "gpubk.agent.v1"        # the version of this surface (tool names, arguments), in context
-MAX_RECOMMEND = 20
 MAX_LOG_BYTES = 1 << 20
 DEFAULT_LOG_BYTES = 64 * 1024
-LIST_SCOPES = ("mine", "all", "history")
 
 
 # ------------------------------------------------------------ request types
-
-@dataclass(frozen=True)
-class RecommendRequest:
-    count: int
-    duration: int
-    mode: str = "shared"
-    share: int = 1
-    mem_mib: int | None = None
-    start: int | None = None
-    pinned: tuple[int, ...] | None = None
-    excluded: tuple[int, ...] = ()
-    limit: int = 3
-
-
-@dataclass(frozen=True)
-class ListRequest:
-    scope: str = "mine"
-    limit: int | None = None
-
 
 @dataclass(frozen=True)
 class UsageRequest:
@@ -88,17 +67,6 @@ class CleanupRequest:
     dry_run: bool = False
 
 
-RECOMMEND_FIELDS = (Field("count", "int", lo=1, hi=64, help="number of GPUs"),
-                    Field("duration", "int", lo=1, help="seconds"),
-                    Field("mode", "choice", choices=MODES), Field("share", "int", lo=1, hi=64),
-                    Field("mem_mib", "int", lo=1, help="VRAM per GPU in MiB"),
-                    Field("start", "int", help="earliest start, epoch seconds (UTC); default now"),
-                    Field("pinned", "gpus", help="exactly these GPUs"),
-                    Field("excluded", "gpus", help="never these GPUs"),
-                    Field("limit", "int", lo=1, hi=MAX_RECOMMEND, help="how many options (default 3)"))
-LIST_FIELDS = (Field("scope", "choice", choices=LIST_SCOPES,
-                     help="mine: your current and upcoming (default); all: everyone's; history: your ended"),
-               Field("limit", "int", lo=1, hi=10000, help="at most this many"))
 USAGE_FIELDS = (Field("reservation", "text", max_len=36, pattern=RESERVATION_ID,
                       help="one booking's booked and active seconds; default: your dashboard"),)
 JOB_LOG_FIELDS = (Field("ref", "text", min_len=1, max_len=64,
@@ -110,13 +78,6 @@ CLEANUP_FIELDS = (Field("op_id_prefix", "text", min_len=1, max_len=128, pattern=
                         + OP_ID_HELP),
                   Field("all", "bool", help="cancel all your current and upcoming bookings"),
                   Field("dry_run", "bool", help="show what would be cancelled; change nothing"))
-
-
-def check_recommend(req: RecommendRequest) -> None:
-    from bk.service.requests import BookRequest, check_request
-
-    check_request(BookRequest(req.count, req.duration, mode=req.mode, share=req.share, mem_mib=req.mem_mib,
-                              start=req.start, pinned=req.pinned, excluded=req.excluded))
 
 
 def check_cleanup(req: CleanupRequest) -> None:
@@ -185,31 +146,6 @@ def apply_cleanup(state, req: CleanupRequest, call):
     return Mutation(changed, audit, CleanupResult(status, tuple(done), req.dry_run))
 
 
-def serve_list(app, req: ListRequest, call) -> Data:
-    """What ``bk l --json`` shows (``data``): the same rows, the same numbers."""
-    from bk.service.views import View
-
-    state = app.ledger(call=call)
-    every = app.list(req.scope, call=call, state=state)
-    items = every[:req.limit] if req.limit else every
-    if req.scope == "mine":
-        numbers = {r.id: i for i, r in enumerate(every, 1)}
-    else:
-        numbers = app.numbers(state, call=call) if req.scope == "all" else {}
-    view = View.of(call, numbers)
-    return Data({"scope": req.scope, "reservations": [view.reservation(r) for r in items], "total": len(every)})
-
-
-def serve_recommend(app, req: RecommendRequest, call) -> Data:
-    """``bk slots``' options: each with its start, GPUs and the command that books it."""
-    from bk.service.requests import BookRequest
-
-    book = BookRequest(req.count, req.duration, mode=req.mode, share=req.share, mem_mib=req.mem_mib,
-                       start=req.start, queue=req.start is not None, pinned=req.pinned, excluded=req.excluded)
-    rec = app.recommend(book, alternatives=req.limit, call=call)
-    return Data({**rec.to_json(), "free_now": any(not p.queued and p.start <= call.now for p in rec.options)})
-
-
 def serve_usage(app, req: UsageRequest, call) -> Data:
     """The caller's usage dashboard (``bk u --json``), or one booking's totals."""
     from bk.service import usage
@@ -231,44 +167,18 @@ def serve_job_log(app, req: JobLogRequest, call) -> Data:
     return Data({"job": jobs.job_json(res), "log": data.decode("utf-8", "replace"), "truncated": cut})
 
 
-def serve_context(app, req, call) -> Data:
-    """Everything an agent asks first: who it is, the rules, the GPUs and
-    their live state, its bookings, the time, and what it may call."""
-    from bk import __version__
-    from bk.core.models import iso
-    from bk.service.status import live_gpus
-    from bk.service.telemetry import monitor_json
-    from bk.service.views import View
+def _recommend(tool, app, arguments, call) -> Data:
+    """The ``recommend`` row, and whether one of its options starts now."""
+    rec = _run_row(tool, app, arguments, call)
+    return Data({**rec.to_json(), "free_now": any(not p.queued and p.start <= call.now for p in rec.options)})
 
-    state = app.ledger(call=call)
-    mine = app.own_current(state, call=call)
-    view = View.of(call, {r.id: i for i, r in enumerate(mine, 1)})
-    inv = call.telemetry.inventory()
-    live, missing = live_gpus(app, state=state, call=call)
-    p = call.policy
-    gpus = [{"index": g.index, "name": g.name, "uuid": g.uuid, "mem_total_mib": g.mem_total_mib,
-             "disabled": g.index in p.disabled_gpus,
-             **({k: v for k, v in live[g.index].to_json().items() if k != "index"} if g.index in live else {})}
-            for g in inv.gpus]
-    try:
-        monitor = monitor_json(call.telemetry)
-    except Exception:       # a context without the monitor's state is still a context
-        monitor = None
-    return Data({
-        "agent_schema": SCHEMA, "version": __version__,
-        "now": iso(call.now), "now_epoch": call.now,
-        "you": {"uid": call.actor.uid, "user": call.actor.user, "admin": call.actor.is_admin},
-        "mode": app.settings.mode,
-        "policy": {"gpu_count": p.gpu_count, "slot_minutes": p.slot_minutes,
-                   "max_shared_users": p.max_shared_users, "booking_horizon_days": p.booking_horizon_days,
-                   "max_booking_hours": p.max_booking_hours, "queue_search_hours": p.queue_search_hours,
-                   "require_shared_memory": p.require_shared_memory},
-        "gpus": gpus, "telemetry": missing, "monitor": monitor,
-        "reservations": [view.reservation(r) for r in mine],
-        "tools": [t.name for t in tools(app)],
-        "units": "times: ISO-8601 UTC in results, epoch seconds (UTC) in arguments; durations: seconds; "
-                 "memory: MiB per GPU",
-    })
+
+def _context(tool, app, arguments, call) -> Data:
+    """The ``context`` row, with what an agent may call and in which units."""
+    data = _run_row(tool, app, arguments, call).to_json()
+    return Data({"agent_schema": SCHEMA, **data, "tools": [t.name for t in tools(app)],
+                 "units": "times: ISO-8601 UTC in results, epoch seconds (UTC) in arguments; durations: "
+                          "seconds; memory: MiB per GPU"})
 
 
 # ------------------------------------------------------------ the tool table
@@ -445,9 +355,9 @@ _REF = (("ref", "the booking: its list number (1, 2, ...), an ID prefix of 4+ ch
 def builtin_tools() -> list[AgentTool]:
     row = AgentTool.from_row
     return [
-        row("context", "context", summary="who you are, the rules, every GPU and its live state, your "
-            "bookings and the time: call this first"),
-        row("recommend", "recommend"),
+        row("context", "context", run=_context, summary="who you are, the rules, every GPU and its live "
+            "state, your bookings and the time: call this first"),
+        row("recommend", "recommend", run=_recommend),
         row("create", "book", hide=_JOB_FIELDS, renames=(("operation_id", "op_id"),), extra=_COMMAND,
             run=_create, summary="book GPUs, shared or exclusive, now or later, optionally with a command "
             "to run on them; give operation_id so that a retry returns the first result and books "

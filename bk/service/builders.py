@@ -222,3 +222,20 @@ def edit_request(old: Reservation, *, policy, now: int, tz, length=None, end: in
                        mem_mib=mem_mib, clear_mem=clear_mem, pinned=gpu_list(gpus, "-g", policy.gpu_count),
                        excluded=gpu_list(exclude, "-e", policy.gpu_count), queue=bool(queue), note=note, op_id=op_id,
                        dry_run=bool(dry_run))
+
+
+def recommend_request(book: BookRequest, limit: int = 3):
+    """``bk slots``' typed question from the booking it is about."""
+    from bk.service.advice import RecommendRequest
+
+    return RecommendRequest(book.count, book.duration, mode=book.mode, share=book.share, mem_mib=book.mem_mib,
+                            start=book.start, pinned=book.pinned, excluded=book.excluded, limit=limit)
+
+
+def gpu_request(book: BookRequest, *, count_given: bool):
+    """``bk g [N]``'s typed question: ``count_given`` False asks for the
+    caller's running booking's GPUs first."""
+    from bk.service.advice import GpuRequest
+
+    return GpuRequest(book.count if count_given else None, book.duration, mode=book.mode, share=book.share,
+                      mem_mib=book.mem_mib, pinned=book.pinned, excluded=book.excluded)

@@ -91,3 +91,27 @@ POLICY_BIND_FIELDS = (Field("gpu_count", "int", lo=1, hi=64), Field("slot_minute
                       Field("shared_memory_reserve_mb", "int", lo=0, hi=1 << 20),
                       Field("require_shared_memory", "bool"),
                       Field("force", "bool", help="keep bookings the new policy would refuse"), _WRITE[1])
+
+
+# The reads every front end makes (local rows: bk.service.views, status, ...).
+LIST_FIELDS = (Field("scope", "choice", choices=("mine", "all", "history"),
+                     help="mine: your current and upcoming (default); all: everyone's; history: your ended"),
+               Field("limit", "int", lo=1, hi=10000, help="at most this many"))
+NOTICES_FIELDS = (Field("all", "bool", help="archived and expired notices too"),)
+STATUS_FIELDS = (Field("verbose", "bool", help="everyone's bookings, and the processes"),)
+LOGIN_FIELDS = (Field("lookahead", "int", lo=0, hi=7 * 86400, help="bookings starting within this many seconds"),)
+RECOMMEND_FIELDS = (Field("count", "int", lo=1, hi=64, help="number of GPUs"),
+                    Field("duration", "int", lo=1, help="seconds"),
+                    Field("mode", "choice", choices=MODES), Field("share", "int", lo=1, hi=64),
+                    Field("mem_mib", "int", lo=1, help="VRAM per GPU in MiB"),
+                    Field("start", "int", help="earliest start, epoch seconds (UTC); default now"),
+                    Field("pinned", "gpus", help="exactly these GPUs"),
+                    Field("excluded", "gpus", help="never these GPUs"),
+                    Field("limit", "int", lo=1, hi=20, help="how many options (default 3)"))
+GPU_FIELDS = (Field("count", "int", lo=1, hi=64, help="GPUs to look for (default: your running booking's, "
+                    "else one)"),
+              Field("duration", "int", lo=1, help="for how long, seconds (default 3600)"),
+              Field("mode", "choice", choices=MODES), Field("share", "int", lo=1, hi=64),
+              Field("mem_mib", "int", lo=1, help="VRAM per GPU in MiB"),
+              Field("pinned", "gpus", help="exactly these GPUs"),
+              Field("excluded", "gpus", help="never these GPUs"))

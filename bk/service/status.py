@@ -228,20 +228,24 @@ class LoginView:
                 "reservations": [self.view.reservation(r) for r in self.reservations]}
 
 
-def status_view(app, verbose: bool = False, *, call=None) -> StatusView:
-    from bk.core.ledgerdoc import DocKeep
-    from bk.service.views import View
+@dataclass(frozen=True)
+class StatusRequest:
+    verbose: bool = False              # everyone's bookings, and the processes
 
-    call = call or app.call()
+
+def _serve_status(service, req: StatusRequest, call) -> StatusView:
+    from bk.core.ledgerdoc import DocKeep
+    from bk.service.views import View, current_notices, own_current
+
     now = call.now
     # Everything here looks at bookings that hold capacity now or later
     # (the GPU rows, their chains to "next free", attribution) or at yours:
     # ended and cancelled ones are not built (a sealed ledger; DocKeep).
-    state = app.ledger(call=call, keep=DocKeep(uid=call.actor.uid, lo=now))
-    mine = app.own_current(state, call=call)
+    state = service.ledger(call=call, keep=DocKeep(uid=call.actor.uid, lo=now))
+    mine = own_current(state, call)
     numbers = {r.id: i for i, r in enumerate(mine, 1)}
     snap = call.telemetry.snapshot()
-    if verbose:
+    if req.verbose:
         shown = sorted((r for r in state.reservations if r.is_live(now)), key=lambda r: (r.start, r.created))
     else:
         shown = mine
@@ -249,12 +253,12 @@ def status_view(app, verbose: bool = False, *, call=None) -> StatusView:
     running = [r for r in mine if r.status(now) == "active"]
     return StatusView(now, {"name": snap.source, "simulated": snap.simulated},
                       tuple(gpu_rows(state, snap, call.policy, now)), tuple(shown),
-                      tuple(app.notices(state=state, call=call)), view, verbose,
-                      snap.telemetry_json(), snap.describe(), tuple(booking_usage(app, running)),
+                      tuple(current_notices(state, call)), view, req.verbose,
+                      snap.telemetry_json(), snap.describe(), tuple(_booking_usage(service.settings, running)),
                       monitor_json(call.telemetry))
 
 
-def booking_usage(app, reservations) -> list[BookingUse]:
+def _booking_usage(settings, reservations) -> list[BookingUse]:
     """What the usage history says of each of ``reservations`` (running
     bookings); a booking it has no record of is left out, never shown as
     unused.  No history (no monitor ever ran) costs one failed stat."""
@@ -265,7 +269,7 @@ def booking_usage(app, reservations) -> list[BookingUse]:
     except ImportError:         # a build without the usage history
         return []
     try:
-        store = UsageStore.for_settings(app.settings)
+        store = UsageStore.for_settings(settings)
         if not os.path.isdir(store.dir):
             return []
         out = []
@@ -293,11 +297,9 @@ class GpuLive:
                 "mem_free_mib": self.mem_free_mib, "processes": self.processes}
 
 
-def live_gpus(app, *, state=None, call=None) -> tuple[dict[int, GpuLive], str | None]:
+def live_gpus(state, call) -> tuple[dict[int, GpuLive], str | None]:
     """Each GPU's live state (the command's one snapshot, the one placement
     used) and the telemetry line when something is missing."""
-    call = call or app.call()
-    state = state or app.ledger(call=call)
     snap = call.telemetry.snapshot()
     atts = telemetry.attribute_all(snap, state.reservations, call.now)
     out = {}
@@ -309,15 +311,63 @@ def live_gpus(app, *, state=None, call=None) -> tuple[dict[int, GpuLive], str | 
     return out, snap.describe()
 
 
-def login_view(app, lookahead: int = LOGIN_LOOKAHEAD_S, *, call=None) -> LoginView:
+@dataclass(frozen=True)
+class LoginRequest:
+    lookahead: int = LOGIN_LOOKAHEAD_S     # bookings starting within this many seconds
+
+
+def _serve_login(service, req: LoginRequest, call) -> LoginView:
     """``bk login``: notices, and the caller's bookings active now or starting soon."""
     from bk.core.ledgerdoc import DocKeep
-    from bk.service.views import View
+    from bk.service.views import View, current_notices, own_current
 
-    call = call or app.call()
-    state, now = app.ledger(call=call, keep=DocKeep(uid=call.actor.uid)), call.now
-    mine = app.own_current(state, call=call)
+    state, now = service.ledger(call=call, keep=DocKeep(uid=call.actor.uid)), call.now
+    mine = own_current(state, call)
     numbers = {r.id: i for i, r in enumerate(mine, 1)}
-    soon = [r for r in mine if r.start < now + lookahead]
+    soon = [r for r in mine if r.start < now + req.lookahead]
     view = View(now, call.actor.uid, call.policy, call.gpu_mem() if soon else {}, numbers)
-    return LoginView(now, tuple(app.notices(state=state, call=call)), tuple(soon), view)
+    return LoginView(now, tuple(current_notices(state, call)), tuple(soon), view)
+
+
+# ------------------------------------------------------------ an agent's first look
+
+@dataclass(frozen=True)
+class ContextResult:
+    """Everything an agent asks first (the ``context`` row): who it is, the
+    rules, the GPUs and their live state, its bookings, the time."""
+
+    json: dict
+
+    def to_json(self) -> dict:
+        return self.json
+
+
+def _serve_context(service, req, call) -> ContextResult:
+    from bk import __version__
+    from bk.service.views import View, own_current
+
+    state = service.ledger(call=call)
+    mine = own_current(state, call)
+    view = View.of(call, {r.id: i for i, r in enumerate(mine, 1)})
+    inv = call.telemetry.inventory()
+    live, missing = live_gpus(state, call)
+    p = call.policy
+    gpus = [{"index": g.index, "name": g.name, "uuid": g.uuid, "mem_total_mib": g.mem_total_mib,
+             "disabled": g.index in p.disabled_gpus,
+             **({k: v for k, v in live[g.index].to_json().items() if k != "index"} if g.index in live else {})}
+            for g in inv.gpus]
+    try:
+        monitor = monitor_json(call.telemetry)
+    except Exception:       # a context without the monitor's state is still a context
+        monitor = None
+    return ContextResult({
+        "version": __version__, "now": iso(call.now), "now_epoch": call.now,
+        "you": {"uid": call.actor.uid, "user": call.actor.user, "admin": call.actor.is_admin},
+        "mode": service.settings.mode,
+        "policy": {"gpu_count": p.gpu_count, "slot_minutes": p.slot_minutes,
+                   "max_shared_users": p.max_shared_users, "booking_horizon_days": p.booking_horizon_days,
+                   "max_booking_hours": p.max_booking_hours, "queue_search_hours": p.queue_search_hours,
+                   "require_shared_memory": p.require_shared_memory},
+        "gpus": gpus, "telemetry": missing, "monitor": monitor,
+        "reservations": [view.reservation(r) for r in mine],
+    })

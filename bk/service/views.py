@@ -54,3 +54,116 @@ class View:
     def reservation(self, r: Reservation) -> dict:
         return reservation_json(r, now=self.now, actor_uid=self.actor_uid, policy=self.policy,
                                 gpu_mem=self.gpu_mem, number=self.numbers.get(r.id))
+
+
+# ------------------------------------------------------------ the everyday reads
+#
+# What every front end shows first: the caller's bookings, numbered the same
+# in every command, and the notices.  Their rows (``list``, ``notices``) live
+# here, in a module every command loads anyway, so ``bk l`` runs its row
+# without loading one more.
+
+def own_current(state, call) -> list[Reservation]:
+    """The caller's current and upcoming bookings in list order; list
+    numbers (``bk d 1``) index this list in every command."""
+    uid, now = call.actor.uid, call.now
+    mine = [r for r in state.reservations if r.uid == uid and r.is_live(now)]
+    # Same start: the order they were booked in, so numbers match what the
+    # user typed.  The sort is stable and the ledger keeps bookings in the
+    # order they were made, so even the same second keeps that order.
+    return sorted(mine, key=lambda r: (r.start, r.created))
+
+
+def numbers_of(state, call) -> dict[str, int]:
+    """List numbers of the caller's current bookings: the same in every command."""
+    return {r.id: i for i, r in enumerate(own_current(state, call), 1)}
+
+
+def current_notices(state, call, *, include_archived: bool = False) -> list[Notice]:
+    """The notices the caller is shown, newest first: current announcements
+    and notices to them; with ``include_archived`` archived and expired
+    ones too (and, for the administrator, notices to other users, so that
+    one can be found and archived by its ID)."""
+    now, actor = call.now, call.actor
+    out = []
+    for n in state.notices:
+        if (n.archived or n.at > now) and not include_archived:
+            continue       # archived, or published to start later
+        current = n.until is None or n.until > now or include_archived
+        mine = n.uid in (None, actor.uid) or (include_archived and actor.is_admin)
+        if current and mine:
+            out.append(n)
+    return sorted(out, key=lambda n: n.at, reverse=True)
+
+
+LIST_SCOPES = ("mine", "all", "history")
+
+
+@dataclass(frozen=True)
+class ListRequest:
+    scope: str = "mine"               # mine | all | history
+    limit: int | None = None          # at most this many (None: all); ``total`` counts them all
+
+
+@dataclass(frozen=True)
+class ListResult:
+    """``bk l`` and the agent's ``list``: the bookings shown, how many there
+    are in all, and the view that numbers them."""
+
+    scope: str
+    reservations: tuple
+    total: int
+    view: View
+
+    def to_json(self) -> dict:
+        return {"scope": self.scope, "reservations": [self.view.reservation(r) for r in self.reservations],
+                "total": self.total}
+
+
+def _serve_list(service, req: ListRequest, call) -> ListResult:
+    from bk.core.errors import InvalidInput
+    from bk.core.ledgerdoc import DocKeep
+
+    scope, now = req.scope, call.now
+    if scope not in LIST_SCOPES:
+        raise InvalidInput(f"unknown list scope {scope!r}", hint="mine, all or history")
+    # One read: the list and the numbering.  Only the bookings it can show
+    # are built: yours (mine, history), or every live one (all).
+    state = service.ledger(call=call, keep=DocKeep(uid=call.actor.uid, lo=now if scope == "all" else None))
+    mine = own_current(state, call)
+    if scope == "mine":
+        every = mine
+    elif scope == "all":
+        every = sorted((r for r in state.reservations if r.is_live(now)), key=lambda r: (r.start, r.created))
+    else:
+        uid = call.actor.uid
+        hot = [r for r in state.reservations if r.uid == uid and not r.is_live(now)]
+        seen = {r.id for r in hot}
+        cold = [r for r in service.reader.archived(uid=uid) if r.id not in seen]
+        every = sorted(hot + cold, key=lambda r: (r.end, r.id), reverse=True)
+    numbers = {r.id: i for i, r in enumerate(mine, 1)} if scope != "history" else {}
+    shown = every[:req.limit] if req.limit else every
+    return ListResult(scope, tuple(shown), len(every), View.of(call, numbers))
+
+
+@dataclass(frozen=True)
+class NoticesRequest:
+    all: bool = False                 # archived and expired ones too
+
+
+@dataclass(frozen=True)
+class NoticesResult:
+    notices: tuple
+
+    def to_json(self) -> dict:
+        return {"notices": [notice_json(n) for n in self.notices]}
+
+
+def _serve_notices(service, req: NoticesRequest, call) -> NoticesResult:
+    from bk.core.ledgerdoc import DocKeep
+
+    # Notices are their own list in the document (an administrator's
+    # cancellation of your booking is a notice to you, not a field of the
+    # booking), so no reservation needs building (a sealed ledger).
+    state = service.ledger(call=call, keep=DocKeep())
+    return NoticesResult(tuple(current_notices(state, call, include_archived=req.all)))

@@ -9,7 +9,6 @@ import json
 from bk.cli import common
 from bk.cli.cmd_status import notice_lines
 from bk.cli.render import Output, safe, table, wrap
-from bk.service.doctor import config_view, info_view
 
 
 def register(sub) -> None:
@@ -40,8 +39,9 @@ def register(sub) -> None:
 
 
 def run_info(args, ctx) -> Output:
-    app = ctx.app()
-    data = info_view(app, call=ctx.call())
+    from bk.service import Empty
+
+    data = ctx.app().run("info", Empty(), call=ctx.call()).to_json()
 
     def human(term) -> str:
         a, pol = data["admin"], data["policy"]
@@ -106,8 +106,9 @@ def _value(v) -> str:
 
 
 def run_config(args, ctx) -> Output:
-    app = ctx.app()
-    data = config_view(app, call=ctx.call())
+    from bk.service import Empty
+
+    data = ctx.app().run("config", Empty(), call=ctx.call()).to_json()
 
     def human(term) -> str:
         head = [f"mode: {data['mode']}",

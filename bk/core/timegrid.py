@@ -532,3 +532,30 @@ def _check_aligned(s: str, t: int, step: int, slot_minutes: int, earliest: int, 
     near = [render(x) for x in (lo, lo + step) if x >= earliest] or [render(lo + step)]
     raise InvalidInput(f"{s!r} is not on a {slot_minutes}-minute boundary; try {' or '.join(near)}",
                        f"bookings start and end on the {slot_minutes}-minute grid, e.g. {near[-1]}")
+
+
+# The time ruler above a timeline's columns, shared by ``bk tl`` and ``bk t``:
+# a label (HH:MM, or MM-DD at midnight and for day-wide steps) every so many
+# minutes of local wall time, the first interval that leaves room for labels.
+LABEL_EVERY_MIN = (15, 30, 60, 120, 180, 240, 360, 720, 1440, 2880, 10080)
+LABEL_W = 5
+
+
+def time_labels(frm: int, n: int, step: int, tz) -> str:
+    """``n`` characters of labels for columns ``step`` seconds wide from ``frm``."""
+    every = next((m * 60 for m in LABEL_EVERY_MIN if (m * 60) % step == 0 and m * 60 // step > LABEL_W),
+                 None)
+    line = [" "] * n
+    last_end = -1
+    for i in range(n):
+        t = frm + i * step
+        dt = datetime.fromtimestamp(t, tz)
+        wall = t + int(dt.utcoffset().total_seconds())
+        due = (wall % every == 0) if every else (i % (LABEL_W + 1) == 0)
+        if not due or i <= last_end or i + LABEL_W > n:
+            continue
+        label = dt.strftime("%m-%d") if (dt.hour, dt.minute) == (0, 0) or (every or 0) >= 86400 \
+            else dt.strftime("%H:%M")
+        line[i:i + LABEL_W] = label
+        last_end = i + LABEL_W
+    return "".join(line)

@@ -115,3 +115,13 @@ GPU_FIELDS = (Field("count", "int", lo=1, hi=64, help="GPUs to look for (default
               Field("mem_mib", "int", lo=1, help="VRAM per GPU in MiB"),
               Field("pinned", "gpus", help="exactly these GPUs"),
               Field("excluded", "gpus", help="never these GPUs"))
+TIMELINE_FIELDS = (Field("width", "int", lo=12, hi=100000, help="characters across, the GPU labels included"),
+                   Field("frm", "int", help="the first time shown, epoch seconds (default: just before now)"),
+                   Field("window", "int", lo=1, help="seconds shown (default: what fits)"),
+                   Field("step", "int", lo=60, help="seconds per column (default: the finest that fits)"),
+                   Field("gpus", "gpus", help="only these GPUs"),
+                   Field("fit", "bool", help="refuse more columns than fit the width"))
+DOCTOR_FIELDS = (Field("probe", "bool", help="also try the broker round trip, an atomic replace and the lock"),
+                 Field("strict", "bool", help="warnings count as failures"),
+                 Field("require_monitor", "bool", help="fail unless the GPU monitor runs"),
+                 Field("require_worker", "bool", help="fail unless your scheduled-command worker runs"))

@@ -25,7 +25,6 @@ from bk.core import timegrid
 from bk.core.models import EXCLUSIVE
 from bk.core.record import dataclass
 from bk.core.safetext import safe
-from bk.service.timeline import time_labels
 from bk.tui import keys, layout, text
 from bk.tui.theme import Charset, Style, Theme
 
@@ -132,7 +131,7 @@ def _span(a: int, b: int, world, cs: Charset) -> str:
 
 
 def _labels(frm: int, n: int, step: int, tz) -> str:
-    return time_labels(frm, n, step, tz)
+    return timegrid.time_labels(frm, n, step, tz)
 
 
 def _state_word(d: dict) -> str:

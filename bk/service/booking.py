@@ -14,7 +14,15 @@ repeat, not a second booking (``repeat_of``).
 from __future__ import annotations
 
 from bk.core import scheduler, telemetry
-from bk.core.errors import BkError, Conflict, InvalidInput, NotFound, PermissionDenied, PolicyRefused
+from bk.core.errors import (
+    Ambiguous,
+    BkError,
+    Conflict,
+    InvalidInput,
+    NotFound,
+    PermissionDenied,
+    PolicyRefused,
+)
 from bk.core.models import (
     ACTIVE,
     ADMIN_CANCEL,
@@ -33,7 +41,7 @@ from bk.core.models import (
     Reservation,
     iso,
 )
-from bk.core.record import replace
+from bk.core.record import dataclass, replace
 from bk.core.timegrid import floor_slice
 from bk.service.context import Actor, Call
 from bk.service.requests import BookRequest, CancelRequest, EditRequest, canonical
@@ -499,3 +507,113 @@ def apply_cancel(state: LedgerState, req: CancelRequest, call: Call) -> Mutation
     _record_op(state, actor, req.op_id, CANCEL, digest, res.id, now)
     return Mutation(True, [AuditEntry(ADMIN_CANCEL if by_admin else CANCEL, "cancelled", res.id, req.op_id,
                                       summary(res), None, res.uid, req.reason)], result)
+
+
+# ------------------------------------------------------------ naming a booking
+
+_HEX = set("0123456789abcdef-")
+
+
+def resolve(state: LedgerState, ref: str, call: Call, *, any_owner: bool = False) -> Reservation:
+    """A full reservation from a list number (1-3 digits), a unique ID
+    prefix of at least 4 characters, or a full ID."""
+    from bk.service.views import own_current
+
+    ref = ref.strip().lower()
+    if ref.isdigit() and len(ref) <= 3:
+        mine = own_current(state, call)
+        n = int(ref)
+        if not 1 <= n <= len(mine):
+            raise NotFound(f"you have no booking number {n}" + (f" (you have {len(mine)})"
+                           if mine else ""), hint="list yours with: bk l")
+        return mine[n - 1]
+    if len(ref) < 4 or not set(ref) <= _HEX:
+        raise InvalidInput(f"{ref!r} is neither a list number nor an ID prefix of 4+ hex characters",
+                           hint="use the number or ID shown by: bk l")
+    hits = [r for r in state.reservations if r.id.startswith(ref)]
+    if not any_owner:
+        own = [r for r in hits if r.uid == call.actor.uid]
+        hits = own or hits
+    if not hits:
+        raise NotFound(f"no reservation with ID {ref}", hint="list yours with: bk l")
+    if len(hits) > 1:
+        raise Ambiguous(f"ID prefix {ref} matches {len(hits)} reservations: "
+                        + ", ".join(f"{r.id[:12]} ({r.user})" for r in hits[:10]),
+                        hint="type more characters of the ID", details={"candidates": [r.id for r in hits]})
+    return hits[0]
+
+
+@dataclass(frozen=True)
+class ResolveRequest:
+    """Which booking a front end means: ``ref`` (a list number, an ID
+    prefix, a full ID), unless ``op_id`` already did ``action`` (edit,
+    cancel, book) to one, which is then the one (``op_target``)."""
+
+    ref: str
+    op_id: str | None = None
+    action: str | None = None
+    any_owner: bool = False           # the administrator names anyone's booking
+
+
+@dataclass(frozen=True)
+class ResolveResult:
+    reservation: Reservation
+    by_op_id: bool
+    view: object                      # bk.service.views.View
+
+    def to_json(self) -> dict:
+        return {"reservation": self.view.reservation(self.reservation), "by_op_id": self.by_op_id}
+
+
+def _serve_resolve(service, req: ResolveRequest, call: Call) -> ResolveResult:
+    """A front end asks this *before* it builds an edit or a cancellation:
+    a retried ``bk d 1 --op-id K`` then names the booking the first run
+    cancelled (numbers move once it is gone) and the operation answers
+    ``exists``, here and through the broker alike.  The op records are in
+    the committed ledger, which every user may read."""
+    from bk.service.views import View
+
+    state = service.ledger(call=call)
+    res = None
+    if req.op_id and req.action:
+        if req.action not in OP_ACTIONS:
+            raise InvalidInput(f"unknown action {req.action!r}", hint=", ".join(OP_ACTIONS))
+        res = op_target(state, call.actor, req.op_id, OP_ACTIONS[req.action])
+    by_op = res is not None
+    if res is None:
+        res = resolve(state, req.ref, call, any_owner=req.any_owner)
+    return ResolveResult(res, by_op, View.of(call))
+
+
+@dataclass(frozen=True)
+class OpLookupRequest:
+    op_id: str
+
+
+@dataclass(frozen=True)
+class OpLookupResult:
+    """What an op-id did here (``bk c op``: a lost reply looked up), if anything."""
+
+    op_id: str
+    action: str | None
+    reservation: Reservation | None   # None: not found, or it has left the ledger
+    view: object
+    reservation_id: str | None = None  # what the op-id's record names
+
+    @property
+    def found(self) -> bool:
+        return self.action is not None
+
+    def to_json(self) -> dict:
+        return {"op_id": self.op_id, "found": self.found, "action": self.action,
+                "reservation": self.view.reservation(self.reservation) if self.reservation is not None else None}
+
+
+def _serve_op_lookup(service, req: OpLookupRequest, call: Call) -> OpLookupResult:
+    from bk.service.views import View
+
+    state = service.ledger(call=call)
+    op = next((o for o in state.ops if o.op_id == req.op_id and o.uid == call.actor.uid), None)
+    res = state.find(op.reservation) if op is not None else None
+    return OpLookupResult(req.op_id, op.action if op else None, res, View.of(call),
+                          op.reservation if op else None)

@@ -125,3 +125,10 @@ DOCTOR_FIELDS = (Field("probe", "bool", help="also try the broker round trip, an
                  Field("strict", "bool", help="warnings count as failures"),
                  Field("require_monitor", "bool", help="fail unless the GPU monitor runs"),
                  Field("require_worker", "bool", help="fail unless your scheduled-command worker runs"))
+RESOLVE_FIELDS = (Field("ref", "text", min_len=1, max_len=64, help="a list number, an ID prefix, or a full ID"),
+                  Field("op_id", "text", min_len=1, max_len=MAX_OP_ID, pattern=OP_ID,
+                        help="the op-id of an earlier request: the booking it changed, if any"),
+                  Field("action", "choice", choices=("book", "edit", "cancel"), help="what that op-id did"),
+                  Field("any_owner", "bool", help="anyone's booking (the administrator)"))
+OP_LOOKUP_FIELDS = (Field("op_id", "text", min_len=1, max_len=MAX_OP_ID, pattern=OP_ID),)
+HISTORY_FIELDS = (Field("ref", "text", min_len=1, max_len=64, help="a list number, an ID prefix, or a full ID"),)

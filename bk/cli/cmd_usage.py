@@ -3,7 +3,7 @@
 ``bk u`` is your own dashboard (totals, a chart of the last 7 days and 4
 weeks, recent bookings); ``users``, ``samples``, ``events`` and ``verify``
 look at everyone's history.  The numbers come from the monitor (``bk m``)
-through ``bk.service.usage``; this module only draws them.
+through the ``usage`` rows; this module only draws them.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from bk.cli.render import Output, safe, table
 from bk.core import timegrid
 from bk.core import usage as core
 from bk.core.errors import EXIT_PARTIAL
-from bk.service import usage as views
 
 EPILOG = """Examples:
   bk u                          your dashboard: today, 7 days, 4 weeks, recent bookings
@@ -190,25 +189,23 @@ def _day_label(start: int, tz) -> str:
 # ------------------------------------------------------------ commands
 
 def run_dashboard(args, ctx) -> Output:
-    app, call = ctx.app(), ctx.call()
+    from bk.service import UsageRequest
+
+    call = ctx.call()
     if args.dash_until is not None and args.dash_since is None:
         from bk.core.errors import UsageError
 
         raise UsageError("--until goes with --since", hint="e.g. bk u --since 2026-11-01 --until 2026-12-01")
-    period = None
+    since = until = None
     if args.dash_since is not None:
-        # bk u --since 10d, as people write it: the dashboard, and their own
-        # totals over that period (the row of bk u users that is theirs).
         since, until = _period(args.dash_since, args.dash_until, call)
-        rows = views.users(app, call=call, since=since, until=until).rows
-        mine = next((r.totals for r in rows if r.uid == call.actor.uid), core.Totals())
-        period = (since, until, mine)
-    d = views.dashboard(app, call=call)
+    got = ctx.app().run("usage", UsageRequest(since=since, until=until), call=call)
+    d, period = got.dashboard, got.period
     tz, now = call.tz, call.now
 
     def human(term) -> str:
         if not d.history:
-            return ("no usage recorded yet.\n" + views.MONITOR_HINT +
+            return ("no usage recorded yet.\n" + d.hint +
                     "\n(bk u then shows what you booked and what you used)")
         lines = [f"usage of {safe(d.user)} (GPU time; active = a process of yours on the booked GPU)",
                  f"  today     {totals_line(d.today)}",
@@ -233,23 +230,20 @@ def run_dashboard(args, ctx) -> Output:
                                term, shrink=2))
         return "\n".join(lines)
 
-    data = d.to_json()
-    if period is not None:
-        from bk.core.models import iso
-
-        data["period"] = {"since": iso(period[0]), "until": iso(period[1]), "totals": views.totals_json(period[2])}
-    return Output("usage", data, human)
+    return Output("usage", got.to_json(), human)
 
 
 def run_users(args, ctx) -> Output:
-    app, call = ctx.app(), ctx.call()
+    from bk.service import SpanRequest
+
+    call = ctx.call()
     since, until = _span(args, call)
-    rep = views.users(app, call=call, since=since, until=until)
+    rep = ctx.app().run("usage_users", SpanRequest(since, until), call=call)
     tz, now = call.tz, call.now
 
     def human(term) -> str:
         if not rep.history:
-            return "no usage recorded yet.\n" + views.MONITOR_HINT
+            return "no usage recorded yet.\n" + rep.hint
         head = f"usage {timegrid.format_span(since, until, tz, now)}"
         if not rep.rows:
             return head + "\nnobody booked or used a GPU in this period"
@@ -269,15 +263,17 @@ def run_users(args, ctx) -> Output:
 
 
 def run_samples(args, ctx) -> Output:
-    app, call = ctx.app(), ctx.call()
+    from bk.service import SamplesRequest
+
+    call = ctx.call()
     since, until = _span(args, call)
     gpus = common.parse_gpu_list(args.gpu, "-g") if args.gpu else None
-    rep = views.samples(app, call=call, since=since, until=until, gpus=gpus, limit=args.limit)
+    rep = ctx.app().run("usage_samples", SamplesRequest(since, until, gpus, args.limit), call=call)
     tz, now = call.tz, call.now
 
     def human(term) -> str:
         if not rep.history:
-            return "no usage recorded yet.\n" + views.MONITOR_HINT
+            return "no usage recorded yet.\n" + rep.hint
         if not rep.records:
             return "no records in this period"
         rows = []
@@ -297,15 +293,17 @@ def run_samples(args, ctx) -> Output:
 
 
 def run_events(args, ctx) -> Output:
-    app, call = ctx.app(), ctx.call()
+    from bk.service import EventsRequest
+
+    call = ctx.call()
     since, until = _span(args, call)
     idle = timegrid.parse_duration(args.idle, 1)
-    rep = views.events(app, call=call, since=since, until=until, min_idle_s=idle)
+    rep = ctx.app().run("usage_events", EventsRequest(since, until, idle), call=call)
     tz, now = call.tz, call.now
 
     def human(term) -> str:
         if not rep.history:
-            return "no usage recorded yet.\n" + views.MONITOR_HINT
+            return "no usage recorded yet.\n" + rep.hint
         if not rep.events:
             return "no unreserved use and no idle bookings in this period"
         rows = [[timegrid.format_span(e.start, e.end, tz, now), e.kind, safe(rep.names.get(e.uid, e.uid)),
@@ -317,8 +315,9 @@ def run_events(args, ctx) -> Output:
 
 
 def run_verify(args, ctx) -> Output:
-    app, call = ctx.app(), ctx.call()
-    rep = views.verify(app, call=call)
+    from bk.service import Empty
+
+    rep = ctx.app().run("usage_verify", Empty(), call=ctx.call())
 
     def human(term) -> str:
         if not rep.checks:

@@ -40,7 +40,7 @@ from bk.core.models import Reservation
 from bk.core.record import dataclass, field, replace
 from bk.service.fields import Field
 from bk.service.results import _malformed, _Rendered
-from bk.service.specs import OP_ID, OP_ID_HELP, RESERVATION_ID
+from bk.service.specs import OP_ID, OP_ID_HELP
 
 SCHEMA = "gpubk.agent.v1"        # the version of this surface (tool names, arguments), in context
 MAX_LOG_BYTES = 1 << 20
@@ -48,11 +48,6 @@ DEFAULT_LOG_BYTES = 64 * 1024
 
 
 # ------------------------------------------------------------ request types
-
-@dataclass(frozen=True)
-class UsageRequest:
-    reservation: str | None = None
-
 
 @dataclass(frozen=True)
 class JobLogRequest:
@@ -67,8 +62,6 @@ class CleanupRequest:
     dry_run: bool = False
 
 
-USAGE_FIELDS = (Field("reservation", "text", max_len=36, pattern=RESERVATION_ID,
-                      help="one booking's booked and active seconds; default: your dashboard"),)
 JOB_LOG_FIELDS = (Field("ref", "text", min_len=1, max_len=64,
                         help="the job: its booking's list number or ID prefix, or the job's own ID prefix"),
                   Field("max_bytes", "int", lo=1, hi=MAX_LOG_BYTES,
@@ -144,17 +137,6 @@ def apply_cleanup(state, req: CleanupRequest, call):
         changed = changed or m.changed
     status = "nothing" if not hits else "dry_run" if req.dry_run else "cancelled"
     return Mutation(changed, audit, CleanupResult(status, tuple(done), req.dry_run))
-
-
-def serve_usage(app, req: UsageRequest, call) -> Data:
-    """The caller's usage dashboard (``bk u --json``), or one booking's totals."""
-    from bk.service import usage
-
-    if req.reservation is None:
-        return Data(usage.dashboard(app, call=call).to_json())
-    booked, active = usage.store_of(app).booking_usage(req.reservation)
-    return Data({"reservation": req.reservation, "booked_s": booked, "active_s": active,
-                 "idle_s": max(booked - active, 0)})
 
 
 def serve_job_log(app, req: JobLogRequest, call) -> Data:

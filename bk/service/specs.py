@@ -132,3 +132,13 @@ RESOLVE_FIELDS = (Field("ref", "text", min_len=1, max_len=64, help="a list numbe
                   Field("any_owner", "bool", help="anyone's booking (the administrator)"))
 OP_LOOKUP_FIELDS = (Field("op_id", "text", min_len=1, max_len=MAX_OP_ID, pattern=OP_ID),)
 HISTORY_FIELDS = (Field("ref", "text", min_len=1, max_len=64, help="a list number, an ID prefix, or a full ID"),)
+USAGE_FIELDS = (Field("reservation", "text", max_len=36, pattern=RESERVATION_ID,
+                      help="one booking's booked and active seconds; default: your dashboard"),
+                Field("since", "int", help="also your totals from then, epoch seconds"),
+                Field("until", "int", help="with since: the end of that period (default now)"))
+_SPAN = (Field("since", "int", help="start of the period, epoch seconds"),
+         Field("until", "int", help="end of the period, epoch seconds"))
+SPAN_FIELDS = _SPAN
+SAMPLES_FIELDS = (*_SPAN, Field("gpus", "gpus", help="only these GPUs"),
+                  Field("limit", "int", lo=1, hi=1 << 20, help="at most the last this many records"))
+EVENTS_FIELDS = (*_SPAN, Field("min_idle_s", "int", lo=0, help="shortest idle stretch that counts, seconds"))

@@ -63,7 +63,7 @@ def register(sub) -> None:
 # ------------------------------------------------------------------ bk j
 
 def run_jobs(args, ctx) -> Output:
-    from bk.service import jobs
+    from bk.service import JobLogRequest, JobRetryRequest
 
     app, call = ctx.app(), ctx.call()
     if args.action == "list":
@@ -73,33 +73,31 @@ def run_jobs(args, ctx) -> Output:
     if not args.ref:
         raise UsageError(f"bk j {args.action} needs the job's ID", hint=f"e.g. bk j {args.action} 1 (see bk j)")
     if args.action == "log":
-        res, data, cut = jobs.job_log(app, call, args.ref, everything=args.all)
+        got = app.run("job_log", JobLogRequest(args.ref, all=args.all), call=call)
+        res, data, cut = got.reservation, got.log, got.truncated
         text = data.decode("utf-8", "replace")
-        payload = {"job": jobs.job_json(res), "log": text, "truncated": cut}
 
         def human(term) -> str:
             if not data:
-                why = _never_started(app, call, res)
+                why = _never_started(got, call)
                 return wrap(why, term.width, "", "  ") if why else f"(no output from the job of {res.short_id})"
             head = "(older output left out: bk j log ID --all)\n" if cut else ""
             # Output is the user's own program's: shown as written, but never
             # able to drive the terminal with escape sequences.
             return head + "\n".join(safe(line) for line in text.splitlines())
-        return Output("jobs", payload, human)
-    result = jobs.retry(app, call, args.ref, accept_duplicate_risk=args.accept_duplicate_risk)
+        return Output("jobs", got.to_json(), human)
+    result = app.run("job_retry", JobRetryRequest(args.ref, args.accept_duplicate_risk), call=call)
     r = result.reservation
-    out = Output("jobs", result.to_json(), f"job of {r.short_id} requeued: pending; your worker starts it "
-                 "when its GPUs are clear", done=f"requeued the job of {r.short_id}")
-    if jobs.worker_status(app)["state"] != "running":
-        out.warnings.append(jobs.NO_WORKER)
-    return out
+    return Output("jobs", result.to_json(), f"job of {r.short_id} requeued: pending; your worker starts it "
+                  "when its GPUs are clear", done=f"requeued the job of {r.short_id}")
 
 
-def _never_started(app, call, res) -> str | None:
+def _never_started(got, call) -> str | None:
     """Why a job has no output because it never ran, or None when it ran
     (its state, or an exit status recorded, says so)."""
-    from bk.service import jobs
+    from bk.service import NO_WORKER
 
+    res = got.reservation
     job = res.job
     x = job.extra
     ran = x.get("started") or x.get("exit_code") is not None
@@ -114,19 +112,16 @@ def _never_started(app, call, res) -> str | None:
     if res.start > call.now:
         when = timegrid.format_local_short(res.start, call.tz, call.now)
         return f"the job of {res.short_id} has not started yet: its booking starts {when}"
-    if jobs.worker_status(app)["state"] != "running":
-        return f"the job of {res.short_id} has not started yet: {jobs.NO_WORKER}"
+    if got.worker["state"] != "running":
+        return f"the job of {res.short_id} has not started yet: {NO_WORKER}"
     return f"the job of {res.short_id} has not started yet: your worker starts it at its next tick"
 
 
 def _list(app, call, limit) -> Output:
-    from bk.service import jobs
+    from bk.service import NO_WORKER, JobsRequest
 
-    mine = jobs.my_jobs(app, call)
-    rows = mine[:limit] if limit else mine
-    data = {"jobs": [jobs.job_json(r) for r in rows], "total": len(mine),
-            "worker": jobs.worker_status(app)}
-    numbers = app.numbers(app.ledger(call=call), call=call)
+    got = app.run("jobs", JobsRequest(limit), call=call)
+    rows, numbers, worker = got.jobs, got.numbers, got.worker
 
     def human(term) -> str:
         if not rows:
@@ -141,23 +136,21 @@ def _list(app, call, limit) -> Output:
                          timegrid.format_span(r.start, r.end, call.tz, call.now), state, safe(reason)])
         text = table(body, ["#", "BOOKING", "JOB", "COMMAND", "GPUS", "WHEN", "STATE", "REASON"], term,
                      shrink=[7, 3], fold=True)
-        if data["worker"]["state"] != "running" and any(r.job.status == "pending" for r in rows):
-            text += "\n" + jobs.NO_WORKER
+        if worker["state"] != "running" and any(r.job.status == "pending" for r in rows):
+            text += "\n" + NO_WORKER
         return text
-    return Output("jobs", data, human)
+    return Output("jobs", got.to_json(), human)
 
 
 # ------------------------------------------------------------------ bk w
 
 def run_worker(args, ctx) -> Output:
-    from bk.service import jobs
+    from bk.service import NO_WORKER, Empty, WorkerRunRequest
 
     app, call = ctx.app(), ctx.call()
     if args.action == "status":
-        st = jobs.worker_status(app)
-        mine = jobs.my_jobs(app, call)
-        counts = {s: sum(1 for r in mine if r.job.status == s) for s in ("pending", "running")}
-        data = {"worker": st, "jobs": counts, "jobs_dir": jobs.jobs_path(app)}
+        got = app.run("worker_status", Empty(), call=call)
+        st, counts = got.worker, got.jobs
 
         def human(term) -> str:
             if st["state"] == "running":
@@ -167,9 +160,9 @@ def run_worker(args, ctx) -> Output:
                 head = "no worker is running for you"
             text = f"{head}; jobs: {counts['pending']} pending, {counts['running']} running"
             if st["state"] != "running":
-                text += "\n" + jobs.NO_WORKER
+                text += "\n" + NO_WORKER
             return text
-        return Output("worker", data, human)
+        return Output("worker", got.to_json(), human)
 
     def log(line: str) -> None:
         try:
@@ -178,8 +171,9 @@ def run_worker(args, ctx) -> Output:
         except (OSError, ValueError):
             pass
 
-    started = jobs.serve_worker(app, ctx.env, once=args.action == "once", log=log)
-    return Output("worker", {"action": args.action, "started": started},
+    done = app.run("worker", WorkerRunRequest(ctx.env, once=args.action == "once", log=log), call=call)
+    started = done.started
+    return Output("worker", done.to_json(),
                   f"worker {'stopped' if args.action == 'start' else 'done'}: started {started} job(s)"
                   if args.action == "once" else "worker stopped")
 

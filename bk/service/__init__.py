@@ -65,7 +65,7 @@ class Operation:
     name: str
     summary: str                      # "book GPUs"; also the MCP tool description's first line
     request: object                   # each of these may be "module:attr" (module docstring)
-    fields: object
+    fields: object                    # None: an in-process row (it has nothing a program may send)
     result: object
     access: str                       # READ | WRITE
     who: str                          # ANYONE | OWNER (the apply checks ownership) | ADMIN | HOST (checked here)
@@ -93,6 +93,7 @@ class Operation:
         """The typed request from untrusted JSON, shape-checked."""
         from bk.service import fields
 
+        self._wire()
         req = fields.decode(self.request, self.fields, {} if wire is None else wire)
         if self.check is not None:
             self.check(req)
@@ -105,9 +106,15 @@ class Operation:
         from bk.service import fields
 
         self.check_type(req)
+        self._wire()
         fields.check(req, self.fields)
         if self.check is not None:
             self.check(req)
+
+    def _wire(self) -> None:
+        if self.fields is None:
+            raise InvalidInput(f"{self.name} runs only in the caller's own process: it has no fields a "
+                               "program may send")
 
     def check_type(self, req) -> None:
         if type(req) is not self.request:
@@ -122,6 +129,7 @@ class Operation:
     def schema(self) -> dict:
         from bk.service import fields
 
+        self._wire()
         return fields.schema(self.request, self.fields)
 
 
@@ -254,8 +262,31 @@ def _table() -> dict[str, Operation]:
              _S + "usage:VerifyReport", READ, ANYONE, idempotent=True, destructive=False,
              serve=_S + "usage:_serve_verify", served=False),
         _row("job_log", "the output of the command attached to one of your bookings",
-             _S + "agent:JobLogRequest", _S + "agent:JOB_LOG_FIELDS", _S + "agent:Data", READ, ANYONE,
-             idempotent=True, destructive=False, serve=_S + "agent:serve_job_log", served=False),
+             _S + "jobs:JobLogRequest", _SPEC + "JOB_LOG_FIELDS", _S + "jobs:JobLogResult", READ, ANYONE,
+             idempotent=True, destructive=False, serve=_S + "jobs:_serve_job_log", served=False),
+        _row("jobs", "your scheduled commands: their state, why one waits, how it ended", _S + "jobs:JobsRequest",
+             _SPEC + "JOBS_FIELDS", _S + "jobs:JobsResult", READ, ANYONE, idempotent=True, destructive=False,
+             serve=_S + "jobs:_serve_jobs", served=False),
+        _row("job_retry", "run a job that ended (or is uncertain) again, while its booking lasts",
+             _S + "jobs:JobRetryRequest", _SPEC + "JOB_RETRY_FIELDS", _S + "jobs:JobResult", WRITE, OWNER,
+             idempotent=False, destructive=False, serve=_S + "jobs:_serve_job_retry", served=False),
+        _row("worker_status", "whether your scheduled-command worker runs, and your jobs waiting or running",
+             _REQ + "Empty", (), _S + "jobs:WorkerStatusResult", READ, ANYONE, idempotent=True,
+             destructive=False, serve=_S + "jobs:_serve_worker_status", served=False),
+        # In-process rows: they take this process's environment or run a
+        # program here, so they have no field spec and are never sent.
+        _row("book_job", "book GPUs with a command your worker starts at the booking's start",
+             _S + "jobs:BookJobRequest", None, _RES + "BookResult", WRITE, ANYONE, idempotent=False,
+             destructive=False, serve=_S + "jobs:_serve_book_job", served=False),
+        _row("run_target", "the booking a command would run on now, and the environment it gets",
+             _S + "jobs:RunTargetRequest", None, _S + "jobs:RunTarget", READ, ANYONE, idempotent=True,
+             destructive=False, serve=_S + "jobs:_serve_run_target", served=False),
+        _row("run_now", "run a command now, in the foreground, on one of your active bookings",
+             _S + "jobs:RunNowRequest", None, _S + "jobs:RunNowResult", WRITE, OWNER, idempotent=False,
+             destructive=False, serve=_S + "jobs:_serve_run_now", served=False),
+        _row("worker", "run your scheduled-command worker in this process (until stopped, or once)",
+             _S + "jobs:WorkerRunRequest", None, _S + "jobs:WorkerRunResult", WRITE, OWNER, idempotent=False,
+             destructive=False, serve=_S + "jobs:_serve_worker_run", served=False),
     )
     return {op.name: op for op in rows}
 
@@ -298,6 +329,9 @@ _TYPES = {
     "history": ("HistoryRequest", "HistoryResult"),
     "usage": ("UsageRequest", "UsageResult", "SpanRequest", "SamplesRequest", "EventsRequest", "Dashboard",
               "UsersReport", "SamplesReport", "EventsReport", "VerifyReport"),
+    "jobs": ("JobResult", "JobsRequest", "JobsResult", "JobLogRequest", "JobLogResult", "JobRetryRequest",
+             "WorkerStatusResult", "WorkerRunRequest", "WorkerRunResult", "BookJobRequest", "RunTargetRequest",
+             "RunTarget", "RunNowRequest", "RunNowResult", "NO_WORKER"),
     "status": ("StatusRequest", "StatusView", "LoginRequest", "LoginView", "ContextResult"),
     "requests": ("BookRequest", "EditRequest", "CancelRequest", "NoticeRequest", "NoticeArchiveRequest",
                  "AuditRequest", "JobStateRequest", "Empty", "RecoverRequest", "MaintainRequest",

@@ -43,17 +43,9 @@ from bk.service.results import _malformed, _Rendered
 from bk.service.specs import OP_ID, OP_ID_HELP
 
 SCHEMA = "gpubk.agent.v1"        # the version of this surface (tool names, arguments), in context
-MAX_LOG_BYTES = 1 << 20
-DEFAULT_LOG_BYTES = 64 * 1024
 
 
 # ------------------------------------------------------------ request types
-
-@dataclass(frozen=True)
-class JobLogRequest:
-    ref: str
-    max_bytes: int = DEFAULT_LOG_BYTES
-
 
 @dataclass(frozen=True)
 class CleanupRequest:
@@ -62,10 +54,6 @@ class CleanupRequest:
     dry_run: bool = False
 
 
-JOB_LOG_FIELDS = (Field("ref", "text", min_len=1, max_len=64,
-                        help="the job: its booking's list number or ID prefix, or the job's own ID prefix"),
-                  Field("max_bytes", "int", lo=1, hi=MAX_LOG_BYTES,
-                        help=f"the last this many bytes of output (default {DEFAULT_LOG_BYTES})"))
 CLEANUP_FIELDS = (Field("op_id_prefix", "text", min_len=1, max_len=128, pattern=OP_ID,
                         help="cancel your current and upcoming bookings whose op-id starts with this; "
                         + OP_ID_HELP),
@@ -137,16 +125,6 @@ def apply_cleanup(state, req: CleanupRequest, call):
         changed = changed or m.changed
     status = "nothing" if not hits else "dry_run" if req.dry_run else "cancelled"
     return Mutation(changed, audit, CleanupResult(status, tuple(done), req.dry_run))
-
-
-def serve_job_log(app, req: JobLogRequest, call) -> Data:
-    """The tail of a job's output (``bk j log``), at most ``max_bytes``."""
-    from bk.jobs import logs
-    from bk.service import jobs
-
-    res = jobs.resolve_job(app, call, req.ref)
-    data, cut = logs.read(jobs.jobs_path(app), res.job.extra.get("id") or "", req.max_bytes)
-    return Data({"job": jobs.job_json(res), "log": data.decode("utf-8", "replace"), "truncated": cut})
 
 
 def _recommend(tool, app, arguments, call) -> Data:
@@ -309,9 +287,9 @@ def _create(tool, app, arguments, call):
         cwd = os.getcwd()
     elif not isinstance(cwd, str) or not cwd.startswith("/") or "\0" in cwd or not _encodable(cwd):
         raise InvalidInput("argument 'cwd' must be an absolute path", hint='e.g. "/home/you/project"')
-    from bk.service import jobs
+    from bk.service import BookJobRequest
 
-    return jobs.attach_command(app, call, req, argv, cwd=cwd, env=dict(os.environ))
+    return app.run("book_job", BookJobRequest(req, tuple(argv), cwd, dict(os.environ)), call=call)
 
 
 def _encodable(text: str) -> bool:
@@ -352,7 +330,7 @@ def builtin_tools() -> list[AgentTool]:
             summary="cancel one of your bookings (ref: list number, ID prefix or full ID); an active one "
             "ends now"),
         row("usage", "usage"),
-        row("job_log", "job_log"),
+        row("job_log", "job_log", hide=("all",)),
         row("cleanup", "cleanup"),
     ]
 

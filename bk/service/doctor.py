@@ -550,11 +550,11 @@ def _worker_check(app, call, required: bool) -> dict | None:
     most users never attach a command to a booking."""
     from bk.service import jobs
 
-    st = jobs.worker_status(app)
+    st = jobs._worker_status(app)
     if st["state"] == "running":
         since = f" since {st['since']}" if st.get("since") else ""
         return _check("worker", True, f"your worker runs (pid {st['pid']}{since})")
-    waiting = sum(1 for r in jobs.my_jobs(app, call) if r.job.status in ("pending", "running"))
+    waiting = sum(1 for r in jobs._my_jobs(app, call) if r.job.status in ("pending", "running"))
     fix = ("systemctl --user enable --now bk-worker (and loginctl enable-linger $USER), "
            "or bk w start in a terminal that stays open")
     if waiting:

@@ -142,3 +142,12 @@ SPAN_FIELDS = _SPAN
 SAMPLES_FIELDS = (*_SPAN, Field("gpus", "gpus", help="only these GPUs"),
                   Field("limit", "int", lo=1, hi=1 << 20, help="at most the last this many records"))
 EVENTS_FIELDS = (*_SPAN, Field("min_idle_s", "int", lo=0, help="shortest idle stretch that counts, seconds"))
+JOB_LOG_FIELDS = (Field("ref", "text", min_len=1, max_len=64,
+                        help="the job: its booking's list number or ID prefix, or the job's own ID prefix"),
+                  Field("max_bytes", "int", lo=1, hi=1 << 20,
+                        help="the last this many bytes of output (default 65536)"),
+                  Field("all", "bool", help="all of it (two rotated segments at most)"))
+JOBS_FIELDS = (Field("limit", "int", lo=1, hi=10000, help="at most this many jobs"),)
+JOB_RETRY_FIELDS = (Field("ref", "text", min_len=1, max_len=64, help="the job (as for job_log)"),
+                    Field("accept_duplicate_risk", "bool",
+                          help="run an uncertain job again although it may have run already"))

@@ -151,10 +151,10 @@ class Loader:
             return None
 
     def _worker_state(self) -> dict:
-        from bk.service import jobs
+        from bk.service import Empty
 
         try:
-            return jobs.worker_status(self.app)
+            return self.app.run("worker_status", Empty()).worker
         except (BkError, OSError):
             return {"state": "absent"}
 

@@ -203,8 +203,7 @@ def test_open_app_takes_injected_telemetry(tmp_path):
     """A fixed snapshot stands in for the GPUs: no backend is ever opened."""
     from bk.core.models import GpuInfo, GpuProcess
     from bk.core.telemetry import Inventory, Snapshot
-    from bk.service import open_app
-    from bk.service import StatusRequest
+    from bk.service import StatusRequest, open_app
     from bk.service.telemetry import Fixed
 
     gpus = (GpuInfo(0, "GPU-a", "Test", mem_total_mib=1024, util=50,

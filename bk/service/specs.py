@@ -151,3 +151,6 @@ JOBS_FIELDS = (Field("limit", "int", lo=1, hi=10000, help="at most this many job
 JOB_RETRY_FIELDS = (Field("ref", "text", min_len=1, max_len=64, help="the job (as for job_log)"),
                     Field("accept_duplicate_risk", "bool",
                           help="run an uncertain job again although it may have run already"))
+PRESET_FIELDS = (Field("name", "text", min_len=1, max_len=32, pattern="[A-Za-z][A-Za-z0-9_.-]*",
+                       help="the preset's name"),)
+PRESET_DELETE_FIELDS = (PRESET_FIELDS[0], Field("dry_run", "bool", help="say what would be deleted; change nothing"))

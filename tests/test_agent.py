@@ -122,7 +122,7 @@ def test_cleanup_cancels_only_the_tagged_bookings_once(bk):
 def test_cleanup_never_touches_another_users_booking(bk):
     from bk.service.requests import BookRequest
 
-    bk.service().book(BookRequest(1, 3600, op_id="sess-a-bob"))
+    bk.service().run("book", BookRequest(1, 3600, op_id="sess-a-bob"))
     _, done = agent_call(bk, "cleanup", {"all": True})
     assert done["data"]["status"] == "nothing"
     assert len(bk.data("l", "--all")["reservations"]) == 1
@@ -199,7 +199,7 @@ def test_local_reads_are_not_broker_operations(tmp_path):
         reply = d.dispatch({"op": name, "fields": {}}, me)
         assert reply["error"]["code"] == "invalid_input" and "unknown operation" in reply["error"]["message"]
     assert "list" not in reply["error"]["hint"] and "cleanup" in reply["error"]["hint"]
-    app.book(BookRequest(1, 3600, op_id="t-1"))
+    app.run("book", BookRequest(1, 3600, op_id="t-1"))
     other = Peer(2, 4242, 4242)
     assert d.dispatch({"op": "cleanup", "fields": {"all": True}}, other)["data"]["status"] == "nothing"
     reply = d.dispatch({"op": "cleanup", "fields": {"op_id_prefix": "t-"}}, me)

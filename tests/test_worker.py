@@ -153,7 +153,7 @@ def test_a_cancelled_booking_stops_its_job(world):
     world.worker.tick()
     ch = next(iter(world.worker.children.values()))
     poll(lambda: (world.out / "env").exists(), what="the job to start")
-    world.app.cancel(CancelRequest(res.id))
+    world.app.run("cancel", CancelRequest(res.id))
     world.worker.tick()                              # TERM now, KILL after the grace
     poll(lambda: (world.out / "signals").exists(), what="TERM")
     world.clock.t += 2
@@ -165,7 +165,7 @@ def test_a_cancelled_booking_stops_its_job(world):
 
 def test_a_pending_job_of_a_cancelled_booking_never_starts(world):
     res = world.book(start=world.clock.t - world.clock.t % 60 + 60)
-    world.app.cancel(CancelRequest(res.id))
+    world.app.run("cancel", CancelRequest(res.id))
     assert world.job(res).status == "cancelled"
     world.clock.t = res.start
     world.worker.tick()

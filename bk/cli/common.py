@@ -150,14 +150,6 @@ def book_request(call, args, *, mode: str, count: int, words: list[str],
 
 # ------------------------------------------------------------ reservations
 
-def view(call, numbers: dict[str, int] | None = None):
-    """How this call renders reservations: its instant, identity, policy,
-    memory totals (the inventory: no live look) and list numbers."""
-    from bk.service.views import View
-
-    return View.of(call, numbers)
-
-
 def gpus_text(gpus) -> str:
     """``0,1,2,3,6`` -> ``0-3,6``: GPU lists stay short in narrow tables."""
     out, run = [], []

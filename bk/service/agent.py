@@ -243,13 +243,13 @@ def _resolved(tool: AgentTool, app, arguments, call, action: str):
     ref = wire.get("ref")
     if not isinstance(ref, str):
         return perform(app, op, _decode(tool, op, wire), call)      # the decode says what is wrong
-    op_id = wire.get("op_id")
-    earlier = app.op_reservation(op_id, action, call=call) if isinstance(op_id, str) else None
-    if earlier is None:
-        from bk.service.fields import check_text
+    from bk.service import ResolveRequest
+    from bk.service.fields import check_text
 
-        check_text(ref, "field 'ref'", max_len=64, min_len=1)
-        earlier = app.resolve(ref, call=call)
+    op_id = wire.get("op_id")
+    check_text(ref, "field 'ref'", max_len=64, min_len=1)
+    earlier = app.run("resolve", ResolveRequest(ref, op_id if isinstance(op_id, str) else None, action),
+                      call=call).reservation
     return perform(app, op, _decode(tool, op, {**wire, "ref": earlier.id}), call)
 
 

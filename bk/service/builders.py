@@ -239,3 +239,17 @@ def gpu_request(book: BookRequest, *, count_given: bool):
 
     return GpuRequest(book.count if count_given else None, book.duration, mode=book.mode, share=book.share,
                       mem_mib=book.mem_mib, pinned=book.pinned, excluded=book.excluded)
+
+
+def policy_change(*, gpu_count: int, disable: str | None = None, enable: str | None = None,
+                  priority: str | None = None, horizon_days: int | None = None, max_hours: int | None = None,
+                  require_memory: bool | None = None, reserve_mb: int | None = None):
+    """``bk admin gpu-policy``'s flags as the typed change (``--disable 3``,
+    ``--priority 3=1,2=5``)."""
+    from bk.service import policyedit
+
+    return policyedit.PolicyChange(
+        disable=policyedit.parse_gpus(disable, gpu_count) if disable else (),
+        enable=policyedit.parse_gpus(enable, gpu_count) if enable else (),
+        priority=policyedit.parse_priority(priority, gpu_count) if priority else (),
+        horizon_days=horizon_days, max_hours=max_hours, require_memory=require_memory, reserve_mb=reserve_mb)

@@ -154,3 +154,6 @@ JOB_RETRY_FIELDS = (Field("ref", "text", min_len=1, max_len=64, help="the job (a
 PRESET_FIELDS = (Field("name", "text", min_len=1, max_len=32, pattern="[A-Za-z][A-Za-z0-9_.-]*",
                        help="the preset's name"),)
 PRESET_DELETE_FIELDS = (PRESET_FIELDS[0], Field("dry_run", "bool", help="say what would be deleted; change nothing"))
+BLACKOUTS_FIELDS = (Field("all", "bool", help="past windows too"),)
+DATA_FIELDS = (Field("dir", "text", min_len=1, max_len=4096, help="the backup directory"),
+               Field("dry_run", "bool", help="say what would happen; change nothing"))

@@ -371,3 +371,93 @@ def _serve_context(service, req, call) -> ContextResult:
         "gpus": gpus, "telemetry": missing, "monitor": monitor,
         "reservations": [view.reservation(r) for r in mine],
     })
+
+
+# ------------------------------------------------------------ the TUI's look
+
+@dataclass(frozen=True)
+class ScreenRequest:
+    """One look for ``bk t``: the committed ledger, the notices, the GPUs'
+    live rows, the monitor's heartbeat and (``worker``) the worker's state.
+
+    ``live``: take a new GPU snapshot (the telemetry refreshed first: the
+    monitor's file while fresh, else the backend); otherwise the previous
+    look's is reused.  ``previous``: the last look, whose ledger is reused
+    when the committed file is the same one (every commit replaces the
+    file, so the same inode, size and time mean the same bytes: decoding
+    them again is most of an idle screen's CPU)."""
+
+    live: bool = True
+    worker: bool = True
+    previous: object = None            # the ScreenResult of the last look
+
+
+@dataclass(frozen=True)
+class ScreenResult:
+    now: int
+    state: object                      # the committed LedgerState, or None when it could not be read
+    notices: tuple
+    gpus: tuple                        # GpuRow (empty until a snapshot is taken)
+    snapshot: object                   # the GPU snapshot the rows and a write placed from use, or None
+    inventory: object                  # the GPU inventory, or None
+    live: str | None                   # what the telemetry misses, in one line
+    monitor: dict
+    worker: dict | None                # None: not looked at this time
+    warnings: tuple                    # the ledger read's warnings
+    error: str | None                  # the ledger could not be read: why
+    ledger_id: tuple | None            # the committed file's identity at the read
+    shared: bool = False               # a shared server's ledger (through the broker)
+
+    def to_json(self) -> dict:
+        return {"now": iso(self.now), "error": self.error, "live": self.live, "monitor": dict(self.monitor),
+                "worker": self.worker, "gpus": [g.to_json() for g in self.gpus],
+                "notices": [notice_json(n) for n in self.notices]}
+
+
+def _ledger_id(service):
+    try:
+        st = os.stat(service.store.paths.ledger)
+    except (OSError, AttributeError):
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _serve_screen(service, req: ScreenRequest, call) -> ScreenResult:
+    from bk.service.views import current_notices
+
+    prev = req.previous
+    snap = inv = None
+    if req.live or prev is None:
+        tel = call.telemetry
+        try:
+            if hasattr(tel, "refresh"):
+                tel.refresh()
+            snap, inv = tel.snapshot(), tel.inventory()
+        except BkError:
+            snap = inv = None
+    else:
+        snap, inv = prev.snapshot, prev.inventory
+    ident = _ledger_id(service)
+    if prev is not None and prev.state is not None and ident is not None and ident == prev.ledger_id:
+        state, warnings, error = prev.state, prev.warnings, None
+    else:
+        seen = len(call.warnings)
+        try:
+            state, error = service.ledger(call=call), None
+        except BkError as e:
+            state, error, ident = None, e.message + (f" ({e.hint})" if e.hint else ""), None
+        warnings = tuple(call.warnings[seen:])
+    worker = None
+    if req.worker:
+        from bk.service import jobs
+
+        try:
+            worker = jobs._worker_status(service)
+        except (BkError, OSError):
+            worker = {"state": "absent"}
+    call.warn(*warnings)
+    now = call.now
+    gpus = tuple(gpu_rows(state, snap, call.policy, now)) if state is not None and snap is not None else ()
+    live = snap.describe() if snap is not None else "live: unknown (reading the GPUs)"
+    return ScreenResult(now, state, tuple(current_notices(state, call)) if state is not None else (), gpus, snap,
+                        inv, live, monitor_json(call.telemetry), worker, warnings, error, ident, service.shared)

@@ -6,6 +6,7 @@ import argparse
 
 from bk.cli import common
 from bk.cli.render import Output, safe, table, wrap
+from bk.core import timegrid
 from bk.core.timegrid import format_duration, format_local_short
 
 
@@ -83,7 +84,7 @@ def gpu_table(gpus, term, *, tz, now: int) -> str:
             free = "now" if g.next_free <= now else format_local_short(g.next_free, tz, now)
         state = term.style(g.state, "bold") if g.state == "unreserved-use" else g.state
         body.append([str(g.index), safe(g.name or "?"), util, vram, avail, procs, state,
-                     f"{g.share_used}/{g.capacity}", free])
+                     timegrid.share_text(g.share_used, g.capacity), free])
     return table(body, ["GPU", "MODEL", "UTIL", "VRAM", "AVAIL", "PROCS", "STATE", "SHARE", "NEXT FREE"],
                  term, shrink=1)
 

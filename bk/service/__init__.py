@@ -182,7 +182,7 @@ def _table() -> dict[str, Operation]:
              admin_hint="sudo bk admin gpu-policy ..."),
         _row("data_lost", "show the commits the audit log records but the ledger lacks", _REQ + "Empty", (),
              _RES + "LostResult", READ, HOST, idempotent=True, destructive=False,
-             serve=_S + "recovery:serve_lost", admin_hint="sudo bk admin data recover --dry-run"),
+             serve=_S + "recovery:_serve_lost", admin_hint="sudo bk admin data recover --dry-run"),
         _row("data_recover", "accept (or replay) the commits the ledger lost", _REQ + "RecoverRequest",
              _SPEC + "RECOVER_FIELDS", _RES + "LostResult", WRITE, HOST, idempotent=False, destructive=True,
              apply=_S + "recovery:apply_recover", admin_hint="sudo bk admin data recover", accepts_loss=True),

@@ -165,7 +165,7 @@ def check_recommend(req: RecommendRequest) -> None:
     check_request(req.book())
 
 
-def recommend(service, req, alternatives: int, call, state=None) -> Recommendation:
+def _recommend(service, req, alternatives: int, call, state=None) -> Recommendation:
     """The scheduler's options for the BookRequest ``req`` on the committed
     ledger (or ``state``), ranked with the call's GPU snapshot."""
     from bk.core import scheduler, telemetry
@@ -196,7 +196,7 @@ def live_keep(call):
 
 
 def _serve_recommend(service, req: RecommendRequest, call) -> Recommendation:
-    return recommend(service, req.book(), req.limit, call)
+    return _recommend(service, req.book(), req.limit, call)
 
 
 @dataclass(frozen=True)
@@ -234,7 +234,7 @@ def _serve_gpu(service, req: GpuRequest, call) -> GpuAdvice:
         return GpuAdvice(active, current, export_line({g for r in active for g in r.gpus}))
     book = BookRequest(req.count or 1, req.duration, mode=req.mode, share=req.share, mem_mib=req.mem_mib,
                        pinned=req.pinned, excluded=req.excluded)
-    rec = recommend(service, book, GPU_OPTIONS, call, state)
+    rec = _recommend(service, book, GPU_OPTIONS, call, state)
     ready = rec.ready()
     if not rec.options:
         raise Conflict(f"nothing fits {describe(book)} within the next "

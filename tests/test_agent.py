@@ -12,8 +12,10 @@ import sys
 import pytest
 from helpers_cli import ME, NOW_ISO, SLICE, bk_fixture
 
+from bk import agent
+from bk.agent import surface as agent_tools
 from bk.core.models import iso
-from bk.service import agent, ops
+from bk.service import ops
 
 
 @pytest.fixture
@@ -204,7 +206,7 @@ def test_local_reads_are_not_broker_operations(tmp_path):
     assert d.dispatch({"op": "cleanup", "fields": {"all": True}}, other)["data"]["status"] == "nothing"
     reply = d.dispatch({"op": "cleanup", "fields": {"op_id_prefix": "t-"}}, me)
     assert reply["ok"] and reply["data"]["status"] == "cancelled" and reply["data"]["count"] == 1
-    from bk.service.agent import CleanupResult
+    from bk.service import CleanupResult
 
     assert CleanupResult.from_wire(reply["data"]).cancelled[0].op_id == "t-1"
 
@@ -220,7 +222,7 @@ def test_a_tool_provider_adds_tools(bk):
         assert env["data"] == {"hello": True}
         assert "cluster_ping" in line(bk("agent", "context"))["data"]["tools"]
     finally:
-        agent._PROVIDERS.remove(provider)
+        agent_tools._PROVIDERS.remove(provider)
 
 
 def test_mcp_help_prints_the_client_snippet_and_tools_list(pyz, tmp_path):
@@ -301,4 +303,4 @@ def test_a_failing_provider_leaves_the_builtin_tools(bk):
         r = bk("agent", "context")
         assert r.code == 0 and line(r)["data"]["tools"][:9] == [t.name for t in agent.builtin_tools()]
     finally:
-        agent._PROVIDERS.remove(broken)
+        agent_tools._PROVIDERS.remove(broken)

@@ -1,4 +1,4 @@
-"""``bk agent``: the agent surface (``bk.service.agent``) as one command, for
+"""``bk agent``: the agent surface (``bk.agent``) as one command, for
 programs that would rather run a process than speak MCP.
 
 Each sub-command takes the same JSON object the MCP tool of that name
@@ -80,8 +80,8 @@ def _line(envelope: dict) -> str:
 
 
 def run(args, ctx) -> Output:
+    from bk import agent
     from bk.core.envelope import success
-    from bk.service import agent
 
     app = ctx.app()
     name = args.tool

@@ -1,4 +1,4 @@
-"""The MCP view of the agent surface (``bk.service.agent``): tool
+"""The MCP view of the agent surface (``bk.agent``): tool
 descriptions with input schemas from the operation table, hints from its
 read/write, destructive and idempotent columns, one output schema (the
 ``gpubk.v1`` envelope), and the ``bk://context`` resource.
@@ -65,7 +65,7 @@ class Host:
         self._tools = None
 
     def _agent(self):
-        from bk.service import agent
+        from bk import agent
 
         return agent
 

@@ -194,11 +194,11 @@ def _table() -> dict[str, Operation]:
         _row("ping", "the broker's version and the caller as the kernel sees it", _REQ + "Empty", (),
              _RES + "PingResult", READ, ANYONE, idempotent=True, destructive=False,
              serve=_S + "hostreads:_serve_ping"),
-        # The agent's writes and local reads (bk.service.agent): bk mcp tools and bk agent.
+        # An agent's session tag cleaned up (bk.agent's cleanup tool).
         _row("cleanup", "cancel your current and upcoming bookings made with an op-id prefix (or all of "
-             "them), in one commit", _S + "agent:CleanupRequest", _S + "agent:CLEANUP_FIELDS",
-             _S + "agent:CleanupResult", WRITE, OWNER, idempotent=True, destructive=True,
-             apply=_S + "agent:apply_cleanup", check=_S + "agent:check_cleanup"),
+             "them), in one commit", _REQ + "CleanupRequest", _SPEC + "CLEANUP_FIELDS",
+             _RES + "CleanupResult", WRITE, OWNER, idempotent=True, destructive=True,
+             apply=_S + "booking:apply_cleanup", check=_S + "booking:check_cleanup"),
         _row("context", "who you are, the rules, the GPUs and their live state, your bookings, the time",
              _REQ + "Empty", (), _S + "status:ContextResult", READ, ANYONE, idempotent=True, destructive=False,
              serve=_S + "status:_serve_context", served=False),
@@ -403,9 +403,10 @@ _TYPES = {
     "telemetry": ("Fixed",),
     "requests": ("BookRequest", "EditRequest", "CancelRequest", "NoticeRequest", "NoticeArchiveRequest",
                  "AuditRequest", "JobStateRequest", "Empty", "RecoverRequest", "MaintainRequest",
-                 "BlackoutEndRequest", "NoticeEditRequest", "PolicyBindRequest"),
+                 "BlackoutEndRequest", "NoticeEditRequest", "PolicyBindRequest", "CleanupRequest"),
     "results": ("BookResult", "EditResult", "CancelResult", "NoticeResult", "AuditResult", "ProbeResult",
-                "PingResult", "LostResult", "MaintainResult", "NoticeEditResult", "PolicyBindResult"),
+                "PingResult", "LostResult", "MaintainResult", "NoticeEditResult", "PolicyBindResult",
+                "CleanupResult"),
     "context": ("Actor", "Call"),
 }
 _WHERE = {name: module for module, names in _TYPES.items() for name in names}

@@ -44,8 +44,8 @@ from bk.core.models import (
 from bk.core.record import dataclass, replace
 from bk.core.timegrid import floor_slice
 from bk.service.context import Actor, Call
-from bk.service.requests import BookRequest, CancelRequest, EditRequest, canonical
-from bk.service.results import BookResult, CancelResult, EditResult
+from bk.service.requests import BookRequest, CancelRequest, CleanupRequest, EditRequest, canonical
+from bk.service.results import BookResult, CancelResult, CleanupResult, EditResult
 from bk.store.ledger import Mutation
 
 # How long a notice to one user (an administrator cancelled their booking)
@@ -507,6 +507,28 @@ def apply_cancel(state: LedgerState, req: CancelRequest, call: Call) -> Mutation
     _record_op(state, actor, req.op_id, CANCEL, digest, res.id, now)
     return Mutation(True, [AuditEntry(ADMIN_CANCEL if by_admin else CANCEL, "cancelled", res.id, req.op_id,
                                       summary(res), None, res.uid, req.reason)], result)
+
+
+def check_cleanup(req: CleanupRequest) -> None:
+    if (req.op_id_prefix is None) == (not req.all):
+        raise InvalidInput("cleanup takes either op_id_prefix or all: true (not both, not neither)",
+                           hint='e.g. {"op_id_prefix": "agent-run-7-"}')
+
+
+def apply_cleanup(state: LedgerState, req: CleanupRequest, call: Call) -> Mutation:
+    """Cancel the caller's live bookings that match, in this one transaction;
+    a retry finds nothing left to cancel (``nothing``), so it is idempotent."""
+    uid, now = call.actor.uid, call.now
+    hits = [r for r in state.reservations if r.uid == uid and r.is_live(now)
+            and (req.all or (r.op_id or "").startswith(req.op_id_prefix or "\0"))]
+    done, audit, changed = [], [], False
+    for r in hits:
+        m = apply_cancel(state, CancelRequest(r.id, dry_run=req.dry_run), call)
+        done.append(m.result.reservation)
+        audit.extend(m.audit)
+        changed = changed or m.changed
+    status = "nothing" if not hits else "dry_run" if req.dry_run else "cancelled"
+    return Mutation(changed, audit, CleanupResult(status, tuple(done), req.dry_run))
 
 
 # ------------------------------------------------------------ naming a booking

@@ -362,3 +362,28 @@ class PolicyBindResult:
                        tuple(data.get("forced", ())), dict(data))
         except (KeyError, TypeError, ValueError) as e:
             raise Internal(f"the broker's reply holds a malformed policy binding: {e}") from None
+
+
+@dataclass(frozen=True)
+class CleanupResult(_Rendered):
+    status: str                          # cancelled | nothing | dry_run
+    cancelled: tuple = ()                # Reservations, as cancelled
+    dry_run: bool = False
+    json: dict | None = field(default=None, compare=False)
+
+    def rendered(self, view) -> CleanupResult:
+        return replace(self, json={"status": self.status, "dry_run": self.dry_run,
+                                   "reservations": [view.reservation(r) for r in self.cancelled],
+                                   "count": len(self.cancelled)})
+
+    def to_wire(self) -> dict:
+        return {**self.to_json(), "records": [r.to_dict() for r in self.cancelled]}
+
+    @classmethod
+    def from_wire(cls, data: dict) -> CleanupResult:
+        try:
+            recs = tuple(Reservation.from_dict(r) for r in data["records"])
+            return cls(str(data["status"]), recs, bool(data.get("dry_run")),
+                       {k: v for k, v in data.items() if k != "records"})
+        except (KeyError, TypeError, ValueError) as e:
+            raise _malformed("cleanup result", e) from None

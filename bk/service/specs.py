@@ -157,3 +157,8 @@ PRESET_DELETE_FIELDS = (PRESET_FIELDS[0], Field("dry_run", "bool", help="say wha
 BLACKOUTS_FIELDS = (Field("all", "bool", help="past windows too"),)
 DATA_FIELDS = (Field("dir", "text", min_len=1, max_len=4096, help="the backup directory"),
                Field("dry_run", "bool", help="say what would happen; change nothing"))
+CLEANUP_FIELDS = (Field("op_id_prefix", "text", min_len=1, max_len=128, pattern=OP_ID,
+                        help="cancel your current and upcoming bookings whose op-id starts with this; "
+                        + OP_ID_HELP),
+                  Field("all", "bool", help="cancel all your current and upcoming bookings"),
+                  Field("dry_run", "bool", help="show what would be cancelled; change nothing"))

@@ -1,5 +1,5 @@
-"""The agent surface: the operations a program (a coding agent, ``bk mcp``,
-``bk agent``) may ask for, derived from the operation table.
+"""The agent surface's tools: the operations a program (a coding agent,
+``bk mcp``, ``bk agent``) may ask for, derived from the operation table.
 
 Facts that shape it:
 
@@ -26,9 +26,9 @@ as every front end resolves it (an op-id retry names the booking the first
 call changed).  ``cleanup`` cancels the caller's current and upcoming
 bookings made with an op-id prefix (an agent's session tag), in one commit.
 
-Extending: ``TOOL_PROVIDERS`` names functions ``(app) -> [AgentTool]`` that
-add tools when they apply (the cluster tools, when a catalog exists);
-``register_provider`` adds one in-process.
+Extending: the cluster's tools (``bk.agent.cluster``, when a catalog
+exists) are composed in ``tools`` by a plain import; ``register_provider``
+adds a function ``(app) -> [AgentTool]`` in-process.
 """
 
 from __future__ import annotations
@@ -36,95 +36,22 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from bk.core.errors import InvalidInput
-from bk.core.models import Reservation
-from bk.core.record import dataclass, field, replace
-from bk.service.fields import Field
-from bk.service.results import _malformed, _Rendered
-from bk.service.specs import OP_ID, OP_ID_HELP
+from bk.core.record import dataclass
 
 SCHEMA = "gpubk.agent.v1"        # the version of this surface (tool names, arguments), in context
-
-
-# ------------------------------------------------------------ request types
-
-@dataclass(frozen=True)
-class CleanupRequest:
-    op_id_prefix: str | None = None
-    all: bool = False
-    dry_run: bool = False
-
-
-CLEANUP_FIELDS = (Field("op_id_prefix", "text", min_len=1, max_len=128, pattern=OP_ID,
-                        help="cancel your current and upcoming bookings whose op-id starts with this; "
-                        + OP_ID_HELP),
-                  Field("all", "bool", help="cancel all your current and upcoming bookings"),
-                  Field("dry_run", "bool", help="show what would be cancelled; change nothing"))
-
-
-def check_cleanup(req: CleanupRequest) -> None:
-    if (req.op_id_prefix is None) == (not req.all):
-        raise InvalidInput("cleanup takes either op_id_prefix or all: true (not both, not neither)",
-                           hint='e.g. {"op_id_prefix": "agent-run-7-"}')
 
 
 # ------------------------------------------------------------ results
 
 @dataclass(frozen=True)
-class Data(_Rendered):
-    """A local read's result: its JSON, made by the serve function with the
-    call's view (nothing to re-render)."""
+class Data:
+    """A tool's result made here from a row's (the row's JSON and what an
+    agent needs besides: the tool names, whether an option starts now)."""
 
-    json: dict | None = field(default=None, compare=False)
+    json: dict
 
-    def rendered(self, view) -> Data:
-        return self
-
-
-@dataclass(frozen=True)
-class CleanupResult(_Rendered):
-    status: str                          # cancelled | nothing | dry_run
-    cancelled: tuple = ()                # Reservations, as cancelled
-    dry_run: bool = False
-    json: dict | None = field(default=None, compare=False)
-
-    def rendered(self, view) -> CleanupResult:
-        return replace(self, json={"status": self.status, "dry_run": self.dry_run,
-                                   "reservations": [view.reservation(r) for r in self.cancelled],
-                                   "count": len(self.cancelled)})
-
-    def to_wire(self) -> dict:
-        return {**self.to_json(), "records": [r.to_dict() for r in self.cancelled]}
-
-    @classmethod
-    def from_wire(cls, data: dict) -> CleanupResult:
-        try:
-            recs = tuple(Reservation.from_dict(r) for r in data["records"])
-            return cls(str(data["status"]), recs, bool(data.get("dry_run")),
-                       {k: v for k, v in data.items() if k != "records"})
-        except (KeyError, TypeError, ValueError) as e:
-            raise _malformed("cleanup result", e) from None
-
-
-# ------------------------------------------------------------ the rows' work
-
-def apply_cleanup(state, req: CleanupRequest, call):
-    """Cancel the caller's live bookings that match, in this one transaction;
-    a retry finds nothing left to cancel (``nothing``), so it is idempotent."""
-    from bk.service import booking
-    from bk.service.requests import CancelRequest
-    from bk.store.ledger import Mutation
-
-    uid, now = call.actor.uid, call.now
-    hits = [r for r in state.reservations if r.uid == uid and r.is_live(now)
-            and (req.all or (r.op_id or "").startswith(req.op_id_prefix or "\0"))]
-    done, audit, changed = [], [], False
-    for r in hits:
-        m = booking.apply_cancel(state, CancelRequest(r.id, dry_run=req.dry_run), call)
-        done.append(m.result.reservation)
-        audit.extend(m.audit)
-        changed = changed or m.changed
-    status = "nothing" if not hits else "dry_run" if req.dry_run else "cancelled"
-    return Mutation(changed, audit, CleanupResult(status, tuple(done), req.dry_run))
+    def to_json(self) -> dict:
+        return self.json
 
 
 def _recommend(tool, app, arguments, call) -> Data:
@@ -167,9 +94,9 @@ class AgentTool:
         """The tool for ``row``: its schema less ``hide``, with ``renames``
         ((argument, field)) and ``notes`` ((field, description)) applied,
         plus ``extra`` ((argument, schema)) that its ``run`` takes itself."""
-        from bk.service import ops
+        from bk import service
 
-        op = ops.get(row)
+        op = service.get(row)
         schema = op.schema()
         props = dict(schema["properties"])
         for f in hide:
@@ -183,7 +110,7 @@ class AgentTool:
         out = {"type": "object", "properties": props, "additionalProperties": False}
         if required:
             out["required"] = required
-        return cls(name, summary or op.summary, out, op.access == ops.READ, op.destructive, op.idempotent,
+        return cls(name, summary or op.summary, out, op.access == service.READ, op.destructive, op.idempotent,
                    run or _run_row, row, tuple(renames))
 
     def request_fields(self, arguments: object) -> dict:
@@ -220,9 +147,9 @@ def _decode(tool: AgentTool, op, wire: dict):
 
 
 def _run_row(tool: AgentTool, app, arguments, call):
-    from bk.service import ops
+    from bk import service
 
-    op = ops.get(tool.row)
+    op = service.get(tool.row)
     return perform(app, op, _decode(tool, op, tool.request_fields(arguments)), call)
 
 
@@ -236,20 +163,19 @@ def perform(app, op, req, call):
 def _resolved(tool: AgentTool, app, arguments, call, action: str):
     """``edit``/``cancel``: ``ref`` may be a list number or an ID prefix; an
     op-id that already did this names the booking it did it to."""
-    from bk.service import ops
+    from bk import service
 
-    op = ops.get(tool.row)
+    op = service.get(tool.row)
     wire = tool.request_fields(arguments)
     ref = wire.get("ref")
     if not isinstance(ref, str):
         return perform(app, op, _decode(tool, op, wire), call)      # the decode says what is wrong
-    from bk.service import ResolveRequest
-    from bk.service.fields import check_text
-
+    # The resolve row's own spec checks the reference (and the op-id) as
+    # every front end's request is checked, in the argument's name.
     op_id = wire.get("op_id")
-    check_text(ref, "field 'ref'", max_len=64, min_len=1)
-    earlier = app.run("resolve", ResolveRequest(ref, op_id if isinstance(op_id, str) else None, action),
-                      call=call).reservation
+    which = _decode(tool, service.get("resolve"), {"ref": ref, "action": action,
+                                                   **({"op_id": op_id} if isinstance(op_id, str) else {})})
+    earlier = app.run("resolve", which, call=call).reservation
     return perform(app, op, _decode(tool, op, {**wire, "ref": earlier.id}), call)
 
 
@@ -268,9 +194,9 @@ def _create(tool, app, arguments, call):
     (``bk run N DUR -- CMD``: a private spec, the booking with its digest)."""
     import os
 
-    from bk.service import ops
+    from bk import service
 
-    op = ops.get(tool.row)
+    op = service.get(tool.row)
     wire = tool.request_fields(arguments)
     argv, cwd = wire.pop("command", None), wire.pop("cwd", None)
     req = _decode(tool, op, wire)
@@ -335,10 +261,8 @@ def builtin_tools() -> list[AgentTool]:
     ]
 
 
-# Functions ``(app) -> list[AgentTool]`` named "module:function", imported
-# when tools are listed.  CLUSTER: add "bk.cluster.agent:tools" here; return
-# [] when no catalog exists, so the cluster tools appear only with one.
-TOOL_PROVIDERS: list[str] = ["bk.cluster.agent:tools"]
+# Functions ``(app) -> list[AgentTool]`` whose tools join the table
+# (``register_provider``); the cluster's are composed in ``tools`` itself.
 _PROVIDERS: list[Callable] = []
 
 
@@ -349,22 +273,15 @@ def register_provider(fn: Callable) -> None:
 
 
 def tools(app) -> list[AgentTool]:
-    """The built-in tools, then each provider's (a provider that fails with
-    a ``BkError`` adds none; its own tools report such errors when called)."""
-    import importlib
-
+    """The built-in tools, the cluster's (when a catalog exists), then each
+    provider's (a provider that fails with a ``BkError`` adds none; its own
+    tools report such errors when called)."""
+    from bk.agent import cluster
     from bk.core.errors import BkError
 
     out = builtin_tools()
-    providers = list(_PROVIDERS)
-    for name in TOOL_PROVIDERS:
-        mod, _, fn = name.partition(":")
-        try:
-            providers.append(getattr(importlib.import_module(mod), fn))
-        except (ImportError, AttributeError):
-            continue
     names = {t.name for t in out}
-    for provider in providers:
+    for provider in (cluster.tools, *_PROVIDERS):
         try:
             added = provider(app)
         except BkError:      # a broken catalog must not take the built-in tools down with it

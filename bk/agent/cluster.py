@@ -1,7 +1,8 @@
 """The cluster tools of ``bk mcp`` and ``bk agent``: context, recommend and
-create on the best node.  ``bk.service.agent`` lists this module in its
-``TOOL_PROVIDERS``; ``tools`` returns none when there is no catalog, so the
-tools appear only where cluster mode is set up.
+create on the best node, over ``bk.cluster``'s client.  ``bk.agent.surface``
+composes them with the built-in tools by a plain import; ``tools`` returns
+none when there is no catalog, so they appear only where cluster mode is
+set up.
 
 Arguments follow the agent surface: durations in seconds, memory in MiB per
 GPU, times in epoch seconds (UTC); ``cluster_create`` takes an
@@ -87,8 +88,8 @@ def _schema(props: dict, required: tuple) -> dict:
 
 def tools(app) -> list:
     """The cluster tools, or none without a catalog."""
+    from bk.agent.surface import AgentTool
     from bk.cluster import catalog
-    from bk.service.agent import AgentTool
 
     if not catalog.exists(dict(os.environ)):
         return []

@@ -304,3 +304,50 @@ def test_a_failing_provider_leaves_the_builtin_tools(bk):
         assert r.code == 0 and line(r)["data"]["tools"][:9] == [t.name for t in agent.builtin_tools()]
     finally:
         agent_tools._PROVIDERS.remove(broken)
+
+
+def test_bk_agent_takes_times_and_durations_as_a_person_writes_them(bk):
+    """Issue 24 item 5, ``bk agent``'s side: the CLI's grammar for durations,
+    starts, an edit's ``-d`` and a usage period, and the CLI's refusals."""
+    r, env = agent_call(bk, "create", {"count": 1, "duration": "1h30m", "start": "+1h", "operation_id": "w-1"})
+    assert r.code == 0 and env["data"]["status"] == "created", env
+    res = env["data"]["reservation"]
+    assert res["start"] == iso(SLICE + 3600) and res["end"] == iso(SLICE + 3600 + 5400)
+    r, env = agent_call(bk, "edit", {"ref": "1", "duration": "-15m", "operation_id": "w-2"})
+    assert r.code == 0 and env["data"]["reservation"]["end"] == iso(SLICE + 3600 + 4500), env
+    r, env = agent_call(bk, "edit", {"ref": "1", "end": "+15m", "operation_id": "w-3"})
+    assert r.code == 0 and env["data"]["reservation"]["end"] == iso(SLICE + 3600 + 5400), env
+    r, env = agent_call(bk, "recommend", {"count": 1, "duration": 1800, "start": "2026-07-13T13:00+02:00"})
+    assert r.code == 0 and env["data"]["request"]["start"] == "2026-07-13T11:00:00Z", env
+    cli = bk.json("1", "30m", "-t", "tomorrow 25:00")
+    r, env = agent_call(bk, "create", {"count": 1, "duration": "30m", "start": "tomorrow 25:00"})
+    assert r.code == cli.code == 2
+    assert (env["error"]["message"], env["error"]["hint"]) == (cli.error["message"], cli.error["hint"])
+    r, env = agent_call(bk, "usage", {"since": "today"})
+    assert r.code == 0 and env["data"]["period"]["since"] == "2026-07-13T00:00:00Z", env
+
+
+def test_each_tools_output_schema_is_its_rows_result_and_holds_what_it_returns(bk):
+    """Issue 24 item 5: a tool's output schema describes its own data (the
+    row's result type's json_schema, plus what the tool adds), not just "an
+    object"; every tool's real answer validates against it."""
+    jsonschema = pytest.importorskip("jsonschema")
+    listed = {o["name"]: o for o in line(bk("agent", "operation"))["data"]["operations"]}
+    for tool in agent.builtin_tools():
+        out = listed[tool.name]["output_schema"]
+        base = ops.get(tool.row).result.json_schema()
+        assert out.get("properties", {}).keys() >= base.get("properties", {}).keys(), tool.name
+        assert out != {"type": "object"}, tool.name
+    assert set(listed["recommend"]["output_schema"]["properties"]) == {"request", "options", "free_now"}
+    answers = {
+        "context": {}, "recommend": {"count": 1, "duration": "30m"},
+        "create": {"count": 1, "duration": "30m", "operation_id": "o-1"}, "list": {"scope": "all"},
+        "edit": {"ref": "1", "duration": "+30m"}, "usage": {}, "cancel": {"ref": "1", "dry_run": True},
+        "cleanup": {"op_id_prefix": "o-", "dry_run": True},
+    }
+    for name, arguments in answers.items():
+        r, env = agent_call(bk, name, arguments)
+        assert r.code == 0, env
+        jsonschema.validate(env["data"], listed[name]["output_schema"])
+    r, env = agent_call(bk, "usage", {"reservation": env["data"]["reservations"][0]["id"]})
+    jsonschema.validate(env["data"], listed["usage"]["output_schema"])

@@ -16,6 +16,17 @@ Facts that shape it:
 * The caller is the process: ``open_app`` opens the Service exactly as the
   CLI does (private mode here, a shared server through the broker, which
   names the caller by SO_PEERCRED).  No argument can name a user.
+* An agent is asked by a person: "book two GPUs for 30m, tomorrow 09:00".
+  A field the spec marks as one a person writes in words (``Field.human``:
+  a duration, a start, an edit's new end or length, a usage period, a
+  memory figure) takes those words as well as the number, read with the
+  CLI's own grammar (``bk.core.timegrid`` through ``bk.service.builders``,
+  with this call's clock, zone and slices), so "30m" and 1800 book the same
+  and a start off the grid is refused with the CLI's message and hint.  The
+  words become the number here, before the row's decode: a broker frame
+  still carries only the number.
+* Each tool's output schema is the envelope with its own ``data``: the
+  row's result type's ``json_schema()``, plus what the tool adds.
 
 Decisions: a tool's result is the ``gpubk.v1`` envelope (``bk --json``'s,
 the broker's), with the tool's name as ``command``; ``create`` is the
@@ -54,6 +65,11 @@ class Data:
         return self.json
 
 
+UNITS = ("times: ISO-8601 UTC in results; in arguments epoch seconds (UTC) or as a person writes them (now, "
+         "+2h, 20:00, tomorrow 09:00, 2026-07-13T18:00Z; the server's zone unless an offset is given); "
+         "durations: seconds, or 30m, 1h30m; memory: MiB per GPU, or 12g")
+
+
 def _recommend(tool, app, arguments, call) -> Data:
     """The ``recommend`` row, and whether one of its options starts now."""
     rec = _run_row(tool, app, arguments, call)
@@ -63,9 +79,7 @@ def _recommend(tool, app, arguments, call) -> Data:
 def _context(tool, app, arguments, call) -> Data:
     """The ``context`` row, with what an agent may call and in which units."""
     data = _run_row(tool, app, arguments, call).to_json()
-    return Data({"agent_schema": SCHEMA, **data, "tools": [t.name for t in tools(app)],
-                 "units": "times: ISO-8601 UTC in results, epoch seconds (UTC) in arguments; durations: "
-                          "seconds; memory: MiB per GPU"})
+    return Data({"agent_schema": SCHEMA, **data, "tools": [t.name for t in tools(app)], "units": UNITS})
 
 
 # ------------------------------------------------------------ the tool table
@@ -86,18 +100,21 @@ class AgentTool:
     run: Callable
     row: str | None = None
     renames: tuple = ()                # (argument name, request field name)
+    output: dict | None = None         # the JSON Schema of its result's data (None: any object)
 
     @classmethod
     def from_row(cls, name: str, row: str, *, summary: str | None = None, hide: tuple = (),
                  renames: tuple = (), run: Callable | None = None, notes: tuple = (),
-                 extra: tuple = ()) -> AgentTool:
-        """The tool for ``row``: its schema less ``hide``, with ``renames``
-        ((argument, field)) and ``notes`` ((field, description)) applied,
-        plus ``extra`` ((argument, schema)) that its ``run`` takes itself."""
+                 extra: tuple = (), adds: tuple = ()) -> AgentTool:
+        """The tool for ``row``: its schema (words a person writes included)
+        less ``hide``, with ``renames`` ((argument, field)) and ``notes``
+        ((field, description)) applied, plus ``extra`` ((argument, schema))
+        that its ``run`` takes itself; its output the row's result type's
+        schema, plus ``adds`` ((key, schema)) that its ``run`` adds."""
         from bk import service
 
         op = service.get(row)
-        schema = op.schema()
+        schema = op.schema(human=True)
         props = dict(schema["properties"])
         for f in hide:
             props.pop(f)
@@ -110,8 +127,12 @@ class AgentTool:
         out = {"type": "object", "properties": props, "additionalProperties": False}
         if required:
             out["required"] = required
+        output = op.result.json_schema() if hasattr(op.result, "json_schema") else None
+        if adds and output is not None:
+            output = {**output, "properties": {**output["properties"], **dict(adds)},
+                      "required": [*output.get("required", ()), *(k for k, _ in adds)]}
         return cls(name, summary or op.summary, out, op.access == service.READ, op.destructive, op.idempotent,
-                   run or _run_row, row, tuple(renames))
+                   run or _run_row, row, tuple(renames), output)
 
     def request_fields(self, arguments: object) -> dict:
         """The row's fields from the tool's arguments (renames undone); an
@@ -146,11 +167,54 @@ def _decode(tool: AgentTool, op, wire: dict):
         raise InvalidInput(message, e.hint, details=e.details) from None
 
 
+def _worded(tool: AgentTool, op, wire: dict, call, old=None) -> dict:
+    """``wire`` with the words a person writes (``"30m"``, ``"tomorrow 09:00"``)
+    in the fields that take them turned into the numbers the row's spec
+    takes, with the CLI's grammar and its refusals (``bk.service.builders``,
+    ``bk.core.timegrid``), on this call's clock, zone and slices.  ``old``:
+    the booking an edit changes (its ``-d`` forms move its end)."""
+    from bk.service import builders
+
+    human = {f.name: f.human for f in op.fields if f.human}
+    out = dict(wire)
+    slot, now, tz = call.policy.slot_minutes, call.now, call.tz
+    for name, value in wire.items():
+        kind = human.get(name)
+        if kind is None or not isinstance(value, str):
+            continue
+        if kind == "duration":
+            out[name] = builders.duration(value, slot)
+        elif kind == "start":
+            out[name] = builders.start(value, None, now=now, tz=tz, slot_minutes=slot)[0]
+        elif kind == "memory":
+            out[name] = builders.memory(value)
+        elif kind == "since":
+            from bk.core.usage import parse_since
+
+            out[name] = parse_since(value, now, tz)
+        elif kind in ("length", "end") and old is not None:
+            if kind == "end":
+                from bk.core.timegrid import parse_end_change
+
+                out[name] = parse_end_change(value, old.start, old.end, now, tz, slot)
+                continue
+            length, end = builders.length_or_end(value, old, now=now, tz=tz, slot_minutes=slot)
+            del out[name]
+            if length is not None:
+                out[name] = length
+            elif isinstance(wire.get("end"), (int, str)):
+                raise InvalidInput(f"{name} {value!r} moves the end, and so does end: give the new end once",
+                                   hint='e.g. {"duration": "+30m"} or {"end": "20:00"}')
+            else:
+                out["end"] = end
+    return out
+
+
 def _run_row(tool: AgentTool, app, arguments, call):
     from bk import service
 
     op = service.get(tool.row)
-    return perform(app, op, _decode(tool, op, tool.request_fields(arguments)), call)
+    return perform(app, op, _decode(tool, op, _worded(tool, op, tool.request_fields(arguments), call)), call)
 
 
 def perform(app, op, req, call):
@@ -176,7 +240,8 @@ def _resolved(tool: AgentTool, app, arguments, call, action: str):
     which = _decode(tool, service.get("resolve"), {"ref": ref, "action": action,
                                                    **({"op_id": op_id} if isinstance(op_id, str) else {})})
     earlier = app.run("resolve", which, call=call).reservation
-    return perform(app, op, _decode(tool, op, {**wire, "ref": earlier.id}), call)
+    wire = _worded(tool, op, {**wire, "ref": earlier.id}, call, old=earlier)
+    return perform(app, op, _decode(tool, op, wire), call)
 
 
 MAX_ARGV, MAX_ARG = 256, 4096
@@ -199,7 +264,7 @@ def _create(tool, app, arguments, call):
     op = service.get(tool.row)
     wire = tool.request_fields(arguments)
     argv, cwd = wire.pop("command", None), wire.pop("cwd", None)
-    req = _decode(tool, op, wire)
+    req = _decode(tool, op, _worded(tool, op, wire, call))
     if argv is None:
         if cwd is not None:
             raise InvalidInput("argument 'cwd' goes with 'command'")
@@ -242,16 +307,19 @@ def builtin_tools() -> list[AgentTool]:
     row = AgentTool.from_row
     return [
         row("context", "context", run=_context, summary="who you are, the rules, every GPU and its live "
-            "state, your bookings and the time: call this first"),
-        row("recommend", "recommend", run=_recommend),
+            "state, your bookings and the time: call this first",
+            adds=(("agent_schema", {"const": SCHEMA}), ("tools", {"type": "array", "items": {"type": "string"}}),
+                  ("units", {"type": "string"}))),
+        row("recommend", "recommend", run=_recommend,
+            adds=(("free_now", {"type": "boolean", "description": "an option starts now"}),)),
         row("create", "book", hide=_JOB_FIELDS, renames=(("operation_id", "op_id"),), extra=_COMMAND,
             run=_create, summary="book GPUs, shared or exclusive, now or later, optionally with a command "
             "to run on them; give operation_id so that a retry returns the first result and books "
             "nothing more"),
         row("list", "list"),
         row("edit", "edit", renames=(("operation_id", "op_id"),), run=_edit, notes=_REF,
-            summary="change one of your bookings (ref: list number, ID prefix or full ID); times are "
-            "epoch seconds"),
+            summary="change one of your bookings (ref: list number, ID prefix or full ID); duration as bk e "
+            "-d takes it (2h, +30m, 20:00) or seconds, times as a person writes them or epoch seconds"),
         row("cancel", "cancel", renames=(("operation_id", "op_id"),), run=_cancel, notes=_REF,
             summary="cancel one of your bookings (ref: list number, ID prefix or full ID); an active one "
             "ends now"),
@@ -318,7 +386,8 @@ def invoke(app, tool: AgentTool, arguments, call):
 def describe(tool: AgentTool) -> dict:
     """A tool as ``bk agent operation`` lists it."""
     return {"name": tool.name, "summary": tool.summary, "read_only": tool.read_only,
-            "destructive": tool.destructive, "idempotent": tool.idempotent, "input_schema": tool.schema}
+            "destructive": tool.destructive, "idempotent": tool.idempotent, "input_schema": tool.schema,
+            "output_schema": tool.output or {"type": "object"}}
 
 
 def server_version() -> str:

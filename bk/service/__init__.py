@@ -126,11 +126,13 @@ class Operation:
         self.validate(req)
         return fields.encode(req)
 
-    def schema(self) -> dict:
+    def schema(self, *, human: bool = False) -> dict:
+        """The request's JSON Schema; ``human``: as a front end that takes a
+        person's words (durations, starts) accepts it (``fields.Field.human``)."""
         from bk.service import fields
 
         self._wire()
-        return fields.schema(self.request, self.fields)
+        return fields.schema(self.request, self.fields, human=human)
 
 
 def _row(name, summary, request, fields, result, access, who, *, idempotent, destructive, **kw) -> Operation:

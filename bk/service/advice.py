@@ -104,6 +104,21 @@ class Recommendation:
     def to_json(self) -> dict:
         return {"request": request_json(self.request), "options": self.options_json()}
 
+    @staticmethod
+    def json_schema() -> dict:
+        from bk.service.views import obj, typed
+
+        s, i = typed("string"), typed("integer")
+        gpus = {"type": "array", "items": i}
+        request = obj({"count": i, "duration": typed("integer", description="seconds"), "mode": s, "share": i,
+                       "mem_mib": typed("integer", null=True), "start": typed("string", null=True),
+                       "pinned": {"anyOf": [gpus, {"type": "null"}]}, "excluded": gpus})
+        option = obj({"gpus": gpus, "start": s, "end": s,
+                      "command": typed("string", description="the bk command that books it"),
+                      "queued": typed("boolean"), "mem_mib_effective": typed("integer", null=True),
+                      "reasons": typed("object", description="GPU -> why it was or was not chosen")})
+        return obj({"request": request, "options": {"type": "array", "items": option}})
+
 
 @dataclass(frozen=True)
 class GpuAdvice:

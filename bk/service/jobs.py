@@ -490,6 +490,13 @@ class JobLogResult:
         return {"job": job_json(self.reservation), "log": self.log.decode("utf-8", "replace"),
                 "truncated": self.truncated}
 
+    @staticmethod
+    def json_schema() -> dict:
+        from bk.service.views import obj, typed
+
+        return obj({"job": typed("object", null=True), "log": typed("string"),
+                    "truncated": typed("boolean", description="older output left out")})
+
 
 def _serve_job_log(app, req: JobLogRequest, call) -> JobLogResult:
     from bk.jobs import logs

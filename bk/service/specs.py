@@ -21,8 +21,8 @@ _WRITE = (Field("op_id", "text", min_len=1, max_len=MAX_OP_ID, pattern=OP_ID,
                 help="idempotency key: a retry with it changes nothing; " + OP_ID_HELP),
           Field("dry_run", "bool", help="show what would happen; change nothing"))
 _PLACE = (Field("mode", "choice", choices=MODES), Field("share", "int", lo=1, hi=64),
-          Field("mem_mib", "int", lo=1, help="VRAM per GPU in MiB"),
-          Field("start", "int", help="start, epoch seconds (UTC)"),
+          Field("mem_mib", "int", lo=1, help="VRAM per GPU in MiB", human="memory"),
+          Field("start", "int", help="start, epoch seconds (UTC)", human="start"),
           Field("queue", "bool", help="take the earliest start at or after the one asked for"),
           Field("pinned", "gpus", help="exactly these GPUs"),
           Field("excluded", "gpus", help="never these GPUs"),
@@ -37,7 +37,7 @@ _JOB = (Field("job_id", "text", max_len=32, pattern=JOB_ID, help="the private jo
         Field("job_summary", "text", max_len=48, pattern="[A-Za-z0-9._+ -]+",
               help="what others may see of the command: its program name and argument count"))
 BOOK_FIELDS = (Field("count", "int", lo=1, hi=64, help="number of GPUs"),
-               Field("duration", "int", lo=1, help="seconds"), *_PLACE, *_WRITE,
+               Field("duration", "int", lo=1, help="seconds", human="duration"), *_PLACE, *_WRITE,
                Field("again", "bool", help="book even if the same booking was made a few minutes ago "
                      "(without it, that repeat answers exists with the first booking)"), *_JOB)
 JOB_STATE_FIELDS = (Field("ref", "text", max_len=36, pattern=RESERVATION_ID, help="the reservation's full ID"),
@@ -47,8 +47,8 @@ JOB_STATE_FIELDS = (Field("ref", "text", max_len=36, pattern=RESERVATION_ID, hel
                     Field("exit_code", "int", lo=0, hi=255),
                     Field("retry", "bool", help="requeue a job that ended (only while its booking lasts)"))
 EDIT_FIELDS = (Field("ref", "text", max_len=64, help="the reservation's full ID"),
-               Field("duration", "int", lo=1, help="new total length, seconds"),
-               Field("end", "int", help="new end, epoch seconds"),
+               Field("duration", "int", lo=1, help="new total length, seconds", human="length"),
+               Field("end", "int", help="new end, epoch seconds", human="end"),
                Field("clear_mem", "bool", help="forget the memory figure"), *_PLACE, *_WRITE)
 CANCEL_FIELDS = (Field("ref", "text", max_len=64, help="the reservation's full ID"),
                  Field("reason", "text", max_len=MAX_NOTE, help="required to cancel another user's"),
@@ -101,18 +101,18 @@ NOTICES_FIELDS = (Field("all", "bool", help="archived and expired notices too"),
 STATUS_FIELDS = (Field("verbose", "bool", help="everyone's bookings, and the processes"),)
 LOGIN_FIELDS = (Field("lookahead", "int", lo=0, hi=7 * 86400, help="bookings starting within this many seconds"),)
 RECOMMEND_FIELDS = (Field("count", "int", lo=1, hi=64, help="number of GPUs"),
-                    Field("duration", "int", lo=1, help="seconds"),
+                    Field("duration", "int", lo=1, help="seconds", human="duration"),
                     Field("mode", "choice", choices=MODES), Field("share", "int", lo=1, hi=64),
-                    Field("mem_mib", "int", lo=1, help="VRAM per GPU in MiB"),
-                    Field("start", "int", help="earliest start, epoch seconds (UTC); default now"),
+                    Field("mem_mib", "int", lo=1, help="VRAM per GPU in MiB", human="memory"),
+                    Field("start", "int", help="earliest start, epoch seconds (UTC); default now", human="start"),
                     Field("pinned", "gpus", help="exactly these GPUs"),
                     Field("excluded", "gpus", help="never these GPUs"),
                     Field("limit", "int", lo=1, hi=20, help="how many options (default 3)"))
 GPU_FIELDS = (Field("count", "int", lo=1, hi=64, help="GPUs to look for (default: your running booking's, "
                     "else one)"),
-              Field("duration", "int", lo=1, help="for how long, seconds (default 3600)"),
+              Field("duration", "int", lo=1, help="for how long, seconds (default 3600)", human="duration"),
               Field("mode", "choice", choices=MODES), Field("share", "int", lo=1, hi=64),
-              Field("mem_mib", "int", lo=1, help="VRAM per GPU in MiB"),
+              Field("mem_mib", "int", lo=1, help="VRAM per GPU in MiB", human="memory"),
               Field("pinned", "gpus", help="exactly these GPUs"),
               Field("excluded", "gpus", help="never these GPUs"))
 TIMELINE_FIELDS = (Field("width", "int", lo=12, hi=100000, help="characters across, the GPU labels included"),
@@ -134,8 +134,8 @@ OP_LOOKUP_FIELDS = (Field("op_id", "text", min_len=1, max_len=MAX_OP_ID, pattern
 HISTORY_FIELDS = (Field("ref", "text", min_len=1, max_len=64, help="a list number, an ID prefix, or a full ID"),)
 USAGE_FIELDS = (Field("reservation", "text", max_len=36, pattern=RESERVATION_ID,
                       help="one booking's booked and active seconds; default: your dashboard"),
-                Field("since", "int", help="also your totals from then, epoch seconds"),
-                Field("until", "int", help="with since: the end of that period (default now)"))
+                Field("since", "int", help="also your totals from then, epoch seconds", human="since"),
+                Field("until", "int", help="with since: the end of that period (default now)", human="since"))
 _SPAN = (Field("since", "int", help="start of the period, epoch seconds"),
          Field("until", "int", help="end of the period, epoch seconds"))
 SPAN_FIELDS = _SPAN

@@ -341,6 +341,25 @@ class ContextResult:
     def to_json(self) -> dict:
         return self.json
 
+    @staticmethod
+    def json_schema() -> dict:
+        from bk.service.views import obj, reservation_schema, typed
+
+        s, i, b = typed("string"), typed("integer"), typed("boolean")
+        return obj({"version": s, "now": s, "now_epoch": i, "you": obj({"uid": i, "user": s, "admin": b}),
+                    "mode": {"enum": ["private", "shared"]},
+                    "policy": obj({k: i for k in ("gpu_count", "slot_minutes", "max_shared_users",
+                                                  "booking_horizon_days", "max_booking_hours",
+                                                  "queue_search_hours")} | {"require_shared_memory": b}),
+                    "gpus": {"type": "array", "items": obj({"index": i, "name": typed("string", null=True),
+                                                            "uuid": typed("string", null=True),
+                                                            "mem_total_mib": typed("integer", null=True),
+                                                            "disabled": b},
+                                                           description="with its live state when known")},
+                    "telemetry": typed("string", null=True, description="what the GPU telemetry misses"),
+                    "monitor": typed("object", null=True),
+                    "reservations": {"type": "array", "items": reservation_schema()}})
+
 
 def _serve_context(service, req, call) -> ContextResult:
     from bk import __version__

@@ -373,6 +373,21 @@ class UsageResult:
             out["period"] = {"since": iso(since), "until": iso(until), "totals": totals_json(totals)}
         return out
 
+    @staticmethod
+    def json_schema() -> dict:
+        from bk.service.views import obj, typed
+
+        i = typed("integer")
+        booking = obj({"reservation": typed("string"), "booked_s": i, "active_s": i, "idle_s": i},
+                      description="one booking's GPU seconds")
+        dashboard = obj({"uid": i, "user": typed("string"), "at": typed("string"), "history": typed("boolean"),
+                         "span": typed("object", null=True), "totals": typed("object"),
+                         "days": typed("array"), "weeks": typed("array"), "bookings": typed("array"),
+                         "hint": typed("string", null=True), "period": typed("object")},
+                        required=("uid", "user", "at", "history", "totals"),
+                        description="your dashboard (docs/TELEMETRY.md); period with since")
+        return {"anyOf": [dashboard, booking]}
+
 
 def _serve_usage(svc, req: UsageRequest, call) -> UsageResult:
     from bk.core.errors import InvalidInput

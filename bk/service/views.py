@@ -37,6 +37,40 @@ def notice_json(n: Notice) -> dict:
             "reservation": n.reservation, "archived": n.archived}
 
 
+# JSON Schemas of the shapes above, for a tool's outputSchema (MCP): each
+# result type's ``json_schema()`` describes what its ``to_json()`` gives.
+
+def typed(kind: str, *, null: bool = False, **more) -> dict:
+    """``{"type": kind}``, or with ``null`` also JSON null."""
+    return {"type": [kind, "null"] if null else kind, **more}
+
+
+def obj(props: dict, *, required: tuple | None = None, **more) -> dict:
+    """An object with these properties, all required unless ``required`` says."""
+    return {"type": "object", "properties": props,
+            "required": list(props if required is None else required), **more}
+
+
+def reservation_schema() -> dict:
+    s, i, b = typed("string"), typed("integer"), typed("boolean")
+    return obj({"id": s, "short_id": s, "number": typed("integer", null=True), "uid": i, "user": s,
+                "mine": b, "mode": {"enum": ["shared", "exclusive"]}, "gpus": {"type": "array", "items": i},
+                "share": i, "capacity": i, "mem_mib": typed("integer", null=True),
+                "mem_mib_effective": typed("integer", null=True), "start": s, "end": s,
+                "status": {"enum": ["upcoming", "active", "ended", "cancelled"]}, "created": s,
+                "op_id": typed("string", null=True), "job": typed("object", null=True),
+                "note": typed("string", null=True), "cancelled_at": typed("string", null=True),
+                "cancel_reason": typed("string", null=True), "edits": i},
+               description="a booking (docs/JSON.md: reservation); times ISO-8601 UTC")
+
+
+def notice_schema() -> dict:
+    s = typed("string")
+    return obj({"id": s, "short_id": s, "at": s, "level": {"enum": ["info", "warning", "critical"]}, "text": s,
+                "scope": {"enum": ["everyone", "you"]}, "until": typed("string", null=True),
+                "reservation": typed("string", null=True), "archived": typed("boolean")})
+
+
 @dataclass(frozen=True)
 class View:
     """What rendering needs, captured once per call."""
@@ -119,6 +153,12 @@ class ListResult:
         return {"scope": self.scope, "reservations": [self.view.reservation(r) for r in self.reservations],
                 "total": self.total}
 
+    @staticmethod
+    def json_schema() -> dict:
+        return obj({"scope": {"enum": list(LIST_SCOPES)},
+                    "reservations": {"type": "array", "items": reservation_schema()},
+                    "total": typed("integer", description="how many there are, however many are shown")})
+
 
 def _serve_list(service, req: ListRequest, call) -> ListResult:
     from bk.core.errors import InvalidInput
@@ -157,6 +197,10 @@ class NoticesResult:
 
     def to_json(self) -> dict:
         return {"notices": [notice_json(n) for n in self.notices]}
+
+    @staticmethod
+    def json_schema() -> dict:
+        return obj({"notices": {"type": "array", "items": notice_schema()}})
 
 
 def _serve_notices(service, req: NoticesRequest, call) -> NoticesResult:

@@ -86,10 +86,7 @@ class Host:
         return [describe(t) for t in self.tool_table()]
 
     def _call(self):
-        telemetry = self.app.telemetry
-        if hasattr(telemetry, "refresh"):      # each call looks at the GPUs afresh
-            telemetry.refresh()
-        return self.app.call()
+        return self.app.call(fresh=True)       # each call looks at the GPUs afresh
 
     def call_tool(self, name: str, arguments: dict):
         tool = next((t for t in self.tool_table() if t.name == name), None)

@@ -143,11 +143,16 @@ class Service:
 
     # -- the call ----------------------------------------------------------
 
-    def call(self, actor: Actor | None = None, *, telemetry=None, peer_pid: int | None = None) -> Call:
+    def call(self, actor: Actor | None = None, *, telemetry=None, peer_pid: int | None = None,
+             fresh: bool = False) -> Call:
         """A fresh context: this service's defaults, the clock read once.  A
         call for this process (no ``actor``) carries what the clock has to say
         about its zone (an unknown ``TZ``); a broker's call for a peer does
-        not: the peer's zone is not the broker's."""
+        not: the peer's zone is not the broker's.  ``fresh``: the GPUs are
+        looked at again for this call (a long-lived front end: an MCP tool
+        call), not the snapshot an earlier call of this process took."""
+        if fresh and telemetry is None and hasattr(self.telemetry, "refresh"):
+            self.telemetry.refresh()
         call = Call(actor or self.actor, self._clock(), self._tz(), self.policy,
                     telemetry if telemetry is not None else self.telemetry, peer_pid=peer_pid,
                     make_id=self.id_source)

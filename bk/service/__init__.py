@@ -31,8 +31,8 @@ details (the ``book`` row's nearest start that fits), so both gateways and
 every front end say the same.
 
 Every request, field spec, result and function of a row is named as
-``"module:attr"``: the module is imported when the row's value is first
-used, so ``bk l`` loads the list row's module and nothing of the writes,
+``"module:attr"`` of this package (``"booking:apply_book"``): the module is
+imported when the row's value is first used, so ``bk l`` loads the list row's module and nothing of the writes,
 the agent surface or the jobs.  Adding a write is one apply function plus
 one row.
 
@@ -56,8 +56,11 @@ _LAZY = frozenset({"request", "fields", "result", "apply", "serve", "check", "ex
 
 
 def _resolve(ref: str):
+    """``"booking:apply_book"`` -> ``bk.service.booking.apply_book``: a row
+    names only modules of this package, so no arrow out of the service layer
+    can hide in a string."""
     module, _, attr = ref.partition(":")
-    return getattr(__import__(module, fromlist=(attr,)), attr)
+    return getattr(__import__(f"bk.service.{module}", fromlist=(attr,)), attr)
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,30 @@ class Operation:
     rebinds: bool = False             # WRITE: changes the bound policy itself (skips the store's binding check)
     served: bool = True               # False: run in the caller's process, never a broker op
     explain: object = None            # (error, request, call) -> error: a refusal worded for the caller
+
+    # Written out, not generated: the record's generated __init__ is compiled
+    # on first use, and every command makes at least one row (~0.3 ms).
+    def __init__(self, name, summary, request, fields, result, access, who, idempotent, destructive,
+                 apply=None, serve=None, check=None, admin_hint=None, accepts_loss=False, rebinds=False,
+                 served=True, explain=None):
+        put = object.__setattr__
+        put(self, "name", name)
+        put(self, "summary", summary)
+        put(self, "request", request)
+        put(self, "fields", fields)
+        put(self, "result", result)
+        put(self, "access", access)
+        put(self, "who", who)
+        put(self, "idempotent", idempotent)
+        put(self, "destructive", destructive)
+        put(self, "apply", apply)
+        put(self, "serve", serve)
+        put(self, "check", check)
+        put(self, "admin_hint", admin_hint)
+        put(self, "accepts_loss", accepts_loss)
+        put(self, "rebinds", rebinds)
+        put(self, "served", served)
+        put(self, "explain", explain)
 
     def __getattribute__(self, name):
         # A "module:attr" value (see the module docstring) becomes the
@@ -135,222 +162,308 @@ class Operation:
         return fields.schema(self.request, self.fields, human=human)
 
 
-def _row(name, summary, request, fields, result, access, who, *, idempotent, destructive, **kw) -> Operation:
-    return Operation(name, summary, request, fields, result, access, who, idempotent, destructive, **kw)
+def _row(name, summary, request, fields, result, access, who, *, idempotent, destructive, **kw):
+    # A row as written; ``_Table`` makes it an ``Operation`` when first asked for.
+    return name, (name, summary, request, fields, result, access, who, idempotent, destructive), kw
 
 
-_S = "bk.service."
-_REQ, _SPEC, _RES = _S + "requests:", _S + "specs:", _S + "results:"
+class _Table(dict):
+    """Name -> ``Operation``, each made the first time it is asked for: a
+    command runs one row or two of some sixty, and making them all on every
+    start-up cost about 0.3 ms (``bk l`` is 10 ms over the interpreter)."""
+
+    def __getitem__(self, name):
+        value = dict.__getitem__(self, name)
+        if type(value) is tuple:
+            value = Operation(*value[0], **value[1])
+            dict.__setitem__(self, name, value)
+        return value
+
+    def get(self, name, default=None):
+        return self[name] if name in self else default
+
+    def values(self):
+        return [self[n] for n in self]
+
+    def items(self):
+        return [(n, self[n]) for n in self]
 
 
 def _table() -> dict[str, Operation]:
     rows = (
-        _row("book", "book GPUs, shared or exclusive, now or later", _REQ + "BookRequest", _SPEC + "BOOK_FIELDS",
-             _RES + "BookResult", WRITE, ANYONE, idempotent=False, destructive=False,
-             apply=_S + "booking:apply_book", check=_REQ + "check_request", explain=_S + "booking:explain_book"),
-        _row("edit", "change one of your bookings", _REQ + "EditRequest", _SPEC + "EDIT_FIELDS",
-             _RES + "EditResult", WRITE, OWNER, idempotent=False, destructive=False,
-             apply=_S + "booking:apply_edit", check=_REQ + "check_request"),
+        _row("book", "book GPUs, shared or exclusive, now or later", "requests:BookRequest",
+             "specs:BOOK_FIELDS", "results:BookResult", WRITE, ANYONE,
+             idempotent=False, destructive=False, apply="booking:apply_book",
+             check="requests:check_request", explain="booking:explain_book"),
+        _row("edit", "change one of your bookings", "requests:EditRequest",
+             "specs:EDIT_FIELDS", "results:EditResult", WRITE, OWNER,
+             idempotent=False, destructive=False, apply="booking:apply_edit",
+             check="requests:check_request"),
         _row("cancel", "cancel a booking (another user's: the administrator, with a reason)",
-             _REQ + "CancelRequest", _SPEC + "CANCEL_FIELDS", _RES + "CancelResult", WRITE, OWNER,
-             idempotent=True, destructive=True, apply=_S + "booking:apply_cancel"),
+             "requests:CancelRequest", "specs:CANCEL_FIELDS",
+             "results:CancelResult", WRITE, OWNER, idempotent=True, destructive=True,
+             apply="booking:apply_cancel"),
         # The worker's one write: the state of a job of the caller's own booking
         # (pending -> running -> an end), or bk j retry requeueing one.
-        _row("job_state", "set the state of a job attached to one of your bookings", _REQ + "JobStateRequest",
-             _SPEC + "JOB_STATE_FIELDS", _S + "jobs:JobResult", WRITE, OWNER, idempotent=True, destructive=False,
-             apply=_S + "jobs:apply_job_state"),
-        _row("notice_publish", "publish announcements", _REQ + "NoticeRequest", _SPEC + "NOTICE_FIELDS",
-             _RES + "NoticeResult", WRITE, ADMIN, idempotent=False, destructive=False,
-             apply=_S + "notices:apply_publish", admin_hint="sudo bk admin notice publish TEXT"),
-        _row("notice_archive", "archive notices", _REQ + "NoticeArchiveRequest", _SPEC + "NOTICE_ARCHIVE_FIELDS",
-             _RES + "NoticeResult", WRITE, ADMIN, idempotent=True, destructive=True,
-             apply=_S + "notices:apply_archive", admin_hint="sudo bk admin notice archive ID"),
-        _row("blackout_add", "open a maintenance window: announce it, block new bookings in it, keep or "
-             "cancel the bookings already there", _REQ + "MaintainRequest", _SPEC + "MAINTAIN_FIELDS",
-             _RES + "MaintainResult", WRITE, ADMIN, idempotent=False, destructive=True,
-             apply=_S + "maintenance:apply_maintain", check=_S + "maintenance:check_maintain",
-             admin_hint="sudo bk admin maintain"),
+        _row("job_state", "set the state of a job attached to one of your bookings",
+             "requests:JobStateRequest", "specs:JOB_STATE_FIELDS",
+             "jobs:JobResult", WRITE, OWNER, idempotent=True, destructive=False,
+             apply="jobs:apply_job_state"),
+        _row("notice_publish", "publish announcements", "requests:NoticeRequest",
+             "specs:NOTICE_FIELDS", "results:NoticeResult", WRITE, ADMIN,
+             idempotent=False, destructive=False, apply="notices:apply_publish",
+             admin_hint="sudo bk admin notice publish TEXT"),
+        _row("notice_archive", "archive notices", "requests:NoticeArchiveRequest",
+             "specs:NOTICE_ARCHIVE_FIELDS", "results:NoticeResult", WRITE, ADMIN,
+             idempotent=True, destructive=True, apply="notices:apply_archive",
+             admin_hint="sudo bk admin notice archive ID"),
+        _row("blackout_add",
+             "open a maintenance window: announce it, block new bookings in it, keep or "
+             "cancel the bookings already there",
+             "requests:MaintainRequest", "specs:MAINTAIN_FIELDS",
+             "results:MaintainResult", WRITE, ADMIN, idempotent=False, destructive=True,
+             apply="maintenance:apply_maintain",
+             check="maintenance:check_maintain", admin_hint="sudo bk admin maintain"),
         _row("blackout_end", "end a maintenance window now (or withdraw one not begun)",
-             _REQ + "BlackoutEndRequest", _SPEC + "BLACKOUT_END_FIELDS", _RES + "MaintainResult", WRITE, ADMIN,
-             idempotent=True, destructive=True, apply=_S + "maintenance:apply_end",
-             admin_hint="sudo bk admin maintain end ID"),
+             "requests:BlackoutEndRequest", "specs:BLACKOUT_END_FIELDS",
+             "results:MaintainResult", WRITE, ADMIN, idempotent=True, destructive=True,
+             apply="maintenance:apply_end", admin_hint="sudo bk admin maintain end ID"),
         _row("notice_edit", "change an announcement (the audit log keeps what it said)",
-             _REQ + "NoticeEditRequest", _SPEC + "NOTICE_EDIT_FIELDS", _RES + "NoticeEditResult", WRITE, ADMIN,
-             idempotent=True, destructive=False, apply=_S + "maintenance:apply_notice_edit",
-             check=_S + "maintenance:check_notice_edit", admin_hint="sudo bk admin notice edit ID --text ..."),
+             "requests:NoticeEditRequest", "specs:NOTICE_EDIT_FIELDS",
+             "results:NoticeEditResult", WRITE, ADMIN, idempotent=True, destructive=False,
+             apply="maintenance:apply_notice_edit",
+             check="maintenance:check_notice_edit",
+             admin_hint="sudo bk admin notice edit ID --text ..."),
         _row("policy_bind", "bind the ledger to the policy the host's configuration now holds",
-             _REQ + "PolicyBindRequest", _SPEC + "POLICY_BIND_FIELDS", _RES + "PolicyBindResult", WRITE, ADMIN,
-             idempotent=True, destructive=False, apply=_S + "policyedit:apply_bind", rebinds=True,
+             "requests:PolicyBindRequest", "specs:POLICY_BIND_FIELDS",
+             "results:PolicyBindResult", WRITE, ADMIN, idempotent=True, destructive=False,
+             apply="policyedit:apply_bind", rebinds=True,
              admin_hint="sudo bk admin gpu-policy ..."),
-        _row("data_lost", "show the commits the audit log records but the ledger lacks", _REQ + "Empty", (),
-             _RES + "LostResult", READ, HOST, idempotent=True, destructive=False,
-             serve=_S + "recovery:_serve_lost", admin_hint="sudo bk admin data recover --dry-run"),
-        _row("data_recover", "accept (or replay) the commits the ledger lost", _REQ + "RecoverRequest",
-             _SPEC + "RECOVER_FIELDS", _RES + "LostResult", WRITE, HOST, idempotent=False, destructive=True,
-             apply=_S + "recovery:apply_recover", admin_hint="sudo bk admin data recover", accepts_loss=True),
+        _row("data_lost", "show the commits the audit log records but the ledger lacks",
+             "requests:Empty", (), "results:LostResult", READ, HOST,
+             idempotent=True, destructive=False, serve="recovery:_serve_lost",
+             admin_hint="sudo bk admin data recover --dry-run"),
+        _row("data_recover", "accept (or replay) the commits the ledger lost",
+             "requests:RecoverRequest", "specs:RECOVER_FIELDS",
+             "results:LostResult", WRITE, HOST, idempotent=False, destructive=True,
+             apply="recovery:apply_recover", admin_hint="sudo bk admin data recover",
+             accepts_loss=True),
         _row("audit", "read the audit trail (your own; everyone's for the administrator)",
-             _REQ + "AuditRequest", _SPEC + "AUDIT_FIELDS", _RES + "AuditResult", READ, ANYONE,
-             idempotent=True, destructive=False, serve=_S + "hostreads:_serve_audit"),
-        _row("probe", "try the writes a commit needs, for real", _REQ + "Empty", (), _RES + "ProbeResult",
-             READ, ANYONE, idempotent=True, destructive=False, serve=_S + "hostreads:_serve_probe"),
-        _row("ping", "the broker's version and the caller as the kernel sees it", _REQ + "Empty", (),
-             _RES + "PingResult", READ, ANYONE, idempotent=True, destructive=False,
-             serve=_S + "hostreads:_serve_ping"),
+             "requests:AuditRequest", "specs:AUDIT_FIELDS",
+             "results:AuditResult", READ, ANYONE, idempotent=True, destructive=False,
+             serve="hostreads:_serve_audit"),
+        _row("probe", "try the writes a commit needs, for real", "requests:Empty", (),
+             "results:ProbeResult", READ, ANYONE, idempotent=True, destructive=False,
+             serve="hostreads:_serve_probe"),
+        _row("ping", "the broker's version and the caller as the kernel sees it", "requests:Empty",
+             (), "results:PingResult", READ, ANYONE, idempotent=True, destructive=False,
+             serve="hostreads:_serve_ping"),
         # An agent's session tag cleaned up (bk.agent's cleanup tool).
-        _row("cleanup", "cancel your current and upcoming bookings made with an op-id prefix (or all of "
-             "them), in one commit", _REQ + "CleanupRequest", _SPEC + "CLEANUP_FIELDS",
-             _RES + "CleanupResult", WRITE, OWNER, idempotent=True, destructive=True,
-             apply=_S + "booking:apply_cleanup", check=_S + "booking:check_cleanup"),
+        _row("cleanup",
+             "cancel your current and upcoming bookings made with an op-id prefix (or all of "
+             "them), in one commit",
+             "requests:CleanupRequest", "specs:CLEANUP_FIELDS",
+             "results:CleanupResult", WRITE, OWNER, idempotent=True, destructive=True,
+             apply="booking:apply_cleanup", check="booking:check_cleanup"),
         _row("context", "who you are, the rules, the GPUs and their live state, your bookings, the time",
-             _REQ + "Empty", (), _S + "status:ContextResult", READ, ANYONE, idempotent=True, destructive=False,
-             serve=_S + "status:_serve_context", served=False),
-        _row("status", "every GPU (use, memory, processes, live state, when next free), your bookings (or "
-             "everyone's) and the notices", _S + "status:StatusRequest", _SPEC + "STATUS_FIELDS",
-             _S + "status:StatusView", READ, ANYONE, idempotent=True, destructive=False,
-             serve=_S + "status:_serve_status", served=False),
-        _row("timeline", "every GPU over a window of time: the share slots held in each step, yours apart, "
-             "blackouts and disabled GPUs", _S + "timeline:TimelineRequest", _SPEC + "TIMELINE_FIELDS",
-             _S + "timeline:TimelineView", READ, ANYONE, idempotent=True, destructive=False,
-             serve=_S + "timeline:_serve_timeline", served=False),
-        _row("info", "who runs this server, its mode, data directory, GPUs and booking rules", _REQ + "Empty", (),
-             _S + "doctor:InfoResult", READ, ANYONE, idempotent=True, destructive=False,
-             serve=_S + "doctor:_serve_info", served=False),
-        _row("config", "every setting, its effective value and where it comes from", _REQ + "Empty", (),
-             _S + "doctor:ConfigResult", READ, ANYONE, idempotent=True, destructive=False,
-             serve=_S + "doctor:_serve_config", served=False),
+             "requests:Empty", (), "status:ContextResult", READ, ANYONE,
+             idempotent=True, destructive=False, serve="status:_serve_context",
+             served=False),
+        _row("status",
+             "every GPU (use, memory, processes, live state, when next free), your bookings (or "
+             "everyone's) and the notices",
+             "status:StatusRequest", "specs:STATUS_FIELDS",
+             "status:StatusView", READ, ANYONE, idempotent=True, destructive=False,
+             serve="status:_serve_status", served=False),
+        _row("timeline",
+             "every GPU over a window of time: the share slots held in each step, yours apart, "
+             "blackouts and disabled GPUs",
+             "timeline:TimelineRequest", "specs:TIMELINE_FIELDS",
+             "timeline:TimelineView", READ, ANYONE, idempotent=True, destructive=False,
+             serve="timeline:_serve_timeline", served=False),
+        _row("info", "who runs this server, its mode, data directory, GPUs and booking rules",
+             "requests:Empty", (), "doctor:InfoResult", READ, ANYONE,
+             idempotent=True, destructive=False, serve="doctor:_serve_info", served=False),
+        _row("config", "every setting, its effective value and where it comes from",
+             "requests:Empty", (), "doctor:ConfigResult", READ, ANYONE,
+             idempotent=True, destructive=False, serve="doctor:_serve_config", served=False),
         _row("doctor", "check the installation (with probe: try what a booking needs, for real)",
-             _S + "doctor:DoctorRequest", _SPEC + "DOCTOR_FIELDS", _S + "doctor:DoctorResult", READ, ANYONE,
-             idempotent=True, destructive=False, serve=_S + "doctor:_serve_doctor", served=False),
-        _row("resolve", "which booking a list number, an ID prefix or an op-id names", _S + "booking:ResolveRequest",
-             _SPEC + "RESOLVE_FIELDS", _S + "booking:ResolveResult", READ, ANYONE, idempotent=True,
-             destructive=False, serve=_S + "booking:_serve_resolve", served=False),
-        _row("op_lookup", "what an op-id did here, and to which booking", _S + "booking:OpLookupRequest",
-             _SPEC + "OP_LOOKUP_FIELDS", _S + "booking:OpLookupResult", READ, ANYONE, idempotent=True,
-             destructive=False, serve=_S + "booking:_serve_op_lookup", served=False),
-        _row("history", "one booking's lifecycle: made, each edit, its cancellation", _S + "history:HistoryRequest",
-             _SPEC + "HISTORY_FIELDS", _S + "history:HistoryResult", READ, ANYONE, idempotent=True,
-             destructive=False, serve=_S + "history:_serve_history", served=False),
-        _row("screen", "one look for the full-screen timeline: the ledger, notices, the GPUs' live rows, the "
-             "monitor and the worker", _S + "status:ScreenRequest", None, _S + "status:ScreenResult", READ, ANYONE,
-             idempotent=True, destructive=False, serve=_S + "status:_serve_screen", served=False),
+             "doctor:DoctorRequest", "specs:DOCTOR_FIELDS",
+             "doctor:DoctorResult", READ, ANYONE, idempotent=True, destructive=False,
+             serve="doctor:_serve_doctor", served=False),
+        _row("resolve", "which booking a list number, an ID prefix or an op-id names",
+             "booking:ResolveRequest", "specs:RESOLVE_FIELDS",
+             "booking:ResolveResult", READ, ANYONE, idempotent=True, destructive=False,
+             serve="booking:_serve_resolve", served=False),
+        _row("op_lookup", "what an op-id did here, and to which booking", "booking:OpLookupRequest",
+             "specs:OP_LOOKUP_FIELDS", "booking:OpLookupResult", READ, ANYONE,
+             idempotent=True, destructive=False, serve="booking:_serve_op_lookup",
+             served=False),
+        _row("history", "one booking's lifecycle: made, each edit, its cancellation",
+             "history:HistoryRequest", "specs:HISTORY_FIELDS",
+             "history:HistoryResult", READ, ANYONE, idempotent=True, destructive=False,
+             serve="history:_serve_history", served=False),
+        _row("screen",
+             "one look for the full-screen timeline: the ledger, notices, the GPUs' live rows, the "
+             "monitor and the worker",
+             "status:ScreenRequest", None, "status:ScreenResult", READ, ANYONE,
+             idempotent=True, destructive=False, serve="status:_serve_screen", served=False),
         _row("login", "the notices, and your bookings running now or starting within the hour",
-             _S + "status:LoginRequest", _SPEC + "LOGIN_FIELDS", _S + "status:LoginView", READ, ANYONE,
-             idempotent=True, destructive=False, serve=_S + "status:_serve_login", served=False),
+             "status:LoginRequest", "specs:LOGIN_FIELDS",
+             "status:LoginView", READ, ANYONE, idempotent=True, destructive=False,
+             serve="status:_serve_login", served=False),
         _row("list", "your current and upcoming bookings, numbered (or everyone's, or your history)",
-             _S + "views:ListRequest", _SPEC + "LIST_FIELDS", _S + "views:ListResult", READ, ANYONE,
-             idempotent=True, destructive=False, serve=_S + "views:_serve_list", served=False),
-        _row("notices", "the announcements, and the notices addressed to you", _S + "views:NoticesRequest",
-             _SPEC + "NOTICES_FIELDS", _S + "views:NoticesResult", READ, ANYONE, idempotent=True,
-             destructive=False, serve=_S + "views:_serve_notices", served=False),
-        _row("recommend", "when and where GPUs are free: options, each with the command that books it "
-             "(books nothing)", _S + "advice:RecommendRequest", _SPEC + "RECOMMEND_FIELDS",
-             _S + "advice:Recommendation", READ, ANYONE, idempotent=True, destructive=False,
-             serve=_S + "advice:_serve_recommend", served=False, check=_S + "advice:check_recommend"),
-        _row("gpu", "which GPUs to use now: those of your running booking, or GPUs free now (idle first) "
-             "with their live state, or the earliest options", _S + "advice:GpuRequest", _SPEC + "GPU_FIELDS",
-             _S + "advice:GpuAdvice", READ, ANYONE, idempotent=True, destructive=False,
-             serve=_S + "advice:_serve_gpu", served=False),
-        _row("usage", "your GPU usage (booked, active, idle): today, 7 days, 4 weeks and your recent bookings "
-             "(with since: your totals over that period too), or one booking's", _S + "usage:UsageRequest",
-             _SPEC + "USAGE_FIELDS", _S + "usage:UsageResult", READ, ANYONE, idempotent=True, destructive=False,
-             serve=_S + "usage:_serve_usage", served=False),
-        _row("usage_users", "everyone's booked, active, idle and unreserved GPU time over a period, per user and "
-             "per GPU", _S + "usage:SpanRequest", _SPEC + "SPAN_FIELDS", _S + "usage:UsersReport", READ, ANYONE,
-             idempotent=True, destructive=False, serve=_S + "usage:_serve_users", served=False),
-        _row("usage_samples", "the stored minute records of the usage history", _S + "usage:SamplesRequest",
-             _SPEC + "SAMPLES_FIELDS", _S + "usage:SamplesReport", READ, ANYONE, idempotent=True,
-             destructive=False, serve=_S + "usage:_serve_samples", served=False),
-        _row("usage_events", "unreserved use and idle bookings over a period", _S + "usage:EventsRequest",
-             _SPEC + "EVENTS_FIELDS", _S + "usage:EventsReport", READ, ANYONE, idempotent=True,
-             destructive=False, serve=_S + "usage:_serve_events", served=False),
-        _row("usage_verify", "check every sealed day of the usage history against its seal", _REQ + "Empty", (),
-             _S + "usage:VerifyReport", READ, ANYONE, idempotent=True, destructive=False,
-             serve=_S + "usage:_serve_verify", served=False),
+             "views:ListRequest", "specs:LIST_FIELDS",
+             "views:ListResult", READ, ANYONE, idempotent=True, destructive=False,
+             serve="views:_serve_list", served=False),
+        _row("notices", "the announcements, and the notices addressed to you",
+             "views:NoticesRequest", "specs:NOTICES_FIELDS",
+             "views:NoticesResult", READ, ANYONE, idempotent=True, destructive=False,
+             serve="views:_serve_notices", served=False),
+        _row("recommend",
+             "when and where GPUs are free: options, each with the command that books it " "(books nothing)",
+             "advice:RecommendRequest", "specs:RECOMMEND_FIELDS",
+             "advice:Recommendation", READ, ANYONE, idempotent=True, destructive=False,
+             serve="advice:_serve_recommend", served=False,
+             check="advice:check_recommend"),
+        _row("gpu",
+             "which GPUs to use now: those of your running booking, or GPUs free now (idle first) "
+             "with their live state, or the earliest options",
+             "advice:GpuRequest", "specs:GPU_FIELDS",
+             "advice:GpuAdvice", READ, ANYONE, idempotent=True, destructive=False,
+             serve="advice:_serve_gpu", served=False),
+        _row("usage",
+             "your GPU usage (booked, active, idle): today, 7 days, 4 weeks and your recent bookings "
+             "(with since: your totals over that period too), or one booking's",
+             "usage:UsageRequest", "specs:USAGE_FIELDS",
+             "usage:UsageResult", READ, ANYONE, idempotent=True, destructive=False,
+             serve="usage:_serve_usage", served=False),
+        _row("usage_users",
+             "everyone's booked, active, idle and unreserved GPU time over a period, per user and " "per GPU",
+             "usage:SpanRequest", "specs:SPAN_FIELDS",
+             "usage:UsersReport", READ, ANYONE, idempotent=True, destructive=False,
+             serve="usage:_serve_users", served=False),
+        _row("usage_samples", "the stored minute records of the usage history",
+             "usage:SamplesRequest", "specs:SAMPLES_FIELDS",
+             "usage:SamplesReport", READ, ANYONE, idempotent=True, destructive=False,
+             serve="usage:_serve_samples", served=False),
+        _row("usage_events", "unreserved use and idle bookings over a period",
+             "usage:EventsRequest", "specs:EVENTS_FIELDS",
+             "usage:EventsReport", READ, ANYONE, idempotent=True, destructive=False,
+             serve="usage:_serve_events", served=False),
+        _row("usage_verify", "check every sealed day of the usage history against its seal",
+             "requests:Empty", (), "usage:VerifyReport", READ, ANYONE,
+             idempotent=True, destructive=False, serve="usage:_serve_verify", served=False),
         _row("job_log", "the output of the command attached to one of your bookings",
-             _S + "jobs:JobLogRequest", _SPEC + "JOB_LOG_FIELDS", _S + "jobs:JobLogResult", READ, ANYONE,
-             idempotent=True, destructive=False, serve=_S + "jobs:_serve_job_log", served=False),
-        _row("jobs", "your scheduled commands: their state, why one waits, how it ended", _S + "jobs:JobsRequest",
-             _SPEC + "JOBS_FIELDS", _S + "jobs:JobsResult", READ, ANYONE, idempotent=True, destructive=False,
-             serve=_S + "jobs:_serve_jobs", served=False),
+             "jobs:JobLogRequest", "specs:JOB_LOG_FIELDS",
+             "jobs:JobLogResult", READ, ANYONE, idempotent=True, destructive=False,
+             serve="jobs:_serve_job_log", served=False),
+        _row("jobs", "your scheduled commands: their state, why one waits, how it ended",
+             "jobs:JobsRequest", "specs:JOBS_FIELDS",
+             "jobs:JobsResult", READ, ANYONE, idempotent=True, destructive=False,
+             serve="jobs:_serve_jobs", served=False),
         _row("job_retry", "run a job that ended (or is uncertain) again, while its booking lasts",
-             _S + "jobs:JobRetryRequest", _SPEC + "JOB_RETRY_FIELDS", _S + "jobs:JobResult", WRITE, OWNER,
-             idempotent=False, destructive=False, serve=_S + "jobs:_serve_job_retry", served=False),
+             "jobs:JobRetryRequest", "specs:JOB_RETRY_FIELDS",
+             "jobs:JobResult", WRITE, OWNER, idempotent=False, destructive=False,
+             serve="jobs:_serve_job_retry", served=False),
         _row("worker_status", "whether your scheduled-command worker runs, and your jobs waiting or running",
-             _REQ + "Empty", (), _S + "jobs:WorkerStatusResult", READ, ANYONE, idempotent=True,
-             destructive=False, serve=_S + "jobs:_serve_worker_status", served=False),
-        _row("presets", "your private presets", _REQ + "Empty", (), _S + "presets:PresetsResult", READ, ANYONE,
-             idempotent=True, destructive=False, serve=_S + "presets:_serve_presets", served=False),
-        _row("preset", "one of your presets and the booking it makes", _S + "presets:PresetRequest",
-             _SPEC + "PRESET_FIELDS", _S + "presets:PresetResult", READ, ANYONE, idempotent=True,
-             destructive=False, serve=_S + "presets:_serve_preset", served=False),
-        _row("preset_delete", "delete one of your presets", _S + "presets:PresetDeleteRequest",
-             _SPEC + "PRESET_DELETE_FIELDS", _S + "presets:PresetDeleteResult", WRITE, OWNER, idempotent=False,
-             destructive=True, serve=_S + "presets:_serve_preset_delete", served=False),
-        _row("defaults", "the guided booking's defaults, learned from your recent bookings", _REQ + "Empty", (),
-             _S + "presets:DefaultsResult", READ, ANYONE, idempotent=True, destructive=False,
-             serve=_S + "presets:_serve_defaults", served=False),
-        _row("prompt_history", "the interactive prompt's previous lines", _REQ + "Empty", (),
-             _S + "presets:PromptHistory", READ, ANYONE, idempotent=True, destructive=False,
-             serve=_S + "presets:_serve_prompt_history", served=False),
+             "requests:Empty", (), "jobs:WorkerStatusResult", READ, ANYONE,
+             idempotent=True, destructive=False, serve="jobs:_serve_worker_status",
+             served=False),
+        _row("presets", "your private presets", "requests:Empty", (),
+             "presets:PresetsResult", READ, ANYONE, idempotent=True, destructive=False,
+             serve="presets:_serve_presets", served=False),
+        _row("preset", "one of your presets and the booking it makes", "presets:PresetRequest",
+             "specs:PRESET_FIELDS", "presets:PresetResult", READ, ANYONE,
+             idempotent=True, destructive=False, serve="presets:_serve_preset",
+             served=False),
+        _row("preset_delete", "delete one of your presets", "presets:PresetDeleteRequest",
+             "specs:PRESET_DELETE_FIELDS", "presets:PresetDeleteResult", WRITE,
+             OWNER, idempotent=False, destructive=True,
+             serve="presets:_serve_preset_delete", served=False),
+        _row("defaults", "the guided booking's defaults, learned from your recent bookings",
+             "requests:Empty", (), "presets:DefaultsResult", READ, ANYONE,
+             idempotent=True, destructive=False, serve="presets:_serve_defaults",
+             served=False),
+        _row("prompt_history", "the interactive prompt's previous lines", "requests:Empty", (),
+             "presets:PromptHistory", READ, ANYONE, idempotent=True, destructive=False,
+             serve="presets:_serve_prompt_history", served=False),
         # The administrator's reads and the data directory as a whole (bk admin ...).
         _row("blackouts", "the maintenance windows now or ahead (or past ones too)",
-             _S + "maintenance:BlackoutsRequest", _SPEC + "BLACKOUTS_FIELDS", _S + "maintenance:BlackoutsResult",
-             READ, ANYONE, idempotent=True, destructive=False, serve=_S + "maintenance:_serve_blackouts",
-             served=False),
-        _row("notice_list", "every announcement and notice, archived ones too, with its state", _REQ + "Empty",
-             (), _S + "maintenance:NoticeListResult", READ, ADMIN, idempotent=True, destructive=False,
-             serve=_S + "maintenance:_serve_notice_list", served=False, admin_hint="sudo bk admin notice list"),
-        _row("data_backup", "copy the data directory, with a checksummed manifest", _S + "datacare:DataRequest",
-             _SPEC + "DATA_FIELDS", _S + "datacare:DataResult", WRITE, HOST, idempotent=False, destructive=False,
-             serve=_S + "datacare:_serve_backup", served=False, admin_hint="sudo bk admin data backup"),
-        _row("data_verify", "check every file of a backup against its manifest", _S + "datacare:DataRequest",
-             _SPEC + "DATA_FIELDS", _S + "datacare:DataResult", READ, HOST, idempotent=True, destructive=False,
-             serve=_S + "datacare:_serve_verify", served=False, admin_hint="sudo bk admin data verify DIR"),
+             "maintenance:BlackoutsRequest", "specs:BLACKOUTS_FIELDS",
+             "maintenance:BlackoutsResult", READ, ANYONE, idempotent=True,
+             destructive=False, serve="maintenance:_serve_blackouts", served=False),
+        _row("notice_list", "every announcement and notice, archived ones too, with its state",
+             "requests:Empty", (), "maintenance:NoticeListResult", READ, ADMIN,
+             idempotent=True, destructive=False, serve="maintenance:_serve_notice_list",
+             served=False, admin_hint="sudo bk admin notice list"),
+        _row("data_backup", "copy the data directory, with a checksummed manifest",
+             "datacare:DataRequest", "specs:DATA_FIELDS",
+             "datacare:DataResult", WRITE, HOST, idempotent=False, destructive=False,
+             serve="datacare:_serve_backup", served=False,
+             admin_hint="sudo bk admin data backup"),
+        _row("data_verify", "check every file of a backup against its manifest",
+             "datacare:DataRequest", "specs:DATA_FIELDS",
+             "datacare:DataResult", READ, HOST, idempotent=True, destructive=False,
+             serve="datacare:_serve_verify", served=False,
+             admin_hint="sudo bk admin data verify DIR"),
         _row("data_clear", "back up, then empty the data directory (the services stopped)",
-             _S + "datacare:DataRequest", _SPEC + "DATA_FIELDS", _S + "datacare:DataResult", WRITE, HOST,
-             idempotent=True, destructive=True, serve=_S + "datacare:_serve_clear", served=False,
+             "datacare:DataRequest", "specs:DATA_FIELDS",
+             "datacare:DataResult", WRITE, HOST, idempotent=True, destructive=True,
+             serve="datacare:_serve_clear", served=False,
              admin_hint="sudo bk admin data clear"),
         _row("data_restore", "restore a backup into an empty data directory (the services stopped)",
-             _S + "datacare:DataRequest", _SPEC + "DATA_FIELDS", _S + "datacare:DataResult", WRITE, HOST,
-             idempotent=False, destructive=True, serve=_S + "datacare:_serve_restore", served=False,
+             "datacare:DataRequest", "specs:DATA_FIELDS",
+             "datacare:DataResult", WRITE, HOST, idempotent=False, destructive=True,
+             serve="datacare:_serve_restore", served=False,
              admin_hint="sudo bk admin data restore DIR"),
         # In-process rows: they take this process's environment or run a
         # program here, so they have no field spec and are never sent.
         _row("book_job", "book GPUs with a command your worker starts at the booking's start",
-             _S + "jobs:BookJobRequest", None, _RES + "BookResult", WRITE, ANYONE, idempotent=False,
-             destructive=False, serve=_S + "jobs:_serve_book_job", served=False),
+             "jobs:BookJobRequest", None, "results:BookResult", WRITE, ANYONE,
+             idempotent=False, destructive=False, serve="jobs:_serve_book_job",
+             served=False),
         _row("run_target", "the booking a command would run on now, and the environment it gets",
-             _S + "jobs:RunTargetRequest", None, _S + "jobs:RunTarget", READ, ANYONE, idempotent=True,
-             destructive=False, serve=_S + "jobs:_serve_run_target", served=False),
+             "jobs:RunTargetRequest", None, "jobs:RunTarget", READ, ANYONE,
+             idempotent=True, destructive=False, serve="jobs:_serve_run_target",
+             served=False),
         _row("run_now", "run a command now, in the foreground, on one of your active bookings",
-             _S + "jobs:RunNowRequest", None, _S + "jobs:RunNowResult", WRITE, OWNER, idempotent=False,
-             destructive=False, serve=_S + "jobs:_serve_run_now", served=False),
+             "jobs:RunNowRequest", None, "jobs:RunNowResult", WRITE, OWNER,
+             idempotent=False, destructive=False, serve="jobs:_serve_run_now", served=False),
         _row("worker", "run your scheduled-command worker in this process (until stopped, or once)",
-             _S + "jobs:WorkerRunRequest", None, _S + "jobs:WorkerRunResult", WRITE, OWNER, idempotent=False,
-             destructive=False, serve=_S + "jobs:_serve_worker_run", served=False),
+             "jobs:WorkerRunRequest", None, "jobs:WorkerRunResult", WRITE, OWNER,
+             idempotent=False, destructive=False, serve="jobs:_serve_worker_run",
+             served=False),
         _row("preset_save", "save a booking under a name (replacing a preset of that name)",
-             _S + "presets:PresetSaveRequest", None, _S + "presets:PresetSaveResult", WRITE, OWNER,
-             idempotent=True, destructive=False, serve=_S + "presets:_serve_preset_save", served=False),
+             "presets:PresetSaveRequest", None, "presets:PresetSaveResult",
+             WRITE, OWNER, idempotent=True, destructive=False,
+             serve="presets:_serve_preset_save", served=False),
         _row("preset_hint", "after a booking: whether to suggest saving it as a preset",
-             _S + "presets:PresetHintRequest", None, _S + "presets:PresetHint", READ, ANYONE, idempotent=True,
-             destructive=False, serve=_S + "presets:_serve_preset_hint", served=False),
-        _row("prompt_history_save", "keep the interactive prompt's lines", _S + "presets:PromptHistoryRequest",
-             None, _S + "presets:PromptHistory", WRITE, OWNER, idempotent=True, destructive=False,
-             serve=_S + "presets:_serve_prompt_history_save", served=False),
+             "presets:PresetHintRequest", None, "presets:PresetHint", READ,
+             ANYONE, idempotent=True, destructive=False, serve="presets:_serve_preset_hint",
+             served=False),
+        _row("prompt_history_save", "keep the interactive prompt's lines",
+             "presets:PromptHistoryRequest", None, "presets:PromptHistory",
+             WRITE, OWNER, idempotent=True, destructive=False,
+             serve="presets:_serve_prompt_history_save", served=False),
         _row("policy", "the GPU policy in force, the ledger's binding, and what a change would do",
-             _S + "policyedit:PolicyChange", None, _S + "policyedit:PolicyView", READ, ADMIN, idempotent=True,
-             destructive=False, serve=_S + "policyedit:_serve_policy", served=False,
-             admin_hint="sudo bk admin gpu-policy"),
+             "policyedit:PolicyChange", None, "policyedit:PolicyView", READ,
+             ADMIN, idempotent=True, destructive=False, serve="policyedit:_serve_policy",
+             served=False, admin_hint="sudo bk admin gpu-policy"),
         _row("policy_write", "replace the configuration with a planned policy change, atomically",
-             _S + "policyedit:PolicyWriteRequest", None, _S + "policyedit:PolicyWriteResult", WRITE, ADMIN,
-             idempotent=True, destructive=False, serve=_S + "policyedit:_serve_policy_write", served=False,
+             "policyedit:PolicyWriteRequest", None,
+             "policyedit:PolicyWriteResult", WRITE, ADMIN, idempotent=True,
+             destructive=False, serve="policyedit:_serve_policy_write", served=False,
              admin_hint="sudo bk admin gpu-policy ..."),
-        _row("policy_rebind", "bind the ledger to the configuration: through the broker while one answers, else "
-             "on the host as the service account", _REQ + "PolicyBindRequest", None, _RES + "PolicyBindResult",
-             WRITE, ADMIN, idempotent=True, destructive=False, serve=_S + "policyedit:_serve_rebind",
-             served=False, admin_hint="sudo bk admin gpu-policy ..."),
+        _row("policy_rebind",
+             "bind the ledger to the configuration: through the broker while one answers, else "
+             "on the host as the service account",
+             "requests:PolicyBindRequest", None, "results:PolicyBindResult",
+             WRITE, ADMIN, idempotent=True, destructive=False,
+             serve="policyedit:_serve_rebind", served=False,
+             admin_hint="sudo bk admin gpu-policy ..."),
     )
-    return {op.name: op for op in rows}
+    return _Table((name, (args, kw)) for name, args, kw in rows)
 
 
 OPERATIONS: dict[str, Operation] = _table()
@@ -418,7 +531,7 @@ def __getattr__(name: str):
     module = _WHERE.get(name)
     if module is None:
         raise AttributeError(f"module 'bk.service' has no attribute {name!r}")
-    value = _resolve(f"bk.service.{module}:{name}")
+    value = _resolve(f"{module}:{name}")
     globals()[name] = value
     return value
 

@@ -20,6 +20,27 @@ a real data directory would use (``--dir``; default a temporary directory
 under /tmp).  Runs as any user: the broker here serves a ledger owned by the
 current account, configured in code rather than by a trusted file.
 
+Two users (issue 22, needs root: two throwaway accounts made with
+``useradd`` and removed after).  ``--attack``: a second user books and
+cancels while the first spends its whole connection quota (``max_per_uid``
+connections at once, raw frames, replies read and dropped) on the most
+expensive request of each kind the broker serves an ordinary user: its own
+audit trail with no records in it (a scan of the whole log), one unknown
+booking's history, the write probe, a dry-run booking, a ping.  The audit
+log is seeded first with ``--audit-mb`` MiB of other records (default 3).
+Printed per kind: the second user's book+cancel p50 and p95 without an
+attacker (measured just before, on the same broker: a busy machine's drift
+falls on both) and with one, the attacker's requests served, the broker's
+largest RSS during the run and its CPU (percent of one core).  Targets: p95 within 2x of quiet,
+RSS under 100 MiB throughout.  ``--flood``: the first user makes
+``--flood-pairs`` book+cancel pairs (default 3,000) with 1,000-character
+notes from 8 connections; then the second user's p50 is measured again.
+Target: within 1.5x of the quiet p50.  The quiet figure is taken on a
+second, identical broker that nobody floods, the second user alternating
+between the two (so the machine's own noise falls on both alike); the
+figure before the flood on the same broker is printed too.  Both print the
+broker's RSS.
+
 ``--json`` alone also prints a summary as JSON after the tables.  ``--json
 PATH`` instead writes every cell of both tables to PATH for
 ``benchmarks/ab.py``: ``{"benchmark": "broker", "format": 1, "settings":
@@ -71,10 +92,15 @@ WIRE = {"count": 1, "duration": 300, "again": True}
 
 
 def settings(base: str, mode: str) -> Settings:
+    """The benchmark's configuration.  The per-user ledger limits (issue 22)
+    are off (every booking here is one user's, hundreds a minute) unless
+    BASE holds a file ``limits`` (the --flood run, which measures them)."""
     data = os.path.join(base, "data")
     values = {k: key.default for k, key in KEYS.items()}
     values.update(gpu_count=GPUS, socket=os.path.join(base, "b.sock"), service_uid=os.geteuid(),
                   data_dir=data, queue_search_hours=8784, booking_horizon_days=366)
+    if not os.path.exists(os.path.join(base, "limits")):
+        values.update(ledger_bookings_per_user=0, ledger_bookings_per_minute=0, ledger_note_bytes_per_user=0)
     return Settings(Locations(mode, data, None, mode == "shared", base), values, None)
 
 
@@ -94,10 +120,12 @@ def serve(base: str) -> None:
 
 
 class BrokerProcess:
-    def __init__(self, root: str, name: str):
+    def __init__(self, root: str, name: str, *, limits: bool = False):
         self.base = os.path.join(root, name)
-        os.makedirs(os.path.join(self.base, "data"), mode=0o755)
+        os.makedirs(os.path.join(self.base, "data"), mode=0o755, exist_ok=True)
         os.chmod(self.base, 0o755)
+        if limits:
+            open(os.path.join(self.base, "limits"), "w").close()
         self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve-broker", self.base])
         self.socket = os.path.join(self.base, "b.sock")
         deadline = time.monotonic() + 30
@@ -168,6 +196,369 @@ def throughput(root: str, clients: int, total: int) -> float:
         broker.stop()
 
 
+# ------------------------------------------------------------- two users (issue 22)
+
+ATTACK_CONNECTIONS = 16          # the broker's default max_per_uid (per_uid_limit(64))
+NOTE = "n" * 1000
+
+
+class Users:
+    """Throwaway accounts for the two-user runs, removed by ``remove``."""
+
+    def __init__(self):
+        self.made: list[tuple[str, int, int]] = []
+
+    def add(self) -> tuple[str, int, int]:
+        import pwd
+
+        name = "bkb" + os.urandom(3).hex()
+        subprocess.run(["useradd", "-M", "-d", "/nonexistent", "-s", "/usr/sbin/nologin", name],
+                       check=True, capture_output=True)
+        pw = pwd.getpwnam(name)
+        self.made.append((name, pw.pw_uid, pw.pw_gid))
+        return self.made[-1]
+
+    def remove(self) -> None:
+        for name, _uid, _gid in self.made:
+            subprocess.run(["userdel", name], capture_output=True)
+
+
+def _become(uid: int, gid: int) -> None:
+    os.setgroups([])
+    os.setgid(gid)
+    os.setuid(uid)
+
+
+def seed_audit(base: str, mib: float) -> int:
+    """Fill the audit log with about ``mib`` MiB of another account's
+    records (root's: no ledger limit applies), made in the past weeks a day
+    apart, so that each round's commit archives the round before and the
+    broker's first commit the last one: the hot ledger stays small, the
+    audit log keeps its size.  Returns its size."""
+    from bk.service.context import Actor
+    from bk.service.requests import CancelRequest
+
+    s = settings(base, "shared")
+    now = [int(time.time()) - 80 * 86400]
+    svc = Service.local(s, telemetry(), actor=Actor(0, "root"), clock_fn=lambda: now[0],
+                        owner_uid=os.geteuid())
+    audit = os.path.join(s.data_dir, "audit.jsonl")
+    note = "s" * 300
+    while not os.path.exists(audit) or os.path.getsize(audit) < mib * (1 << 20):
+        slot = now[0] - now[0] % 300 + 300
+        booked = svc.write_batch([("book", BookRequest(count=1, duration=300, start=slot + 300 * i,
+                                                       note=note, again=True), svc.call())
+                                  for i in range(100)])
+        svc.write_batch([("cancel", CancelRequest(ref=r.reservation.id), svc.call())
+                         for r in booked if not isinstance(r, BaseException)])
+        now[0] = min(now[0] + 25 * 3600, int(time.time()) - 2 * 86400)
+    return os.path.getsize(audit)
+
+
+def _pairs(socket_path: str, who: tuple[int, int], pairs: int, note: str | None, out,
+           budget: float = 3600.0) -> None:
+    """A client process of ``who``: ``pairs`` book+cancel pairs, each timed
+    (fewer when ``budget`` seconds run out first)."""
+    _become(*who)
+    client = BrokerClient(socket_path)
+    fields = dict(WIRE, note=note) if note else WIRE
+    times, refused = [], 0
+    deadline = time.monotonic() + budget
+    for _ in range(pairs):
+        if time.monotonic() > deadline:
+            break
+        t = time.perf_counter()
+        try:
+            data, _ = client.call("book", fields)
+            client.call("cancel", {"ref": data["record"]["id"]})
+        except Exception:  # noqa: BLE001  (a refusal is part of the measurement)
+            refused += 1
+        times.append(time.perf_counter() - t)
+    out.put((times, refused))
+
+
+def _attacker(socket_path: str, who: tuple[int, int], request: dict, conns: int, stop, out) -> None:
+    """``conns`` connections at once, each sending ``request`` again as
+    soon as its reply is in; replies are read and dropped (no decoding,
+    so the attacker's own CPU stays small)."""
+    import socket
+    import threading
+
+    from bk.ipc import protocol
+
+    _become(*who)
+    frame = protocol.encode(request)
+    served = [0] * conns
+
+    def loop(i: int) -> None:
+        while not stop.is_set():
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.settimeout(60)
+            try:
+                s.connect(socket_path)
+                s.sendall(frame)
+                head = b""
+                while len(head) < 4:
+                    chunk = s.recv(4 - len(head))
+                    if not chunk:
+                        raise OSError("closed")
+                    head += chunk
+                left = int.from_bytes(head, "big")
+                while left:
+                    chunk = s.recv(min(left, 1 << 16))
+                    if not chunk:
+                        raise OSError("closed")
+                    left -= len(chunk)
+                served[i] += 1
+            except OSError:
+                time.sleep(0.01)
+            finally:
+                s.close()
+    threads = [threading.Thread(target=loop, args=(i,), daemon=True) for i in range(conns)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    out.put(sum(served))
+
+
+class RssWatch:
+    """The broker's resident set, sampled every 50 ms from /proc."""
+
+    def __init__(self, pid: int):
+        import threading
+
+        self.pid, self.peak, self._stop = pid, 0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.05):
+            self.peak = max(self.peak, rss_kib(self.pid))
+
+    def __enter__(self) -> RssWatch:
+        self.peak = rss_kib(self.pid)
+        self._cpu, self._t = cpu_seconds(self.pid), time.monotonic()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        # The broker's CPU over the run, as a share of one core.
+        self.cpu = (cpu_seconds(self.pid) - self._cpu) / max(1e-9, time.monotonic() - self._t)
+
+
+def cpu_seconds(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def rss_kib(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def attacks() -> dict[str, dict]:
+    """The most expensive request of each kind an ordinary user may send."""
+    from bk.ipc import protocol
+
+    nobody = "0badc0de-0000-4000-8000-000000000000"
+    return {
+        "audit (own, none there)": protocol.request("audit", {"limit": 1000}),
+        "history of an unknown id": protocol.request("audit", {"limit": 1000, "reservation": nobody}),
+        "write probe": protocol.request("probe"),
+        "dry-run booking": protocol.request("book", {"count": 8, "duration": 3600, "queue": True,
+                                                     "dry_run": True}),
+        "ping": protocol.request("ping"),
+    }
+
+
+ROW_SECONDS = [120.0]             # --row-seconds: the victim's time budget per row
+
+
+def victim_run(ctx, socket_path: str, victim, pairs: int) -> tuple[list[float], int]:
+    out = ctx.Queue()
+    p = ctx.Process(target=_pairs, args=(socket_path, victim, pairs, None, out, ROW_SECONDS[0]))
+    p.start()
+    times, refused = out.get(timeout=1200)
+    p.join(60)
+    return times, refused
+
+
+def attack(root: str, pairs: int, audit_mib: float, kinds: list[str] | None = None) -> dict:
+    """The ``--attack`` table: for each attack in turn, on the same broker,
+    the second user's pairs without an attacker, then with one.  Each row's
+    ratio is against the quiet run just before it, so that what the rest of
+    a busy machine does drifts into both alike."""
+    ctx = multiprocessing.get_context("fork")
+    users = Users()
+    base = os.path.join(root, "attack")
+    os.makedirs(os.path.join(base, "data"), mode=0o755)
+    os.chmod(root, 0o755)
+    os.chmod(base, 0o755)
+    try:
+        attacker, victim = users.add()[1:], users.add()[1:]
+        size = seed_audit(base, audit_mib)
+        broker = BrokerProcess(root, "attack")
+        try:
+            victim_run(ctx, broker.socket, victim, 10)                 # warm up, archive the seed
+            rows = {}
+            for kind, request in attacks().items():
+                if kinds and kind not in kinds:
+                    continue
+                with RssWatch(broker.proc.pid) as w:
+                    quiet, _ = victim_run(ctx, broker.socket, victim, pairs)
+                quiet_row = {"times": quiet, "rss_kib": w.peak, "served": 0, "cpu": w.cpu}
+                stop, out = ctx.Event(), ctx.Queue()
+                a = ctx.Process(target=_attacker, args=(broker.socket, attacker, request,
+                                                        ATTACK_CONNECTIONS, stop, out))
+                with RssWatch(broker.proc.pid) as w:
+                    a.start()
+                    time.sleep(1.0)                 # let every connection be in flight
+                    times, _ = victim_run(ctx, broker.socket, victim, pairs)
+                    stop.set()
+                    served = out.get(timeout=300)
+                a.join(60)
+                rows[kind] = {"times": times, "rss_kib": w.peak, "served": served, "cpu": w.cpu,
+                              "quiet": quiet_row}
+                print_row(kind, rows[kind], quiet_row, header=size if len(rows) == 1 else None)
+        finally:
+            broker.stop()
+        return {"audit_bytes": size, "rows": rows}
+    finally:
+        users.remove()
+
+
+def _pairs_ab(sockets: list[str], who: tuple[int, int], pairs: int, out, budget: float) -> None:
+    """``pairs`` book+cancel pairs on each broker of ``sockets``, alternating."""
+    _become(*who)
+    clients = [BrokerClient(p) for p in sockets]
+    times, refused = [[] for _ in clients], 0
+    deadline = time.monotonic() + budget
+    for _ in range(pairs):
+        if time.monotonic() > deadline:
+            break
+        for client, got in zip(clients, times, strict=True):
+            t = time.perf_counter()
+            try:
+                data, _ = client.call("book", WIRE)
+                client.call("cancel", {"ref": data["record"]["id"]})
+            except Exception:  # noqa: BLE001  (a refusal is part of the measurement)
+                refused += 1
+            got.append(time.perf_counter() - t)
+    out.put((times, refused))
+
+
+def flood(root: str, pairs: int, flood_pairs: int) -> dict:
+    """The ``--flood`` table.  Two identical brokers with the ledger limits
+    on; the second user books and cancels on both, alternating (so the
+    machine's own noise falls on both alike), before and after the first
+    user floods the first one.  "control" is the unflooded one."""
+    ctx = multiprocessing.get_context("fork")
+    users = Users()
+    os.chmod(root, 0o755)
+    try:
+        attacker, victim = users.add()[1:], users.add()[1:]
+        broker = BrokerProcess(root, "flood", limits=True)
+        control = BrokerProcess(root, "control", limits=True)
+        ledger = os.path.join(broker.base, "data", "ledger.json")
+
+        def alternate(n: int, who=victim) -> tuple[list[float], list[float], int]:
+            out = ctx.Queue()
+            p = ctx.Process(target=_pairs_ab, args=([broker.socket, control.socket], who, n, out,
+                                                    ROW_SECONDS[0]))
+            p.start()
+            (flooded, ctl), refused = out.get(timeout=1200)
+            p.join(60)
+            return flooded, ctl, refused
+        try:
+            alternate(5, attacker)                     # warm both up (not the second user's minute)
+            with RssWatch(broker.proc.pid) as w:
+                quiet, quiet_ctl, refused_quiet = alternate(pairs)
+            quiet_done = time.monotonic()
+            before = os.path.getsize(ledger)
+            with RssWatch(broker.proc.pid) as wf:
+                out = ctx.Queue()
+                each = flood_pairs // 8
+                procs = [ctx.Process(target=_pairs, args=(broker.socket, attacker, each, NOTE, out))
+                         for _ in range(8)]
+                t = time.perf_counter()
+                for p in procs:
+                    p.start()
+                got = [out.get(timeout=3600) for _ in procs]
+                spent = time.perf_counter() - t
+                for p in procs:
+                    p.join(60)
+            refused = sum(r for _t, r in got)
+            after_size = os.path.getsize(ledger)
+            # The second user is held to the same limits: let its own minute
+            # of bookings (ledger_bookings_per_minute) pass first.
+            time.sleep(max(0.0, quiet_done + 61 - time.monotonic()))
+            with RssWatch(broker.proc.pid) as wa:
+                after, after_ctl, refused_after = alternate(pairs)
+        finally:
+            broker.stop()
+            control.stop()
+        return {"quiet": quiet, "quiet_control": quiet_ctl, "after": after, "after_control": after_ctl,
+                "ledger_before": before, "ledger_after": after_size,
+                "flood_pairs": each * 8, "flood_refused": refused, "flood_s": spent,
+                "victim_refused": refused_quiet + refused_after,
+                "rss_kib": max(w.peak, wf.peak, wa.peak)}
+    finally:
+        users.remove()
+
+
+def print_row(kind: str, row: dict, quiet: dict, header: int | None = None) -> None:
+    """One row of the --attack table, printed as soon as it is measured."""
+    if header is not None:
+        print(f"One user spends its {ATTACK_CONNECTIONS} connections on one request; another books and "
+              f"cancels (audit log {header / (1 << 20):.1f} MiB); each row after a quiet run of its own")
+        print(f"{'attack':<26}{'quiet p50':>10}{'p95':>8}{'attacked p50':>14}{'p95':>9}{'p95/quiet':>10}"
+              f"{'served':>8}{'RSS MiB':>9}{'CPU %':>7}")
+    q, t = quiet["times"], row["times"]
+    print(f"{kind:<26}{ms(q, .5):>10.1f}{ms(q, .95):>8.1f}{ms(t, .5):>14.1f}{ms(t, .95):>9.1f}"
+          f"{ms(t, .95) / ms(q, .95):>10.2f}{row['served']:>8}{row['rss_kib'] / 1024:>9.1f}"
+          f"{100 * row['cpu']:>7.0f}", flush=True)
+
+
+def print_attack(got: dict) -> bool:
+    rows = got["rows"]
+    ok = all(ms(row["times"], .95) <= 2.0 * ms(row["quiet"]["times"], .95) and row["rss_kib"] < 100 * 1024
+             and row["quiet"]["rss_kib"] < 100 * 1024 for row in rows.values())
+    print(f"targets: p95 within 2x of quiet, RSS under 100 MiB: {'ok' if ok else 'MISSED'}")
+    return ok
+
+
+def print_flood(got: dict) -> bool:
+    quiet, after, control = ms(got["quiet"], .5), ms(got["after"], .5), ms(got["after_control"], .5)
+    rss = got["rss_kib"] / 1024
+    print(f"Flood: {got['flood_pairs']} book+cancel pairs with {len(NOTE)}-character notes by one user "
+          f"({got['flood_s']:.0f} s, {got['flood_refused']} refused)")
+    print(f"{'the other user':<36}{'p50 ms':>9}{'p95 ms':>9}")
+    for label, xs in (("quiet (before the flood)", got["quiet"]),
+                      ("  control server, alternated", got["quiet_control"]),
+                      ("after the flood", got["after"]),
+                      ("  control server, alternated", got["after_control"])):
+        print(f"{label:<36}{ms(xs, .5):>9.1f}{ms(xs, .95):>9.1f}")
+    print(f"hot ledger {got['ledger_before'] / 1024:.0f} KiB -> {got['ledger_after'] / 1024:.0f} KiB; "
+          f"broker RSS at most {rss:.1f} MiB; the other user's pairs refused: {got['victim_refused']}")
+    ok = after <= 1.5 * control and rss < 100 and not got["victim_refused"]
+    print(f"targets: p50 after the flood within 1.5x of quiet ({after / control:.2f}x the control server "
+          f"measured alongside; {after / quiet:.2f}x the same server before), RSS under 100 MiB: "
+          f"{'ok' if ok else 'MISSED'}")
+    return ok
+
+
 def ms(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return 1000 * xs[min(len(xs) - 1, int(q * len(xs)))]
@@ -208,11 +599,43 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", nargs="?", const="-", metavar="PATH",
                     help="alone: print the numbers as JSON too; with PATH: write every cell "
                          "(with the raw samples) to PATH for benchmarks/ab.py")
+    ap.add_argument("--attack", action="store_true", help="only the two-user table: one user's "
+                    "connection quota on each expensive request while another books (root)")
+    ap.add_argument("--flood", action="store_true", help="only the ledger flood table (root)")
+    ap.add_argument("--pairs", type=int, default=None, help="the second user's book+cancel pairs per "
+                    "row (default: 40 for --attack, 30 for --flood, which keeps them within one "
+                    "minute's ledger_bookings_per_minute)")
+    ap.add_argument("--audit-mb", type=float, default=3.0, help="--attack: audit log to seed, MiB "
+                    "(default 3)")
+    ap.add_argument("--flood-pairs", type=int, default=3000, help="--flood: the first user's pairs "
+                    "(default 3000)")
+    ap.add_argument("--row-seconds", type=float, default=120.0, help="--attack and --flood: stop a "
+                    "row's pairs after this many seconds (default 120; a slow row shows fewer pairs)")
     ap.add_argument("--serve-broker", metavar="BASE", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.serve_broker:
         serve(args.serve_broker)
         return 0
+    if args.attack or args.flood:
+        if os.geteuid() != 0:
+            print("--attack and --flood need root (they make two throwaway accounts)", file=sys.stderr)
+            return 2
+        ROW_SECONDS[0] = args.row_seconds
+        # A timeout's SIGTERM must still remove the accounts and files.
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        root = tempfile.mkdtemp(prefix="bkb", dir=args.dir or "/tmp")
+        ok = True
+        try:
+            if args.attack:
+                ok = print_attack(attack(root, args.pairs or 40, args.audit_mb)) and ok
+            if args.flood:
+                print()
+                ok = print_flood(flood(root, args.pairs or 30, args.flood_pairs)) and ok
+        finally:
+            for child in multiprocessing.active_children():     # ours, by pid
+                child.terminate()
+            shutil.rmtree(root, ignore_errors=True)
+        return 0 if ok else 1
     n = 100 if args.quick else args.bookings
     root = tempfile.mkdtemp(prefix="bkb", dir=args.dir or "/tmp")   # short: socket paths <= 107 bytes
     try:

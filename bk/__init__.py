@@ -11,6 +11,8 @@
 #   bk/service/  the application API: its one face (bk.service) is the
 #                operation table every front end runs rows of, with typed
 #                requests and results that own their JSON; never prints.
+#   bk/export/   pure renderers of the exports: Prometheus, iCalendar, the
+#                page of the week.
 #   bk/cli/, bk/tui/, bk/agent/ (bk mcp, bk agent): the front ends, rows
 #                plus renderers; bk/core/timegrid words a booking for both.
 #   bk/broker/   the shared-server daemon: Unix socket, SO_PEERCRED identity.

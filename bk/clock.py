@@ -6,8 +6,10 @@ the clock with one environment variable.
 
 ``BK_NOW`` (for tests and demos only): when set, ``now()`` returns that fixed
 instant, written as epoch seconds (``1783939290``) or ISO-8601 with ``Z`` or an
-offset (``2026-07-13T10:41:30Z``).  ``monotonic()`` ignores it: timeouts and
-lock waits must still run in real time.
+offset (``2026-07-13T10:41:30Z``).  ``BK_NOW=@FILE`` reads the instant from
+FILE at every call instead, so a test can move the clock of running daemons
+(the broker, the monitor, a worker and its deliverer) by rewriting one file.
+``monotonic()`` ignores it: timeouts and lock waits must still run in real time.
 
 Finding the local zone.  The C library decides local time from ``TZ`` when it
 is set (a zone name, optionally after ``:``, an absolute path to a TZif file,
@@ -44,6 +46,8 @@ def now() -> int:
     """Current time, whole epoch seconds UTC (floored); ``BK_NOW`` fixes it."""
     fake = os.environ.get("BK_NOW")
     if fake:
+        if fake.startswith("@"):
+            return _file_now(fake[1:])
         return _fake_now(fake)
     return int(time.time())   # time.time() is positive, so int() floors
 
@@ -64,6 +68,21 @@ def _fake_now(text: str) -> int:
         raise InvalidInput(f"BK_NOW={text!r} is neither epoch seconds nor ISO-8601 with an offset",
                            "BK_NOW fixes the clock for tests and demos, e.g. BK_NOW=2026-07-13T10:41:00Z; "
                            "unset it for the real time") from None
+
+
+def _file_now(path: str) -> int:
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read(200)
+    except OSError as e:
+        raise InvalidInput(f"BK_NOW=@{path}: cannot read the clock file: {e.strerror}",
+                           "BK_NOW=@FILE is for tests: FILE holds epoch seconds or ISO-8601") from None
+    # A writer that truncates before it writes can be read in between: an
+    # empty read is retried once, a file rewritten with os.replace never is.
+    if not text.strip():
+        with open(path, encoding="utf-8") as f:
+            text = f.read(200)
+    return _fake_now.__wrapped__(text)
 
 
 class LocalZone:

@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from helpers_build import archive
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="session")
-def pyz(tmp_path_factory) -> Path:
+def pyz() -> Path:
     """The archive built once from this tree, for tests that run ``bk.pyz``
-    as a user would (a fresh process, the zipapp's own imports)."""
-    out = tmp_path_factory.mktemp("pyz") / "bk.pyz"
-    subprocess.run([sys.executable, str(ROOT / "build.py"), "--output", str(out)], check=True,
-                   capture_output=True, timeout=120)
-    return out
+    as a user would (a fresh process, the zipapp's own imports).  Shared by
+    the whole session: copy it (helpers_build.copy_to) to change it."""
+    return archive()

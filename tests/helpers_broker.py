@@ -25,7 +25,6 @@ import signal
 import socket
 import struct
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -106,11 +105,10 @@ def supplementary(account: Account) -> list[int]:
 
 
 def build_pyz(dest: Path) -> Path:
-    out = dest / "bk.pyz"
-    subprocess.run([sys.executable, str(ROOT / "build.py"), "--output", str(out)], check=True,
-                   capture_output=True, cwd=ROOT)
-    os.chmod(out, 0o755)
-    return out
+    """``dest/bk.pyz``: a copy of the session's build (helpers_build)."""
+    from helpers_build import copy_to
+
+    return copy_to(dest / "bk.pyz", 0o755)
 
 
 def make_base() -> Path:
@@ -176,13 +174,17 @@ class Site:
 
     # -- the broker -----------------------------------------------------------
 
-    def start_broker(self, *flags: str, wait: bool = True) -> subprocess.Popen:
+    def start_broker(self, *flags: str, wait: bool = True, env=None) -> subprocess.Popen:
+        """``env``: more variables for the broker (a test seam), or a function
+        of the log file's descriptor that returns them (JOURNAL_STREAM)."""
         assert self.broker is None or self.broker.poll() is not None, "a broker is already running"
         self._logs += 1
         self.log_path = self.base / f"broker-{self._logs}.log"
         with open(self.log_path, "wb") as log:
+            extra = env(log.fileno()) if callable(env) else (env or {})
             self.broker = subprocess.Popen([SYSTEM_PYTHON, str(self.pyz), "broker", *flags],
-                                           stdout=log, stderr=subprocess.STDOUT, env=self.env(self.service),
+                                           stdout=log, stderr=subprocess.STDOUT,
+                                           env={**self.env(self.service), **extra},
                                            cwd=self.base, **self.popen_args(self.service))
         if wait:
             self.wait_ready()

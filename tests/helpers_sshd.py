@@ -43,10 +43,13 @@ def wait_listening(addr: str, port: int, proc: subprocess.Popen, deadline_s: flo
             raise RuntimeError(f"sshd on {addr}:{port} exited with {proc.returncode}: "
                                f"{proc.stderr.read().decode(errors='replace') if proc.stderr else ''}")
         try:
-            with socket.create_connection((addr, port), timeout=0.5):
-                return
+            # Its banner, not just a connection: another program may hold the port.
+            with socket.create_connection((addr, port), timeout=0.5) as s:
+                if s.recv(8).startswith(b"SSH-"):
+                    return
         except OSError:
-            time.sleep(0.02)
+            pass
+        time.sleep(0.02)
     raise RuntimeError(f"sshd on {addr}:{port} did not start listening")
 
 
@@ -168,8 +171,21 @@ class Sshd:
         key = self.dir / "host_key"
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
         pub = key.with_suffix(".pub").read_text().split()
+        # free_port's port is free when it answers, not when sshd binds it: on
+        # a shared machine another process may take it in between, and sshd
+        # exits.  Then take another.
+        for attempt in range(5):
+            try:
+                self._launch(key)
+                break
+            except RuntimeError:
+                if attempt == 4 or self.proc is None or self.proc.poll() is None:
+                    raise
+                self.port = free_port(self.addr)
         with open(self.lab.known_hosts, "a") as f:
             f.write(f"[{self.addr}]:{self.port} {pub[0]} {pub[1]}\n")
+
+    def _launch(self, key: Path) -> None:
         cfg = self.dir / "sshd_config"
         cfg.write_text("\n".join((
             f"ListenAddress {self.addr}:{self.port}",

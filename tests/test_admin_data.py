@@ -19,6 +19,8 @@ from helpers_admin import as_nobody, private
 from helpers_broker import needs_root, site
 from helpers_install import staging_root  # noqa: F401  (the fixture "root")
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def bk(pyz):

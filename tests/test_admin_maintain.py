@@ -18,6 +18,7 @@ def bk(pyz):
     yield from private(pyz)
 
 
+@pytest.mark.slow
 def test_a_window_lists_the_bookings_in_it_and_the_administrator_must_choose(bk):
     inside = bk.book("2", "3h", "-t", "12:00")
     outside = bk.book("1", "30m")
@@ -68,6 +69,7 @@ def test_a_kept_booking_may_be_shortened_or_noted_inside_its_window(bk):
                                                  "checkpointing at 13:00")
 
 
+@pytest.mark.slow
 def test_cancel_overlapping_cancels_them_and_ending_the_window_reopens_it(bk):
     inside = bk.book("1", "1h", "-t", "13:30")
     got = bk.data_of("admin", "maintain", "--reason", "reboot", "-t", "13:00", "-d", "1h",
@@ -86,6 +88,7 @@ def test_cancel_overlapping_cancels_them_and_ending_the_window_reopens_it(bk):
     assert mine[0]["state"] == "archived" and mine[0]["archived_by"] == 0 and mine[0]["archived_at"]
 
 
+@pytest.mark.slow
 def test_a_running_window_ended_early_keeps_its_past(bk):
     got = bk.data_of("admin", "maintain", "--reason", "now", "-d", "2h", "--yes")
     assert got["blackout"]["start"] == "2026-07-13T10:40:00Z"
@@ -95,6 +98,7 @@ def test_a_running_window_ended_early_keeps_its_past(bk):
     bk.book("1", "30m", "-t", "11:05", now="2026-07-13T11:02:00Z")
 
 
+@pytest.mark.slow
 def test_no_block_announces_only(bk):
     got = bk.data_of("admin", "maintain", "--reason", "network work, expect hiccups", "-t", "14:00",
                      "-d", "1h", "--no-block", "--yes", "--level", "info")
@@ -122,6 +126,7 @@ def test_a_past_until_is_refused_as_until_not_as_a_start(bk):
         assert env["error"]["message"].startswith("--until: cannot read 'soonish'"), env
 
 
+@pytest.mark.slow
 def test_notice_start_list_and_edit_keep_the_original_in_the_audit_trail(bk):
     pub = bk.data_of("admin", "notice", "publish", "Reboot at 18:00", "--start", "17:00", "--until", "18:30",
                      "--level", "warning")
@@ -182,6 +187,7 @@ def srv():
         yield s
 
 
+@pytest.mark.slow
 @needs_root
 @pytest.mark.root
 def test_through_the_broker_root_opens_a_window_and_owners_are_told(srv):
@@ -211,6 +217,7 @@ def test_through_the_broker_root_opens_a_window_and_owners_are_told(srv):
     assert rc == 0, env
 
 
+@pytest.mark.slow
 @needs_root
 @pytest.mark.root
 def test_through_the_broker_notice_edit_is_admin_only(srv):
@@ -294,6 +301,7 @@ except BkError as e:
 """
 
 
+@pytest.mark.slow
 @needs_root
 @pytest.mark.root
 @pytest.mark.parametrize("op,fields", [

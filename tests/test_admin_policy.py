@@ -16,6 +16,8 @@ import pytest
 from helpers_admin import as_nobody, private
 from helpers_broker import needs_root, site
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def bk(pyz):

@@ -1,4 +1,4 @@
-"""``bk agent`` and the agent surface (``bk.service.agent``): compact JSON
+"""``bk agent`` and the agent surface (``bk.agent``): compact JSON
 in and out, the same rows as ``bk mcp``, the same results as the CLI, and
 the table's local reads kept off the broker."""
 
@@ -225,6 +225,7 @@ def test_a_tool_provider_adds_tools(bk):
         agent_tools._PROVIDERS.remove(provider)
 
 
+@pytest.mark.slow
 def test_mcp_help_prints_the_client_snippet_and_tools_list(pyz, tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("BK_")}
     env.update({"HOME": str(tmp_path), "BK_DATA_DIR": str(tmp_path / "d"), "BK_GPU_COUNT": "2",
@@ -267,6 +268,7 @@ def test_create_with_a_command_attaches_a_job_once(bk, tmp_path):
         assert r.code == 2 and words in env["error"]["message"], (bad, env)
 
 
+@pytest.mark.slow
 def test_an_agents_job_runs_and_its_log_reads_back(pyz, tmp_path):
     """Through the built archive: create with a command, the worker runs it
     (bk w once), job_log returns its output, bounded by max_bytes."""
@@ -281,13 +283,15 @@ def test_an_agents_job_runs_and_its_log_reads_back(pyz, tmp_path):
 
     code, out = bk_("agent", "operation", "create", json.dumps(
         {"count": 1, "duration": 600, "operation_id": "j-1", "command": ["/bin/echo", "hello from the agent"]}))
-    assert code == 0 and json.loads(out)["data"]["reservation"]["job"]["status"] == "pending"
+    made = json.loads(out)["data"]["reservation"]
+    assert code == 0 and made["job"]["status"] == "pending"
     code, _ = bk_("w", "once")
     assert code == 0
-    code, out = bk_("agent", "operation", "job_log", json.dumps({"ref": "1"}))
+    # by its ID: the booking ended with its command, so it has no list number any more
+    code, out = bk_("agent", "operation", "job_log", json.dumps({"ref": made["id"]}))
     d = json.loads(out)["data"]
     assert code == 0 and d["job"]["status"] == "succeeded" and "hello from the agent" in d["log"]
-    code, out = bk_("agent", "operation", "job_log", json.dumps({"ref": "1", "max_bytes": 5}))
+    code, out = bk_("agent", "operation", "job_log", json.dumps({"ref": made["id"], "max_bytes": 5}))
     d = json.loads(out)["data"]
     assert len(d["log"].encode()) <= 5 and d["truncated"] is True
 

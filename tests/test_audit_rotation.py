@@ -34,6 +34,7 @@ def all_records(s: Store) -> list[dict]:
     return s.audit_tail(limit=100000).entries
 
 
+@pytest.mark.slow
 def test_segments_are_sealed_and_readers_see_every_record_once(tmp_path):
     s = store(tmp_path / "d")
     commits(s, 40)
@@ -71,6 +72,7 @@ def test_a_tampered_segment_is_named(tmp_path):
     assert not ok and seg.name in detail and "seal" in detail
 
 
+@pytest.mark.slow
 def test_retention_drops_old_segments_but_keeps_the_newest(tmp_path):
     s = store(tmp_path / "d", audit_retention_days=10)
     commits(s, 30)
@@ -84,6 +86,7 @@ def test_retention_drops_old_segments_but_keeps_the_newest(tmp_path):
     assert seqs == list(range(seqs[0], 43)) and seqs[0] > 1      # contiguous from the oldest kept
 
 
+@pytest.mark.slow
 def test_killed_between_sealing_and_replacing_the_live_log_loses_nothing(tmp_path):
     data = tmp_path / "d"
     commits(store(data), 8)
@@ -110,6 +113,7 @@ def bk(pyz):
     yield from private(pyz)
 
 
+@pytest.mark.slow
 def test_bk_lg_and_history_read_across_segments_through_the_archive(bk):
     bk.env["BK_TEST_AUDIT_SEGMENT_BYTES"] = "2000"
     first = bk.book("1", "30m", "-t", "12:00")

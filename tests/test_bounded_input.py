@@ -142,6 +142,7 @@ def _bk_limited(pyz: Path, tmp: Path, *argv: str) -> tuple[subprocess.CompletedP
     return p, time.monotonic() - t0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv, message", [
     (("1", "30m", "-g", "0-99999999"), "no GPU 4-99999999: this server has GPUs 0-3"),
     (("1", "30m", "-e", "2-99999999999999"), "no GPU 4-99999999999999: this server has GPUs 0-3"),
@@ -161,6 +162,7 @@ def test_huge_input_through_the_archive_is_answered_fast_in_bounded_memory(pyz, 
     assert not (tmp_path / "data" / "ledger.json").exists()         # nothing was written
 
 
+@pytest.mark.slow
 def test_bad_text_through_the_archive_is_refused_in_private_mode(pyz, tmp_path):
     # A note that is not UTF-8 reaches Python as a lone surrogate (surrogateescape).
     for argv in ((b"1", b"30m", b"--note", b"a\xffb"), (b"1", b"30m", b"--note", b"x\x1b[31my"),

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 from helpers_broker import connect, frame, needs_root, read_reply, site
 
-pytestmark = [needs_root, pytest.mark.root]
+pytestmark = [pytest.mark.slow, needs_root, pytest.mark.root]
 
 BAD = ("x\ud800y", "x\x1b[31my", "x\x85y", "x\u202ey", "x\ny")
 

@@ -109,6 +109,7 @@ def test_a_started_frame_must_finish_within_the_arrival_deadline(base):
         assert took < 5, took
 
 
+@pytest.mark.slow
 def test_a_slow_but_progressing_client_within_the_limits_is_served(base):
     frame = protocol.encode(PING)
     with Running(base, arrival_timeout=2.0, idle_timeout=60) as r:
@@ -121,6 +122,7 @@ def test_a_slow_but_progressing_client_within_the_limits_is_served(base):
             assert reply["ok"], reply
 
 
+@pytest.mark.slow
 def test_between_requests_a_connection_may_idle_while_the_broker_has_room(base):
     with Running(base, arrival_timeout=0.3, idle_timeout=60) as r:
         with raw(r.path) as s:
@@ -180,6 +182,7 @@ print(json.dumps({"busy": busy, "closed": closed, "still_open": len(pending)}), 
 """
 
 
+@pytest.mark.slow
 @needs_root
 @pytest.mark.root
 def test_one_user_hoarding_connections_cannot_stop_another_users_booking():

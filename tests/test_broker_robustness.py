@@ -34,7 +34,7 @@ from helpers_broker import (
     site,
 )
 
-pytestmark = [needs_root, pytest.mark.root]
+pytestmark = [pytest.mark.slow, needs_root, pytest.mark.root]
 
 FUZZ_SEED = int(os.environ.get("BK_FUZZ_SEED", "20260713"))
 FUZZ_FRAMES = 10_000

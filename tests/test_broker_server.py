@@ -349,6 +349,7 @@ def test_stop_lets_a_request_in_progress_finish_and_answer(base):
     assert r.service.ledger().find(data["record"]["id"]) is not None
 
 
+@pytest.mark.slow
 def test_fuzzed_frames_in_process_leave_the_ledger_alone(base):
     """The seeded fuzz of test_broker_robustness.py, smaller, for any user."""
     from helpers_broker import fuzz_bodies

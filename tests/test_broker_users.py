@@ -19,7 +19,7 @@ import textwrap
 import pytest
 from helpers_broker import SYSTEM_PYTHON, capacity_problems, needs_root, poll, site
 
-pytestmark = [needs_root, pytest.mark.root]
+pytestmark = [pytest.mark.slow, needs_root, pytest.mark.root]
 
 
 @pytest.fixture(scope="module")

@@ -44,6 +44,7 @@ def bk(monkeypatch, capsys):
 
 # ------------------------------------------------ options before the command
 
+@pytest.mark.slow
 def test_command_options_before_the_command_word(run):
     dry = run("--dry-run", "1", "30m")
     assert dry.stdout.startswith("would book 1 GPU (0) shared 07-13 10:40–11:10")
@@ -58,6 +59,7 @@ def test_command_options_before_the_command_word(run):
     assert run("-v", "st").stdout == run("st", "-v").stdout != run("st").stdout
 
 
+@pytest.mark.slow
 def test_an_option_the_command_lacks_says_where_it_goes(run):
     bad = run("--dry-run", "st", code=2)
     assert bad.stderr.startswith("error: bk st takes no --dry-run\n")
@@ -68,6 +70,7 @@ def test_an_option_the_command_lacks_says_where_it_goes(run):
     assert alone.stderr.startswith("error: -v needs a command\n") and "bk status" in alone.stderr
 
 
+@pytest.mark.slow
 def test_json_in_any_position_version_included(run):
     for argv in (["--json", "--version"], ["--version", "--json"], ["--json", "-V"]):
         env = json.loads(run(*argv).stdout)
@@ -89,6 +92,7 @@ def test_hoisting_is_idempotent_and_keeps_what_follows_dashdash():
 
 # ------------------------------------------------ help for sub-commands
 
+@pytest.mark.slow
 def test_help_for_nested_sub_commands(run):
     show = run("help", "preset", "show").stdout
     assert show.startswith("usage: bk preset show") and "NAME" in show
@@ -137,6 +141,7 @@ def test_promised_commands_are_commands(run):
     assert '"mcpServers"' in r.stdout and "bk rm" not in r.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("word", PROMISED)
 def test_each_promised_command_has_help(bk, word):
     r = bk.json("help", word)
@@ -171,6 +176,7 @@ def test_only_a_non_empty_no_color_turns_colour_off(env, colour):
     assert Term.detect(_Tty(), {"TERM": "xterm", "COLUMNS": "80", **env}).color is colour
 
 
+@pytest.mark.slow
 def test_help_opens_with_the_cheat_sheet(run, bk):
     text = run("-h").stdout
     sheet = text.split("Everyday commands:\n", 1)[1].split("\n\n", 1)[0]

@@ -28,7 +28,8 @@ def _book(bk, *argv) -> dict:
 
 def test_book_shorthand_starts_in_the_current_slice(bk):
     r = bk.ok("1", "30m")
-    assert re.fullmatch(r"booked 1 GPU \(0\) shared 07-13 10:40–11:10 \[[0-9a-f]{8}\]\n", r.out)
+    assert re.fullmatch(r"booked 1 GPU \(0\) shared 07-13 10:40–11:10 \[[0-9a-f]{8}\]\n"
+                        r"starts now: from 10:40, the current 5-minute slice\n", r.out)
     res = bk.data("l")["reservations"][0]
     assert (res["start"], res["end"], res["gpus"], res["number"]) == (iso(SLICE), iso(SLICE + 1800), [0], 1)
 
@@ -460,6 +461,7 @@ def _parses(line: str) -> None:
     parse_argv(_strip_json(words[1:])[0])
 
 
+@pytest.mark.slow
 def test_tutorial_and_help_examples_are_real_commands(bk):
     for step in bk.data("tutorial")["steps"]:
         for command in step["commands"]:

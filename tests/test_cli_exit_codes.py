@@ -31,6 +31,7 @@ def test_1_doctor_strict_with_a_failing_check(bk):
     assert r.code == errors.EXIT_PARTIAL and r.envelope["ok"] and not r.data["ok"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv", [
     ["1"],                       # no duration
     ["1", "7m"],                 # not whole slices

@@ -52,6 +52,7 @@ COMMANDS = {
     "doctor": (["doctor"], {"ok", "strict", "checks"}),
     "tutorial": (["tutorial"], {"policy", "steps"}),
     "help": (["help"], {"topic", "text", "commands"}),
+    "notify": (["notify"], {"settings", "file", "relay", "terminals", "deliverer", "health"}),
 }
 
 

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 NOW_ISO = "2026-07-13T10:41:30Z"
 FULL = "/dev/full"

@@ -33,6 +33,7 @@ def run(pyz, tmp_path):
     return bk
 
 
+@pytest.mark.slow
 def test_readme_everyday_use_then_every_command(run):
     # The seed README, in order (bk a, bk run, bk t and bk u belong to other commands).
     assert run("1", "30m").stdout.startswith("booked 1 GPU (0) shared 07-13 10:40–11:10")

@@ -128,6 +128,7 @@ def _gone(pid: int) -> bool:
     return False
 
 
+@pytest.mark.slow
 def test_the_runner_kills_at_the_deadline(tmp_path):
     pidfile = tmp_path / "pid"
     code = f"import os, time; open({str(pidfile)!r}, 'w').write(str(os.getpid())); time.sleep(60)"

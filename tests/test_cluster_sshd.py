@@ -22,7 +22,7 @@ import pytest
 from tests.helpers_broker import Accounts, make_base
 from tests.helpers_sshd import Lab, free_port, have_sshd, write_catalog
 
-pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="needs root (test users, sshd)"),
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="needs root (test users, sshd)"),
               pytest.mark.skipif(not have_sshd(), reason="needs openssh-server and openssh-client"),
               pytest.mark.root]
 
@@ -231,3 +231,27 @@ def test_at_node_json_is_the_nodes_envelope(lab):
     (made,) = mine(lab, "b", cat)
     assert p.stdout.strip() == made["short_id"] and made["op_id"].startswith("c-")
     cancel_all(lab, cat, "b")
+
+
+def test_an_sshd_whose_port_was_taken_meanwhile_takes_another(lab, monkeypatch):
+    # free_port's answer is only a guess on a shared machine: here another
+    # program binds it before sshd does.
+    import socket
+
+    import tests.helpers_sshd as hs
+
+    squatter = socket.create_server(("127.0.0.5", 0))
+    taken = squatter.getsockname()[1]
+    answers = iter([taken])
+    real = hs.free_port
+    monkeypatch.setattr(hs, "free_port", lambda addr: next(answers, None) or real(addr))
+    try:
+        c = lab.sshd("c", "127.0.0.5", gpus=1)
+    finally:
+        squatter.close()
+    try:
+        assert c.port != taken and c.proc.poll() is None
+        assert f"[127.0.0.5]:{c.port} " in lab.known_hosts.read_text()
+    finally:
+        lab.sshds.remove(c)
+        c.stop()

@@ -8,10 +8,12 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from helpers_build import copy_to
+
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 PYENV = {"3.10": "3.10.13", "3.13": "3.13.0"}
@@ -19,10 +21,7 @@ PYENV = {"3.10": "3.10.13", "3.13": "3.13.0"}
 
 @pytest.fixture(scope="module")
 def pyz(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("compat") / "bk.pyz"
-    subprocess.run([sys.executable, str(ROOT / "build.py"), "--output", str(out)], check=True,
-                   capture_output=True, timeout=120)
-    return out
+    return copy_to(tmp_path_factory.mktemp("compat") / "bk.pyz")
 
 
 @pytest.mark.parametrize("which", sorted(PYENV))

@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from helpers_build import copy_to
 
 from bk.core.errors import ConfigError
 from bk.store.config import check_trusted, load, parse_document
@@ -181,9 +182,7 @@ def test_dotdot_to_a_missing_directory_is_a_config_error(base):
 def pyz():
     d = Path(tempfile.mkdtemp(prefix="bkp_", dir="/tmp"))
     os.chmod(d, 0o755)
-    subprocess.run([sys.executable, str(ROOT / "build.py"), "--output", str(d / "bk.pyz")], check=True,
-                   capture_output=True)
-    yield d / "bk.pyz"
+    yield copy_to(d / "bk.pyz")
     shutil.rmtree(d, ignore_errors=True)
 
 
@@ -195,6 +194,7 @@ def run_bk(pyz: Path, cfg: Path, *args: str, as_nobody: bool = False) -> subproc
                           timeout=60, cwd="/", **extra)
 
 
+@pytest.mark.slow
 @root_only
 @pytest.mark.parametrize("case", ["group-writable", "non-root-parent", "symlink"])
 def test_untrusted_configs_exit_78_through_the_archive(base, pyz, case):

@@ -144,6 +144,7 @@ DOCS_WITH_COMMANDS = ("docs/GUIDE.md", "docs/GUIDE.zh-CN.md", "docs/CLUSTER.md",
                       "docs/TELEMETRY.md", "docs/SECURITY.md", "docs/RELEASING.md", "README.md")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rel", DOCS_WITH_COMMANDS)
 def test_every_command_shown_parses(rel):
     """Commands the tests cannot run (a shared server's root# sessions,
@@ -260,7 +261,8 @@ COMMANDS = [
     "agent recommend '{\"count\": 1, \"duration\": 3600}'", "agent operation",
     "admin maintain --reason x -t 13:00 -d 1h --dry-run", "admin maintain list",
     "admin gpu-policy --disable 1 --dry-run", "admin services status", "admin login-hook status",
-    "j log 1", "1 7m", "d 99", "--version",
+    "j log 1", "notify", "notify set --end-minutes 15,5 --dry-run", "notify test", "notify log",
+    "1 7m", "d 99", "--version",
 ]
 EXPECTED_ERRORS = ("1 7m", "d 99")              # for the error envelope's fields
 # Maps whose keys are data, not field names: JSON Schema (documented as such),
@@ -326,6 +328,7 @@ def _documented() -> str:
     return "".join((ROOT / "docs" / n).read_text(encoding="utf-8") for n in ("JSON.md", "TELEMETRY.md"))
 
 
+@pytest.mark.slow
 def test_every_json_field_bk_prints_is_documented(outputs):
     doc = _documented()
     fields: dict[str, str] = {}
@@ -350,14 +353,52 @@ def test_every_snapshot_and_heartbeat_field_is_in_telemetry_md():
     snap = Snapshot(taken_at=1_783_939_290, source="sim-file", gpus=(
         GpuInfo(index=0, uuid="GPU-0", name="x", mem_total_mib=1, mem_used_mib=1, util=1,
                 temperature=30, processes=(proc,)),), gaps=(), simulated=True)
+    from bk.core.activity import Tracker
+    from bk.core.models import Reservation
+    from bk.store import activity as kept
+
+    booked = Reservation("r1", 1002, "bob", "shared", (0,), 1, snap.taken_at - 60, snap.taken_at + 60, 0)
+    tracker = Tracker(2.0)
+    tracker.observe(snap.taken_at, snap, {(0, 4242): Attribution("ok", "verified", 1002)}, [booked])
     doc = snapshot_doc(snap, interval_s=2.0, inventory_fingerprint="f", pid=os.getpid(),
-                       attributions={(0, 4242): Attribution("unreserved", "verified", 1002)})
+                       attributions={(0, 4242): Attribution("unreserved", "verified", 1002)},
+                       activity=tracker.doc(snap, [booked]))
+    stored = {"schema": kept.SCHEMA, "updated_at": 1, "updated_at_iso": "x", **tracker.to_store()}
     hb = heartbeat_doc(status="running", pid=1, started_at=1, updated_at=2, interval_s=2.0,
                        detail=None, samples=1)
     text = (ROOT / "docs" / "TELEMETRY.md").read_text(encoding="utf-8")
     found: set[str] = set()
     _keys(doc, found)
     _keys(hb, found)
-    assert {"taken_at", "fingerprint", "attribution", "container", "samples"} <= found
+    _keys({k: v for k, v in stored.items() if k not in ("bookings", "baselines")}, found)
+    _keys(stored["bookings"]["r1"], found)
+    assert {"taken_at", "fingerprint", "attribution", "container", "samples", "activity", "evidence",
+            "power_mw", "last_t"} <= found
     missing = sorted(k for k in found if f"`{k}`" not in text)
     assert not missing, f"snapshot/heartbeat fields missing from docs/TELEMETRY.md: {missing}"
+
+
+def test_every_attack_security_md_names_is_a_test_that_exists():
+    """docs/SECURITY.md's boundary table names the test that attacks each
+    boundary (issue 22 item 9): a renamed or deleted test must not leave the
+    table pointing at nothing."""
+    text = (ROOT / "docs" / "SECURITY.md").read_text()
+    section = text.split("## Boundaries and the tests that attack them", 1)[1].split("\n## ", 1)[0]
+    rows = [ln for ln in section.splitlines() if ln.startswith("| ") and not ln.startswith("| ---")][1:]
+    assert len(rows) >= 15, "the boundary table lost its rows"
+    missing = []
+    for row in rows:
+        attacked = row.rsplit("|", 2)[-2]
+        names = re.findall(r"(tests/test_\w+\.py)(?:::(test_\w+))?|::(test_\w+)", attacked)
+        assert names, f"a boundary with no test: {row}"
+        current = None
+        for path, name, bare in names:
+            if path:
+                current = ROOT / path
+                if not current.exists():
+                    missing.append(path)
+                    continue
+            name = name or bare
+            if name and (current is None or f"def {name}(" not in current.read_text()):
+                missing.append(f"{current}::{name}")
+    assert not missing, missing

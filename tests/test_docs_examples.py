@@ -42,6 +42,10 @@ in it run in order and see each other's bookings.  The server is:
   cwd=<scenario>, `bk` on PATH (the built archive), run as the user ada
   (created for the test when running as root; otherwise the current user,
   whose name is then printed as ada and runs of spaces compare as one).
+  ada's UID is never one that a guide's `file` block gives a simulated
+  process ("uid": 1002, bob): bk does not count the asking user's own
+  processes against a GPU, so the output would depend on which UID useradd
+  happened to hand out on this machine.
 Variables a command sets (`export`, `unset`, `id=$(bk 1 30m -q)`) and `cd`
 carry to the following commands of the scenario, as in one shell.  A command
 still running after 60 s is stopped with everything it started and fails the
@@ -298,6 +302,24 @@ def scenarios(blocks: list[Block]) -> list[list[Block]]:
     return [s for s in out if any(b.kind == "run" for b in s)]
 
 
+def simulated_uids() -> set[int]:
+    """The UIDs the guides' `file` blocks give simulated processes."""
+    return {int(u) for rel in GUIDES for b in guide_blocks(rel) if b.kind == "file"
+            for u in re.findall(r'"uid"\s*:\s*(\d+)', "\n".join(b.body))}
+
+
+def free_uid(avoid: set[int], first: int = 1000, last: int = 59999) -> int:
+    """The lowest UID from ``first`` that no account has and ``avoid`` lacks."""
+    for uid in range(first, last + 1):
+        if uid in avoid:
+            continue
+        try:
+            pwd.getpwuid(uid)
+        except KeyError:
+            return uid
+    raise AssertionError(f"no free UID in {first}..{last}")
+
+
 class Reader:
     """The user the `$ ` sessions run as: ada, made for the test when root.
 
@@ -318,11 +340,10 @@ class Reader:
             self.fd = os.open(self.LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
             fcntl.flock(self.fd, fcntl.LOCK_EX)
             try:
-                pwd.getpwnam(READER)
-            except KeyError:
-                subprocess.run(["useradd", "-M", "-d", "/nonexistent", "-s", "/usr/sbin/nologin",
-                                READER], check=True, capture_output=True)
-                Path(self.MARKER).write_text(READER)
+                self._make_ada(simulated_uids())
+            except BaseException:
+                os.close(self.fd)
+                raise
             fcntl.flock(self.fd, fcntl.LOCK_SH)
             pw = pwd.getpwnam(READER)
             self.uid, self.gid, self.loose = pw.pw_uid, pw.pw_gid, False
@@ -331,7 +352,34 @@ class Reader:
             self.uid, self.gid = os.getuid(), os.getgid()
             self.loose = pwd.getpwuid(self.uid).pw_name != READER
             self.python = shutil.which("python3") or "/usr/bin/python3"
+            if self.uid in simulated_uids():
+                pytest.skip(f"your UID {self.uid} is a simulated process owner's in the guides' examples")
         self.name = pwd.getpwuid(self.uid).pw_name
+
+    def _make_ada(self, avoid: set[int]) -> None:
+        """ada, with a UID outside ``avoid``; under the exclusive lock."""
+        try:
+            pw = pwd.getpwnam(READER)
+        except KeyError:
+            pass
+        else:
+            if pw.pw_uid not in avoid:
+                return
+            if not os.path.exists(self.MARKER):
+                pytest.skip(f"the account {READER} exists with UID {pw.pw_uid}, a simulated process "
+                            "owner's in the guides' examples")
+            subprocess.run(["userdel", READER], check=True, capture_output=True)   # an older run's
+        for _ in range(20):
+            # Another test may take the same free UID between the look-up and
+            # useradd, which then refuses (exit 4): look again.
+            p = subprocess.run(["useradd", "-M", "-d", "/nonexistent", "-s", "/usr/sbin/nologin",
+                                "-u", str(free_uid(avoid)), READER], capture_output=True, text=True)
+            if p.returncode == 0:
+                Path(self.MARKER).write_text(READER)
+                return
+            if p.returncode != 4:
+                raise AssertionError(f"useradd {READER}: {p.stderr}")
+        raise AssertionError(f"useradd {READER}: no free UID after 20 tries")
 
     def cleanup(self) -> None:
         if self.fd is None:
@@ -459,6 +507,7 @@ def write_file(sc: Scenario, reader: Reader, name: str, body: list[str]) -> None
         os.chown(target, reader.uid, reader.gid)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("rel", "scenario", "files"), list(_cases()))
 def test_guide_examples(rel, scenario, files, reader, bindir, capsys):
     sc = Scenario(reader, bindir)
@@ -520,3 +569,14 @@ def test_ids_map_consistently_and_prefixes_are_substituted():
     assert substitute("bk d 4243 && bk e 42430cd2 -d +1h", ids) == "bk d dead && bk e deadbeef -d +1h"
     assert match(["a", "...", "z"], ["a", "b", "c", "z"], ids, False)
     assert not match(["a", "z"], ["a", "b", "z"], ids, False)
+
+
+def test_the_reader_owns_no_simulated_process(reader):
+    # A guide's bob (uid 1002) must stay someone else: were ada 1002, bk would
+    # not count bob's process against GPU 0 and the guide's output would change.
+    sims = simulated_uids()
+    assert 1002 in sims
+    assert reader.uid not in sims
+    first = free_uid(set())
+    assert free_uid({first}) > first
+    assert free_uid(sims | {first}) not in sims | {first}

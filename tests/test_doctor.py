@@ -76,6 +76,7 @@ def test_require_worker_fails_without_a_worker(bk):
     assert r.code == errors.EXIT_PARTIAL and "not ready: 1 check failed (worker)" in r.out
 
 
+@pytest.mark.slow
 def test_the_worker_for_real(pyz, tmp_path):
     """A job waiting without a worker is a warning; a real ``bk w start``
     satisfies --require-worker --strict."""
@@ -148,6 +149,7 @@ def test_help_documents_the_flags(bk):
 
 # ------------------------------------------------------------- the monitor, for real
 
+@pytest.mark.slow
 def test_the_monitor_heartbeat_running_stopped_and_gone(pyz, tmp_path):
     """A real ``bk m`` (the built archive): running passes --require-monitor
     --strict; after SIGTERM it is stopped (a warning, a failure when
@@ -235,6 +237,7 @@ def doctor(srv, account, *args) -> tuple[int, dict]:
     return rc, env["data"]
 
 
+@pytest.mark.slow
 @pytest.mark.root
 @needs_root
 def test_shared_server_without_and_with_its_broker(srv):
@@ -282,6 +285,7 @@ def test_shared_server_without_and_with_its_broker(srv):
         srv.stop_broker()
 
 
+@pytest.mark.slow
 @pytest.mark.root
 @needs_root
 def test_shared_server_untrusted_config_and_foreign_data_dir(srv):

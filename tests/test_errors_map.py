@@ -71,6 +71,7 @@ def test_unknown_or_malformed_replies_are_internal():
     assert isinstance(e.message, str)
 
 
+@pytest.mark.slow
 def test_no_error_class_is_defined_outside_the_table():
     names = {c.__name__ for c in CLASSES} | {"BkError"}
     for path in sorted((ROOT / "bk").rglob("*.py")):

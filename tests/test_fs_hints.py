@@ -70,6 +70,7 @@ def _can_unshare() -> bool:
                           capture_output=True).returncode == 0
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _can_unshare(), reason="needs root and unshare --mount (a private mount namespace)")
 def test_a_read_only_file_system_is_named_and_fails_doctor(pyz, tmp_path):
     mnt = tmp_path / "mnt"

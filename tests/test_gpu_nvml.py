@@ -1,19 +1,19 @@
 """The NVML backend through the real ``nvidia-ml-py`` bindings, against a
-small fake ``libnvidia-ml.so.1`` built here with the C compiler and found
-through LD_LIBRARY_PATH in a subprocess, so that the bindings' own ctypes
-calls are exercised.  The fake lib reads FAKE_NVML_MODE on every call, so a
-test can lose a GPU mid-run and bring it back; ``fake_init_calls`` counts
-``nvmlInitWithFlags``."""
+small fake ``libnvidia-ml.so.1`` (tests/helpers_nvml.py) built with the C
+compiler and found through LD_LIBRARY_PATH in a subprocess, so that the
+bindings' own ctypes calls are exercised.  The fake lib reads FAKE_NVML_MODE
+on every call, so a test can lose a GPU mid-run and bring it back;
+``fake_init_calls`` counts ``nvmlInitWithFlags``."""
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import helpers_nvml
 import pytest
 
 from bk import gpu
@@ -22,100 +22,14 @@ from bk.gpu import open_backend
 ROOT = Path(__file__).resolve().parent.parent
 
 pytest.importorskip("pynvml", reason="nvidia-ml-py is not installed")
-CC = shutil.which("cc") or shutil.which("gcc")
-
-FAKE = r"""
-#include <stdlib.h>
-#include <string.h>
-typedef struct { unsigned long long total, free, used; } mem_t;
-typedef struct { unsigned gpu, memory; } util_t;
-typedef struct { unsigned pid; unsigned long long used; unsigned gi, ci; } proc_t;
-typedef struct { unsigned pid; unsigned long long ts; unsigned sm, mem, enc, dec; } sample_t;
-#define MIB (1024ULL * 1024ULL)
-static int devs[2];
-static int inits = 0;
-int fake_init_calls(void) { return inits; }
-static const char *mode(void) { const char *m = getenv("FAKE_NVML_MODE"); return m ? m : ""; }
-static int has(const char *w) { return strstr(mode(), w) != NULL; }
-static int idx(void *h) { return (int *)h - devs; }
-/* GPU 1 is lost in mode "lost" */
-static int bad(void *h) { return has("lost") && idx(h) == 1; }
-int nvmlInitWithFlags(unsigned f) { inits++; return has("noinit") ? 9 : 0; }
-int nvmlInit_v2(void) { return nvmlInitWithFlags(0); }
-int nvmlShutdown(void) { return 0; }
-const char *nvmlErrorString(int r) { return "fake error"; }
-int nvmlSystemGetDriverVersion(char *b, unsigned n) { strncpy(b, "999.1", n); return 0; }
-int nvmlDeviceGetCount_v2(unsigned *c) { *c = 2; return 0; }
-int nvmlDeviceGetHandleByIndex_v2(unsigned i, void **h) { if (i > 1) return 2; *h = &devs[i]; return 0; }
-int nvmlDeviceGetUUID(void *h, char *b, unsigned n) {
-  if (bad(h)) return 15;
-  if (has("nouuid") && idx(h) == 1) return 3;
-  strncpy(b, idx(h) ? "GPU-bbbbbbbb-0000-0000-0000-000000000001" : "GPU-aaaaaaaa-0000-0000-0000-000000000000", n);
-  return 0;
-}
-int nvmlDeviceGetName(void *h, char *b, unsigned n) {
-  if (bad(h)) return 15;
-  strncpy(b, idx(h) ? "NVIDIA A100-SXM4-40GB" : "NVIDIA H100 80GB HBM3", n); return 0;
-}
-int nvmlDeviceGetMemoryInfo(void *h, mem_t *m) {
-  if (bad(h)) return 15;
-  m->total = (idx(h) ? 40960ULL : 81559ULL) * MIB; m->used = (idx(h) ? 0ULL : 10240ULL) * MIB;
-  m->free = m->total - m->used; return 0;
-}
-int nvmlDeviceGetUtilizationRates(void *h, util_t *u) {
-  if (bad(h)) return 15;
-  u->gpu = idx(h) ? 0 : 37; u->memory = 5; return 0;
-}
-int nvmlDeviceGetTemperature(void *h, int s, unsigned *t) {
-  if (bad(h)) return 15;
-  if (has("notemp")) return 3;
-  *t = idx(h) ? 30 : 45; return 0;
-}
-static int procs(void *h, unsigned *c, proc_t *p, const proc_t *src, unsigned n) {
-  if (bad(h)) return 15;
-  if (idx(h) == 1) n = 0;
-  if (n == 0) { *c = 0; return 0; }
-  if (p == NULL || *c < n) { *c = n; return 7; }
-  memcpy(p, src, n * sizeof(proc_t)); *c = n; return 0;
-}
-int nvmlDeviceGetComputeRunningProcesses_v3(void *h, unsigned *c, proc_t *p) {
-  static const proc_t src[] = {{1001, 4096 * MIB, 0, 0}, {1002, 2048 * MIB, 0, 0}};
-  return procs(h, c, p, src, 2);
-}
-int nvmlDeviceGetGraphicsRunningProcesses_v3(void *h, unsigned *c, proc_t *p) {
-  if (has("nographics")) return 3;
-  static const proc_t src[] = {{1001, 4096 * MIB, 0, 0}, {1003, 512 * MIB, 0, 0}};
-  return procs(h, c, p, src, 2);
-}
-int nvmlDeviceGetProcessUtilization(void *h, sample_t *s, unsigned *c, unsigned long long since) {
-  static const sample_t src[] = {{1001, 100, 10, 0, 0, 0}, {1001, 200, 30, 0, 0, 0}, {1002, 150, 5, 0, 0, 0}};
-  if (bad(h)) return 15;
-  if (has("nosm")) return 3;
-  if (idx(h) == 1) return 6;
-  unsigned n = 0, i;
-  for (i = 0; i < 3; i++) if (src[i].ts > since) n++;
-  if (n == 0) return 6;
-  if (s == NULL || *c < n) { *c = n; return 7; }
-  for (i = 0, n = 0; i < 3; i++) if (src[i].ts > since) s[n++] = src[i];
-  *c = n; return 0;
-}
-int nvmlDeviceGetMigMode(void *h, unsigned *cur, unsigned *pend) {
-  if (bad(h)) return 15;
-  if (idx(h) == 0) return 3;
-  *cur = 1; *pend = 1; return 0;
-}
-"""
+CC = helpers_nvml.CC
 
 
 @pytest.fixture(scope="module")
 def libdir(tmp_path_factory):
     if CC is None:
         pytest.skip("no C compiler")
-    d = tmp_path_factory.mktemp("fakenvml")
-    (d / "fake.c").write_text(FAKE)
-    subprocess.run([CC, "-shared", "-fPIC", "-O1", "-Wl,-soname,libnvidia-ml.so.1", "-o",
-                    str(d / "libnvidia-ml.so.1"), str(d / "fake.c")], check=True, capture_output=True)
-    return d
+    return helpers_nvml.build(tmp_path_factory.mktemp("fakenvml"))
 
 
 @pytest.fixture
@@ -290,3 +204,91 @@ out["caps"] = list(s.capabilities)
                             [1002, None, None, None, None],
                             [1003, os.getuid(), "Xorg", BTIME + 500, None]]
     assert "processes" in out["caps"] and "process_owner" in out["caps"]
+
+
+POWER = """
+def power(b):
+    return [[g.power_mw, g.power_limit_mw, g.energy_mj] for g in b.snapshot(7).gpus]
+"""
+
+
+def test_power_limit_and_energy_counter(libdir):
+    """Power draw, the enforced limit and the total-energy counter are read
+    per look through the one gateway; a device that cannot say has None
+    (GPU 1 has no power reading nor counter), which is not a gap."""
+    out = run(libdir, POWER + """
+b = NvmlBackend(clock=lambda: t[0])
+out["first"] = power(b)
+os.environ["FAKE_NVML_ENERGY"] = "123500000"
+out["second"] = power(b)
+out["gaps"] = list(b.snapshot(8).gaps)
+out["inits"] = inits()
+""")
+    assert out["first"] == [[71500, 700000, 123456789], [None, 400000, None]]
+    assert out["second"][0][2] == 123500000          # read again at every look
+    assert out["gaps"] == ["mig"] and out["inits"] == 1
+
+
+def test_power_unsupported_everywhere_is_none_not_a_rebuild(libdir):
+    out = run(libdir, POWER + "b = NvmlBackend(clock=lambda: t[0])\nout['p'] = power(b)\nout['i'] = inits()",
+              mode="nopower,noenergy")
+    assert out["p"] == [[None, None, None], [None, None, None]] and out["i"] == 1
+
+
+def test_state_file_world_and_highest_sm_between_looks(libdir, tmp_path):
+    """The fake's file-driven world (the one the activity traces replay):
+    processes, per-process SM samples since the last look (none: None), and
+    the readings, changed between two looks."""
+    state = tmp_path / "nvml.state"
+    state.write_text(helpers_nvml.state_text(
+        [{"util": 90, "mem_total": 81559, "mem_used": 9000, "temp": 50, "power": 350000, "limit": 700000,
+          "energy": 1000, "ts": 10}, {"util": 0, "mem_total": 81559, "mem_used": 0, "power": 70000,
+                                      "limit": 700000, "energy": 5000, "ts": 10}],
+        [(0, 4242, 8000, 97), (0, 4243, 1000, -1)]))
+    out = run(libdir, f"""
+os.environ["FAKE_NVML_STATE"] = {str(state)!r}
+b = NvmlBackend(clock=lambda: t[0])
+out["a"] = snap(b)
+out["pa"] = [[g.power_mw, g.power_limit_mw, g.energy_mj] for g in b.snapshot(8).gpus]
+open({str(state)!r}, "w").write({helpers_nvml.state_text(
+        [{"util": 0, "mem_total": 81559, "mem_used": 9000, "power": 72000, "limit": 700000, "energy": 2000,
+          "ts": 20}, {"util": 0, "mem_total": 81559, "mem_used": 0, "ts": 20}], [(0, 4242, 8000, 0)])!r})
+out["b"] = snap(b)
+""")
+    a = out["a"]
+    assert [g["procs"] for g in a["gpus"]] == [[[4242, 8000, 97], [4243, 1000, None]], []]
+    assert a["gpus"][0]["temp"] == 50 and a["gpus"][1]["temp"] is None and "temperature" in a["gaps"]
+    assert out["pa"] == [[350000, 700000, 1000], [70000, 700000, 5000]]
+    # the second look: the sample since the last look says 0 %; the other process is gone
+    assert [g["procs"] for g in out["b"]["gpus"]] == [[[4242, 8000, 0]], []]
+
+
+def test_the_monitor_records_energy_from_the_counter(libdir, tmp_path):
+    """Through the real bindings: the minute record's energy is the
+    counter's difference, all of it to the exclusive booking, nothing for
+    the first look (no earlier reading) and nothing across a reset."""
+    out = run(libdir, f"MON = {str(tmp_path / 'mon')!r}\n" + """
+from bk.core.models import Reservation
+from bk.core.usage import Folder
+from bk.monitor.daemon import Monitor
+class L:
+    policy = {"max_shared_users": 2}
+    reservations = [Reservation(id="x1", uid=1000, user="ada", gpus=(0,), start=0, end=10**10, mode="exclusive",
+                                share=2, created=0)]
+recs = []
+class U:
+    def append(self, rs): recs.extend(rs)
+now = [6000]
+m = Monitor(NvmlBackend(clock=lambda: t[0]), lambda: L(), MON, clock=lambda: now[0], interval_s=2.0,
+            folder=Folder(60, 2), usage=U(), log=lambda s: None)
+for e in (1000000, 1140000, 1280000, 500, 140500):      # 70 W for 2 s = 140 J; then a reset
+    os.environ["FAKE_NVML_ENERGY"] = str(e)
+    m.step()
+    now[0] += 2
+m.finish()
+r = [x for x in recs if x.gpu == 0][0]
+out["rec"] = [r.energy_mj, r.energy_s, r.energy_other_mj, [(u.reservation, u.energy_mj) for u in r.uses]]
+out["gpu1"] = [(x.energy_mj, x.energy_s) for x in recs if x.gpu == 1]
+""")
+    assert out["rec"] == [140000 * 3, 6, 0, [["x1", 420000]]]
+    assert out["gpu1"] == [[None, 0]]                      # no counter on that device: unknown, not 0

@@ -87,3 +87,20 @@ def test_gpus_simulated_on_purpose_are_no_fallback(tmp_path):
     assert fallback.name == "sim-count" and fallback.reason == gpu.NO_DRIVER_LOADED
     # The test variables still win over the configuration.
     assert gpu.open_backend({"BK_GPU_COUNT": "2"}, 3, simulated=True).name == "sim-count"
+
+
+def test_power_and_energy_in_a_simulation_file(tmp_path):
+    """The readings the activity state and the energy history use: given,
+    they are read; left out, they are unknown (None), never 0, and not a gap."""
+    import json
+
+    (tmp_path / "g.json").write_text(json.dumps({"gpus": [
+        {"util": 0, "processes": [], "power_mw": 71000, "power_limit_mw": 700000, "energy_mj": 123},
+        {"util": 0, "processes": []}]}))
+    snap = open_backend({"BK_GPU_SIM_FILE": str(tmp_path / "g.json")}).snapshot(0)
+    assert [(g.power_mw, g.power_limit_mw, g.energy_mj) for g in snap.gpus] == [(71000, 700000, 123),
+                                                                               (None, None, None)]
+    assert "power" not in snap.gaps and "energy" not in snap.gaps
+    (tmp_path / "g.json").write_text(json.dumps({"gpus": [{"energy_mj": -1}]}))
+    with pytest.raises(ConfigError, match="energy_mj must be a whole number"):
+        open_backend({"BK_GPU_SIM_FILE": str(tmp_path / "g.json")}).snapshot(0)

@@ -122,3 +122,46 @@ def test_a_bug_in_a_batch_reaches_its_callers_and_the_next_caller_still_leads():
     outcome, _ = gc.submit(1)
     assert isinstance(outcome, RuntimeError)
     assert gc.submit(2) == (("ok", 2), [])
+
+
+def test_one_callers_many_writes_do_not_crowd_another_out_of_the_next_batch():
+    """``per_key``: while more than one key waits, a batch takes at most that
+    many writes of each (the broker passes the caller's UID), so one user's
+    sixteen queued writes cost another user's write two of theirs, not
+    sixteen (issue 22); alone, one user's writes fill a batch."""
+    started, release = threading.Event(), threading.Event()
+    batches: list[list] = []
+
+    def run_batch(items):
+        batches.append(list(items))
+        if len(batches) == 1:
+            started.set()
+            assert release.wait(30)
+        return [("ok", i) for i in items], []
+
+    gc = GroupCommit(run_batch, max_batch=64, per_key=2)
+    first = threading.Thread(target=gc.submit, args=(("a", 0), "a"))
+    first.start()
+    assert started.wait(30)
+    threads = [threading.Thread(target=gc.submit, args=(("a", i), "a")) for i in range(1, 17)]
+    for t in threads:
+        t.start()
+    import time
+
+    deadline = time.monotonic() + 30
+    while len(gc._queue) < 16:
+        assert time.monotonic() < deadline, "callers did not queue"
+        time.sleep(0.005)
+    victim = threading.Thread(target=gc.submit, args=(("b", 0), "b"))
+    victim.start()
+    while len(gc._queue) < 17:
+        assert time.monotonic() < deadline, "the other caller did not queue"
+        time.sleep(0.005)
+    release.set()
+    for t in [first, victim, *threads]:
+        t.join(30)
+    second = batches[1]
+    assert ("b", 0) in second and sum(1 for k, _ in second if k == "a") == 2
+    assert sorted(x for b in batches for x in b) == sorted([("a", i) for i in range(17)] + [("b", 0)])
+    # With nobody else waiting, one caller's writes fill a batch again.
+    assert len(batches) == 3 and len(batches[2]) == 14

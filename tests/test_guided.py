@@ -229,6 +229,7 @@ def test_guided_add_learns_defaults_and_queues(term, tmp_path):
     assert t.wait() == 0
 
 
+@pytest.mark.slow
 def test_guided_edit_of_an_upcoming_booking(term, tmp_path):
     booked = run_bk(tmp_path, "1", "1h", "-t", "15:00")
     assert booked["ok"], booked
@@ -256,6 +257,7 @@ def test_guided_edit_of_an_upcoming_booking(term, tmp_path):
     assert (r["start"], r["end"]) == ("2026-07-13T17:00:00Z", "2026-07-13T19:00:00Z")
 
 
+@pytest.mark.slow
 def test_guided_edit_of_an_active_booking_moves_only_the_end(term, tmp_path):
     assert run_bk(tmp_path, "1", "30m")["ok"]
     t = term("e", "1")
@@ -404,6 +406,7 @@ def _edit(env, ref: str, answers: list):
     return result, out.getvalue(), ctx
 
 
+@pytest.mark.slow
 def test_guided_edit_goes_back_to_the_field_that_collides(inproc, tmp_path):
     assert run_bk(tmp_path, "x", "4", "1h", "-t", "13:00")["ok"]
     rid = run_bk(tmp_path, "1", "1h", "-t", "11:00")["data"]["reservation"]["id"][:8]
@@ -418,6 +421,7 @@ def test_guided_edit_goes_back_to_the_field_that_collides(inproc, tmp_path):
     assert (r["start"], r["end"]) == ("2026-07-13T11:30:00Z", "2026-07-13T12:30:00Z")
 
 
+@pytest.mark.slow
 def test_guided_edit_asks_again_when_the_time_is_taken_before_the_save(inproc, tmp_path):
     rid = run_bk(tmp_path, "1", "1h", "-t", "15:00")["data"]["reservation"]["id"][:8]
 

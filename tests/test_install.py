@@ -21,7 +21,7 @@ import pytest
 
 from tests.helpers_install import BASE, NOBODY, PYTHON, bk, install, owner_mode, staging_root, tree  # noqa: F401
 
-pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="needs root"), pytest.mark.root]
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="needs root"), pytest.mark.root]
 
 
 def test_install_lays_out_every_file_as_documented(pyz, root):
@@ -34,6 +34,7 @@ def test_install_lays_out_every_file_as_documented(pyz, root):
         "var/lib/gpubk": (NOBODY, NOBODY, 0o755), "run/gpubk": (NOBODY, NOBODY, 0o755),
         "etc/systemd/system/gpubk-broker.service": (0, 0, 0o644),
         "etc/systemd/system/gpubk-monitor.service": (0, 0, 0o644),
+        "etc/systemd/system/gpubk-enforcer.service": (0, 0, 0o644),
         "etc/systemd/user/bk-worker.service": (0, 0, 0o644),
         "usr/local/share/man/man1/bk.1": (0, 0, 0o644),
         "usr/local/share/man/man5/gpubk-config.5": (0, 0, 0o644),
@@ -99,12 +100,13 @@ def test_units_verify_cleanly_and_are_hardened(pyz, root, account):
     svc = account.user()
     install(pyz, root, "--service-user", svc.name)
     env = dict(os.environ, MANPATH=str(root / "usr/local/share/man"))    # Documentation=man:... must resolve
-    for name in ("gpubk-broker.service", "gpubk-monitor.service"):
+    for name in ("gpubk-broker.service", "gpubk-monitor.service", "gpubk-enforcer.service"):
         unit = root / "etc/systemd/system" / name
         text = unit.read_text()
         # By name, as a package's unit says it; Type=notify for the broker,
         # which sends READY=1 once its socket answers.
-        assert f"\nUser={svc.name}\n" in text
+        # The enforcer is root's (it loads device programs); the others the service account's.
+        assert f"\nUser={'root' if name == 'gpubk-enforcer.service' else svc.name}\n" in text
         assert ("\nType=notify\n" in text) == (name == "gpubk-broker.service")
         v = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, env=env)
         assert v.returncode == 0 and v.stderr == "", v.stderr
@@ -307,7 +309,8 @@ def test_uninstall_refuses_while_the_broker_runs(pyz, root):
     with TemporaryService(str(unit), f"{root}/run/gpubk/broker.sock"):
         p = bk(pyz, "--json", "admin", "uninstall", "--root", str(root), "--yes", check=False)
         err = json.loads(p.stdout)["error"]
-        assert p.returncode == 78 and "still running" in err["message"] and "answers" in err["message"]
+        assert p.returncode == 75 and "still running" in err["message"] and "answers" in err["message"]
+        assert err["code"] == "busy"
     bk(pyz, "admin", "uninstall", "--root", str(root), "--yes", "--purge-data")
 
 
@@ -334,7 +337,8 @@ def test_guided_install_asks_one_question_at_a_time(pyz, root):
     pid, fd = pty.fork()
     if pid == 0:
         os.execve(PYTHON, argv, {"PATH": "/usr/bin:/bin", "HOME": "/root", "TERM": "dumb", "LANG": "C.UTF-8"})
-    answers = [("Service account", b"nobody\n"), ("How many GPUs", b"4\n"), ("Who may book", b"\n"),
+    answers = [("Service account", b"nobody\n"), ("Administrator contact", b"\n"), ("How many GPUs", b"4\n"),
+               ("Who may book", b"\n"),
                ("Slice length", b"\n"), ("Share slots", b"\n"), ("Data directory", b"\n"),
                ("The bk command", b"\n"), ("Show notices at login", b"n\n"), ("Apply this plan?", b"y\n")]
     seen = b""
@@ -374,7 +378,7 @@ def test_a_reconcile_that_changes_the_archive_refuses_while_the_broker_runs(pyz,
         p = subprocess.run([PYTHON, str(other), "--json", "admin", "install", "--root", str(root), "--yes",
                             "--no-start", "--python", PYTHON], capture_output=True, text=True, timeout=300,
                            env={"PATH": "/usr/bin:/bin", "HOME": "/root"})
-        assert p.returncode == 78 and "archive would change" in json.loads(p.stdout)["error"]["message"]
+        assert p.returncode == 75 and "archive would change" in json.loads(p.stdout)["error"]["message"]
     after = tree(root)
     after.pop("run/gpubk/broker.sock.lock", None)      # the broker's own lock file, left by design
     assert after == before
@@ -457,6 +461,9 @@ def test_with_systemd_it_reloads_enables_and_starts_and_restarts_on_a_reconcile(
     p.systemd = True
     install_apply.apply(p, runner=fake)
     assert calls == [["systemctl", "daemon-reload"], ["systemctl", "enable", "--now", *units]]
+    # The enforcer's unit is installed, and left disabled: enforcement is opt-in (bk admin enforce on).
+    assert (root / "etc/systemd/system/gpubk-enforcer.service").exists()
+    assert not any("gpubk-enforcer.service" in c for c in calls)
     calls.clear()
     p = inst.plan(inst.Options(root=str(root), python=PYTHON, archive=str(pyz)), env)
     p.systemd = True
@@ -511,5 +518,40 @@ def test_with_systemd_uninstall_disables_the_units_before_removing_them(pyz, roo
     up = uninstall.uninstall_plan(str(root), only_services=True, runner=fake)
     up.systemd = True
     uninstall.uninstall(up, runner=fake)
-    assert ["systemctl", "disable", "gpubk-broker.service", "gpubk-monitor.service"] in calls
+    assert ["systemctl", "disable", "gpubk-broker.service", "gpubk-monitor.service",
+            "gpubk-enforcer.service"] in calls
     assert not (root / "etc/systemd/system/gpubk-broker.service").exists()
+    assert not (root / "etc/systemd/system/gpubk-enforcer.service").exists()
+
+
+def test_the_accounts_check_sees_only_what_an_install_could_make():
+    # Someone else's account added meanwhile (another test, another person)
+    # is not the installer's doing; one that names the staging root is.
+    import secrets
+
+    from tests.helpers_install import staged_root
+
+    names = ["bkx" + secrets.token_hex(3), "bkx" + secrets.token_hex(3)]
+    try:
+        with staged_root():
+            subprocess.run(["useradd", "-M", "-s", "/usr/sbin/nologin", names[0]], check=True, capture_output=True)
+        with pytest.raises(AssertionError, match="creates no accounts"):
+            with staged_root() as d:
+                subprocess.run(["useradd", "-M", "-d", str(d / "home"), "-s", "/usr/sbin/nologin", names[1]],
+                               check=True, capture_output=True)
+    finally:
+        for name in names:
+            subprocess.run(["userdel", name], capture_output=True)
+
+
+def test_uninstall_refuses_while_enforcement_is_on(pyz, root):
+    """Closed mode's programs outlive the enforcer: removing bk then would
+    leave the GPUs closed with nothing to open them."""
+    install(pyz, root)
+    cfg = root / "etc/gpubk/config.json"
+    doc = json.loads(cfg.read_text())
+    cfg.write_text(json.dumps({**doc, "enforce": True}))
+    before = tree(root)
+    p = bk(pyz, "--json", "admin", "uninstall", "--root", str(root), "--yes", check=False)
+    assert p.returncode == 75 and "bk admin enforce off" in p.stdout, p.stdout
+    assert tree(root) == before

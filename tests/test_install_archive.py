@@ -14,6 +14,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import pytest
+
 from bk.admin import archive
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,6 +32,7 @@ def _build_module():
     return module
 
 
+@pytest.mark.slow
 def test_rewriting_the_built_archive_for_the_same_python_gives_the_same_bytes(pyz):
     rebuilt = archive.archive_bytes(archive.read_entries(str(pyz)), sys.executable)
     assert rebuilt == pyz.read_bytes()

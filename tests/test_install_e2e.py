@@ -34,7 +34,9 @@ from pathlib import Path
 import pytest
 from helpers_broker import SYSTEM_PYTHON, Accounts, make_base, needs_root, ping, poll
 
-pytestmark = [pytest.mark.root, needs_root]
+from tests.helpers_install import variant
+
+pytestmark = [pytest.mark.slow, pytest.mark.root, needs_root]
 
 # What systemd puts in a service's environment before the unit's own
 # Environment= lines (systemd.exec(5), "Environment Variables in Spawned
@@ -317,7 +319,8 @@ def test_an_update_after_the_monitor_stopped_is_not_rolled_back(server, pyz):
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGTERM)
             proc.wait(30)
-    p = subprocess.run([SYSTEM_PYTHON, str(pyz), "--json", "update", str(pyz), "--apply", "--yes",
+    new = variant(pyz, server["base"] / "new.pyz", version="9.9.1")     # the same archive is up to date
+    p = subprocess.run([SYSTEM_PYTHON, str(pyz), "--json", "update", str(new), "--apply", "--yes",
                         "--root", str(server["root"])], capture_output=True, text=True, timeout=300,
                        env={"PATH": "/usr/bin:/bin", "HOME": "/root", "LANG": "C.UTF-8",
                             "BK_GPU_SIM_FILE": str(sim_file(server["config"]))})

@@ -43,8 +43,11 @@ LAYERS: dict[str, frozenset[str]] = {
     "bk.gpu": frozenset({"bk.core"}),            # the one GPU gateway
     "bk.ipc": frozenset({"bk.core"}),            # the broker's wire, shared by service and broker
     "bk.jobs": frozenset({"bk.core", "bk.store"}),  # job specs, logs, launcher, worker loop (for the service)
-    "bk.service": BASE | {"bk", "bk.store", "bk.gpu", "bk.ipc", "bk.jobs"},
-    "bk.cli": BASE | {"bk", "bk.buildinfo", "bk.service"},
+    "bk.notify": frozenset({"bk.core", "bk.store"}),  # notification files, channels, deliverer (for the service)
+    # The exports' renderers: pure, like the core (see PURE below).
+    "bk.export": frozenset({"bk.core"}),
+    "bk.service": BASE | {"bk", "bk.store", "bk.gpu", "bk.ipc", "bk.jobs", "bk.notify", "bk.export"},
+    "bk.cli": BASE | {"bk", "bk.buildinfo", "bk.service", "bk.export"},
     "bk.broker": BASE | {"bk.ipc", "bk.service"},
     # Set-up runs before any configuration exists, so no service can be
     # opened: it writes the config with the store's code and asks the GPU
@@ -52,7 +55,7 @@ LAYERS: dict[str, frozenset[str]] = {
     # Install and update also read the version and the shipped resources.
     "bk.admin": BASE | {"bk", "bk.buildinfo", "bk.store", "bk.gpu"},
     # The packages to come.
-    "bk.monitor": BASE | {"bk.store", "bk.gpu", "bk.service"},
+    "bk.monitor": BASE | {"bk.store", "bk.gpu", "bk.service", "bk.export"},
     "bk.tui": BASE | {"bk.service"},
     # The agent surface is a front end: rows in, envelopes out; the cluster's
     # tools are composed with the built-in ones by a plain import.
@@ -62,6 +65,9 @@ LAYERS: dict[str, frozenset[str]] = {
     # replace); nodes are reached through the one ssh module.
     "bk.cluster": BASE | {"bk.ipc", "bk.service", "bk.store", "bk.remote"},
     "bk.remote": frozenset({"bk.core"}),          # runs ssh: bounded, timed, killed by PID
+    # Hard enforcement: bpf() and the cgroup tree; the ledger and the monitor's
+    # snapshot through the store, container patterns through the GPU gateway.
+    "bk.enforce": BASE | {"bk.store", "bk.gpu"},
 }
 # module -> {unit: why}: single modules allowed one edge more than their unit.
 EXCEPTIONS: dict[str, dict[str, str]] = {
@@ -98,6 +104,14 @@ EXCEPTIONS: dict[str, dict[str, str]] = {
     "bk.admin.cluster": {
         "bk.cluster": "the catalog's one parser and writer, and the node id it stores",
     },
+    "bk.cli.cmd_enforce": {
+        "bk.enforce": "`bk admin enforce` plans, applies and runs the enforcer in this process; imported only "
+                      "when that command runs",
+    },
+    "bk.service.doctor": {
+        "bk.enforce": "`bk doctor` checks enforcement (kernel support, the enforcer, the programs per user); "
+                      "imported only when the configuration turns enforcement on",
+    },
     "bk.broker.server": {
         "bk.store": "the daemon's start-up: it loads the trusted config, checks the owner and mode of "
                     "its directories with the store's rule and holds its single-instance lock",
@@ -109,6 +123,7 @@ IMPURE = {"os", "time", "socket", "fcntl", "subprocess", "curses", "select", "si
           "threading", "multiprocessing", "pathlib", "tempfile", "io", "pwd", "grp", "random",
           "asyncio", "selectors", "mmap", "ctypes", "sqlite3", "urllib", "http", "zoneinfo"}
 OPTIONAL_THIRD_PARTY = {"pynvml": "bk.gpu.nvml"}
+PURE = ("bk.core", "bk.export")          # units held to the core's no-I/O rule
 
 
 def module_name(path: Path) -> str:
@@ -241,8 +256,8 @@ def problems_of(mod: str, source: str, *, is_package: bool = False) -> list[str]
         problems.append(f"line {line}: imports {name}, but {own} may import {may}")
     for name, line in imports_of(source, mod, is_package=is_package):
         top = name.split(".")[0]
-        if own == "bk.core" and top in IMPURE:
-            problems.append(f"line {line}: pure core imports {name}")
+        if own in PURE and top in IMPURE:
+            problems.append(f"line {line}: pure {'core' if own == 'bk.core' else own} imports {name}")
         if top not in sys.stdlib_module_names and top not in ("bk", "__future__"):
             if OPTIONAL_THIRD_PARTY.get(top) != mod:
                 problems.append(f"line {line}: imports third-party {name} "
@@ -286,6 +301,8 @@ def _check(mod: str, source: str, *, is_package: bool = False) -> str:
     ("bk.core.models", "def f():\n    from time import time\n", "pure core imports time"),
     ("bk.core.models", "from bk import clock\n", "imports bk.clock, but bk.core may import nothing else in bk"),
     ("bk.core.models", "from bk.store import config\n", "imports bk.store"),
+    ("bk.export.prom", "import os\n", "pure bk.export imports os"),
+    ("bk.export.html", "from bk.service import exports\n", "imports bk.service, but bk.export may import only bk.core"),
     ("bk.clock", "from bk.service import app\n", "imports bk.service"),
     ("bk", "from bk.cli.main import main\n", "imports bk.cli.main, but bk may import nothing else in bk"),
     ("bk.__main__", "from bk.service import open_app\n", "imports bk.service, but bk.__main__ may import only bk.cli"),

@@ -1,7 +1,22 @@
 """Start-up stays cheap: ``bk --version`` loads no argparse, and an everyday
 read (``bk l``) loads no curses, no socket servers, no NVML and none of the
 long-running parts (TUI, broker, monitor, worker, MCP).  Each check runs in
-a fresh interpreter and looks at ``sys.modules`` after ``main()``."""
+a fresh interpreter and looks at ``sys.modules`` after ``main()``.
+
+What an interpreter loads before the first line of a program differs from
+one installation to the next: Debian's /usr/bin/python3 loads 34 modules,
+a pyenv build with an editable install and a few ``.pth`` files over 100
+(``re``, ``bisect``, ``typing``...), and a module already loaded is invisible
+to an import check.  So every probe runs with ``-I -S``: isolated (no
+``PYTHON*`` variables, no user site, no script directory on ``sys.path``)
+and without running ``site``, so that no ``.pth`` file, sitecustomize or
+virtual environment loads anything first.  The probe then imports ``site``
+itself, which under ``-S`` runs none of that and loads only the handful of
+modules every start-up has (``os``, ``stat``, ``posixpath``...).  That start-up
+is measured in the same run, with the same interpreter, flags and environment
+(``bare_startup``), and everything beyond it is what bk loaded: the same set
+on every installation of one Python version, and what a command costs over
+``python3 -c pass`` on the barest one."""
 
 from __future__ import annotations
 
@@ -15,25 +30,74 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
+FLAGS = ("-I", "-S")
+# bk's own tree first, then the site-packages directories of the running
+# interpreter (without their .pth files), so that an optional import such as
+# pynvml would still be found and seen.
+SEARCH_PATH = "\n".join([str(ROOT), *(p for p in sys.path if p.endswith(("site-packages", "dist-packages")))])
+
+# The interpreter's own start-up, then with site's modules (``import site``
+# under -S: no site.main(), so no .pth file, sitecustomize or site-packages).
+BARE = "import sys; print(*sorted(sys.modules)); import site; print(*sorted(sys.modules))"
+
+# The probes measure before they import anything else: json and the finder
+# come after ``before``, and ``io`` is part of every interpreter's start-up.
 PROBE = """
-import contextlib, io, json, sys
-from bk.cli.main import main
-with contextlib.redirect_stdout(io.StringIO()) as out:
+import sys
+bare = sorted(sys.modules)
+import site
+before = sorted(sys.modules)
+sys.path[:0] = sys.argv.pop(1).split("\\n")
+import io
+out, real = io.StringIO(), sys.stdout
+sys.stdout = out
+try:
+    from bk.cli.main import main
     code = main(sys.argv[1:])
-print(json.dumps({"code": code, "modules": sorted(sys.modules), "out": out.getvalue()}))
+finally:
+    sys.stdout = real
+after = sorted(sys.modules)
+import json
+print(json.dumps({"code": code, "bare": bare, "before": before, "modules": after, "out": out.getvalue()}))
 """
 
 
-def loaded(tmp_path, *argv) -> tuple[int, set[str], str]:
+def probe_env(tmp_path, **extra) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("BK_", "XDG_"))}
     env.update({"HOME": str(tmp_path), "BK_DATA_DIR": str(tmp_path / "data"), "BK_GPU_COUNT": "2",
                 "XDG_STATE_HOME": str(tmp_path / "state"), "XDG_CONFIG_HOME": str(tmp_path / "cfg"),
-                "PYTHONPATH": str(ROOT)})
-    proc = subprocess.run([sys.executable, "-c", PROBE, *argv], capture_output=True, text=True, env=env,
-                          cwd=tmp_path, timeout=60)
+                **extra})
+    return env
+
+
+def bare_startup(env: dict[str, str], cwd) -> tuple[set[str], set[str]]:
+    """The modules this interpreter has loaded before a program's first line,
+    with the probes' flags and environment; and those with site's added."""
+    proc = subprocess.run([sys.executable, *FLAGS, "-c", BARE], capture_output=True, text=True, env=env,
+                          cwd=cwd, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    bare, with_site = proc.stdout.splitlines()
+    return set(bare.split()), set(with_site.split())
+
+
+def run_probe(tmp_path, script: str, argv, **extra) -> dict:
+    """``script`` run with ``argv`` in a fresh isolated interpreter; its JSON
+    answer, with ``new``: the modules loaded beyond the bare start-up."""
+    env = probe_env(tmp_path, **extra)
+    bare, start = bare_startup(env, tmp_path)
+    proc = subprocess.run([sys.executable, *FLAGS, "-c", script, SEARCH_PATH, *argv], capture_output=True,
+                          text=True, env=env, cwd=tmp_path, timeout=60)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout.splitlines()[-1])
-    return doc["code"], set(doc["modules"]), doc["out"]
+    # The probe itself loads nothing before it measures: its start-up is the bare one.
+    assert (set(doc["bare"]), set(doc["before"])) == (bare, start), (doc["bare"], doc["before"])
+    doc["new"] = sorted(set(doc["modules"]) - start)
+    return doc
+
+
+def loaded(tmp_path, *argv) -> tuple[int, set[str], str]:
+    doc = run_probe(tmp_path, PROBE, argv)
+    return doc["code"], set(doc["new"]), doc["out"]
 
 
 def test_version_imports_no_argparse(tmp_path):
@@ -49,8 +113,9 @@ def test_list_imports_nothing_heavy(tmp_path):
     # dataclasses would pull in inspect, ast and tokenize: bk.core.record
     # stands in for it so that every command starts faster.
     banned = {"curses", "_curses", "socketserver", "pynvml", "readline", "dataclasses", "inspect",
-              "uuid", "hashlib"}
-    heavy = ("bk.tui", "bk.broker", "bk.monitor", "bk.worker", "bk.mcp", "bk.admin", "bk.gpu.nvml")
+              "uuid", "hashlib", "ctypes"}
+    heavy = ("bk.tui", "bk.broker", "bk.monitor", "bk.worker", "bk.mcp", "bk.admin", "bk.gpu.nvml",
+             "bk.enforce", "bk.core.enforce", "bk.core.devprog", "bk.cli.cmd_enforce")
     found = sorted((modules & banned) | {m for m in modules if m.startswith(heavy)})
     assert not found, f"bk l imported {found}"
 
@@ -64,8 +129,11 @@ def test_list_imports_nothing_heavy(tmp_path):
 # say in the commit what it costs (python3 -X importtime dist/bk.pyz l).
 
 WHO_PROBE = """
-import contextlib, io, json, sys
-before = set(sys.modules)
+import sys
+bare = sorted(sys.modules)
+import site
+before = sorted(sys.modules)
+sys.path[:0] = sys.argv.pop(1).split("\\n")
 who = {}
 
 
@@ -81,24 +149,32 @@ class Who:
 
 
 sys.meta_path.insert(0, Who())
-from bk.cli.main import main
-with contextlib.redirect_stdout(io.StringIO()) as out:
+import io
+out, real = io.StringIO(), sys.stdout
+sys.stdout = out
+try:
+    from bk.cli.main import main
     code = main(sys.argv[1:])
-new = sorted(set(sys.modules) - before)
-print(json.dumps({"code": code, "new": new, "who": {m: who.get(m, "?") for m in new}}))
+finally:
+    sys.stdout = real
+after = sorted(sys.modules)
+import json
+print(json.dumps({"code": code, "bare": bare, "before": before, "modules": after,
+                  "who": {m: who.get(m, "?") for m in after}}))
 """
 
 # What every command may import from the standard library (3.10 to 3.13 spell `re` and a
 # few others differently).  argparse brings gettext; its lookups, which would import locale,
-# are switched off (bk.cli.app).
+# are switched off (bk.cli.app).  importlib (the package over the frozen _bootstrap modules
+# every interpreter has) loads the command modules; 3.10's re imports _locale.
 STDLIB = frozenset({
-    "__future__", "_collections", "_datetime", "_functools", "_json", "_operator",
+    "__future__", "_collections", "_datetime", "_functools", "_json", "_locale", "_operator",
     "_sre", "_struct", "argparse", "codecs", "collections", "collections.abc", "contextlib",
-    "copyreg", "datetime", "enum", "errno", "fcntl", "functools", "gc", "gettext", "io",
-    "itertools", "json", "json.decoder", "json.encoder", "json.scanner", "keyword",
-    "math", "operator", "pwd", "re", "re._casefix", "re._compiler", "re._constants", "re._parser",
-    "reprlib", "sre_compile", "sre_constants", "sre_parse", "struct", "time", "types", "warnings",
-    "zlib",
+    "copyreg", "datetime", "enum", "errno", "fcntl", "functools", "gc", "gettext", "importlib",
+    "importlib._bootstrap", "importlib._bootstrap_external", "io", "itertools", "json",
+    "json.decoder", "json.encoder", "json.scanner", "keyword", "math", "operator", "pwd", "re",
+    "re._casefix", "re._compiler", "re._constants", "re._parser", "reprlib", "sre_compile",
+    "sre_constants", "sre_parse", "struct", "time", "types", "warnings", "zlib",
 })
 
 # The bk modules every everyday command runs: the CLI's parser and renderer, the time
@@ -112,7 +188,7 @@ BK_BASE = frozenset({
     "bk.store.config", "bk.store.fsutil", "bk.store.ledger", "bk.store.lock", "bk.store.paths",
 })
 _STATUS = {"bk.cli.cmd_status", "bk.service.status", "bk.store.snapshot"}
-_PLACE = {"bk.core.capacity", "bk.core.scheduler", "bk.service.booking", "bk.service.builders",
+_PLACE = {"_bisect", "bisect", "bk.core.capacity", "bk.core.scheduler", "bk.service.booking", "bk.service.builders",
           "bk.service.fields", "bk.service.requests", "bk.service.results", "bk.service.specs"}
 _WRITE = _PLACE | {"bk.core.policy", "bk.service.gateway",
                    "bk.service.notices", "bk.service.ops", "bk.store.archive", "bk.store.audit",
@@ -126,7 +202,7 @@ EVERYDAY: dict[str, frozenset[str]] = {
     "g": frozenset(_SLOTS | {"textwrap"}),
     "n": frozenset({"bk.cli.cmd_notices", "bk.cli.cmd_status", "bk.service.status"}),
     "1 30m": frozenset(_WRITE | {"bk.cli.cmd_book", "bk.service.presets", "bk.store.snapshot", "shlex"}),
-    "e 1 -d +30m": frozenset(_WRITE | {"bk.cli.cmd_edit"}),
+    "e 1 -d +30m": frozenset(_WRITE | {"bk.cli.cmd_edit", "importlib._abc", "importlib.util"}),
     "d 1 -y": frozenset(_WRITE | {"bk.cli.cmd_cancel"}),
     "slots 2 1h": frozenset(_SLOTS),
     "tl": frozenset({"bk.cli.cmd_timeline", "bk.service.builders", "bk.service.fields", "bk.service.requests",
@@ -135,18 +211,12 @@ EVERYDAY: dict[str, frozenset[str]] = {
 }
 
 
-def imports_of(tmp_path, *argv) -> tuple[int, list[str], dict[str, str]]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("BK_", "XDG_"))}
-    env.update({"HOME": str(tmp_path), "BK_DATA_DIR": str(tmp_path / "data"), "BK_GPU_COUNT": "2",
-                "XDG_STATE_HOME": str(tmp_path / "state"), "XDG_CONFIG_HOME": str(tmp_path / "cfg"),
-                "PYTHONPATH": str(ROOT), "TZ": "UTC"})   # a UTC server needs no zoneinfo
-    proc = subprocess.run([sys.executable, "-c", WHO_PROBE, *argv], capture_output=True, text=True,
-                          env=env, cwd=tmp_path, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    doc = json.loads(proc.stdout.splitlines()[-1])
+def imports_of(tmp_path, *argv, **extra_env) -> tuple[int, list[str], dict[str, str]]:
+    doc = run_probe(tmp_path, WHO_PROBE, argv, TZ="UTC", **extra_env)   # a UTC server needs no zoneinfo
     return doc["code"], doc["new"], doc["who"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("words", list(EVERYDAY))
 def test_everyday_command_imports_only_its_allowlist(tmp_path, words):
     argv = words.split()
@@ -158,6 +228,23 @@ def test_everyday_command_imports_only_its_allowlist(tmp_path, words):
     extra = [f"{m} (imported by {who[m]})" for m in new
              if m not in allowed and not m.startswith("encodings.")]
     assert not extra, f"bk {words} imported modules outside its allowlist: {', '.join(extra)}"
+
+
+@pytest.mark.slow
+def test_what_the_interpreter_preloads_changes_nothing(tmp_path):
+    # An interpreter whose start-up loads the modules a booking needs (here a
+    # sitecustomize, as Debian's and many virtual environments' .pth files do)
+    # must not hide them: the verdict is the same on every installation.
+    pre = tmp_path / "pre"
+    pre.mkdir()
+    (pre / "sitecustomize.py").write_text("import bisect, shlex, textwrap, json, argparse\n")
+    plain = imports_of(tmp_path, "slots", "2", "1h")
+    preloaded = imports_of(tmp_path, "slots", "2", "1h", PYTHONPATH=str(pre), PYTHONSTARTUP=str(pre / "x"))
+    assert plain == preloaded
+    assert {"bisect", "shlex", "argparse", "json"} <= set(plain[1])
+    loose = subprocess.run([sys.executable, "-c", "import sys; print('bisect' in sys.modules)"],
+                           capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(pre)})
+    assert loose.stdout.strip() == "True"          # without -I -S it would have been hidden
 
 
 def test_the_allowlist_catches_an_import_and_names_who(tmp_path):

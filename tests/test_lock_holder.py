@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers_build import copy_to
 
 from bk.core.errors import Busy
 from bk.store import lock
@@ -121,10 +122,9 @@ def test_a_free_lock_has_no_holder_whatever_the_file_says(lockfile):
     assert lock.holder(fd) == os.getpid()
 
 
+@pytest.mark.slow
 def test_bk_through_the_archive_names_the_holder(tmp_path):
-    pyz = tmp_path / "bk.pyz"
-    subprocess.run([sys.executable, str(ROOT / "build.py"), "--output", str(pyz)], check=True,
-                   capture_output=True, timeout=120)
+    pyz = copy_to(tmp_path / "bk.pyz")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("BK_", "XDG_"))}
     env.update(BK_DATA_DIR=str(tmp_path / "data"), BK_GPU_COUNT="4", BK_NOW=NOW_ISO, TZ="UTC",
                HOME=str(tmp_path), XDG_CONFIG_HOME=str(tmp_path / "cfg"),

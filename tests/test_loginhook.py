@@ -19,7 +19,7 @@ import pytest
 
 from tests.helpers_install import bk, install, staging_root  # noqa: F401 - the root fixture
 
-pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="needs root"), pytest.mark.root]
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="needs root"), pytest.mark.root]
 
 
 def login_session(home: Path, typed: bytes) -> str:
@@ -102,3 +102,52 @@ def subprocess_run(argv):
 
     return subprocess.run(argv, capture_output=True, text=True, timeout=120,
                           env={"PATH": "/usr/bin:/bin", "HOME": "/"})
+
+
+# ------------------------------------------------------------- words (issue 30, item 20)
+
+def test_uninstall_of_a_foreign_hook_leaves_it_and_refuses_nothing(pyz, root):
+    """A hook bk never installed is not bk's to remove: no refusal (not
+    even for a staging root without an installed bk), the file untouched."""
+    hook = root / "etc/profile.d/gpubk.sh"
+    hook.parent.mkdir(parents=True)
+    hook.write_text("echo the site's own\n")
+    p = bk(pyz, "admin", "login-hook", "uninstall", "--root", str(root))
+    assert "not bk's login hook" in p.stdout and "nothing to remove" in p.stdout
+    assert hook.read_text() == "echo the site's own\n"
+    got = json.loads(bk(pyz, "--json", "admin", "login-hook", "uninstall", "--root", str(root)).stdout)
+    assert got["data"]["status"] == "unchanged" and got["data"]["hook"]["status"] == "foreign"
+    install(pyz, root)                                   # an installed server: the same answer
+    assert "left in place" in bk(pyz, "admin", "login-hook", "uninstall", "--root", str(root)).stdout
+    assert hook.read_text() == "echo the site's own\n"
+    bk(pyz, "admin", "uninstall", "--root", str(root), "--yes", "--purge-data")
+    hook.unlink()
+
+
+def test_a_hand_edited_hook_is_refused_in_the_hook_commands_own_words(pyz, root):
+    install(pyz, root, "--login-hook")
+    hook = root / "etc/profile.d/gpubk.sh"
+    hook.write_text(hook.read_text() + "# edited\n")
+    p = bk(pyz, "admin", "login-hook", "uninstall", "--root", str(root), check=False)
+    assert p.returncode == 78 and "bk admin login-hook uninstall refuses" in p.stderr
+    assert "systemctl edit" not in p.stderr and "drop-in" not in p.stderr      # a hook is not a unit
+    # A hand-edited unit is what names a drop-in, and names that unit.
+    unit = root / "etc/systemd/system/gpubk-monitor.service"
+    unit.write_text(unit.read_text() + "# edited\n")
+    p = bk(pyz, "admin", "install", "--root", str(root), "--dry-run", check=False)
+    assert p.returncode == 78 and "sudo systemctl edit gpubk-monitor.service" in p.stderr
+    # ... and the hook commands answer for the hook alone: the unit's edit is install's business.
+    hook.write_text(hook.read_text().replace("# edited\n", ""))
+    assert "would:" in bk(pyz, "admin", "login-hook", "uninstall", "--root", str(root), "--dry-run").stdout
+    unit.write_text(unit.read_text().replace("# edited\n", ""))
+    bk(pyz, "admin", "uninstall", "--root", str(root), "--yes", "--purge-data")
+
+
+def test_services_install_and_login_hook_dry_runs_are_headed_by_their_own_command(pyz, root):
+    install(pyz, root)
+    p = bk(pyz, "admin", "services", "install", "--root", str(root), "--dry-run")
+    assert p.stdout.startswith("bk admin services install would:"), p.stdout
+    assert "bk admin install would:" not in p.stdout
+    p = bk(pyz, "admin", "login-hook", "install", "--root", str(root), "--dry-run")
+    assert p.stdout.startswith("bk admin login-hook install would:"), p.stdout
+    bk(pyz, "admin", "uninstall", "--root", str(root), "--yes", "--purge-data")

@@ -38,6 +38,7 @@ def mcp(srv, user, *calls) -> list[dict]:
     return [r["result"]["structuredContent"] for r in replies]
 
 
+@pytest.mark.slow
 def test_an_agent_books_as_its_user_through_the_broker(srv):
     alice, bob = srv.users
     made, again, listed = mcp(srv, alice, ("create", {"count": 1, "duration": 1800, "operation_id": "a-1"}),
@@ -63,6 +64,7 @@ def test_an_agent_books_as_its_user_through_the_broker(srv):
     assert done["status"] == "cancelled" and [r["id"] for r in done["reservations"]] == [res["id"]]
 
 
+@pytest.mark.slow
 def test_local_reads_are_unknown_to_the_broker(srv):
     import socket
 

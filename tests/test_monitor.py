@@ -244,9 +244,116 @@ def test_a_fresh_snapshot_means_no_backend_call(private):
     be = FakeBackend()
     _publish(mdir, be, T - 1)
     st = _status(env, be)
-    assert be.calls["snapshot"] == 0 and be.calls["inventory"] == 0
+    # The first command of a boot learns the inventory the snapshot is
+    # checked against (once, then cached); it takes no live look.
+    assert be.calls["snapshot"] == 0 and be.calls["inventory"] == 1
     assert [p.pid for p in st.gpus[0].processes] == [99]
     assert st.to_json()["monitor"]["state"] == "absent"        # a snapshot but no heartbeat yet
+    be2 = FakeBackend()
+    st = _status(env, be2)
+    assert be2.calls == {"snapshot": 0, "inventory": 0, "fingerprint": be2.calls["fingerprint"]}
+    assert [p.pid for p in st.gpus[0].processes] == [99]
+
+
+def _doc(mdir: Path) -> dict:
+    return json.loads((mdir / sf.SNAPSHOT_FILE).read_text())
+
+
+@pytest.mark.parametrize("where, value", [
+    ("util", 10 ** 9), ("mem_used_mib", 10 ** 30), ("mem_total_mib", 0), ("temperature", 10 ** 6),
+    ("index", -1), ("uuid", ""), ("util", True), ("pid", -1), ("pid", 0), ("pid", 1 << 40),
+    ("mem_mib", -5), ("sm", 101), ("uid", -1), ("uid", 1 << 40), ("identity", "trust-me"),
+    ("interval_s", 1e9), ("taken_at", -1), ("processes", "none"),
+])
+def test_a_snapshot_with_a_reading_out_of_range_is_not_believed(private, where, value):
+    env, mdir = private
+    be = FakeBackend()
+    _publish(mdir, be, T - 1)
+    doc = _doc(mdir)
+    if where in ("pid", "mem_mib", "sm", "uid", "identity"):
+        doc["gpus"][0]["processes"][0][where] = value
+    elif where in ("interval_s", "taken_at"):
+        doc[where] = value
+    else:
+        doc["gpus"][0][where] = value
+    (mdir / sf.SNAPSHOT_FILE).write_text(json.dumps(doc))
+    assert sf.read_snapshot_file(str(mdir), T) is None
+    st = _status(env, be)
+    assert be.calls["snapshot"] == 1                    # the client looked itself
+    assert st.gpus[0].util == 10 and st.gpus[0].processes == ()
+
+
+def test_a_heartbeat_out_of_range_is_not_believed(tmp_path):
+    d = tmp_path / "monitor"
+    asked = []
+    doc = sf.heartbeat_doc(status="running", pid=-1, started_at=T, updated_at=T, interval_s=2.0,
+                           detail=None, samples=1)
+    sf.write_heartbeat(str(d), doc)
+    hb = sf.read_heartbeat(str(d), T, alive=lambda pid: asked.append(pid) or True)
+    assert hb.state != "running" and asked == []        # kill(-1, 0) would ask about every process
+    sf.write_heartbeat(str(d), {**doc, "pid": 7, "interval_s": 1e12})
+    assert sf.read_heartbeat(str(d), T, alive=lambda pid: True).state != "running"
+
+
+@pytest.mark.parametrize("change", ["drop two", "other uuid", "swap", "renumber"])
+def test_a_snapshot_of_other_gpus_is_not_used_in_part(private, change):
+    env, mdir = private
+    be = FakeBackend(4)
+    _status(env, be)                                    # the inventory of four GPUs is known
+    _publish(mdir, be, T - 1)
+    doc = _doc(mdir)
+    if change == "drop two":
+        doc["gpus"] = doc["gpus"][:2]
+    elif change == "other uuid":
+        doc["gpus"][3]["uuid"] = "GPU-elsewhere"
+    elif change == "swap":
+        doc["gpus"][0]["uuid"], doc["gpus"][1]["uuid"] = doc["gpus"][1]["uuid"], doc["gpus"][0]["uuid"]
+    else:
+        doc["gpus"][3]["index"] = 5
+    (mdir / sf.SNAPSHOT_FILE).write_text(json.dumps(doc))
+    be2 = FakeBackend(4)
+    st = _status(env, be2)
+    assert be2.calls["snapshot"] == 1 and len(st.gpus) == 4
+    assert all(g.processes == () for g in st.gpus)      # the backend's own look, not pid 99
+
+
+def test_the_inventory_is_never_learnt_from_a_partial_snapshot(private):
+    """No cached inventory yet: the check asks the backend, and the
+    monitor's two GPUs do not become this machine's inventory."""
+    env, mdir = private
+    be = FakeBackend(4)
+    _publish(mdir, FakeBackend(2), T - 1)
+    st = _status(env, be)
+    assert len(st.gpus) == 4 and be.calls["snapshot"] == 1
+    assert _app(env, FakeBackend(4)).telemetry.inventory().count == 4
+
+
+class StandIn(FakeBackend):
+    """A driver this account cannot open: the inventory is a stand-in
+    simulation (``reason`` set) while the monitor's account sees the GPUs."""
+
+    def inventory(self):
+        self.calls["inventory"] += 1
+        from bk.core.models import GpuInfo
+
+        return Inventory("sim", tuple(GpuInfo(i, f"SIM-{i}", "Simulated GPU") for i in range(self.n)), True,
+                         "NVML: insufficient permissions; simulating")
+
+
+def test_a_stand_in_inventory_defers_to_the_monitor_but_not_against_the_configured_count(private, tmp_path):
+    env, mdir = private
+    _publish(mdir, FakeBackend(4), T - 1)
+    st = _status(env, StandIn(4))
+    assert [p.pid for p in st.gpus[0].processes] == [99]     # the monitor sees more than this account
+    cfg = tmp_path / "bk.json"
+    cfg.write_text(json.dumps({"gpu_count": 4}))
+    os.chmod(cfg, 0o644)
+    env = {**env, "BK_CONFIG_FILE": str(cfg)}
+    assert [p.pid for p in _status(env, StandIn(4)).gpus[0].processes] == [99]
+    _publish(mdir, FakeBackend(2), T - 1)                    # two of the four configured GPUs
+    be = StandIn(4)
+    st = _status(env, be)
+    assert be.calls["snapshot"] == 1 and len(st.gpus) == 4 and st.gpus[0].processes == ()
 
 
 def test_stale_foreign_or_damaged_snapshots_send_the_client_to_the_backend(private):
@@ -340,3 +447,70 @@ def test_a_bug_in_a_step_is_recorded_and_the_next_step_runs(tmp_path):
     m.ledger = real
     clock.t += 2
     assert m.safe_step() is not None and state(m, clock.t).state == "running"
+
+
+# ------------------------------------------------------------- the built archive
+
+def test_pyz_status_ignores_a_damaged_or_partial_snapshot(pyz, tmp_path):
+    """Issue 30, item 14, as a user meets it: a monitor file whose readings
+    are out of range, or that names 2 of the 4 GPUs, is not shown."""
+    import subprocess
+    import sys
+
+    from bk.core.models import parse_iso
+    from bk.gpu.sim import FileBackend
+
+    sim = tmp_path / "sim.json"
+    sim.write_text(json.dumps({"gpus": [{"name": "H100", "mem_total_mib": 81559, "mem_used_mib": 1024,
+                                         "util": 7, "processes": []} for _ in range(4)]}))
+    now_iso = "2026-07-13T10:41:30Z"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BK_", "XDG_"))}
+    env.update(BK_DATA_DIR=str(tmp_path / "data"), BK_GPU_SIM_FILE=str(sim), BK_NOW=now_iso, TZ="UTC",
+               HOME=str(tmp_path), XDG_CACHE_HOME=str(tmp_path / "cache"), NO_COLOR="1")
+
+    def status() -> dict:
+        p = subprocess.run([sys.executable, str(pyz), "st", "--json"], env=env, capture_output=True, text=True,
+                           timeout=60)
+        assert p.returncode == 0, p.stderr
+        return json.loads(p.stdout)["data"]
+
+    be = FileBackend(str(sim))
+    mdir = tmp_path / "data" / "monitor"
+    (tmp_path / "data").mkdir(mode=0o700)
+    full = be.snapshot(parse_iso(now_iso) - 1)
+    full.gpus[0].util = 55                                   # what the monitor saw: believed
+    sf.write_snapshot(str(mdir), full, interval_s=2.0, inventory_fingerprint=be.fingerprint())
+    assert [g["util"] for g in status()["gpus"]] == [55, 7, 7, 7]
+    for damage in ("util", "mem", "pid", "two of four"):
+        snap = be.snapshot(parse_iso(now_iso) - 1)
+        gpus = list(snap.gpus)
+        if damage == "util":
+            gpus[0].util = 10 ** 9
+        elif damage == "mem":
+            gpus[1].mem_used_mib = 10 ** 30
+        elif damage == "pid":
+            gpus[2].processes = [GpuProcess(-1, mem_mib=5, uid=4321, user="mallory")]
+        else:
+            gpus = gpus[:2]
+            gpus[0].util = 55
+        sf.write_snapshot(str(mdir), Snapshot(snap.taken_at, snap.source, tuple(gpus), snap.gaps, snap.simulated),
+                          interval_s=2.0, inventory_fingerprint=be.fingerprint())
+        got = status()
+        assert [(g["index"], g["util"], g["mem_used_mib"], g["processes"]) for g in got["gpus"]] == [
+            (i, 7, 1024, []) for i in range(4)], damage
+
+
+def test_a_cached_inventory_that_is_out_of_date_is_looked_at_once_again(private):
+    """The cache says four GPUs, the backend and the monitor now see two (a
+    GPU gone within the boot): one look settles it, and the cache learns."""
+    env, mdir = private
+    _status(env, FakeBackend(4))                          # cached: four
+    _publish(mdir, FakeBackend(2), T - 1)
+    be = FakeBackend(2)
+    st = _status(env, be)
+    assert be.calls["inventory"] == 1 and be.calls["snapshot"] == 0
+    assert [p.pid for p in st.gpus[0].processes] == [99]
+    be2 = FakeBackend(2)
+    assert _app(env, be2).telemetry.inventory().count == 2     # the cache learnt it
+    _status(env, be2)
+    assert be2.calls["inventory"] == 0 and be2.calls["snapshot"] == 0

@@ -100,6 +100,7 @@ def test_kill_9_leaves_a_heartbeat_that_goes_stale(pyz, site):
     assert sf.read_snapshot(str(data / "monitor"), last + 60) is None
 
 
+@pytest.mark.slow
 def test_a_second_monitor_is_refused_naming_the_first(pyz, site):
     env, data, procs = site
     first = start(pyz, env, procs)
@@ -116,6 +117,7 @@ def test_a_second_monitor_is_refused_naming_the_first(pyz, site):
     assert heartbeat(data).state == "stopped"
 
 
+@pytest.mark.slow
 def test_once_and_status_through_the_archive(pyz, site):
     env, data, procs = site
     once = subprocess.run([sys.executable, str(pyz), "m", "--once", "--json"], env=env,
@@ -166,6 +168,7 @@ def test_the_wrong_account_on_a_shared_server_is_refused(pyz, tmp_path):
         shutil.rmtree(base, ignore_errors=True)
 
 
+@pytest.mark.slow
 @needs_root
 @pytest.mark.root
 def test_shared_server_monitor_as_the_service_account_feeds_every_user():

@@ -75,7 +75,7 @@ def policy_check(bk) -> dict:
 def preflight(bk):
     from bk.broker.server import _check_store
 
-    return _check_store(bk.service())
+    return _check_store(bk.service())[0]
 
 
 def test_a_key_deleted_from_the_ledger_is_ok_everywhere_and_the_next_booking_restores_it(bk):

@@ -99,7 +99,7 @@ def test_use_flags_pass_through(env, capsys):
     (["p", "save", "9lives", "1", "1h"], 2, "not allowed"),
     (["p", "save", "big", "5", "1h"], 2, "4 GPUs"),
     (["p", "save", "odd", "1", "7m"], 2, "5-minute"),
-    (["p", "save", "pin", "2", "1h", "-g", "1"], 2, "names 1 GPUs"),
+    (["p", "save", "pin", "2", "1h", "-g", "1"], 2, "names 1 GPU but"),
     (["p", "save", "xs", "1", "1h", "-x", "-s", "2"], 2, "exclusive"),
     (["p", "show", "nothing"], 4, "no preset named"),
     (["p", "nothing"], 4, "no preset named"),

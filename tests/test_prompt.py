@@ -151,6 +151,7 @@ def term(tmp_path):
         p.close()
 
 
+@pytest.mark.slow
 def test_prompt_runs_commands_and_survives_errors(term, tmp_path):
     t = term()
     t.expect(r"GPU\s+MODEL")                       # the status comes first
@@ -193,6 +194,7 @@ def test_ctrl_c_clears_the_line_and_ctrl_d_leaves(term):
     assert t.wait() == 0
 
 
+@pytest.mark.slow
 def test_history_recalls_previous_lines(term):
     pytest.importorskip("readline")
     t = term()

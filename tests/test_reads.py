@@ -121,6 +121,7 @@ VIEWS = [("st",), ("st", "-v"), ("login",),
          ("tl",), ("tl", "--from", "-3h", "--window", "6h"), ("tl", "24h", "--step", "1h"), ("tl", "-g", "1,3")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_a_windowed_read_shows_what_a_whole_read_shows(bk, monkeypatch, seed):
     bk.sim()                    # GPUs with processes: attribution runs on what was read
@@ -182,6 +183,7 @@ ADVICE = [("n",), ("n", "--all"), ("g",), ("g", "1"), ("g", "2", "-m", "4g"), ("
           ("slots", "1", "1h", "--mode", "exclusive", "-t", "+2h"), ("st",)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [4, 5, 6])
 def test_notices_and_advice_from_a_partial_read_match_a_whole_read(bk, monkeypatch, seed):
     import random

@@ -34,6 +34,7 @@ def booked_id(env, *argv):
     return json.loads(bk(env, *argv, "--json", code=0).stdout)["data"]["reservation"]["id"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["newest backup garbled", "all gone"])
 def test_a_writer_refuses_to_forget_and_every_reader_reports(env, how):
     first = booked_id(env, "1", "1h")
@@ -74,6 +75,7 @@ def test_a_writer_refuses_to_forget_and_every_reader_reports(env, how):
     assert "writes are refused until they are restored or the loss is accepted" in " ".join(plain.split())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["newest backup garbled", "all gone"])
 def test_recover_replays_what_the_audit_log_holds_and_writes_go_on(env, how):
     first = booked_id(env, "1", "1h", "-m", "4g")
@@ -106,3 +108,45 @@ def test_nothing_to_recover_says_so(env):
     booked_id(env, "1", "1h")
     out = bk(env, "admin", "data", "recover", "-y", code=0).stdout
     assert "nothing is lost" in out
+
+
+def test_a_recovery_that_archives_again_writes_no_second_record(env):
+    """Issue 30, item 20: the restored ledger still holds a booking that was
+    archived since; the recovering commit archives it again, but its record
+    is not written twice."""
+    env = dict(env)
+    old = booked_id(env, "1", "30m")
+    env["BK_NOW"] = "2026-07-15T10:41:30Z"                      # two days on: a commit archives it
+    booked_id(env, "1", "30m")
+    data = env["BK_DATA_DIR"]
+    archive = os.path.join(data, "archive")
+
+    def records() -> list[str]:
+        out = []
+        for name in sorted(os.listdir(archive)):
+            with open(os.path.join(archive, name)) as f:
+                out += [json.loads(line)["reservation"]["id"] for line in f if line.strip()]
+        return out
+    assert records() == [old]
+    os.unlink(os.path.join(data, "ledger.json"))
+    backups = os.path.join(data, "backups")
+    os.unlink(os.path.join(backups, sorted(os.listdir(backups))[-1]))   # back to commit 1: it holds old
+    done = json.loads(bk(env, "admin", "data", "recover", "--replay", "-y", "--json", code=0).stdout)["data"]
+    assert done["status"] == "recovered"
+    bk(env, "1", "20m", code=0)
+    assert records() == [old]                                     # once, not once per archiving
+    hist = json.loads(bk(env, "l", "--history", "--json", code=0).stdout)["data"]["reservations"]
+    assert [r["id"] for r in hist] == [old]
+
+
+def test_a_commit_killed_after_archiving_leaves_one_record_once_repeated(env):
+    env = dict(env)
+    old = booked_id(env, "1", "30m")
+    env["BK_NOW"] = "2026-07-15T10:41:30Z"
+    killed = bk({**env, "BK_TEST_CRASH_AT": "archived"}, "1", "30m")
+    assert killed.returncode == -9                               # after the archive append, before the commit
+    archive = os.path.join(env["BK_DATA_DIR"], "archive")
+    (month,) = os.listdir(archive)
+    bk(env, "1", "30m", code=0)                                  # archives the same booking again
+    with open(os.path.join(archive, month)) as f:
+        assert [json.loads(line)["reservation"]["id"] for line in f] == [old]

@@ -280,6 +280,7 @@ def test_retries_and_repeats_through_a_real_broker(base, capsys, monkeypatch):
 
 # ------------------------------------------------- through the archive
 
+@pytest.mark.slow
 def test_retries_and_repeats_through_the_built_archive(pyz, tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("BK_", "XDG_"))}
     env.update(BK_DATA_DIR=str(tmp_path / "data"), BK_GPU_COUNT="4", BK_NOW="2026-07-13T10:41:30Z",

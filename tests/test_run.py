@@ -36,6 +36,7 @@ def bk(env, *argv, code=0, cwd=None, **extra):
     return p
 
 
+@pytest.mark.slow
 def test_the_before_stop_check_through_the_archive(pyz, tmp_path):
     env = {"BK_DATA_DIR": str(tmp_path / "d"), "BK_GPU_COUNT": "4", "HOME": str(tmp_path),
            "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "XDG_CONFIG_HOME": str(tmp_path / "c")}
@@ -84,6 +85,7 @@ def test_run_alone_shows_the_gpus_and_environment(env):
     assert "CUDA_DEVICE_ORDER=PCI_BUS_ID" in bk(env, "run").stdout
 
 
+@pytest.mark.slow
 def test_run_stops_the_command_when_the_booking_ends(env):
     now = int(time.time())
     fixed = str(now - now % 60 + 57)                    # 3 s before the one-minute booking ends
@@ -135,6 +137,7 @@ def test_run_keeps_the_terminal_and_forwards_ctrl_c(env):
     assert b"KeyboardInterrupt" in out
 
 
+@pytest.mark.slow
 def test_booking_with_a_command_warns_without_a_worker_and_lists_the_job(env, tmp_path):
     p = bk(env, "1", "30m", "--", "echo", "s3cr3t-token")
     assert "no bk worker is running" in p.stderr and "loginctl enable-linger" in p.stderr
@@ -146,10 +149,14 @@ def test_booking_with_a_command_warns_without_a_worker_and_lists_the_job(env, tm
     assert bk(env, "w", "once").returncode == 0
     jobs = json.loads(bk(env, "j", "--json").stdout)["data"]["jobs"]
     assert jobs[0]["status"] == "succeeded" and jobs[0]["exit_code"] == 0
-    log = json.loads(bk(env, "j", "log", "1", "--json").stdout)["data"]
+    # the booking ended with its command: no longer among yours, so named by its ID
+    assert jobs[0]["reason"].startswith("ended early: the command finished at ") and "(exit 0)" in jobs[0]["reason"]
+    assert json.loads(bk(env, "l", "--json").stdout)["data"]["reservations"] == []
+    ref = jobs[0]["reservation_short_id"]
+    log = json.loads(bk(env, "j", "log", ref, "--json").stdout)["data"]
     assert log["log"] == "s3cr3t-token\n"
-    assert bk(env, "j", "log", "1").stdout == "s3cr3t-token\n"
-    p = bk(env, "j", "retry", "1", code=2)                 # it succeeded: nothing to retry
+    assert bk(env, "j", "log", ref).stdout == "s3cr3t-token\n"
+    p = bk(env, "j", "retry", ref, code=2)                 # it succeeded: nothing to retry
     assert "succeeded" in p.stderr and "can be retried" in p.stderr
     for name in ("ledger.json", "audit.jsonl"):
         assert "s3cr3t" not in (tmp_path / "data" / name).read_text()
@@ -189,7 +196,10 @@ def test_the_ledger_confirms_no_guess_of_a_private_command_and_the_worker_still_
     pyz_bk("w", "once")
     done = json.loads(pyz_bk("j", "--json").stdout)["data"]["jobs"][0]
     assert done["status"] == "succeeded", done
-    assert json.loads(pyz_bk("j", "log", "1", "--json").stdout)["data"]["log"] == f"--token {token}\n"
+    missing = json.loads(pyz_bk("j", "log", "1", "--json", code=4).stdout)["error"]     # it ended with its command
+    assert "ends when it exits" in missing["hint"]
+    ref = done["short_id"]
+    assert json.loads(pyz_bk("j", "log", ref, "--json").stdout)["data"]["log"] == f"--token {token}\n"
 
 
 def test_a_job_that_writes_25_mib_and_exits_within_a_tick_keeps_at_most_two_8_mib_segments(pyz, env):
@@ -218,9 +228,36 @@ def test_a_job_that_writes_25_mib_and_exits_within_a_tick_keeps_at_most_two_8_mi
     # 25 MiB + 3: three full segments went by; the newest full one and the
     # 1 MiB + 3 after it are left.
     assert sizes == {"log": 2**20 + 3, "log.1": 8 * 2**20}, sizes
-    whole = json.loads(pyz_bk("j", "log", "1", "--all", "--json"))["data"]
+    whole = json.loads(pyz_bk("j", "log", job["short_id"], "--all", "--json"))["data"]
     assert whole["log"] == "".join(chr(97 + i) * 2**20 for i in range(16, 25)) + "END"
-    assert pyz_bk("j", "log", "1").endswith(b"yyyyEND\n")
+    assert pyz_bk("j", "log", job["short_id"]).endswith(b"yyyyEND\n")
+
+
+def test_a_booking_made_for_a_command_ends_with_it_unless_kept(pyz, env):
+    """Issue 25 item 3, through the built archive: ``bk run 1 30m -- CMD``
+    and the worker (``bk w once``): the booking ends when the command exits
+    (its GPU books again at once), and ``--keep`` keeps it."""
+    def pyz_bk(*words, code=0):
+        p = subprocess.run([sys.executable, str(pyz), *words], env=env, capture_output=True, text=True,
+                           stdin=subprocess.DEVNULL, timeout=60, cwd=env["HOME"])
+        assert p.returncode == code, (words, p.stdout, p.stderr)
+        return p
+
+    def said(p):
+        return " ".join(p.stdout.split())              # as one line, however the terminal wrapped it
+
+    assert "the booking ends when it exits" in said(pyz_bk("run", "1", "30m", "-g", "0", "--", "true"))
+    assert "the booking ends when it exits" not in said(pyz_bk("run", "1", "30m", "-g", "1", "--keep", "--", "true"))
+    pyz_bk("w", "once")
+    by_gpu = {j["gpus"][0]: j for j in json.loads(pyz_bk("j", "--json").stdout)["data"]["jobs"]}
+    assert by_gpu[0]["status"] == by_gpu[1]["status"] == "succeeded"
+    assert by_gpu[0]["reason"].startswith("ended early: the command finished at ")
+    assert by_gpu[1]["reason"] is None
+    live = json.loads(pyz_bk("l", "--json").stdout)["data"]["reservations"]
+    assert [r["gpus"] for r in live] == [[1]]
+    pyz_bk("1", "30m", "-g", "0")                         # the rest of the window is free
+    p = pyz_bk("run", "--keep", "--", "true", code=2)
+    assert "--keep is for a booking bk run makes" in p.stderr
 
 
 def test_commands_after_dashes_are_never_bks(env):
@@ -230,6 +267,7 @@ def test_commands_after_dashes_are_never_bks(env):
     assert "needs the command after --" in bk(env, "run", "1", "30m", code=2).stderr
 
 
+@pytest.mark.slow
 def test_a_second_worker_is_turned_away(env):
     proc = subprocess.Popen([sys.executable, "-m", "bk", "w", "start"], env=env, cwd=env["HOME"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -269,6 +307,7 @@ def test_a_turned_away_worker_never_says_it_started(pyz, env):
     assert err.startswith(f"bk worker: started (pid {proc.pid})"), err     # the one that runs says so
 
 
+@pytest.mark.slow
 @pytest.mark.root
 @needs_root
 def test_the_command_line_reaches_no_file_another_user_can_read(tmp_path):

@@ -195,7 +195,7 @@ REFUSALS = [
     ("horizon: must end within it", one(start=at("11:00", day=30), duration=2 * H), [], [], None, {},
      PolicyRefused, "horizon", ["within 30 days", "booking_horizon_days"]),
     ("horizon: queueing cannot help", one(duration=25 * H), [], [], None, {"booking_horizon_days": 1},
-     PolicyRefused, "horizon", ["within 1 days"]),
+     PolicyRefused, "horizon", ["within 1 day of now"]),
     ("more GPUs than the server has", one(count=5), [], [], None, {}, Conflict, "gpu_count",
      ["this server has 4"]),
     ("pinning a disabled GPU", one(pinned=(1,)), [], [], None, {"disabled_gpus": frozenset({1})},
@@ -457,6 +457,7 @@ request_st = st.builds(
     st.booleans())
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(request_st, min_size=1, max_size=25),
        st.lists(st.tuples(st.integers(0, 40), st.integers(1, 6), st.integers(0, 299)), max_size=2))

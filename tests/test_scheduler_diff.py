@@ -123,6 +123,7 @@ def check_case(seed: int) -> None:
                               w["now"], o.start, o.gpus), f"{replay(seed)}: option {o} does not fit"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chunk", range(CHUNKS))
 def test_fast_search_agrees_with_slice_scanner(chunk):
     first = BASE_SEED + chunk * PER_CHUNK

@@ -105,11 +105,18 @@ LOCAL = {"list", "notices", "status", "login", "context", "timeline", "info", "c
          "op_lookup", "history", "recommend", "gpu", "usage", "usage_users", "usage_samples", "usage_events",
          "usage_verify", "jobs", "job_log", "job_retry", "worker_status", "presets", "preset", "preset_delete",
          "defaults", "prompt_history", "blackouts", "notice_list", "data_backup", "data_verify", "data_clear",
-         "data_restore"}
+         "data_restore",
+         # the caller's own notification settings, terminals and log (bk.service.notify)
+         "notify_show", "notify_set", "notify_test", "notify_log",
+         # bk export (bk.service.exports)
+         "export"}
+# Of those, the ones that change something: notify_set writes the caller's
+# own settings file, as preset_delete their presets (no ledger, no broker).
+LOCAL_WRITES = {"job_retry", "preset_delete", "data_backup", "data_clear", "data_restore", "notify_set"}
 # Rows that take this process's environment, run a program, or carry
 # in-process values: no field spec, never sent anywhere.
-IN_PROCESS = {"book_job", "run_target", "run_now", "worker", "screen", "preset_save", "preset_hint",
-              "prompt_history_save", "policy", "policy_write", "policy_rebind"}
+IN_PROCESS = {"book_job", "run_target", "run_now", "worker", "worker_hint", "screen", "export_page", "preset_save",
+              "preset_hint", "prompt_history_save", "policy", "policy_write", "policy_rebind"}
 
 
 def test_every_row_is_complete():
@@ -118,6 +125,11 @@ def test_every_row_is_complete():
     assert set(ops.OPERATIONS) == SERVED | LOCAL | IN_PROCESS
     assert {n for n, op in ops.OPERATIONS.items() if op.served} == SERVED
     assert {n for n, op in ops.OPERATIONS.items() if op.fields is None} == IN_PROCESS
+    # A local row that changes something is a WRITE: the caller's own
+    # private files (a preset, the notification settings, a retried job's
+    # state through its own worker) or the data directory as a whole; every
+    # other local row only reads.
+    assert {n for n in LOCAL if ops.OPERATIONS[n].access == ops.WRITE} == LOCAL_WRITES
     for op in ops.OPERATIONS.values():
         assert op.access in (ops.READ, ops.WRITE) and op.who in (ops.ANYONE, ops.OWNER, ops.ADMIN, ops.HOST)
         if op.served and op.access == ops.WRITE:

@@ -10,6 +10,7 @@ import os
 import shutil
 import tempfile
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -178,5 +179,6 @@ class BookingMachine(RuleBasedStateMachine):
 
 
 TestBookingMachine = BookingMachine.TestCase
+TestBookingMachine.pytestmark = [pytest.mark.slow]
 TestBookingMachine.settings = settings(max_examples=40, stateful_step_count=25, deadline=None,
                                        suppress_health_check=[HealthCheck.too_slow])

@@ -128,3 +128,67 @@ def test_errors_other_than_held_are_io_failures(tmp_path):
 
     with pytest.raises(IOFailure, match="locking"):
         lock.take(9999, "nowhere.lock", timeout=1)          # EBADF
+
+
+# ------------------------------------------------------------- acquire: lock files others could open
+
+def _dir(tmp_path):
+    from bk.store.fsutil import Safety, open_dir
+
+    safety = Safety(os.geteuid())
+    return open_dir(str(tmp_path), safety), safety
+
+
+def test_a_lock_file_others_could_open_is_replaced_while_held(tmp_path):
+    """A 0644 lock file (an older bk made the daemons' so): ``acquire``
+    locks it, puts a fresh 0600 file under the name, locked before it got
+    the name, and keeps that one; whoever opened the old file holds nothing."""
+    path = tmp_path / "x.lock"
+    path.write_bytes(b"")
+    os.chmod(path, 0o644)
+    outsider = os.open(path, os.O_RDONLY)          # opened while it was readable
+    said: list[str] = []
+    dirfd, safety = _dir(tmp_path)
+    try:
+        fd = lock.acquire(dirfd, "x.lock", str(path), safety, timeout=0, log=said.append)
+        st = os.lstat(path)
+        assert (st.st_mode & 0o777, st.st_ino) == (0o600, os.fstat(fd).st_ino)
+        assert st.st_ino != os.fstat(outsider).st_ino
+        fcntl.flock(outsider, fcntl.LOCK_EX | fcntl.LOCK_NB)   # the old inode: nobody's lock now
+        with pytest.raises(Busy):
+            lock.acquire(dirfd, "x.lock", str(path), safety, timeout=0)
+        assert said and "mode 0644" in said[0] and not [n for n in os.listdir(tmp_path) if ".new-" in n]
+        os.close(fd)
+    finally:
+        os.close(outsider)
+        os.close(dirfd)
+
+
+def test_a_writer_that_locked_the_old_inode_follows_the_name(tmp_path):
+    """The one rule of lock files (never two holders of two inodes): a
+    writer that opened the file before it was replaced, and gets the old
+    inode's lock once it is let go, sees that the name leads elsewhere and
+    gives it up (``acquire`` then opens the name again)."""
+    path = tmp_path / "x.lock"
+    path.write_bytes(b"")
+    os.chmod(path, 0o644)
+    early = os.open(path, os.O_RDWR)
+    dirfd, safety = _dir(tmp_path)
+    try:
+        fd = lock.acquire(dirfd, "x.lock", str(path), safety, timeout=0)
+        got = lock._locked(early, dirfd, "x.lock", str(path), safety, True, timeout=0, what="x",
+                           monotonic=lambda: 0.0, sleep=lambda s: None, busy=None, log=None, proc="/proc")
+        assert got is None
+        with pytest.raises(OSError):
+            os.fstat(early)                        # given up (closed)
+        os.close(fd)
+    finally:
+        os.close(dirfd)
+
+
+def test_holder_uid_reads_the_effective_uid(tmp_path):
+    (tmp_path / "42").mkdir()
+    (tmp_path / "42" / "status").write_text("Name:\tx\nUid:\t1000\t1234\t1000\t1000\n")
+    assert lock.holder_uid(42, proc=str(tmp_path)) == 1234
+    assert lock.holder_uid(43, proc=str(tmp_path)) is None and lock.holder_uid(None) is None
+    assert lock.holder_uid(os.getpid()) == os.geteuid()

@@ -74,12 +74,26 @@ def test_symlinked_data_dir_is_refused(tmp_path):
     refused(Store(str(tmp_path / "link"), clock=lambda: T), "symbolic link")
 
 
-@pytest.mark.parametrize("name", ["ledger.json", "audit.jsonl", "ledger.lock"])
+@pytest.mark.parametrize("name", ["ledger.json", "audit.jsonl"])
 def test_hard_links_are_refused(tmp_path, name):
     store = populated(tmp_path)
     path = os.path.join(store.paths.data_dir, name)
     os.link(path, str(tmp_path / "second-name"))
     refused(store, "2 hard links", read=name == "ledger.json")
+
+
+def test_a_lock_file_with_a_second_name_is_replaced_not_refused(tmp_path):
+    """A lock file holds no data, and refusing it would let whoever made the
+    second name stop every write; it is replaced by a fresh 0600 file
+    (bk.store.lock), and the other name keeps the old inode."""
+    store = populated(tmp_path)
+    path = store.paths.lock
+    os.link(path, str(tmp_path / "second-name"))
+    old = os.lstat(path).st_ino
+    commit(store)
+    st = os.lstat(path)
+    assert (st.st_nlink, stat.S_IMODE(st.st_mode)) == (1, 0o600) and st.st_ino != old
+    assert os.lstat(tmp_path / "second-name").st_ino == old
 
 
 def test_backup_with_a_hard_link_is_refused_on_fallback(tmp_path):

@@ -56,20 +56,23 @@ UNKNOWN = "Mars/Olympus"
     # Only one end in the fold: only that end is marked.
     (BER, "2026-10-24T23:00:00Z", "2026-10-25T00:30:00Z", BEFORE_BER, "10-25 01:00–02:30 CEST"),
     (BER, "2026-10-25T01:30:00Z", "2026-10-25T03:00:00Z", BEFORE_BER, "10-25 02:30 CET–04:00"),
-    (BER, "2026-10-24T20:00:00Z", "2026-10-25T01:30:00Z", BEFORE_BER, "10-24 22:00–10-25 02:30 CET"),
-    # Across the fold with neither end in it: nothing is ambiguous, nothing changes.
-    (BER, "2026-10-24T23:00:00Z", "2026-10-25T02:00:00Z", BEFORE_BER, "10-25 01:00–03:00"),
-    (NYC, "2026-11-01T04:00:00Z", "2026-11-01T08:00:00Z", BEFORE_NYC, "11-01 00:00–03:00"),
+    # ... unless the span crosses the change: then both ends say their zone.
+    (BER, "2026-10-24T20:00:00Z", "2026-10-25T01:30:00Z", BEFORE_BER, "10-24 22:00 CEST–10-25 02:30 CET"),
+    # Across the fold with neither end in it: three hours that read as two name both zones.
+    (BER, "2026-10-24T23:00:00Z", "2026-10-25T02:00:00Z", BEFORE_BER, "10-25 01:00 CEST–03:00 CET"),
+    (NYC, "2026-11-01T04:00:00Z", "2026-11-01T08:00:00Z", BEFORE_NYC, "11-01 00:00 EDT–03:00 EST"),
+    # Across the spring-forward gap: one hour that reads as two (issue 30, item 20).
+    (BER, "2026-03-29T00:30:00Z", "2026-03-29T01:30:00Z", U("2026-03-20T12:00:00Z"), "03-29 01:30 CET–03:30 CEST"),
+    (NYC, "2026-03-08T06:30:00Z", "2026-03-08T07:30:00Z", U("2026-03-01T12:00:00Z"), "03-08 01:30 EST–03:30 EDT"),
 ])
 def test_fold_spans_name_their_zone(zone, start, end, now, text):
     assert tg.format_span(U(start), U(end), zone, now) == text
 
 
 @pytest.mark.parametrize("zone, start, end, now, text", [
-    # Spring forward (a gap): no instant reads as a gap time, nothing to mark.
-    (BER, "2026-03-29T00:30:00Z", "2026-03-29T01:30:00Z", U("2026-03-20T12:00:00Z"), "03-29 01:30–03:30"),
+    # Spring-forward day, after the gap: one offset, nothing to mark.
     (BER, "2026-03-29T01:00:00Z", "2026-03-29T02:00:00Z", U("2026-03-20T12:00:00Z"), "03-29 03:00–04:00"),
-    (NYC, "2026-03-08T06:30:00Z", "2026-03-08T07:30:00Z", U("2026-03-01T12:00:00Z"), "03-08 01:30–03:30"),
+    (BER, "2026-03-28T22:00:00Z", "2026-03-29T00:30:00Z", U("2026-03-20T12:00:00Z"), "03-28 23:00–03-29 01:30"),
     # Ordinary times, the exact text every other test relies on.
     (BER, "2026-07-13T18:00:00Z", "2026-07-13T19:30:00Z", U("2026-07-13T10:41:30Z"), "07-13 20:00–21:30"),
     (BER, "2026-07-13T20:00:00Z", "2026-07-14T00:00:00Z", U("2026-07-13T10:41:30Z"), "07-13 22:00–07-14 02:00"),
@@ -118,13 +121,15 @@ def test_errors_suggest_times_you_can_type():
 _LABEL = re.compile(r" (?:[A-Z]{3,5}|[+-]\d\d(?::?\d\d)?)(?=–|$)")
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None, derandomize=True)
 @given(st.sampled_from([("Europe/Berlin", U("2026-10-25T01:00:00Z")), ("America/New_York", U("2026-11-01T06:00:00Z")),
                         ("Europe/Berlin", U("2026-03-29T01:00:00Z")), ("Australia/Lord_Howe", U("2026-04-04T15:00:00Z"))]),
        st.integers(-48, 48), st.integers(1, 96))
 def test_spans_differ_from_the_plain_text_only_by_fold_labels(zone_at, k, slices):
     """Near every kind of transition: a label appears exactly when an end is
-    in a fold, and without its labels the span is the text bk always showed."""
+    in a fold or the span crosses the change (its ends' offsets differ), and
+    without its labels the span is the text bk always showed."""
     key, at = zone_at
     zone = ZoneInfo(key)
     start = at + k * 300
@@ -134,7 +139,10 @@ def test_spans_differ_from_the_plain_text_only_by_fold_labels(zone_at, k, slices
     tail = f"{b:%H:%M}" if a.date() == b.date() else f"{b:%m-%d %H:%M}"
     assert _LABEL.sub("", text) == f"{a:%m-%d %H:%M}–{tail}"
     folded = [tg.fold_label(t, zone) for t in (start, end)]
-    assert bool(_LABEL.search(text)) == any(folded)
+    crosses = a.utcoffset() != b.utcoffset()
+    assert bool(_LABEL.search(text)) == (any(folded) or crosses)
+    if crosses:                 # each end its own zone
+        assert len(_LABEL.findall(text)) == 2
     for t, label in zip((start, end), folded, strict=True):
         if label:   # the label names this instant's reading, not its twin's
             assert label == datetime.fromtimestamp(t, zone).tzname()
@@ -289,6 +297,7 @@ def _pyz(pyz: Path, tmp_path: Path, tz: str, *argv: str, now: str = "2026-10-24T
     return p
 
 
+@pytest.mark.slow
 def test_pyz_unknown_tz_and_info(pyz, tmp_path):
     human = _pyz(pyz, tmp_path, UNKNOWN, "info")
     assert f"warning: TZ='{UNKNOWN}' is not a time zone bk knows; showing times in UTC" in human.stderr
@@ -302,6 +311,7 @@ def test_pyz_unknown_tz_and_info(pyz, tmp_path):
     assert berlin["data"]["timezone"] == {"name": "Europe/Berlin", "source": "TZ"} and berlin["warnings"] == []
 
 
+@pytest.mark.slow
 def test_pyz_fold_booking_reads_right(pyz, tmp_path):
     booked = _pyz(pyz, tmp_path, "Europe/Berlin", "1", "1h", "--start", "2026-10-25T00:30:00Z")
     assert booked.stdout.startswith("booked 1 GPU (0) shared 10-25 02:30 CEST–02:30 CET")
@@ -310,3 +320,15 @@ def test_pyz_fold_booking_reads_right(pyz, tmp_path):
     ny = _pyz(pyz, tmp_path, "America/New_York", "1", "1h", "--start", "2026-11-01T05:30:00Z",
               now="2026-10-31T12:00:00Z")
     assert ny.stdout.startswith("booked 1 GPU (0) shared 11-01 01:30 EDT–01:30 EST")
+
+
+def test_pyz_a_booking_across_the_spring_gap_names_both_zones(pyz, tmp_path):
+    """Issue 30, item 20: 01:30-03:30 on Berlin's spring-forward night is one
+    hour; without the zones it read as two."""
+    now = "2026-03-20T12:00:00Z"
+    booked = _pyz(pyz, tmp_path, "Europe/Berlin", "1", "1h", "-t", "03-29 01:30", now=now)
+    assert booked.stdout.startswith("booked 1 GPU (0) shared 03-29 01:30 CET–03:30 CEST"), booked.stdout
+    assert "03-29 01:30 CET–03:30 CEST" in _pyz(pyz, tmp_path, "Europe/Berlin", "l", now=now).stdout
+    # After the gap, one offset: nothing to mark.
+    later = _pyz(pyz, tmp_path, "Europe/Berlin", "1", "1h", "-t", "03-29 04:00", now=now)
+    assert later.stdout.startswith("booked 1 GPU (0) shared 03-29 04:00–05:00 ["), later.stdout

@@ -22,6 +22,8 @@ from bk import clock
 from bk.core import timegrid as tg
 from bk.core.errors import InvalidInput
 
+pytestmark = pytest.mark.slow
+
 try:
     from zoneinfo import ZoneInfo
     ZoneInfo("Australia/Lord_Howe")

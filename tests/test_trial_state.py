@@ -26,6 +26,7 @@ def test_locate_puts_the_state_inside_bk_data_dir():
     assert locate(env).state_dir == "/home/ada/st/bk"          # the real one, without a trial
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("xdg", [False, True])
 def test_a_demo_leaves_the_real_presets_alone(pyz, tmp_path, xdg):
     home = tmp_path / "home"

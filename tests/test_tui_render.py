@@ -169,3 +169,37 @@ def test_a_booking_reads_the_same_in_bk_l_and_in_the_table_of_bk_t():
         at = row.index(r.id[:8])
         for name, text in cells.items():
             assert text and text in row[at:], f"{r.id[:8]}: bk l's {name} {text!r} is not in bk t's {row!r}"
+
+
+# ------------------------------------------------------------- letters and the full mark (issue 30, item 20)
+
+def _lane(f, gpu: int) -> str:
+    return next("".join(t for t, _ in line) for line in f.lines if "".join(t for t, _ in line).startswith(f"GPU {gpu}"))
+
+
+def test_upper_case_only_where_the_gpu_is_full_while_the_booking_holds_it():
+    """Mine 10:40-10:50, bob's exclusive 10:50-11:00: the 10:45 column of
+    a 15-minute step ends full, but after mine left: a lower-case a."""
+    left = (tui_world.res(1, tui_world.ME, "ada", [0], 0, 10),
+            tui_world.res(2, tui_world.BOB, "bob", [0], 10, 20, mode="exclusive"))
+    f = frame(st(frm=NOW - NOW % 900, step=900), world(reservations=left))
+    lane = _lane(f, 0)
+    assert "a" in lane and "A" not in lane, lane
+    held = (tui_world.res(1, tui_world.ME, "ada", [0], 0, 10),
+            tui_world.res(2, tui_world.BOB, "bob", [0], 5, 20))        # both share slots taken 10:45-10:50
+    lane = _lane(frame(st(frm=NOW - NOW % 900, step=900), world(reservations=held)), 0)
+    assert "A" in lane, lane
+
+
+def test_letters_go_to_the_bookings_in_view_so_27_of_yours_still_read():
+    """26 short bookings today, one of yours tomorrow: with the window on
+    tomorrow that one is a, in the lane and in the table, not *."""
+    today = tuple(tui_world.res(100 + k, tui_world.ME, "ada", [1], 30 + 10 * k, 35 + 10 * k) for k in range(26))
+    tomorrow = tui_world.res(200, tui_world.ME, "ada", [0], 24 * 60, 24 * 60 + 60)
+    w = world(reservations=(*today, tomorrow))
+    f = frame(st(frm=NOW - NOW % 3600 + 23 * 3600, step=900), w, size=(160, 48))
+    assert "a" in _lane(f, 0) and "*" not in _lane(f, 0)
+    rows = ["".join(t for t, _ in line) for line in f.lines]
+    (row,) = [r for r in rows if "07-14 10:40" in r]
+    assert row.startswith(" a "), row
+    assert not any(r.startswith((" * ", " b ")) for r in rows)     # today's, out of view, need no letter

@@ -23,7 +23,8 @@ import uuid
 
 import pytest
 
-pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux (.ci/run installs it)")
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux (.ci/run installs it)")]
 
 DEADLINE_S = 20.0
 

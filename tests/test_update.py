@@ -8,47 +8,15 @@ unit's ExecStart= as its User= for the verification (``bk doctor --probe
 
 from __future__ import annotations
 
-import io
 import json
 import os
-import zipfile
 from pathlib import Path
 
 import pytest
 
-from tests.helpers_install import bk, install, staging_root  # noqa: F401 - the root fixture
+from tests.helpers_install import bk, install, staging_root, variant  # noqa: F401 - the root fixture
 
-pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="needs root"), pytest.mark.root]
-
-
-def variant(pyz: Path, out: Path, *, version: str | None = None, broken: bool = False,
-            failing: bool = False) -> Path:
-    """Another archive: a new version number, one whose doctor cannot run,
-    or one whose doctor runs and fails a check of its own."""
-    with zipfile.ZipFile(pyz) as z:
-        entries = {n: z.read(n) for n in z.namelist() if not n.endswith((".pyc", "/"))}
-    if version:
-        init = entries["bk/__init__.py"].decode()
-        import re
-
-        entries["bk/__init__.py"] = re.sub(r'__version__ = "[^"]*"', f'__version__ = "{version}"', init).encode()
-        info = json.loads(entries["bk/_build.json"])
-        info["version"] = version
-        entries["bk/_build.json"] = json.dumps(info).encode()
-    if broken:
-        entries["bk/cli/cmd_doctor.py"] += b"\nraise ImportError('broken on purpose')\n"
-    if failing:
-        entries["bk/service/doctor.py"] += (
-            b"\n\ndef _selftest(app, call):\n"
-            b"    return _check('selftest', False, 'failed on purpose ' + 'x' * 3000, fix='use the other archive')\n"
-            b"\n\nCHECKS = CHECKS + (('selftest', _selftest),)\n")
-    buf = io.BytesIO()
-    buf.write(b"#!/usr/bin/env python3\n")
-    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
-        for name in sorted(entries):
-            z.writestr(name, entries[name])
-    out.write_bytes(buf.getvalue())
-    return out
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="needs root"), pytest.mark.root]
 
 
 def launcher(root: Path, *args: str, user: int | None = None):

@@ -91,6 +91,7 @@ def test_dashboard(bk):
     assert rid[:8] in text
 
 
+@pytest.mark.slow
 def test_users_table(bk):
     history(bk)
     d = bk.data("u", "users", "--since", "30d")
@@ -120,10 +121,11 @@ def test_samples(bk):
     rec = bk.data("u", "samples", "--since", iso(TODAY + 10 * H), "--until", iso(TODAY + 10 * H + 60), "-g", "2")
     assert rec["records"][0]["uses"] == [{"uid": BOB.uid, "reservation": None, "mode": None, "booked_s": 0,
                                           "active_s": 0, "unreserved_s": 60, "sm_avg": 10.0, "sm_n": 6,
-                                          "mem_peak_mib": 700}]
+                                          "mem_peak_mib": 700, "energy_mj": None}]     # no counter in this history
     assert "UID@BOOKING" in bk.ok("u", "samples", "-g", "0").out
 
 
+@pytest.mark.slow
 def test_events(bk):
     rid, _ = history(bk)
     d = bk.data("u", "events", "--since", "2d")
@@ -135,6 +137,7 @@ def test_events(bk):
     assert "idle-booking" in bk.ok("u", "events", "--since", "2d").out
 
 
+@pytest.mark.slow
 def test_verify_and_tampering(bk):
     history(bk)
     usage = os.path.join(str(bk.data_dir), "usage")
@@ -168,6 +171,7 @@ def run(pyz, tmp_path):
     return bk
 
 
+@pytest.mark.slow
 def test_pyz_fresh_data_dir(run):
     r = run("u")
     assert "no usage recorded yet" in r.stdout and "bk m" in r.stdout
@@ -259,3 +263,111 @@ def test_recent_bookings_keep_their_span_after_archiving(bk, monkeypatch):
     (b,) = bk.data("u")["bookings"]
     assert (b["reservation"], b["status"], b["start"], b["end"]) == (r.id, "ended", iso(r.start), iso(r.end))
     assert (b["booked_s"], b["active_s"]) == (H, H)
+
+
+# ------------------------------------------------------------ damaged lines (issue 30, item 14)
+
+def _two_hours(uid: int) -> list:
+    """Two hours today (08:00-10:00) of one booking of ``uid`` on GPU 0, used the first hour."""
+    from bk.core.models import Reservation
+
+    r = Reservation("b" * 36, uid, "me", "shared", (0,), 1, TODAY + 8 * H, TODAY + 10 * H, TODAY)
+    folder, recs = Folder(60, 30), []
+    for t in range(TODAY + 8 * H, TODAY + 10 * H, 30):
+        procs = [GpuProcess(1, 100, 50, uid)] if t < TODAY + 9 * H else []
+        recs += folder.add(t, Snapshot(t, "sim", (GpuInfo(0, "g", "sim", 1000, 0, 40, None, procs),)), None, [r])
+    return recs + folder.flush()
+
+
+def _bad_line(owner: int, **change) -> bytes:
+    rec = {"t": TODAY + 7 * H, "gpu": 0, "v": 1, "period_s": 60, "samples": 2, "covered_s": 60,
+           "util_avg": 10.0, "util_n": 2, "mem_peak_mib": 100, "blind_s": 0,
+           "uses": [{"uid": owner, "reservation": "c" * 36, "mode": "shared", "booked_s": 60, "active_s": 60,
+                     "unreserved_s": 0, "sm_avg": 5.0, "sm_n": 2, "mem_peak_mib": 100}]}
+    for k, v in change.items():
+        (rec["uses"][0] if k in rec["uses"][0] and k != "mem_peak_mib" else rec)[k] = v
+    return json.dumps(rec, separators=(",", ":")).encode() + b"\n"
+
+
+@pytest.mark.parametrize("change", [
+    {"booked_s": 10 ** 14}, {"active_s": -60}, {"util_avg": 10 ** 9}, {"mem_peak_mib": 10 ** 30},
+    {"uid": -1}, {"gpu": 4096}, {"sm_avg": float("nan")}, {"t": TODAY + 7 * H + 1}, {"period_s": 7},
+    {"mode": "everything"},
+])
+def test_pyz_skips_a_record_out_of_range_and_says_so(run, change):
+    uid = os.getuid()
+    store = UsageStore(str(run.data_dir / "usage"))
+    os.makedirs(run.data_dir, mode=0o700)
+    store.append(_two_hours(uid), now=NOW)
+    path = run.data_dir / "usage" / "raw" / f"{iso(TODAY)[:10]}.jsonl"
+    with open(path, "ab") as f:
+        f.write(_bad_line(uid, **change))
+    env = json.loads(run("u", "--json").stdout)
+    today = env["data"]["totals"]["today"]
+    assert (today["booked_s"], today["active_s"]) == (2 * H, H)        # the bad line counts nothing
+    if "uid" not in change:         # bk u reads the caller's own lines (by uid) and names the bad ones
+        assert any("line 121 is not a usage record" in w for w in env["warnings"]), env["warnings"]
+        assert "line 121 is not a usage record" in run("u").stderr
+    assert "line 121 is not a usage record" in run("u", "users").stderr
+    users = json.loads(run("u", "users", "--json").stdout)["data"]
+    assert [u["booked_s"] for u in users["users"]] == [2 * H]
+    assert [(g["gpu"], g["booked_s"], g["sm_avg"], g["mem_peak_mib"]) for g in users["gpus"]] == [(0, 2 * H, 40.0, 0)]
+    v = run("u", "verify", "--json", code=1)
+    (part,) = json.loads(v.stdout)["data"]["partitions"]
+    assert part["state"] == "damaged" and part["records"] == 120 and "line 121" in part["detail"]
+    assert "damaged" in run("u", "verify", code=1).stdout
+
+
+def test_pyz_dashboard_warns_about_a_line_that_is_not_json(run):
+    """``bk u`` reads only the caller's lines (found by their uid before
+    parsing); a line that is not a record at all is still named."""
+    uid = os.getuid()
+    os.makedirs(run.data_dir, mode=0o700)
+    UsageStore(str(run.data_dir / "usage")).append(_two_hours(uid), now=NOW)
+    path = run.data_dir / "usage" / "raw" / f"{iso(TODAY)[:10]}.jsonl"
+    with open(path, "ab") as f:
+        f.write(b"\x00\x00garbage\n")
+    r = run("u")
+    assert "booked 2.0h" in r.stdout and "line 121 is not valid JSON; skipped" in r.stderr
+    assert run("u", "verify", code=1).returncode == 1
+
+
+def test_pyz_a_sealed_day_with_a_bad_line_or_bad_totals_is_damaged(run):
+    uid = os.getuid()
+    os.makedirs(run.data_dir, mode=0o700)
+    usage = run.data_dir / "usage"
+    recs = [r.__class__(**{**{f: getattr(r, f) for f in ("t", "gpu", "period_s", "samples", "covered_s",
+                                                           "util_avg", "util_n", "mem_peak_mib", "blind_s",
+                                                           "uses")}, "t": r.t - DAY})
+            for r in _two_hours(uid)]
+    store = UsageStore(str(usage))
+    store.append(recs, now=NOW - DAY)
+    day = iso(TODAY - DAY)[:10]
+    with open(usage / "raw" / f"{day}.jsonl", "ab") as f:
+        f.write(_bad_line(uid, booked_s=10 ** 14).replace(b'"t":%d' % (TODAY + 7 * H), b'"t":%d' % (TODAY - DAY)))
+    store.maintain(NOW)                                   # yesterday is sealed, over the bad line
+    week = json.loads(run("u", "--json").stdout)["data"]["totals"]["7d"]
+    assert week["booked_s"] == 2 * H
+    assert json.loads(run("u", "users", "--since", "3d", "--json").stdout)["data"]["users"][0]["booked_s"] == 2 * H
+    (part,) = json.loads(run("u", "verify", "--json", code=1).stdout)["data"]["partitions"]
+    assert part["state"] == "damaged" and "booked_s 100000000000000" in part["detail"]
+    # A seal whose totals were raised, its checksum kept: not believed either.
+    os.unlink(usage / "raw" / f"{day}.seal")
+    with open(usage / "raw" / f"{day}.jsonl", "rb") as f:
+        good = b"".join(ln for ln in f.read().splitlines(keepends=True) if b"100000000000000" not in ln)
+    with open(usage / "raw" / f"{day}.jsonl", "wb") as f:
+        f.write(good)
+    store.maintain(NOW)
+    seal_path = usage / "raw" / f"{day}.seal"
+    seal = json.loads(seal_path.read_text())
+    assert json.loads(run("u", "verify", "--json").stdout)["data"]["ok"] is True
+    seal["summary"]["by_uid"][str(uid)]["booked_s"] = 10 ** 14
+    seal_path.write_text(json.dumps(seal))
+    env = json.loads(run("u", "users", "--since", "3d", "--json").stdout)
+    assert env["data"]["users"][0]["booked_s"] == 2 * H and "not a valid seal" in " ".join(env["warnings"])
+    (part,) = json.loads(run("u", "verify", "--json", code=1).stdout)["data"]["partitions"]
+    assert part["state"] == "damaged" and "seal" in part["detail"]
+    seal["summary"]["by_uid"][str(uid)]["booked_s"] = 2 * H - 60     # in range, but not the records' sum
+    seal_path.write_text(json.dumps(seal))
+    (part,) = json.loads(run("u", "verify", "--json", code=1).stdout)["data"]["partitions"]
+    assert part["state"] == "tampered" and "totals" in part["detail"]

@@ -199,6 +199,7 @@ def test_local_days_cover_the_window():
 gaps = st.lists(st.sampled_from([1, 2, 2, 2, 3, 5, 7, 30, 61]), min_size=1, max_size=120)
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(gaps=gaps, seed=st.integers(0, 2**32 - 1))
 def test_fold_equals_a_per_sample_sum(gaps, seed):
@@ -242,3 +243,47 @@ def test_fold_equals_a_per_sample_sum(gaps, seed):
     assert got == want, f"seed={seed}"
     assert len({(m.t, m.gpu) for m in out}) == len(out)
     assert sum(m.samples for m in out) == 2 * len(gaps)
+
+
+# ---------------------------------------------------------------- range checks (issue 30, item 14)
+
+_GOOD = MinuteRecord(1_800_000_000 - 1_800_000_000 % 60, 3, 60, 30, 60, 41.5, 30, 2048, 0,
+                     (Use(1000, "r" * 36, "shared", 60, 30, 0, 12.5, 15, 1024), Use(2000, None, None, 0, 0, 60))).to_dict()
+
+_OUT = [("t", -60), ("t", _GOOD["t"] + 1), ("t", "now"), ("gpu", 64), ("gpu", -1), ("gpu", True),
+        ("period_s", 0), ("period_s", 7), ("period_s", 2 * 86400), ("samples", -1), ("samples", 10 ** 9),
+        ("covered_s", 10 ** 14), ("blind_s", -1), ("util_avg", 100.5), ("util_avg", float("nan")),
+        ("util_avg", "high"), ("util_n", 31), ("mem_peak_mib", 10 ** 30), ("mem_peak_mib", 1.5),
+        ("uses", {}), ("uses", [1])]
+_USE_OUT = [("uid", -1), ("uid", 1 << 32), ("uid", None), ("reservation", ""), ("reservation", 7),
+            ("reservation", "x" * 500), ("mode", "all"), ("booked_s", 10 ** 14), ("active_s", -1),
+            ("unreserved_s", 1.0), ("sm_n", 31), ("sm_avg", 101), ("sm_avg", float("inf")), ("mem_peak_mib", -1)]
+
+
+def test_a_record_bk_wrote_is_in_range_and_so_are_its_defaults():
+    assert usage.record_problem(_GOOD) is None
+    sparse = {"t": _GOOD["t"], "gpu": 0, "uses": [{"uid": 5}]}        # every other key has its default
+    assert usage.record_problem(sparse) is None and not _fine_or_none(sparse)
+    assert usage.record_problem(MinuteRecord(_GOOD["t"] - _GOOD["t"] % 3600, 0, 3600, 7200, 3600).to_dict()) is None
+
+
+def _fine_or_none(d):
+    try:
+        return usage._fine(d)
+    except (KeyError, TypeError):
+        return None
+
+
+@pytest.mark.parametrize("key, value", _OUT + [("uses." + k, v) for k, v in _USE_OUT])
+def test_a_field_out_of_range_is_named_by_both_paths(key, value):
+    import copy
+
+    d = copy.deepcopy(_GOOD)
+    if key.startswith("uses."):
+        d["uses"][0][key[5:]] = value
+    else:
+        d[key] = value
+    why = usage.record_problem(d)
+    assert why is not None and (key.split(".")[-1] in why or "use" in why), why
+    assert _fine_or_none(d) in (False, None)              # the fast path never passes what the slow one names
+    assert len(why) < 120                                 # a value of any size is shown cut short

@@ -17,6 +17,8 @@ from test_usage_store import DAY, T0, world
 from bk.core import usage
 from bk.store.usage import SEAL_GRACE, STEPS, UsageStore
 
+pytestmark = pytest.mark.slow
+
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
 SEED = 21

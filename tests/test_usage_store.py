@@ -191,6 +191,7 @@ def test_a_late_record_does_not_hide_tampering(store):
 
 # ------------------------------------------------------------ roll-up
 
+@pytest.mark.slow
 def test_old_days_roll_up_into_sealed_hourly_partitions(store):
     rs = world(5, days=3)
     store.append(rs, now=T0 + 3 * DAY)
@@ -320,6 +321,7 @@ def history(tmp_path_factory):
     return s, rs
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(a=st.integers(0, 4 * DAY), b=st.integers(0, 4 * DAY))
 def test_queries_equal_a_brute_force_sum(history, a, b):
@@ -332,6 +334,7 @@ def test_queries_equal_a_brute_force_sum(history, a, b):
     assert as_lists(got.by_gpu) == rounded(by_gpu)
 
 
+@pytest.mark.slow
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(k=st.integers(0, 4 * 12 - 1))
 def test_booking_usage_equals_brute_force(history, k):
@@ -344,6 +347,7 @@ def test_booking_usage_equals_brute_force(history, k):
     assert s.booking_usage(rid, start=T0 + (k // 3) * 7200, end=T0 + (k // 3 + 1) * 7200) == (booked, active)
 
 
+@pytest.mark.slow
 def test_seal_totals_are_used_for_whole_days(history, monkeypatch):
     s, rs = history
     read = []

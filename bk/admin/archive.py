@@ -92,9 +92,13 @@ importlib.resources.files("bk.resources"), or bk.buildinfo.resource_text().
 
 # Runs in the child interpreter (see "Why a child process compiles").  Reads
 # a marshalled list of (archive name, source bytes) on stdin and writes a
-# marshalled list of (ok, pyc bytes or error message) on stdout.
+# marshalled list of (ok, pyc bytes or error message) on stdout.  Its first
+# line runs before any import that could come from a file: ``sys`` is built
+# in, and what ``-c`` put first on ``sys.path`` (the working directory) goes.
 _COMPILE_WORKER = r'''
-import importlib.util, marshal, sys
+import sys
+sys.path[:] = [p for p in sys.path if p and p != "."]
+import importlib.util, marshal
 
 def unstable(obj):
     if obj is None or obj is ...:
@@ -202,6 +206,23 @@ def is_module(name: str) -> bool:
     return name.endswith(".py") and not name.startswith(data_dirs)
 
 
+# The child interpreter's whole environment: PYTHONHASHSEED only (see "Why a
+# child process compiles").  Nothing of the caller's passes, PYTHONPATH,
+# PYTHONSTARTUP, PYTHONHOME, LD_LIBRARY_PATH and HOME included: the
+# installer runs as root (bk.admin.rootenv), and the interpreter the units
+# name starts without them anyway.
+ISOLATED_ENV = {"PYTHONHASHSEED": "0"}
+
+
+def isolated(python: str, *args: str) -> list[str]:
+    """The argv of ``python`` started apart from the caller: ``-S`` (no
+    site: no ``sitecustomize``, no ``.pth`` file), ``-s`` (no user site),
+    ``-B`` (writes no bytecode).  Not ``-I``: it implies ``-E``, which
+    would drop the PYTHONHASHSEED the compiler needs; the environment is
+    ``ISOLATED_ENV`` instead, and the working directory ``/``."""
+    return [python, "-S", "-s", "-B", *args]
+
+
 def compile_pycs(sources: dict[str, bytes], python: str | None = None) -> dict[str, bytes]:
     """Archive name of a ``.py`` -> bytes of its ``.pyc`` for ``python``
     (default: this interpreter), compiled by a fresh child process of it."""
@@ -209,17 +230,12 @@ def compile_pycs(sources: dict[str, bytes], python: str | None = None) -> dict[s
     if not python:
         raise ArchiveError("cannot find the running Python interpreter (sys.executable is empty)")
     names = sorted(sources)
-    env = {"PYTHONHASHSEED": "0"}
-    # Only what some installations need to find libpython and the stdlib.
-    for name in ("LD_LIBRARY_PATH", "PYTHONHOME"):
-        if name in os.environ:
-            env[name] = os.environ[name]
     worker = f"PREFIX = {CODE_PREFIX!r}\n{_COMPILE_WORKER}"
     try:
         proc = subprocess.run(
-            [python, "-S", "-X", "utf8", "-c", worker],
+            isolated(python, "-X", "utf8", "-c", worker),
             input=marshal.dumps([(name, sources[name]) for name in names]),
-            capture_output=True, env=env, check=False,
+            capture_output=True, env=ISOLATED_ENV, cwd="/", check=False,
         )
     except OSError as e:
         raise ArchiveError(f"cannot run {python}: {e.strerror}") from None
@@ -326,6 +342,22 @@ def read_entries(path: str) -> dict[str, bytes]:
     return entries
 
 
+def installed_record(path: str) -> dict:
+    """The build record of the archive at ``path`` (``{}`` when it is missing
+    or not a bk archive), read without unpacking the rest."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            record = build_record({BUILD_JSON: z.read(BUILD_JSON)})
+    except (OSError, KeyError, zipfile.BadZipFile):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def version_of(path: str) -> str | None:
+    """The version the archive at ``path`` says it is, or None."""
+    return installed_record(path).get("version") or None
+
+
 def build_record(entries: dict[str, bytes]) -> dict:
     try:
         return json.loads(entries[BUILD_JSON])
@@ -376,8 +408,8 @@ def resource_bytes(sub: str, rel: str) -> bytes:
 def python_version(python: str) -> str:
     """``major.minor`` of ``python``, refusing one bk cannot run on."""
     try:
-        p = subprocess.run([python, "-S", "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-                           capture_output=True, text=True, check=False, timeout=60)
+        p = subprocess.run(isolated(python, "-I", "-c", "import sys; print('%d.%d' % sys.version_info[:2])"),
+                           capture_output=True, text=True, check=False, timeout=60, env={}, cwd="/")
     except (OSError, subprocess.SubprocessError) as e:
         raise _config_error(f"cannot run {python}: {e}",
                             hint="name a working interpreter with --python /usr/bin/python3") from None

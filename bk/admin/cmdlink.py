@@ -65,8 +65,8 @@ def link_actions(layout: Layout, command: str, m: mf.Manifest | None, warnings: 
                 Action("link", path, "command", "the bk command", kind="link", target=launcher)]
     if entry is not None and mf.same(now, entry.expected()) or mf.same(now, want):
         if entry is None:
-            return [Action("adopt", path, "command", "an identical link was already there", kind="link",
-                           target=launcher, before=now)]
+            return [Action("adopt", path, "command", "an identical link was already there; kept after uninstall",
+                           kind="link", target=launcher, before=now)]
         return [Action("keep", path, "command", "up to date", kind="link", target=launcher)]
     what = f"a link to {now['target']}" if now["kind"] == "link" else f"a {now['kind']}"
     warnings.append(f"{path} is {what} that bk did not install; left alone. Users run "

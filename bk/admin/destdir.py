@@ -78,7 +78,7 @@ def stage(options, *, dry_run: bool = False) -> Staged:
                                       ("--simulated-gpus", getattr(options, "simulated_gpus", None)))
              if value is not None]
     if given:
-        raise InvalidInput(f"{', '.join(given)} belong{'s' if len(given) == 1 else ''} in the configuration, "
+        raise InvalidInput(f"{', '.join(given)} {'belongs' if len(given) == 1 else 'belong'} in the configuration, "
                            "which --destdir does not write",
                            hint="give them to bk admin init on the server, after the package is installed")
     user = options.service_user or DEFAULT_USER

@@ -53,6 +53,7 @@ class Options:
     max_shared_users: int | None = None
     config_file: str = SYSTEM_CONFIG
     simulated_gpus: bool = False       # a trial server: gpu_count GPUs simulated on purpose
+    admin_contact: str | None = None
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,7 @@ class Plan:
     group_gid: int | None
     config: dict                      # what init writes (or found identical)
     steps: list[Step] = field(default_factory=list)
+    kept: dict | None = None          # the policy bound in a ledger already in the data directory
 
     @property
     def changes(self) -> list[Step]:
@@ -111,12 +113,13 @@ def _service_account(options: Options, env: dict):
     if not name or name == "root":
         raise InvalidInput("name the service account that will run the broker and own the data",
                            hint="sudo bk admin init --service-user gpubk (create it first: "
-                                "sudo useradd --system --no-create-home gpubk)")
+                                "sudo useradd --system --no-create-home --shell /usr/sbin/nologin gpubk)")
     try:
         pw = pwd.getpwnam(name)
     except KeyError:
         raise InvalidInput(f"there is no account named {name!r}; bk admin init creates no accounts",
-                           hint=f"create it first: sudo useradd --system --no-create-home {name}") from None
+                           hint="create it first: sudo useradd --system --no-create-home --shell "
+                                f"/usr/sbin/nologin {name}") from None
     if pw.pw_uid == 0:
         raise InvalidInput(f"the service account {name!r} is root; the broker must run unprivileged",
                            hint="use a dedicated account, e.g. --service-user gpubk")
@@ -141,23 +144,92 @@ def _group(options: Options) -> int | None:
                            hint=f"create it first: sudo groupadd {options.group}") from None
 
 
-def config_document(options: Options, uid: int, gid: int) -> dict:
+def config_document(options: Options, uid: int, gid: int, kept: dict | None = None) -> dict:
+    """The config init writes; ``kept``: the bound settings of a kept ledger
+    that no option names (``_keep_binding``)."""
     from bk.store.config import parse_document
 
     doc: dict = {"data_dir": options.data_dir, "socket": options.socket, "service_uid": uid,
                  "service_gid": gid, "access": options.access}
     if options.group:
         doc["group"] = options.group
-    for key in ("gpu_count", "slot_minutes", "max_shared_users"):
+    for key in ("gpu_count", "slot_minutes", "max_shared_users", "admin_contact"):
         value = getattr(options, key)
         if value is not None:
             doc[key] = value
     if options.simulated_gpus:
         doc["simulated_gpus"] = True
+    doc.update(kept or {})
     try:
         return parse_document(doc, "bk admin init", allow_security=True)
     except ConfigError as e:
         raise InvalidInput(e.message.replace("bk admin init: ", ""), hint="see man 5 gpubk-config") from None
+
+
+def gpu_backend_reason(env: dict) -> str | None:
+    """Why no GPU backend here can count the GPUs (then ``--gpu-count`` is
+    required), or None when one can."""
+    from bk.admin import rootenv
+    from bk.gpu import open_backend
+
+    # nvidia-smi is looked up on root's own PATH, never the caller's.
+    return open_backend(dict(env, PATH=rootenv.trusted_path()), None).reason
+
+
+def gpus_detectable(env: dict) -> bool:
+    """Whether a GPU backend here can count the GPUs (else ``--gpu-count`` is required)."""
+    return not gpu_backend_reason(env)
+
+
+# The options that set a bound setting, by the flag that gives them.
+BOUND_OPTIONS = {"gpu_count": "--gpu-count", "slot_minutes": "--slot-minutes",
+                 "max_shared_users": "--max-shared-users"}
+
+
+def kept_binding(data_dir: str) -> dict | None:
+    """The policy bound in a ledger already in ``data_dir`` (the data an
+    uninstall kept, or a directory made ready by hand), or None: no
+    ledger, nothing bound yet, or a ledger that cannot be read (the broker
+    then says why, as for any damaged ledger)."""
+    from bk.core.errors import BkError
+    from bk.store.ledger import Store
+
+    try:
+        st = os.lstat(data_dir)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(st.st_mode):
+        return None
+    try:
+        got = Store(data_dir, private=False, owner_uid=st.st_uid).read()
+    except (BkError, OSError):
+        return None
+    policy = got.state.policy if got.source != "empty" else None
+    return dict(policy) if isinstance(policy, dict) else None
+
+
+def _keep_binding(options: Options, bound: dict) -> tuple[Options, dict]:
+    """The options with the kept ledger's bound settings where none was
+    given, and the other bound keys the config must carry; an option that
+    disagrees with the ledger is refused, naming both (a config that says
+    otherwise would keep the broker from starting: every write would be
+    refused)."""
+    from bk.core.models import Policy
+    from bk.core.policy import same
+
+    where = os.path.join(options.data_dir, "ledger.json")
+    differ = [f"{flag} {getattr(options, key)} (ledger: {bound[key]})" for key, flag in BOUND_OPTIONS.items()
+              if getattr(options, key) is not None and key in bound and not same(getattr(options, key), bound[key])]
+    if differ:
+        raise InvalidInput(f"the data directory keeps a ledger ({where}) whose first booking bound other "
+                           "settings: " + "; ".join(differ) + "; nothing was changed",
+                           hint="leave them out to keep the ledger's, or move the data directory away to start "
+                                "a new ledger")
+    options = replace(options, **{k: bound[k] for k in BOUND_OPTIONS if getattr(options, k) is None and k in bound})
+    default = Policy(gpu_count=1)
+    extra = {k: bound[k] for k in Policy.BOUND_KEYS
+             if k not in BOUND_OPTIONS and k in bound and not same(bound[k], getattr(default, k))}
+    return options, extra
 
 
 def _absolute(path: str, flag: str) -> str:
@@ -271,10 +343,16 @@ def _plan(options: Options, env: dict, may_change: tuple[str, ...] = ()) -> Plan
         raise InvalidInput(f"--socket {options.socket} is longer than {SUN_PATH_MAX} bytes, the kernel's limit")
     if options.simulated_gpus and options.gpu_count is None:
         raise InvalidInput("simulated GPUs need a count", hint="--simulated-gpus N")
+    # No config yet, but a ledger kept from before (an uninstall keeps the
+    # data): its bound policy decides, as the installed config would.
+    bound = kept_binding(options.data_dir) if not os.path.lexists(options.config_file) else None
+    extra: dict = {}
+    if bound:
+        options, extra = _keep_binding(options, bound)
     if options.gpu_count is None:
-        from bk.gpu import NO_DRIVER_LOADED, open_backend
+        from bk.gpu import NO_DRIVER_LOADED
 
-        reason = open_backend(env, None).reason
+        reason = gpu_backend_reason(env)
         if reason == NO_DRIVER_LOADED:
             # No driver: no tool can count them, and pointing at one helps nobody.
             raise InvalidInput("--gpu-count is required: no NVIDIA driver is loaded here, so nothing "
@@ -290,7 +368,7 @@ def _plan(options: Options, env: dict, may_change: tuple[str, ...] = ()) -> Plan
                                     "--gpu-count N ...")
     pw = _service_account(options, env)
     group_gid = _group(options)
-    doc = config_document(options, pw.pw_uid, pw.pw_gid)
+    doc = config_document(options, pw.pw_uid, pw.pw_gid, extra)
     uid = pw.pw_uid
     if group_gid is None:
         data = _dir_steps(options.data_dir, uid, pw.pw_gid, 0o755, "data directory")
@@ -312,7 +390,7 @@ def _plan(options: Options, env: dict, may_change: tuple[str, ...] = ()) -> Plan
         steps.append(step)
         if step.action == "rewrite":
             doc = written
-    return Plan(options, pw.pw_name, uid, pw.pw_gid, group_gid, doc, steps)
+    return Plan(options, pw.pw_name, uid, pw.pw_gid, group_gid, doc, steps, bound or None)
 
 
 # ------------------------------------------------------------- applying

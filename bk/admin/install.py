@@ -48,7 +48,7 @@ from bk.admin import manifest as mf
 from bk.admin.layout import Layout
 from bk.admin.tracked import Action
 from bk.core.errors import ConfigError, InvalidInput, PermissionDenied
-from bk.core.record import dataclass, field
+from bk.core.record import dataclass, field, replace
 
 MAN_SECTIONS = ("1", "5", "8")
 INIT_ROLES = {"parent directory": "parent", "data directory": "data", "socket directory": "runtime",
@@ -75,6 +75,7 @@ class Options:
     start: bool = True
     simulated_gpus: int | None = None        # a trial server: this many simulated GPUs, on purpose
     destdir: str | None = None               # stage a package's files (bk.admin.destdir)
+    admin_contact: str | None = None        # None: as installed, else default_contact(); "": none
 
 
 @dataclass
@@ -92,10 +93,16 @@ class Plan:
     service_commands: list[list[str]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     command_path: str | None = None   # as on the server (no root prefix); None: no link
+    installed_version: str | None = None   # the installed archive's, on a reconcile
+    direction: str = "new"            # new | upgrade | same | downgrade | unknown (version_order)
 
     @property
     def changes(self) -> list[Action]:
         return [a for a in self.actions if a.changes]
+
+    @property
+    def downgrade(self) -> bool:
+        return self.direction == "downgrade"
 
     def to_json(self) -> dict:
         ip = self.init_plan
@@ -108,7 +115,9 @@ class Plan:
                 "login_hook": self.hook_wanted,
                 "actions": [a.to_json() for a in self.actions],
                 "systemd": self.systemd, "service_commands": [" ".join(c) for c in self.service_commands],
-                "warnings": self.warnings}
+                "warnings": self.warnings, "installed_version": self.installed_version,
+                "direction": self.direction, "admin_contact": ip.config.get("admin_contact"),
+                "kept_ledger_policy": ip.kept}
 
     @property
     def hook_wanted(self) -> bool:
@@ -129,16 +138,21 @@ class Result:
                 "notes": self.notes}
 
 
-def plan(options: Options, env: dict) -> Plan:
-    """Everything install would change, and why; changes nothing."""
+def plan(options: Options, env: dict, *, doing: str = "bk admin install",
+         roles: tuple[str, ...] | None = None) -> Plan:
+    """Everything install would change, and why; changes nothing.  ``doing``
+    names the command in a refusal; ``roles``: only the files of these
+    roles are to be changed (``bk admin login-hook``), so only their hand
+    edits refuse it."""
     try:
-        return _plan(options, env)
+        return _plan(options, env, doing, roles)
     except PermissionError as e:
         raise PermissionDenied(f"cannot inspect {e.filename}: {e.strerror}",
                                hint="run it as root: sudo bk admin install ...") from None
 
 
-def _plan(options: Options, env: dict) -> Plan:
+def _plan(options: Options, env: dict, doing: str = "bk admin install",
+          roles: tuple[str, ...] | None = None) -> Plan:
     from bk.admin import archive
 
     if not os.path.isabs(options.root):
@@ -149,6 +163,7 @@ def _plan(options: Options, env: dict) -> Plan:
     m = mf.load(layout.config_dir) if os.path.isdir(layout.config_dir) else None
     cfg = settings.existing_config(layout.config)
     iopts = settings.settle(options, layout, cfg)
+    iopts = replace(iopts, admin_contact=_contact(options, cfg, env))
     ip = init.plan(iopts, env, may_change=settings.CHANGEABLE if cfg is not None else ())
     python = settings.interpreter(options, m)
     hook = options.login_hook if options.login_hook is not None else bool(
@@ -180,15 +195,81 @@ def _plan(options: Options, env: dict) -> Plan:
         actions += cmdlink.link_actions(layout, command_path, m, warnings, done)
     if m is not None:
         actions += _no_longer_installed(m, {a.path for a in actions}, drifted)
+    if roles is not None:
+        drifted = [e for e in drifted if e.role in roles]
     if drifted:
-        tracked.refuse_drift(drifted, layout.config_dir, "bk admin install")
+        tracked.refuse_drift(drifted, layout.config_dir, doing)
     systemd = services.systemd_running(layout.root)
+    installed = (archive.version_of(layout.pyz) or m.version) if m is not None else None
     p = Plan(options, layout, m is not None, m, ip, python, source, version, actions, systemd,
-             services.start_commands(m is None, options.start), warnings, command_path)
+             services.start_commands(m is None, options.start), warnings, command_path, installed,
+             version_order(installed, version) if m is not None else "new")
     if ip.options.data_dir.startswith(("/home/", "/root/", "/tmp/")) and layout.root == "/":
         warnings.append(f"the data directory {ip.options.data_dir} is hidden from the services "
                         "(ProtectHome=, PrivateTmp=)")
     return p
+
+
+def default_contact(env: dict) -> str | None:
+    """Who ``bk info`` names as the administrator unless told: the person
+    who ran sudo (``SUDO_USER``), with the full name the password database
+    gives; None for root itself or without sudo."""
+    import pwd
+
+    name = env.get("SUDO_USER")
+    if not name or name == "root":
+        return None
+    try:
+        full = pwd.getpwnam(name).pw_gecos.split(",")[0].strip()
+    except KeyError:
+        full = ""
+    return f"{full} ({name})" if full and full != name else name
+
+
+def _contact(options: Options, cfg: dict | None, env: dict) -> str | None:
+    """``admin_contact`` for the config init writes (None: leave it unsaid).
+    A reinstall keeps the installed one (the reconcile never writes the
+    config), and refuses a flag that disagrees with it, like any other."""
+    if cfg is not None:
+        have = cfg.get("admin_contact")
+        if options.admin_contact is not None and (options.admin_contact or None) != have:
+            raise InvalidInput(f"--admin-contact {options.admin_contact!r} disagrees with the installed "
+                               f"configuration (installed: {have!r}); nothing was changed",
+                               hint="leave it out to keep the installed one, or edit admin_contact in the "
+                                    "configuration (man 5 gpubk-config)")
+        return None
+    if options.admin_contact is not None:
+        return options.admin_contact or None
+    return default_contact(env)
+
+
+def version_key(version: str) -> tuple | None:
+    """A sortable key for a release number as bk writes them (``1.2``,
+    ``1.2.3``, ``1.2.3rc1``, ``1.2.3.post1``, ``1.2.3.dev4``), in PEP 440's
+    order; None for anything else."""
+    import re
+
+    m = re.fullmatch(r"v?(\d+(?:\.\d+)*)(?:(a|b|rc)(\d+))?(?:\.post(\d+))?(?:\.dev(\d+))?", version.strip())
+    if m is None:
+        return None
+    release = [int(x) for x in m.group(1).split(".")]
+    while len(release) > 1 and release[-1] == 0:
+        release.pop()
+    if m.group(2):
+        pre = (("a", "b", "rc").index(m.group(2)), int(m.group(3)))
+    else:   # a development release of a final comes before its pre-releases
+        pre = (-1, 0) if m.group(5) is not None and m.group(4) is None else (3, 0)
+    post = int(m.group(4)) if m.group(4) is not None else -1
+    dev = (0, int(m.group(5))) if m.group(5) is not None else (1, 0)
+    return tuple(release), pre, post, dev
+
+
+def version_order(installed: str | None, new: str) -> str:
+    """``upgrade``, ``same``, ``downgrade`` or ``unknown`` (a version that is not a release number)."""
+    a, b = version_key(installed or ""), version_key(new)
+    if a is None or b is None:
+        return "unknown"
+    return "upgrade" if b > a else "downgrade" if b < a else "same"
 
 
 def _files(layout: Layout, ip: init.Plan, python: str, pyz: bytes, res: _Resources,
@@ -214,7 +295,7 @@ def payload(layout: Layout, named: Layout, vals: dict[str, str], python: str, py
         (layout.pyz, pyz, 0o644, "archive"),
         (layout.launcher, launcher_text(named, python), 0o755, "launcher"),
     ]
-    for name in units.SYSTEM_UNITS:
+    for name in units.SYSTEM_UNITS + units.OPTIONAL_UNITS:
         files.append((os.path.join(layout.unit_dir, name),
                       units.render(res.text(f"install/{name}"), vals).encode(), 0o644, "unit"))
     files.append((os.path.join(layout.user_unit_dir, units.WORKER_UNIT),

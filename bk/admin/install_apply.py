@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import os
 
-from bk.admin import cmdlink, init, services, tracked
+from bk.admin import cmdlink, init, rootenv, services, tracked
 from bk.admin import manifest as mf
 from bk.admin.install import Plan, Result
 from bk.admin.layout import Layout, need_root
 from bk.admin.tracked import Action
-from bk.core.errors import ConfigError
+from bk.core.errors import Busy, ConfigError
 
 
 def apply(p: Plan, *, euid: int | None = None, runner=None) -> Result:
@@ -46,6 +46,13 @@ def apply(p: Plan, *, euid: int | None = None, runner=None) -> Result:
     pending: list[mf.Entry] = []       # recorded once the manifest's directory exists
     for a in p.actions:
         if not a.changes:
+            if a.role == "data" and a.step is not None and m.find(a.path) is None:
+                # A data directory already in place (the data an uninstall
+                # kept): tracked from now on as it is, so that --purge-data
+                # empties it and a plain uninstall keeps it.
+                entry = tracked.entry_for(a)
+                entry.before = mf.state(a.path)
+                pending.append(entry)
             continue
         if a.op == "remove":
             tracked.remove_tracked(m.find(a.path), layout.config_dir)
@@ -77,6 +84,8 @@ def apply(p: Plan, *, euid: int | None = None, runner=None) -> Result:
         if a.kind == "file" and a.step is None and a.data is not None and len(a.data) <= tracked.SMALL:
             mf.backup(layout.config_dir, a.path)        # the installed text, for drift diffs
         applied.append(a)
+    for e in pending:
+        m.record(e)
     m.version = p.version
     m.updated_at = now
     m.options = _recorded_options(p)
@@ -149,9 +158,9 @@ def _stop_for_archive(p: Plan, runner) -> bool:
             "the configuration they read at start-up would change (" + "; ".join(
                 a.step.why.split(" (", 1)[1].rstrip(")") for a in p.actions
                 if a.step is not None and a.step.action == "rewrite") + ")"
-        raise ConfigError(f"the services are running and {what}: " + "; ".join(running),
-                          hint="stop them first, then rerun (or use sudo bk update --apply)" if archive
-                          else "stop them first, then rerun and start them again")
+        raise Busy(f"the services are running and {what}: " + "; ".join(running),
+                   hint="stop them first, then rerun (or use sudo bk update --apply)" if archive
+                   else "stop them first, then rerun and start them again")
     return False
 
 
@@ -176,7 +185,7 @@ def _verify_launcher(layout: Layout) -> None:
 
     try:
         proc = subprocess.run([layout.launcher, "--version"], capture_output=True, text=True, timeout=60,
-                              check=False, env={"PATH": "/usr/bin:/bin", "HOME": "/"})
+                              check=False, env=rootenv.environment(), cwd=rootenv.CWD)
     except (OSError, subprocess.SubprocessError) as e:
         raise ConfigError(f"the installed {layout.launcher} does not run: {e}",
                           hint="check the interpreter it names (--python)") from None

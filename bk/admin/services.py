@@ -22,7 +22,12 @@ from __future__ import annotations
 import os
 import subprocess
 
+from bk.admin import rootenv
+
 UNITS = ("gpubk-broker.service", "gpubk-monitor.service")
+# The enforcer's unit is installed disabled; only bk admin enforce on|off
+# enables, starts, stops or disables it.  Uninstall stops and disables it.
+OPTIONAL = ("gpubk-enforcer.service",)
 
 
 def systemd_running(root: str) -> bool:
@@ -59,11 +64,13 @@ def shown(cmds: list[list[str]]) -> list[str]:
 
 
 def run(cmds: list[list[str]], runner=subprocess.run) -> list[dict]:
-    """Run systemctl commands; the outcome of each (nothing raised)."""
+    """Run systemctl commands; the outcome of each (nothing raised).  As
+    root: found on root's own PATH, in bk's environment (``bk.admin.rootenv``)."""
     out = []
     for c in cmds:
         try:
-            p = runner(c, capture_output=True, text=True, timeout=120, check=False)
+            p = runner(c, capture_output=True, text=True, timeout=120, check=False, env=rootenv.environment(),
+                       cwd=rootenv.CWD)
             out.append({"command": " ".join(c), "rc": p.returncode, "stderr": (p.stderr or "").strip()[-400:]})
         except (OSError, subprocess.SubprocessError) as e:
             out.append({"command": " ".join(c), "rc": None, "stderr": str(e)})
@@ -118,9 +125,10 @@ def running_writers(socket_path: str, data_dir: str) -> list[str]:
 def active_units(runner=subprocess.run) -> list[str]:
     """With systemd: the units systemd says are active (or activating)."""
     active = []
-    for unit in UNITS:
+    for unit in UNITS + OPTIONAL:
         try:
-            p = runner(["systemctl", "is-active", unit], capture_output=True, text=True, timeout=30, check=False)
+            p = runner(["systemctl", "is-active", unit], capture_output=True, text=True, timeout=30, check=False,
+                       env=rootenv.environment(), cwd=rootenv.CWD)
         except (OSError, subprocess.SubprocessError):
             continue
         if (p.stdout or "").strip() in ("active", "activating", "reloading", "deactivating"):
@@ -159,8 +167,8 @@ class TemporaryService:
         import time
 
         argv, uid, gid = unit_exec(self.unit_path)
-        env = {"PATH": "/usr/bin:/bin", "HOME": "/", "LANG": "C.UTF-8"}
-        self.proc = subprocess.Popen(argv, user=uid, group=gid, extra_groups=[], env=env, cwd="/",
+        env = rootenv.environment(HOME="/")
+        self.proc = subprocess.Popen(argv, user=uid, group=gid, extra_groups=[], env=env, cwd=rootenv.CWD,
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.PIPE)
         deadline = time.monotonic() + self.timeout

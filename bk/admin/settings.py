@@ -131,4 +131,30 @@ def interpreter(options: install.Options, m: mf.Manifest | None) -> str:
         raise InvalidInput(f"the interpreter {python} lives in a home directory ({real}), which the "
                            "services cannot see (ProtectHome=yes) and other users may not run",
                            hint="name a system interpreter: --python /usr/bin/python3")
+    _root_only_interpreter(python, real)
     return python
+
+
+def _root_only_interpreter(python: str, real: str) -> None:
+    """The interpreter runs as root (the compiler, ``sudo bk ...``) and as
+    every user: the file it is, and every directory on the way to it as
+    named and as resolved, must be root's alone (``bk.admin.rootenv``)."""
+    import stat
+
+    from bk.store.fsutil import unsafe_ancestor
+
+    # The directory that holds the name the launcher uses, and the one that
+    # holds the file it resolves to, each with every directory above it.
+    for directory in dict.fromkeys((os.path.realpath(os.path.dirname(python)), os.path.dirname(real))):
+        bad = unsafe_ancestor(directory, (0,), sticky_ok=False)
+        if bad is not None:
+            where, st, why = bad
+            owner = f"owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o}" if st is not None else why
+            raise InvalidInput(f"the interpreter {python} lies below {where}, which someone other than root can "
+                               f"change ({owner}); it would run as root and as every user",
+                               hint="name a system interpreter: --python /usr/bin/python3")
+    st = os.stat(real)
+    if st.st_uid != 0 or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise InvalidInput(f"the interpreter {real} can be changed by someone other than root (owner uid "
+                           f"{st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o}); it would run as root and as every user",
+                           hint="name a system interpreter: --python /usr/bin/python3")

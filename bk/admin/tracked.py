@@ -27,6 +27,7 @@ from bk.admin import init
 from bk.admin import manifest as mf
 from bk.core.errors import ConfigError
 from bk.core.record import dataclass
+from bk.core.timegrid import counted
 from bk.store.fsutil import Safety, fsync_dir_at, open_dir, replace_file
 
 SMALL = 256 << 10          # installed files up to this size are kept for drift diffs
@@ -113,12 +114,19 @@ def drift_text(entry: mf.Entry, config_dir: str) -> str:
 def refuse_drift(drifted: list[mf.Entry], config_dir: str, doing: str) -> None:
     """Raise the ConfigError that shows each hand edit; ``doing`` names the command."""
     text = "\n".join(drift_text(e, config_dir) for e in drifted)
-    raise ConfigError(f"{len(drifted)} installed file{'s were' if len(drifted) != 1 else ' was'} changed by "
+    hint = "put the installed version back (or move the file away), then rerun"
+    # A drop-in is how a unit is changed for good; it is no answer for the
+    # login hook, the launcher or a man page, so it is named only for units.
+    units = sorted((e.role == "user-unit", os.path.basename(e.path)) for e in drifted
+                   if e.role in ("unit", "user-unit"))
+    if units:
+        user, name = units[0]
+        hint += (f"; to change a unit for good, use a drop-in: sudo systemctl {'--global ' if user else ''}"
+                 f"edit {name}")
+    raise ConfigError(f"{counted(len(drifted), 'installed file')} {'was' if len(drifted) == 1 else 'were'} changed by "
                       f"hand since the install; {doing} refuses to overwrite or remove "
                       f"{'them' if len(drifted) != 1 else 'it'}:\n{text}",
-                      hint="put the installed version back (or move the file away), then rerun; for units "
-                           "use a drop-in: sudo systemctl edit gpubk-broker",
-                      details={"drift": [e.path for e in drifted]})
+                      hint=hint, details={"drift": [e.path for e in drifted]})
 
 
 def file_action(path: str, data: bytes, mode: int, role: str, m: mf.Manifest | None,
@@ -140,7 +148,8 @@ def file_action(path: str, data: bytes, mode: int, role: str, m: mf.Manifest | N
     if now is None:
         return Action("create", path, role, data=data, mode=mode)
     if mf.same(now, want):
-        return Action("adopt", path, role, "already there, identical", data=data, mode=mode, before=now)
+        return Action("adopt", path, role, "already there, identical; kept after uninstall", data=data, mode=mode,
+                      before=now)
     if now["kind"] != "file":
         raise ConfigError(f"{path} exists and is a {now['kind']}, not a file; not replacing it",
                           hint="move it away, then rerun")

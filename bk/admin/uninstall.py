@@ -25,7 +25,7 @@ import os
 from bk.admin import manifest as mf
 from bk.admin import services, tracked
 from bk.admin.layout import Layout, need_root
-from bk.core.errors import ConfigError
+from bk.core.errors import Busy, ConfigError
 from bk.core.record import dataclass, field
 from bk.store.fsutil import Safety, fsync_dir_at, open_dir, replace_file
 
@@ -104,11 +104,26 @@ def uninstall_plan(root: str, *, purge_data: bool = False, only_services: bool =
         running = [f"{u} is active" for u in services.active_units(runner or subprocess.run)]
     else:
         running = services.running_writers(socket_path, data_dir)
+    if _enforcing(layout.config):
+        # In closed mode the enforcer's programs outlive it: removing bk
+        # would leave GPUs closed with nothing left to open them.
+        running.append("hard enforcement is on (turn it off first: sudo bk admin enforce off)")
     # What ``bk admin data backup`` made (DATA_DIR-backups) is the
     # administrator's, not the install's: even --purge-data keeps it.
     backups = data_dir.rstrip("/") + "-backups"
     kept = [backups] if purge_data and not only_services and os.path.isdir(backups) else []
     return UninstallPlan(layout, m, removals, purge_data, only_services, running, systemd, kept)
+
+
+def _enforcing(config_path: str) -> bool:
+    import json
+
+    try:
+        with open(config_path, "rb") as f:
+            doc = json.loads(f.read(1 << 20))
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and doc.get("enforce") is True
 
 
 def _mutable(e: mf.Entry, now: dict | None, purge: bool) -> Removal:
@@ -129,15 +144,18 @@ def uninstall(up: UninstallPlan, *, euid: int | None = None, runner=None) -> lis
     """Carry out ``up`` (refused while a service runs); the removals done."""
     need_root("bk admin uninstall", euid)
     if up.running:
-        hint = ("sudo systemctl disable --now gpubk-monitor.service gpubk-broker.service" if up.systemd
+        hint = ("sudo bk admin enforce off; sudo systemctl disable --now gpubk-monitor.service gpubk-broker.service"
+                if up.systemd
                 else "stop the broker and the monitor first (kill -TERM their pids)")
-        raise ConfigError("the services are still running: " + "; ".join(up.running), hint=hint)
+        # Busy (75): stopping them is all it takes, then the same command succeeds.
+        raise Busy("the services are still running: " + "; ".join(up.running) + "; nothing was removed",
+                   hint=hint)
     if up.systemd and any(r.entry.role == "unit" and r.op == "remove" for r in up.removals):
         # Stopped is not disabled: enable's links in *.wants/ would dangle
         # once the unit files are gone.
         import subprocess
 
-        services.run([["systemctl", "disable", *services.UNITS]], runner or subprocess.run)
+        services.run([["systemctl", "disable", *services.UNITS, *services.OPTIONAL]], runner or subprocess.run)
     cfg_dir = up.layout.config_dir
     m = up.manifest
     # The manifest's own directory and those above it hold the manifest

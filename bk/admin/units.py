@@ -22,7 +22,11 @@ WORKER_UNIT = "bk-worker.service"
 LOGIN_HOOK = "profile.d/gpubk.sh"
 SYSUSERS = "install/sysusers.d/gpubk.conf"
 TMPFILES = "install/tmpfiles.d/gpubk.conf"
+ENFORCER_UNIT = "gpubk-enforcer.service"
 SYSTEM_UNITS = (BROKER_UNIT, MONITOR_UNIT)
+# Installed with the others but never enabled or started by the installer:
+# hard enforcement is the administrator's opt-in (bk admin enforce on).
+OPTIONAL_UNITS = (ENFORCER_UNIT,)
 _TOKEN = re.compile(r"@([A-Z_]+)@")
 # systemd splits on white space and gives % and \ and quotes meaning; the
 # paths bk writes into a unit are its own and never need them.

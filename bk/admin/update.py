@@ -26,11 +26,11 @@ import json
 import os
 import subprocess
 
-from bk.admin import archive, install, install_apply, services
+from bk.admin import archive, install, install_apply, rootenv, services
 from bk.admin import manifest as mf
 from bk.admin.layout import Layout, need_root
 from bk.admin.tracked import write_file
-from bk.core.errors import ConfigError
+from bk.core.errors import BkError, Busy, ConfigError
 from bk.core.record import dataclass, field, replace
 
 
@@ -44,29 +44,29 @@ class UpdatePlan:
     python: str | None
     systemd: bool
     steps: list[str] = field(default_factory=list)
+    direction: str = "unknown"       # upgrade | same | downgrade | unknown (install.version_order)
+    up_to_date: bool = False         # the same version with the same content: nothing to do
+
+    @property
+    def downgrade(self) -> bool:
+        return self.direction == "downgrade"
 
     def to_json(self) -> dict:
         return {"root": self.layout.root, "installed_version": self.installed_version,
                 "new_version": self.new_version, "new_archive": self.new_source, "systemd": self.systemd,
-                "steps": self.steps}
+                "steps": [] if self.up_to_date else self.steps, "direction": self.direction,
+                "up_to_date": self.up_to_date}
 
 
 @dataclass
 class UpdateResult:
     plan: UpdatePlan
-    status: str                      # updated | rolled_back
+    status: str                      # updated | rolled_back | up_to_date
     verify: dict
     notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return {"status": self.status, **self.plan.to_json(), "verify": self.verify, "notes": self.notes}
-
-
-def _version_of(path: str) -> str | None:
-    try:
-        return archive.build_record(archive.read_entries(path)).get("version")
-    except ConfigError:
-        return None
 
 
 def plan(root: str, new_archive: str | None, *, python: str | None = None) -> UpdatePlan:
@@ -80,7 +80,15 @@ def plan(root: str, new_archive: str | None, *, python: str | None = None) -> Up
         source = new_archive
     else:
         entries, source = archive.source_entries(None)
-    new_version = archive.build_record(entries).get("version") or "?"
+    record = archive.build_record(entries)
+    new_version = record.get("version") or "?"
+    installed = archive.installed_record(layout.pyz)
+    installed_version = installed.get("version") or None
+    direction = install.version_order(installed_version, new_version)
+    # The same release rebuilt (another commit, a local fix) is not up to
+    # date: only the same content is.
+    same = direction == "same" and bool(record.get("content_sha256")) \
+        and record.get("content_sha256") == installed.get("content_sha256")
     systemd = services.systemd_running(layout.root)
     stop = "stop gpubk-broker and gpubk-monitor" if systemd else \
         "check that the services are stopped (socket, locks); without systemd, stop them yourself first"
@@ -90,20 +98,33 @@ def plan(root: str, new_archive: str | None, *, python: str | None = None) -> Up
              "verify with the new archive: bk doctor --probe --strict" + (
                  "" if systemd else " (the new broker unit's ExecStart= run as its User= meanwhile)"),
              "on failure: put the previous archive back and restart"]
-    return UpdatePlan(layout, new_archive, source, _version_of(layout.pyz), new_version, python, systemd, steps)
+    return UpdatePlan(layout, new_archive, source, installed_version, new_version, python, systemd, steps,
+                      direction, same)
+
+
+DIRECTION_WORDS = {"upgrade": "this is an upgrade", "same": "this is the same version, another build",
+                   "downgrade": "this is a DOWNGRADE", "unknown": "which of the two is newer cannot be told"}
 
 
 def plan_text(p: UpdatePlan) -> str:
-    lines = [f"installed: bk {p.installed_version or '?'} ({p.layout.pyz})", f"new:       bk {p.new_version} ({p.new_source})",
-             "sudo bk update --apply would:"]
+    lines = [f"installed: bk {p.installed_version or '?'} ({p.layout.pyz})",
+             f"new:       bk {p.new_version} ({p.new_source})"]
+    if p.up_to_date:
+        return "\n".join([*lines, f"already up to date: bk {p.new_version} is installed, with the same content"])
+    lines.append(DIRECTION_WORDS[p.direction] + (
+        f": bk {p.installed_version} would be replaced by the older bk {p.new_version}" if p.downgrade else ""))
+    lines.append("sudo bk update --apply would:")
     lines += [f"  {i}. {s}" for i, s in enumerate(p.steps, 1)]
     return "\n".join(lines)
 
 
 def result_text(r: UpdateResult) -> str:
     p = r.plan
+    if r.status == "up_to_date":
+        return f"already up to date: bk {p.new_version} is installed, with the same content; nothing changed"
     if r.status == "updated":
-        head = f"updated bk {p.installed_version or '?'} -> {p.new_version}; bk doctor --probe --strict passed"
+        head = (f"{'downgraded' if p.downgrade else 'updated'} bk {p.installed_version or '?'} -> {p.new_version}; "
+                "bk doctor --probe --strict passed")
     else:
         head = (f"the new archive failed its verification; rolled back to bk {p.installed_version or '?'}:\n"
                 + verification_text(r.verify))
@@ -138,14 +159,15 @@ def verification_text(v: dict) -> str:
     return "\n".join("  " + x for x in tail) or f"  bk doctor exited {v.get('rc')} and said nothing"
 
 
-def verify(layout: Layout, env: dict, runner=subprocess.run) -> dict:
-    """``bk doctor --probe --strict`` as the installed launcher runs it (the new archive)."""
-    run_env = {"PATH": env.get("PATH", "/usr/bin:/bin"), "HOME": env.get("HOME", "/")}
+def verify(layout: Layout, runner=subprocess.run) -> dict:
+    """``bk doctor --probe --strict`` as the installed launcher runs it (the
+    new archive), as root: in bk's environment, not the caller's (``bk.admin.rootenv``)."""
+    run_env = rootenv.environment()
     if layout.root != "/":
         run_env["BK_CONFIG_FILE"] = layout.config
     try:
         p = runner([layout.launcher, "doctor", "--probe", "--strict", "--json"], capture_output=True,
-                   text=True, timeout=120, check=False, env=run_env)
+                   text=True, timeout=120, check=False, env=run_env, cwd=rootenv.CWD)
     except (OSError, subprocess.SubprocessError) as e:
         return {"ok": False, "rc": None, "output": str(e)}
     out = (p.stdout or "") + (p.stderr or "")
@@ -173,6 +195,8 @@ def _only_the_monitor_waits(report) -> bool:
 
 def apply(p: UpdatePlan, env: dict, *, runner=subprocess.run, euid: int | None = None) -> UpdateResult:
     need_root("bk update --apply", euid)
+    if p.up_to_date:
+        return UpdateResult(p, "up_to_date", {"ok": True, "rc": None, "output": ""})
     layout = p.layout
     m = mf.load(layout.config_dir)
     if m is None:
@@ -185,8 +209,8 @@ def apply(p: UpdatePlan, env: dict, *, runner=subprocess.run, euid: int | None =
         services.run(services.stop_commands(), runner)
     running = services.running_writers(socket_path, data_dir)
     if running:
-        raise ConfigError("the services are still running: " + "; ".join(running),
-                          hint="stop them first (systemctl stop gpubk-broker gpubk-monitor, or kill -TERM)")
+        raise Busy("the services are still running: " + "; ".join(running),
+                   hint="stop them first (systemctl stop gpubk-broker gpubk-monitor, or kill -TERM)")
     previous = layout.pyz + ".previous"
     with open(layout.pyz, "rb") as f:
         old = f.read()
@@ -197,16 +221,16 @@ def apply(p: UpdatePlan, env: dict, *, runner=subprocess.run, euid: int | None =
         install_apply.apply(ip, runner=runner)
         if p.systemd:
             services.run(services.start_commands(False, True), runner)
-            result = verify(layout, env, runner)
+            result = verify(layout, runner)
         else:
             # No systemd to start the broker: run the new unit's ExecStart=
             # as its User= for the length of the check.
             with services.TemporaryService(os.path.join(layout.unit_dir, "gpubk-broker.service"),
                                            socket_path) as broker:
-                result = verify(layout, env, runner)
+                result = verify(layout, runner)
             if not result["ok"] and getattr(broker, "stderr", ""):
                 result["output"] += "\nbroker: " + broker.stderr.strip()[-1000:]
-    except ConfigError as e:
+    except BkError as e:                # refused or failed before the check: the previous archive goes back
         result = {"ok": False, "rc": None, "output": f"error: {e.message}"}
     if result["ok"]:
         status = "updated"

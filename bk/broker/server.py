@@ -85,9 +85,11 @@ import time
 from collections.abc import Callable
 
 from bk.broker.handlers import GPU_SNAPSHOT_SECONDS, Dispatcher, Latest, Peer
+from bk.core import journal
 from bk.core.envelope import failure
-from bk.core.errors import Busy, ConfigError, InvalidInput, WrongAccount
+from bk.core.errors import BkError, Busy, ConfigError, InvalidInput, WrongAccount
 from bk.core.record import dataclass
+from bk.core.timegrid import counted
 from bk.ipc import protocol
 from bk.store.config import check_owned_dir  # noqa: F401  (the broker's start-up check; tests use it here)
 
@@ -98,6 +100,7 @@ DEFAULT_IDLE_TIMEOUT = 30.0
 DEFAULT_FRAME_TIMEOUT = 10.0
 DEFAULT_ARRIVAL_TIMEOUT = 5.0
 BACKLOG = 128
+SWITCH_INTERVAL = 0.0005             # seconds; see Broker.serve
 FULL = "max_clients"                 # details.reason of the refusal a client may retry at once
 PER_UID = "per_uid"                  # details.quota of the refusal of a UID at its quota
 
@@ -121,12 +124,9 @@ def _readable(conn: socket.socket, timeout: float) -> bool:
 
 
 def log_stderr(line: str) -> None:
-    # systemd's journal timestamps each line; keep ours plain.
-    try:
-        sys.stderr.write(f"bk broker: {line}\n")
-        sys.stderr.flush()
-    except (OSError, ValueError):
-        pass
+    # systemd's journal timestamps each line; keep ours plain, with its
+    # priority when the journal reads them (bk.core.journal).
+    journal.write(sys.stderr, "bk broker", line, os.environ, os.fstat)
 
 
 def peer_of(conn: socket.socket) -> Peer:
@@ -284,25 +284,27 @@ class Broker:
     # -- start -------------------------------------------------------------
 
     def _take_lock(self) -> None:
-        from bk.store.lock import mark, take
+        from bk.store.fsutil import Safety, open_dir
+        from bk.store.lock import acquire
 
         path = self.plan.socket_path + ".lock"
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-        except OSError as e:
-            raise ConfigError(f"cannot open the broker lock {path}: {e.strerror}",
-                              hint="check the socket directory's owner and mode") from None
+        safety = Safety(self.plan.service_uid)
+        dirfd = open_dir(os.path.dirname(path), safety)
+        if dirfd is None:
+            raise ConfigError(f"the socket directory {os.path.dirname(path)} does not exist",
+                              hint="sudo bk admin init makes it")
         try:
             # One try (timeout 0): a second broker should refuse, not queue.
-            take(fd, path, timeout=0, busy=lambda pid: Busy(
+            # A lock file others could open, or one an intruder holds, is
+            # replaced (bk.store.lock), so no user can keep the broker down.
+            self._lock_fd = acquire(dirfd, os.path.basename(path), path, safety, timeout=0,
+                                    what="the broker's lock", log=lambda line: self.log(journal.warning(line)),
+                                    busy=lambda pid: Busy(
                 f"another broker is running on {self.plan.socket_path}"
                 + (f" (pid {pid})" if pid else ""), hint="see: systemctl status gpubk-broker",
                 details={"path": path, "holder_pid": pid}))
-        except BaseException:
-            os.close(fd)
-            raise
-        mark(fd)
-        self._lock_fd = fd
+        finally:
+            os.close(dirfd)
 
     def _bind(self) -> socket.socket:
         path = self.plan.socket_path
@@ -366,6 +368,13 @@ class Broker:
     def serve(self) -> Stats:
         if self._listener is None:
             self.start()
+        # Every client thread shares one interpreter lock.  A thread back
+        # from a system call (a commit makes dozens: open, write, fsync,
+        # rename) waits for the lock up to the switch interval, 5 ms by
+        # default, whenever another thread computes; a commit would then
+        # pay that for each of its calls while someone's read runs.
+        switch = sys.getswitchinterval()
+        sys.setswitchinterval(SWITCH_INTERVAL)
         old = {}
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -387,6 +396,7 @@ class Broker:
             self._shutdown()
             for sig, handler in old.items():
                 signal.signal(sig, handler)
+            sys.setswitchinterval(switch)
         return self.stats
 
     def _accept(self) -> None:
@@ -396,7 +406,7 @@ class Broker:
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as e:          # EMFILE and friends: keep serving the others
-                self.log(f"accept failed: {e}")
+                self.log(journal.error(f"accept failed: {e}"))
                 return
             self.stats.connections += 1
             try:
@@ -414,7 +424,7 @@ class Broker:
                 self.stats.refused += 1
                 self.stats.over_quota += 1
                 self._refuse(conn, Busy(
-                    f"uid {peer.uid} already has {held} connections open to the broker, the most one "
+                    f"uid {peer.uid} already has {counted(held, 'connection')} open to the broker, the most one "
                     f"user may hold (max_per_uid {self.max_per_uid} of max_clients {self.max_clients})",
                     hint="wait for this user's other bk commands to finish, or close the programs that "
                          "hold broker connections open", details={
@@ -424,7 +434,7 @@ class Broker:
                 self._release_uid(peer.uid)
                 self.stats.refused += 1
                 self._refuse(conn, Busy(
-                    f"the broker is serving its limit of {self.max_clients} clients",
+                    f"the broker is serving its limit of {counted(self.max_clients, 'client')}",
                     hint="retry in a moment", details={"reason": FULL, "quota": FULL,
                                                        "limit": self.max_clients}))
                 continue
@@ -435,7 +445,7 @@ class Broker:
             try:
                 thread.start()
             except RuntimeError as e:        # no thread to be had: refuse this one, serve the rest
-                self.log(f"cannot start a client thread: {e}")
+                self.log(journal.error(f"cannot start a client thread: {e}"))
                 with self._active_lock:
                     self._active.pop(conn, None)
                 self._slots.release()
@@ -499,11 +509,11 @@ class Broker:
         try:
             frame = protocol.encode(envelope)
         except protocol.FrameTooLarge as e:
-            self.log(f"reply to {command} not sent: {e}")
+            self.log(journal.error(f"reply to {command} not sent: {e}"))
             frame = protocol.encode(failure(command, Internal(
                 f"the broker's reply ({e.size} bytes) is over the frame limit of {e.limit} bytes" + check)))
         except (TypeError, ValueError) as e:
-            self.log(f"reply to {command} could not be encoded (a bug): {type(e).__name__}: {e}")
+            self.log(journal.error(f"reply to {command} could not be encoded (a bug): {type(e).__name__}: {e}"))
             frame = protocol.encode(failure(command, Internal(
                 "the broker could not encode its reply (a bug)" + check,
                 hint="the administrator can read: journalctl -u gpubk-broker")))
@@ -540,7 +550,8 @@ class Broker:
                 if not self._reply(conn, reply):
                     break
         except Exception as exc:  # never let one connection's surprise escape its thread
-            self.log(f"connection from pid {peer.pid} (uid {peer.uid}) failed: {type(exc).__name__}: {exc}")
+            self.log(journal.error(f"connection from pid {peer.pid} (uid {peer.uid}) failed: "
+                                   f"{type(exc).__name__}: {exc}"))
         finally:
             with self._active_lock:
                 self._active.pop(conn, None)
@@ -577,10 +588,7 @@ class Broker:
             except OSError:
                 pass
         s = self.stats
-        def n(count: int, word: str) -> str:
-            return f"{count} {word}" + ("" if count == 1 else "s")
-
-        self.log(f"stopped after {n(s.connections, 'connection')}, {n(s.requests, 'request')} "
+        self.log(f"stopped after {counted(s.connections, 'connection')}, {counted(s.requests, 'request')} "
                  f"({s.errors} answered with an error, {s.refused} refused as over the limit, "
                  f"{s.over_quota} of them over the per-user quota)")
 
@@ -631,7 +639,7 @@ def refresher(latest, stop: threading.Event, log: Callable[[str], None], every: 
             try:
                 latest.refresh()
             except Exception as e:  # a driver hiccup must not end the broker
-                log(f"GPU snapshot failed: {type(e).__name__}: {e}")
+                log(journal.warning(f"GPU snapshot failed: {type(e).__name__}: {e}"))
     th = threading.Thread(target=loop, name="gpu-snapshots", daemon=True)
     th.start()
     return th
@@ -649,13 +657,13 @@ def check(env: dict) -> CheckResult:
     settings = _load(env)
     plan = preflight(settings)
     service = open_service(env, plan, settings)
-    ledger = _check_store(service)
+    ledger, _damage = _check_store(service)
     if os.path.lexists(plan.socket_path):
         _claimable(plan.socket_path, plan.service_uid)
     return CheckResult(plan, ledger)
 
 
-def _check_store(service) -> str:
+def _check_store(service) -> tuple[str, list[str]]:
     """Read and validate the ledger as the broker's first transaction will
     (an invalid one with no valid backup raises IOFailure, exit 74), and
     refuse a configuration that disagrees with the policy the ledger bound
@@ -665,15 +673,15 @@ def _check_store(service) -> str:
 
     got = service.store.read()
     if got.source == "empty":
-        return "empty (no booking yet)"
+        return "empty (no booking yet)", []
     diff = policy_diff(got.state.policy, service.policy.bound())
     if diff.conflicts:
         raise ConfigError("the configuration disagrees with the policy bound in the ledger: "
                           + diff.describe(),
                           hint="put those values back in the configuration; the ledger keeps the policy "
                                "of its first write", details={"differences": diff.conflicts})
-    words = f"valid (seq {got.state.seq}, {len(got.state.reservations)} reservations, from {got.source})"
-    return words + "".join(f"; warning: {w}" for w in got.warnings)
+    words = f"valid (seq {got.state.seq}, {counted(len(got.state.reservations), 'reservation')}, from {got.source})"
+    return words + "".join(f"; warning: {w}" for w in got.warnings), list(got.warnings)
 
 
 class ConfigWatch:
@@ -708,8 +716,8 @@ class ConfigWatch:
         settings = _load(self.env)
         changed = [k for k in self.SECURITY if settings[k] != self.settings[k]]
         if changed:
-            self.log("configuration changed " + ", ".join(changed) + "; restart the broker to "
-                     "apply them (the policy is reloaded now)")
+            self.log(journal.warning("configuration changed " + ", ".join(changed) + "; restart the broker "
+                                     "to apply them (the policy is reloaded now)"))
             settings = type(settings)(self.settings.locations, {**settings.values,
                                       **{k: self.settings[k] for k in changed}},
                                       settings.source, settings.explicit)
@@ -725,11 +733,19 @@ def run(env: dict, *, max_clients: int = DEFAULT_MAX_CLIENTS, idle_timeout: floa
     settings = _load(env)
     plan = preflight(settings)
     service = open_service(env, plan, settings)
-    log(f"ledger: {_check_store(service)}")
+    words, damage = _check_store(service)
+    log(journal.info(f"ledger: {words}") if not damage else journal.error(
+        f"ledger: {words}; the first write replaces the ledger with that backup: to keep the bookings made "
+        "after it, stop the broker and restore the ledger by hand first (sudo bk admin data recover "
+        "--dry-run shows what the audit log records beyond it)"))
     latest = Latest(service.telemetry)
     latest.refresh()
     dispatcher = Dispatcher(service, log=log, reload=ConfigWatch(env, plan, settings, log, service.telemetry),
                             latest=latest)
+    try:
+        service.store.secure_lock()       # a ledger lock others could open: replaced now (and logged)
+    except BkError as e:
+        log(journal.warning(f"the ledger's lock was not checked at start: {e.message}"))
     broker = Broker(plan, dispatcher, max_clients=max_clients, idle_timeout=idle_timeout,
                     frame_timeout=frame_timeout, arrival_timeout=arrival_timeout, max_per_uid=max_per_uid,
                     drain_timeout=settings["lock_timeout_seconds"] + frame_timeout + 5, log=log)

@@ -68,8 +68,10 @@ COMMAND_WORDS: dict[str, tuple[str, ...]] = {
     "bk.cli.cmd_broker": ("broker",),
     "bk.cli.cmd_run": ("run",),
     "bk.cli.cmd_jobs": ("j", "jobs", "w", "worker"),
+    "bk.cli.cmd_notify": ("notify",),
     "bk.cli.cmd_monitor": ("m", "monitor"),
     "bk.cli.cmd_usage": ("u", "usage"),
+    "bk.cli.cmd_export": ("export",),
     "bk.cli.cmd_cluster": ("c", "cluster"),
     "bk.cli.cmd_mcp": ("mcp",),
     "bk.cli.cmd_agent": ("agent",),
@@ -214,15 +216,17 @@ class Context:
         script must not hang on a prompt it cannot see)."""
         return self.stdin_tty and not self.json
 
-    def confirm(self, question: str) -> bool:
-        """Ask a yes/no question on the terminal; anything but yes is no."""
-        sys.stderr.write(f"{question} [y/N] ")
+    def confirm(self, question: str, default: bool = False) -> bool:
+        """Ask a yes/no question on the terminal; anything but yes is no,
+        except an empty answer, which is ``default`` (shown as ``[Y/n]``)."""
+        sys.stderr.write(f"{question} [{'Y/n' if default else 'y/N'}] ")
         sys.stderr.flush()
         try:
             answer = input()
         except EOFError:
             return False
-        return answer.strip().lower() in ("y", "yes")
+        answer = answer.strip().lower()
+        return default if not answer else answer in ("y", "yes")
 
     def app(self):
         """The service-layer application for this process (opened lazily)."""

@@ -15,6 +15,7 @@ import os
 from bk.cli import common
 from bk.cli.render import Output, safe, wrap
 from bk.core.errors import EXIT_PARTIAL, PermissionDenied, UsageError
+from bk.core.timegrid import counted
 from bk.service import CancelRequest, ResolveRequest
 
 INIT_EPILOG = """Examples:
@@ -22,7 +23,8 @@ INIT_EPILOG = """Examples:
   sudo bk admin init --service-user gpubk --gpu-count 8 --yes
   sudo bk admin init --service-user gpubk --gpu-count 8 --access group --group gpu-users --yes
 
-It creates no accounts or groups: create them first (useradd --system gpubk).
+It creates no accounts or groups: create them first
+(useradd --system --no-create-home --shell /usr/sbin/nologin gpubk).
 It writes the config last, and never over one that says something else.
 Then start the broker as the service account: sudo -u gpubk bk broker. For
 units that start it at boot, use sudo bk admin install instead (init plus
@@ -78,6 +80,9 @@ def register(sub) -> None:
     from bk.cli import cmd_admin_cluster
 
     cmd_admin_cluster.register_admin(actions, type(p))  # cluster init|add|set|remove|...|status
+    from bk.cli import cmd_enforce
+
+    cmd_enforce.register_admin(actions, type(p))        # enforce on|off|status|run
 
     cancel = actions.add_parser("cancel", help="cancel anyone's booking, with a reason the owner sees",
                                 description="Cancel a booking of any user. The reason is shown to the "
@@ -324,7 +329,7 @@ def run_data_recover(args, ctx) -> Output:
     def human(term) -> str:
         head = f"recovered: writes go on from commit {done.audit_seq + 1}"
         if done.replayed:
-            head += f"; replayed {len(done.replayed)} booking{'s' if len(done.replayed) != 1 else ''}"
+            head += f"; replayed {counted(len(done.replayed), 'booking')}"
         left = [b for b in done.bookings if b.reservation not in done.replayed]
         if left:
             head += f"; lost for good: {', '.join(b.reservation[:8] for b in left)}"

@@ -15,6 +15,7 @@ import argparse
 
 from bk.cli.render import Output, safe, wrap
 from bk.core.errors import EXIT_PARTIAL, BkError, PermissionDenied, UsageError
+from bk.core.timegrid import counted
 
 RAW = argparse.RawDescriptionHelpFormatter
 
@@ -214,7 +215,7 @@ def run_maintain(args, ctx) -> Output:
     if over and choice is None:
         listing = "\n".join("  " + _res_line(r, call) for r in over)
         if not ctx.interactive:
-            raise UsageError(f"{len(over)} booking{'s' if len(over) != 1 else ''} already in the window:\n{listing}",
+            raise UsageError(f"{counted(len(over), 'booking')} already in the window:\n{listing}",
                              hint="choose --keep (they run on) or --cancel-overlapping (their owners are told)")
         print(f"Bookings already in the window:\n{listing}")
         choice = "cancel" if ctx.confirm("Cancel them (their owners are told the reason)? "
@@ -225,7 +226,7 @@ def run_maintain(args, ctx) -> Output:
     what = (f"{'block new bookings and announce' if not args.no_block else 'announce'} maintenance "
             f"{_when(start, call)} to {_when(end, call)} ({level}): {safe(args.reason.strip())}")
     if over:
-        what += f"; {'cancel' if choice == 'cancel' else 'keep'} {len(over)} booking{'s' if len(over) != 1 else ''}"
+        what += f"; {'cancel' if choice == 'cancel' else 'keep'} {counted(len(over), 'booking')}"
     if not args.yes and not args.dry_run:
         if not ctx.interactive:
             raise UsageError(f"confirm with --yes: {what}", hint="or look first with --dry-run")
@@ -251,7 +252,7 @@ def run_maintain(args, ctx) -> Output:
         done = (f"added maintenance window {result.blackout.id[:8]} (notice {result.notice.id[:8]})"
                 if result.blackout is not None else f"published maintenance notice {result.notice.id[:8]}")
         if result.cancelled:
-            done += f", {len(result.cancelled)} booking{'s' if len(result.cancelled) != 1 else ''} cancelled"
+            done += f", {counted(len(result.cancelled), 'booking')} cancelled"
     return Output("admin maintain", result.to_json(), human, done=done)
 
 
@@ -456,7 +457,7 @@ def run_policy(args, ctx) -> Output:
     if plan.violations and not args.force:
         from bk.core.errors import PolicyRefused
 
-        raise PolicyRefused(f"{len(plan.violations)} booking{'s break' if len(plan.violations) != 1 else ' breaks'} the "
+        raise PolicyRefused(f"{counted(len(plan.violations), 'booking')} {'breaks' if len(plan.violations) == 1 else 'break'} the "
                             "new policy: " + "; ".join(f"{v.reservation.short_id} ({v.reservation.user}) {v.why}"
                                                        for v in plan.violations[:10]),
                             hint="add --force to keep them as they are, or cancel them first",
@@ -534,7 +535,7 @@ def _data_dir(app, call) -> str:
 
 def _files_text(result) -> str:
     total = sum(e.size for e in result.files)
-    return f"{len(result.files)} files, {total} bytes"
+    return f"{counted(len(result.files), 'file')}, {counted(total, 'byte')}"
 
 
 def run_data_backup(args, ctx) -> Output:

@@ -125,5 +125,6 @@ def _done(tool, data: dict) -> str | None:
     rows = data.get("reservations")
     ids = [r.get("short_id") for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
     if ids:
-        return f"{tool.name}: {status} booking{'s' if len(ids) != 1 else ''} {', '.join(map(str, ids))}{where}"
+        noun = "booking" if len(ids) == 1 else "bookings"
+        return f"{tool.name}: {status} {noun} {', '.join(map(str, ids))}{where}"
     return f"{tool.name}: {status}"

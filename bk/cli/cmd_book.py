@@ -129,6 +129,12 @@ def book_output(result, call, *, req, spec=None, command: str = "book", quiet: b
         if spec is not None and spec.rolled_to_tomorrow:
             head += " (tomorrow)"
         lines = [wrap(head, term.width, "", "  ")]
+        if r.start < now and result.status != "exists":
+            # The span starts before the clock does: say why, or "10:40" at
+            # 10:41 reads as a booking in the past.
+            slot = call.policy.slot_minutes
+            lines.append(wrap(f"starts now: from {timegrid.format_local_short(r.start, tz, now)}, the "
+                              f"current {slot}-minute slice", term.width, "", "  "))
         if result.status == "queued":
             asked = "now" if req.start is None else timegrid.format_local_short(req.start, tz, now)
             lines.append(wrap(f"queued: starts at {timegrid.format_local_short(r.start, tz, now)}, the "

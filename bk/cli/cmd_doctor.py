@@ -7,6 +7,7 @@ import argparse
 
 from bk.cli.render import Output, table, wrap
 from bk.core.errors import EXIT_PARTIAL, ConfigError
+from bk.core.timegrid import counted
 
 EPILOG = """Examples:
   bk doctor
@@ -91,9 +92,9 @@ def verdict(report: dict) -> str:
     """The last line: ready or not, naming what is not."""
     failed, warned = report["failed"], report["warnings"]
     if failed:
-        return f"not ready: {len(failed)} check{'s' if len(failed) != 1 else ''} failed ({', '.join(failed)})"
+        return f"not ready: {counted(len(failed), 'check')} failed ({', '.join(failed)})"
     if warned:
         names = [c["name"] for c in report["checks"] if c["status"] == "warn"]
-        return (f"all checks passed, {warned} warning{'s' if warned != 1 else ''} ({', '.join(names)}); "
+        return (f"all checks passed, {counted(warned, 'warning')} ({', '.join(names)}); "
                 "--strict counts warnings as failures")
     return "all checks passed"

@@ -9,6 +9,7 @@ import json
 from bk.cli import common
 from bk.cli.cmd_status import notice_lines
 from bk.cli.render import Output, safe, table, wrap
+from bk.core.timegrid import counted
 
 
 def register(sub) -> None:
@@ -58,11 +59,11 @@ def run_info(args, ctx) -> Output:
                      if data["backend"]["name"] == "simulated" else
                      f"{data['gpu_count']} ({data['backend']['name']}"
                      f"{', simulated' if data['backend']['simulated'] else ''})"],
-            ["slices", f"{pol['slot_minutes']} minutes"],
-            ["sharing", f"{pol['max_shared_users']} share slots per GPU"
+            ["slices", counted(pol["slot_minutes"], "minute")],
+            ["sharing", f"{counted(pol['max_shared_users'], 'share slot')} per GPU"
                         f"{', memory required (-m)' if pol['require_shared_memory'] else ''}"],
             ["limits", f"bookings up to {pol['max_booking_hours']} h, ending within "
-                       f"{pol['booking_horizon_days']} days"],
+                       f"{counted(pol['booking_horizon_days'], 'day')}"],
         ]
         if pol["disabled_gpus"]:
             rows.append(["disabled", "GPU " + common.gpus_text(pol["disabled_gpus"])])

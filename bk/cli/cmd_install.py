@@ -15,6 +15,7 @@ import os
 from bk.cli import common
 from bk.cli.render import Output
 from bk.core.errors import EXIT_PARTIAL, UsageError
+from bk.core.timegrid import counted
 
 INSTALL_EPILOG = """Examples:
   sudo python3 bk.pyz admin install            (guided: one question at a time)
@@ -31,16 +32,20 @@ man pages, bash and zsh completion, and with --login-hook /etc/profile.d/gpubk.s
 then daemon-reload and enable --now (where systemd runs; else it prints the
 commands). Everything is recorded in /etc/gpubk/install-manifest.json (root,
 0600). Run again, it reconciles: config and data kept, files refreshed,
-services restarted. It creates no accounts or groups."""
+services restarted; an older archive than the installed one is a downgrade,
+asked, or with --yes refused unless --allow-downgrade. Over a data directory
+an uninstall kept, the ledger's bound settings (GPU count, slice length,
+share slots) are kept. It creates no accounts or groups."""
 
 UNINSTALL_EPILOG = """Examples:
   sudo systemctl disable --now gpubk-monitor.service gpubk-broker.service
   sudo /opt/gpubk/bin/bk admin uninstall --dry-run --purge-data
   sudo /opt/gpubk/bin/bk admin uninstall --purge-data --yes
 
-It removes exactly what the install manifest lists and puts back what was
-there before. It refuses while a service runs, and when an installed file
-was changed by hand (it shows the difference). The data directory stays
+It removes exactly what the install manifest lists (the units, /opt/gpubk
+and the rest) and puts back what was there before. It refuses while a
+service runs (exit 75: stop them, then run it again), and when an installed
+file was changed by hand (it shows the difference). The data directory stays
 unless --purge-data; the backups of bk admin data backup (DATA_DIR-backups,
 /var/lib/gpubk-backups) stay even then."""
 
@@ -65,7 +70,10 @@ UPDATE_EPILOG = """Examples:
   sudo bk update /tmp/bk-new.pyz --apply --yes
 
 The verification is bk doctor --probe --strict, run by the new archive; when
-it fails, the previous archive is put back and the services restarted."""
+it fails, the previous archive is put back and the services restarted. The
+same version with the same content is already up to date (nothing is done);
+an older archive is a downgrade: asked, or with --yes refused unless
+--allow-downgrade."""
 
 
 def _add_root(p) -> None:
@@ -110,6 +118,11 @@ def register_admin(actions, parser_class) -> None:
                      help="remove the login hook on a reinstall")
     ins.add_argument("--python", metavar="PATH",
                      help="interpreter the launcher and units use (default: the one running this)")
+    ins.add_argument("--admin-contact", metavar="TEXT",
+                     help="who bk info names as the administrator (default: the user who ran sudo, "
+                          "$SUDO_USER; '' for none)")
+    ins.add_argument("--allow-downgrade", action="store_true",
+                     help="with --yes, install an archive older than the installed one")
     ins.add_argument("--no-start", dest="start", action="store_false", help="install, but start nothing")
     _add_root(ins)
     ins.add_argument("--destdir", metavar="DIR",
@@ -181,6 +194,8 @@ def register(sub) -> None:
     p.add_argument("archive", metavar="NEW.pyz", nargs="?", help="the archive to install (default: this bk)")
     p.add_argument("--apply", action="store_true", help="perform the upgrade (root)")
     p.add_argument("--python", metavar="PATH", help="interpreter for the new archive (default: as installed)")
+    p.add_argument("--allow-downgrade", action="store_true",
+                   help="with --apply --yes, install an archive older than the installed one")
     _add_root(p)
     p.add_argument("-y", "--yes", action="store_true", help="do not ask")
     p.set_defaults(handler=run_update, command="update")
@@ -191,6 +206,10 @@ def _missing(args, ctx) -> Output:
 
 
 # ------------------------------------------------------------- install
+
+# The exact line that makes a service account bk can use (it creates none).
+USERADD = "sudo useradd --system --no-create-home --shell /usr/sbin/nologin"
+DETECTED = "detected"
 
 VERBS = {"create": "create", "update": "refresh", "replace": "replace", "adopt": "adopt", "keep": "keep",
          "skip": "leave alone", "mkdir": "create", "link": "link", "remove": "remove",
@@ -218,17 +237,25 @@ def _plan_lines(plan, *, all_steps: bool = False) -> list[str]:
     return lines or ["  nothing to change: every file is in place"]
 
 
-def _install_text(result) -> str:
+def _install_text(result, command: str = "admin install") -> str:
+    """The plan or its outcome, headed by the command the person ran (``bk
+    admin services install`` runs the same reconcile and says so)."""
     p = result.plan
-    head = {"dry_run": "bk admin install would:", "installed": "bk admin install did:",
-            "reconciled": "bk admin install reconciled:", "unchanged": "bk admin install: everything is in place:",
-            "review": "bk admin install will:"}[result.status]
+    head = f"bk {command}" + {"dry_run": " would:", "installed": " did:", "reconciled": " reconciled:",
+                              "unchanged": ": everything is in place:", "review": " will:"}[result.status]
     ip = p.init_plan
     lines = [head, *_plan_lines(p)]
     lines.append(f"bk {p.version} from {p.archive_from}, run by {p.python}")
     lines.append(f"service account: {ip.service_user} (uid {ip.service_uid}); access: {ip.options.access}"
                  + (f" (group {ip.options.group})" if ip.options.group else "")
                  + f"; GPUs: {ip.config.get('gpu_count', 'detected')}")
+    if not p.reconcile:
+        lines.append(f"administrator contact (bk info): {ip.config.get('admin_contact') or 'none'}")
+    if ip.kept:
+        lines.append(f"kept data: the ledger in {ip.options.data_dir} binds "
+                     + ", ".join(f"{k} {v}" for k, v in sorted(ip.kept.items())) + "; the configuration keeps it")
+    if p.downgrade:
+        lines.append(f"DOWNGRADE: bk {p.installed_version} is installed; this archive is the older bk {p.version}")
     if result.status == "dry_run" or result.status == "review":
         if p.systemd:
             lines.append("then: " + "; ".join(" ".join(c) for c in p.service_commands))
@@ -247,7 +274,7 @@ def _options(args, **over):
                 max_shared_users=args.max_shared_users, command_path=args.command_path,
                 command_link=args.command_link, login_hook=args.login_hook, python=args.python,
                 start=args.start, simulated_gpus=gpu_count if simulated else None,
-                destdir=args.destdir)
+                destdir=args.destdir, admin_contact=args.admin_contact)
     from bk.core.record import replace
 
     return replace(o, **over) if over else o
@@ -258,6 +285,8 @@ def _guided(args, ctx):
     import grp
     import pwd
 
+    from bk.admin import init, install
+    from bk.admin.layout import Layout, target
     from bk.cli.guided import Dialog, Question
     from bk.core.errors import InvalidInput
 
@@ -266,9 +295,14 @@ def _guided(args, ctx):
             if pwd.getpwnam(text).pw_uid == 0:
                 raise InvalidInput("the service account must not be root")
         except KeyError:
-            raise InvalidInput(f"there is no account {text!r}; create it first: "
-                               f"sudo useradd --system --no-create-home {text}") from None
+            raise InvalidInput(f"there is no account {text!r}; create it first: {USERADD} {text}") from None
         return text
+
+    def gpus(text: str) -> int | None:
+        return None if text == DETECTED else common.positive_int(text)
+
+    def contact(text: str) -> str:
+        return "" if text.lower() in ("none", "-") else text
 
     def group(text: str) -> str:
         try:
@@ -295,26 +329,75 @@ def _guided(args, ctx):
             raise InvalidInput("an absolute path, please")
         return text
 
+    # Every default is what --yes would take.  Over a data directory an
+    # uninstall kept, the ledger's bound settings are not asked: they stay.
+    layout = Layout(os.path.normpath(args.root))
+    data_dir = args.data_dir or "/var/lib/gpubk"
+    kept = init.kept_binding(target(layout, data_dir, "--data-dir") or data_dir) or {}
+    unasked = {k for k in init.BOUND_OPTIONS if k in kept}
+    dialog = Dialog.terminal()
+    if unasked:
+        dialog.say(f"{data_dir} keeps a ledger: its GPU count ({kept.get('gpu_count')}), slices "
+                   f"({kept.get('slot_minutes')} min) and share slots ({kept.get('max_shared_users')}) stay.")
+    given, simulated = common.simulated_gpu_count(args.gpu_count, args.simulated_gpus)
+    detectable = given is None and "gpu_count" not in kept and init.gpus_detectable(ctx.env)
     questions = [
         Question("service_user", "Service account (runs the broker and monitor, owns the data)", user,
                  args.service_user or ctx.env.get("SUDO_USER") or None,
-                 help="an existing non-root account; bk creates none"),
-        Question("gpu_count", "How many GPUs to schedule", common.positive_int,
-                 str(args.gpu_count) if args.gpu_count else None, help="nvidia-smi -L counts them"),
+                 help=f"an existing non-root account; bk creates none: {USERADD} gpubk"),
+        Question("admin_contact", "Administrator contact shown by bk info", contact,
+                 args.admin_contact or install.default_contact(ctx.env) or "none",
+                 help="a name, a room, an address: whom users ask about this server; none for no contact"),
+        Question("gpu_count", "How many GPUs to schedule", gpus,
+                 str(given) if given else DETECTED if detectable else None,
+                 when=lambda a: "gpu_count" not in unasked,
+                 help="nvidia-smi -L counts them" + ("; detected: bk counts them at every start" if detectable
+                                                     else "")),
         Question("access", "Who may book: all users, or one group (all/group)",
                  access, args.access or "all"),
         Question("group", "Which group", group, args.group, when=lambda a: a.get("access") == "group"),
-        Question("slot_minutes", "Slice length in minutes", common.positive_int, str(args.slot_minutes or 5)),
-        Question("max_shared_users", "Share slots per GPU", common.positive_int, str(args.max_shared_users or 2)),
-        Question("data_dir", "Data directory", absolute, args.data_dir or "/var/lib/gpubk"),
+        Question("slot_minutes", "Slice length in minutes", common.positive_int, str(args.slot_minutes or 5),
+                 when=lambda a: "slot_minutes" not in unasked),
+        Question("max_shared_users", "Share slots per GPU", common.positive_int, str(args.max_shared_users or 2),
+                 when=lambda a: "max_shared_users" not in unasked),
+        Question("data_dir", "Data directory", absolute, data_dir),
         Question("command_path", "The bk command", absolute, args.command_path or "/usr/local/bin/bk"),
-        Question("login_hook", "Show notices at login (Y/n)", yesno, "y" if args.login_hook is not False else "n",
-                 shown="Y/n" if args.login_hook is not False else "y/N"),
+        Question("login_hook", "Show notices at login", yesno, "y" if args.login_hook else "n",
+                 shown="Y/n" if args.login_hook else "y/N"),
     ]
-    answers = Dialog.terminal().run(questions)
+    answers = dialog.run(questions)
+    if simulated and isinstance(answers.get("gpu_count"), int):
+        answers["simulated_gpus"] = answers["gpu_count"]     # --simulated-gpus: the count asked is simulated
+    for key, default in (("slot_minutes", 5), ("max_shared_users", 2)):
+        if answers.get(key) == default and getattr(args, key) is None:
+            answers[key] = None             # the default, left unsaid in the config as --yes leaves it
     return _options(args, **{k: v for k, v in answers.items() if k in (
-        "service_user", "gpu_count", "access", "group", "slot_minutes", "max_shared_users", "data_dir",
-        "command_path", "login_hook")})
+        "service_user", "admin_contact", "gpu_count", "access", "group", "slot_minutes", "max_shared_users",
+        "data_dir", "command_path", "login_hook", "simulated_gpus")})
+
+
+def _command_line(o, plan) -> str:
+    """The non-interactive command that installs what the options say, for a
+    person to run later: from the same archive (``sudo python3 bk.pyz``),
+    or the ``bk`` of the installed package."""
+    import shlex
+
+    source = plan.archive_from
+    prog = ["python3", source] if os.path.isabs(source) and source.endswith(".pyz") else ["bk"]
+    words = ["sudo", *prog, "admin", "install", "--yes"]
+    for flag, value in (("--service-user", o.service_user), ("--admin-contact", o.admin_contact),
+                        ("--gpu-count", o.gpu_count), ("--access", o.access), ("--group", o.group),
+                        ("--slot-minutes", o.slot_minutes), ("--max-shared-users", o.max_shared_users),
+                        ("--data-dir", o.data_dir), ("--command-path", o.command_path), ("--python", o.python)):
+        if value is not None:
+            words += [flag, str(value)]
+    if o.login_hook:
+        words.append("--login-hook")
+    if o.root != "/":
+        words += ["--root", o.root]
+    if not o.start:
+        words.append("--no-start")
+    return " ".join(shlex.quote(w) for w in words)
 
 
 def run_install(args, ctx) -> Output:
@@ -351,9 +434,20 @@ def run_install(args, ctx) -> Output:
         print(_install_text(review))
         for w in plan.warnings:
             print(f"warning: {w}")
-        if not ctx.confirm("Apply this plan?"):
+        # The person has just read the plan: Enter applies it; a downgrade
+        # is asked as one, and Enter keeps what is installed.
+        question = (f"Downgrade bk {plan.installed_version} to {plan.version}?" if plan.downgrade
+                    else "Apply this plan?")
+        if not ctx.confirm(question, default=not plan.downgrade):
             return Output("admin install", install.dry_run(plan).to_json() | {"status": "declined"},
-                          "nothing changed", exit_code=EXIT_PARTIAL)
+                          "nothing changed; to apply this plan later: " + _command_line(options, plan)
+                          + (" --allow-downgrade" if plan.downgrade else ""), exit_code=EXIT_PARTIAL)
+    elif plan.downgrade and not args.allow_downgrade:
+        raise UsageError(f"bk {plan.installed_version} is installed and this archive is bk {plan.version}, "
+                         "older: a downgrade; nothing was changed",
+                         hint="add --allow-downgrade to install it anyway (docs/UPGRADING.md: what a downgrade "
+                              "keeps)", details={"installed_version": plan.installed_version,
+                                                 "version": plan.version})
     result = install_apply.apply(plan)
     return Output("admin install", result.to_json(), lambda term: _install_text(result),
                   warnings=list(plan.warnings),
@@ -378,7 +472,7 @@ def _stage(args, options) -> Output:
         return "\n".join(lines)
 
     return Output("admin install", staged.to_json(), human,
-                  done=None if staged.dry_run else f"bk admin install staged {len(staged.files)} files")
+                  done=None if staged.dry_run else f"bk admin install staged {counted(len(staged.files), 'file')}")
 
 
 # ------------------------------------------------------------- uninstall
@@ -432,10 +526,13 @@ def _do_uninstall(args, ctx, up, command: str) -> Output:
     if up.systemd:                                  # the unit files are gone: tell systemd
         services.run([["systemctl", "daemon-reload"]])
     if not up.only_services:
-        lines.append("the /opt/gpubk directory goes last, by hand if you made it: sudo rm -rf /opt/gpubk; hash -r")
+        if os.path.isdir(up.layout.opt):
+            lines.append(f"left: {up.layout.opt}, which bk did not make or which holds files bk did not install; "
+                         f"remove it by hand if nothing else needs it: sudo rm -rf {up.layout.opt}")
+        lines.append("shells that ran bk remember where it was: hash -r")
     return Output(command, data | {"status": "removed", "dry_run": False,
                                    "removed": [r.entry.path for r in done]}, "\n".join(lines),
-                  done=f"bk {command}: removed {len(done)} paths")
+                  done=f"bk {command}: removed {counted(len(done), 'path')}")
 
 
 # ------------------------------------------------------------- services
@@ -486,7 +583,7 @@ def run_services(args, ctx) -> Output:
 
         def ran(term) -> str:
             lines = [f"services {got.reason}:"]
-            lines += [f"  {s['unit']}: started {s['starts']} time{'s' if s['starts'] != 1 else ''}, last "
+            lines += [f"  {s['unit']}: started {counted(s['starts'], 'time')}, last "
                       + ("exit: none" if s["last_exit"] is None else f"exit {s['last_exit']}")
                       for s in got.services]
             return "\n".join(lines)
@@ -496,15 +593,22 @@ def run_services(args, ctx) -> Output:
     from bk.core.record import replace
 
     options = replace(install.Options(root=args.root), start=args.start)
-    plan = install.plan(options, ctx.env)
+    plan = install.plan(options, ctx.env, doing="bk admin services install")
     if args.dry_run:
         result = install.dry_run(plan)
-        return Output("admin services install", result.to_json(), lambda term: _install_text(result))
+        return Output("admin services install", result.to_json(),
+                      lambda term: _install_text(result, "admin services install"))
     from bk.admin.layout import need_root
 
     need_root("bk admin services install")
+    if plan.downgrade:
+        raise UsageError(f"bk {plan.installed_version} is installed and this archive is bk {plan.version}, "
+                         "older: refreshing the units would downgrade it; nothing was changed",
+                         hint="run the installed bk: sudo /opt/gpubk/bin/bk admin services install (or "
+                              "sudo bk admin install --allow-downgrade to downgrade)")
     result = install_apply.apply(plan)
-    return Output("admin services install", result.to_json(), lambda term: _install_text(result))
+    return Output("admin services install", result.to_json(),
+                  lambda term: _install_text(result, "admin services install"))
 
 
 # ------------------------------------------------------------- login hook
@@ -518,16 +622,27 @@ def run_login_hook(args, ctx) -> Output:
     if args.hook_action == "status":
         st = loginhook.status(layout)
         return Output("admin login-hook status", st, f"login hook: {st['status']} ({st['path']})")
+    if args.hook_action == "uninstall":
+        st = loginhook.status(layout)
+        if st["status"] in ("absent", "foreign"):
+            # Nothing of bk's to remove: a hook bk never installed is not
+            # its to delete, and needs neither root nor an installed bk.
+            why = ("no login hook" if st["status"] == "absent" else
+                   "not bk's login hook (bk did not install it): left in place")
+            return Output("admin login-hook uninstall", {"status": "unchanged", "dry_run": args.dry_run,
+                                                         "hook": st},
+                          f"login hook: {st['status']} ({st['path']}): {why}; nothing to remove")
     loginhook.require_installed(layout)
     options = install.Options(root=args.root, login_hook=args.hook_action == "install")
-    plan = install.plan(options, ctx.env)
+    plan = install.plan(options, ctx.env, doing=f"bk admin login-hook {args.hook_action}",
+                        roles=(loginhook.ROLE,))
     # Only the hook (and the directory it needs); the rest is left to a reconcile.
     plan.actions = [a for a in plan.actions if a.role == "login-hook"
                     or a.op == "mkdir" and layout.hook.startswith(a.path + "/")]
     if args.dry_run:
         result = install.dry_run(plan)
         return Output(f"admin login-hook {args.hook_action}", result.to_json(),
-                      lambda term: "\n".join(["would:", *_plan_lines(plan)]))
+                      lambda term: "\n".join([f"bk admin login-hook {args.hook_action} would:", *_plan_lines(plan)]))
     from bk.admin.layout import need_root
 
     need_root(f"bk admin login-hook {args.hook_action}")
@@ -545,8 +660,9 @@ def run_update(args, ctx) -> Output:
     from bk.admin import update
 
     up = update.plan(args.root, args.archive, python=args.python)
-    if not args.apply:
-        return Output("update", up.to_json() | {"status": "plan"}, lambda term: update.plan_text(up))
+    if not args.apply or up.up_to_date:
+        status = "up_to_date" if up.up_to_date else "plan"
+        return Output("update", up.to_json() | {"status": status}, lambda term: update.plan_text(up))
     from bk.admin.layout import need_root
 
     need_root("bk update --apply")
@@ -555,9 +671,16 @@ def run_update(args, ctx) -> Output:
             raise UsageError("bk update --apply replaces the installed archive; confirm with --yes",
                              hint="preview first: bk update")
         print(update.plan_text(up))
-        if not ctx.confirm("Upgrade now?"):
+        # The plan was just read: Enter upgrades; a downgrade needs a yes.
+        if not ctx.confirm("Downgrade now?" if up.downgrade else "Upgrade now?", default=not up.downgrade):
             return Output("update", up.to_json() | {"status": "declined"}, "nothing changed",
                           exit_code=EXIT_PARTIAL)
+    elif up.downgrade and not args.allow_downgrade:
+        raise UsageError(f"bk {up.installed_version} is installed and {up.new_source} is bk {up.new_version}, "
+                         "older: a downgrade; nothing was changed",
+                         hint="add --allow-downgrade to install it anyway (docs/UPGRADING.md: what a downgrade "
+                              "keeps)", details={"installed_version": up.installed_version,
+                                                 "new_version": up.new_version})
     result = update.apply(up, ctx.env)
     return Output("update", result.to_json(), lambda term: update.result_text(result),
                   exit_code=0 if result.status == "updated" else 1,

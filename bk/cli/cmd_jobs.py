@@ -34,13 +34,15 @@ As a user service (install/bk-worker.service), kept after you log out:
 
 One worker per user and state directory. It starts your jobs as you, without a
 shell, in their own process group, with the booked GPUs in CUDA_VISIBLE_DEVICES.
+bk w start also delivers your notifications (bk notify), in a thread of its own.
 """
 
 
 def register(sub) -> None:
     j = sub.add_parser("jobs", aliases=["j"], help="your scheduled commands (bk run N DUR -- CMD)",
-                       description="List your jobs (commands attached to bookings), show one's output, "
-                       "or retry one.", epilog=JOBS_EPILOG,
+                       description="List your jobs (commands attached to bookings) in the order of bk l "
+                       "(current and upcoming ones by list number, then ended ones newest first), show "
+                       "one's output, or retry one.", epilog=JOBS_EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     j.add_argument("action", nargs="?", choices=("list", "log", "retry"), default="list",
                    help="list (default), log ID, retry ID")
@@ -63,13 +65,13 @@ def register(sub) -> None:
 # ------------------------------------------------------------------ bk j
 
 def run_jobs(args, ctx) -> Output:
-    from bk.service import JobLogRequest, JobRetryRequest
+    from bk.service import JobLogRequest, JobRetryRequest, WorkerHintRequest
 
     app, call = ctx.app(), ctx.call()
     if args.action == "list":
         if args.ref:
             raise UsageError("bk j lists all your jobs; for one: bk j log ID")
-        return _list(app, call, args.limit)
+        return _list(app, call, args.limit, env=None if ctx.json else ctx.env)
     if not args.ref:
         raise UsageError(f"bk j {args.action} needs the job's ID", hint=f"e.g. bk j {args.action} 1 (see bk j)")
     if args.action == "log":
@@ -88,8 +90,12 @@ def run_jobs(args, ctx) -> Output:
         return Output("jobs", got.to_json(), human)
     result = app.run("job_retry", JobRetryRequest(args.ref, args.accept_duplicate_risk), call=call)
     r = result.reservation
-    return Output("jobs", result.to_json(), f"job of {r.short_id} requeued: pending; your worker starts it "
-                  "when its GPUs are clear", done=f"requeued the job of {r.short_id}")
+    out = Output("jobs", result.to_json(), f"job of {r.short_id} requeued: pending; your worker starts it "
+                 "when its GPUs are clear", done=f"requeued the job of {r.short_id}")
+    hint = app.run("worker_hint", WorkerHintRequest(ctx.env, again=True), call=call).line
+    if hint:
+        out.warnings.append(hint)
+    return out
 
 
 def _never_started(got, call) -> str | None:
@@ -117,11 +123,14 @@ def _never_started(got, call) -> str | None:
     return f"the job of {res.short_id} has not started yet: your worker starts it at its next tick"
 
 
-def _list(app, call, limit) -> Output:
-    from bk.service import NO_WORKER, JobsRequest
+def _list(app, call, limit, *, env: dict | None = None) -> Output:
+    from bk.service import JobsRequest, WorkerHintRequest
 
     got = app.run("jobs", JobsRequest(limit), call=call)
     rows, numbers, worker = got.jobs, got.numbers, got.worker
+    nag = None
+    if env is not None and worker["state"] != "running" and any(r.job.status == "pending" for r in rows):
+        nag = app.run("worker_hint", WorkerHintRequest(env), call=call).line
 
     def human(term) -> str:
         if not rows:
@@ -136,8 +145,8 @@ def _list(app, call, limit) -> Output:
                          timegrid.format_span(r.start, r.end, call.tz, call.now), state, safe(reason)])
         text = table(body, ["#", "BOOKING", "JOB", "COMMAND", "GPUS", "WHEN", "STATE", "REASON"], term,
                      shrink=[7, 3], fold=True)
-        if worker["state"] != "running" and any(r.job.status == "pending" for r in rows):
-            text += "\n" + NO_WORKER
+        if nag:
+            text += "\n" + nag
         return text
     return Output("jobs", got.to_json(), human)
 
@@ -145,12 +154,15 @@ def _list(app, call, limit) -> Output:
 # ------------------------------------------------------------------ bk w
 
 def run_worker(args, ctx) -> Output:
-    from bk.service import NO_WORKER, Empty, WorkerRunRequest
+    from bk.service import Empty, WorkerHintRequest, WorkerRunRequest
 
     app, call = ctx.app(), ctx.call()
     if args.action == "status":
         got = app.run("worker_status", Empty(), call=call)
         st, counts = got.worker, got.jobs
+        nag = None
+        if st["state"] != "running" and not ctx.json:
+            nag = app.run("worker_hint", WorkerHintRequest(ctx.env), call=call).line
 
         def human(term) -> str:
             if st["state"] == "running":
@@ -159,17 +171,17 @@ def run_worker(args, ctx) -> Output:
             else:
                 head = "no worker is running for you"
             text = f"{head}; jobs: {counts['pending']} pending, {counts['running']} running"
-            if st["state"] != "running":
-                text += "\n" + NO_WORKER
+            if nag:
+                text += "\n" + nag
             return text
         return Output("worker", got.to_json(), human)
 
     def log(line: str) -> None:
-        try:
-            sys.stderr.write(f"bk worker: {line}\n")
-            sys.stderr.flush()
-        except (OSError, ValueError):
-            pass
+        import os
+
+        from bk.core import journal  # with its priority when the journal reads it
+
+        journal.write(sys.stderr, "bk worker", line, os.environ, os.fstat)
 
     done = app.run("worker", WorkerRunRequest(ctx.env, once=args.action == "once", log=log), call=call)
     started = done.started

@@ -22,7 +22,7 @@ def register(sub) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     scope = p.add_mutually_exclusive_group()
     scope.add_argument("--all", action="store_true", help="everyone's bookings")
-    scope.add_argument("--history", action="store_true", help="your ended and cancelled bookings")
+    scope.add_argument("--history", action="store_true", help="your ended and cancelled bookings, newest first")
     p.add_argument("-n", "--limit", type=_limit, default=DEFAULT_LIMIT, metavar="N",
                    help=f"show at most N (default {DEFAULT_LIMIT}; 0: all); a cut list says how many "
                         "there are, and the JSON's total counts them all")

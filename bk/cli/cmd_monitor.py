@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 
 from bk.cli.render import Output, safe, table
+from bk.core.timegrid import counted
 
 EPILOG = """Examples:
   bk m                      run the monitor in the foreground (private mode: as you)
@@ -78,7 +79,7 @@ def heartbeat_line(hb) -> str:
     if hb.interval_s is not None:
         bits.append(f"every {hb.interval_s:g} s")
     if hb.samples is not None:
-        bits.append(f"{hb.samples} samples")
+        bits.append(counted(hb.samples, "sample"))
     line = f"monitor: {hb.state} ({', '.join(bits)})"
     return line + (f"\n  {safe(hb.detail)}" if hb.detail else "")
 

@@ -131,7 +131,7 @@ def run_show(args, ctx) -> Output:
     x = got.preset
     mem = timegrid.format_memory(x.mem_mib) if x.mem_mib else "not given"
     name = safe(x.name)
-    lines = [f"preset {name}: {x.count} GPU{'s' if x.count != 1 else ''}, {x.mode}, "
+    lines = [f"preset {name}: {timegrid.counted(x.count, 'GPU')}, {x.mode}, "
              f"{timegrid.format_duration(x.duration)}, memory per GPU {mem}"]
     if x.share != 1:
         lines.append(f"  share slots: {x.share}")

@@ -24,12 +24,16 @@ EPILOG = """Examples:
   bk run -r 2 -- nvidia-smi      run now on booking 2
   bk run 2 4h 20g -- ./train.sh  book two GPUs for 4 hours and run it at the start
   bk run 1 8h -t 22:00 -- ./train.sh   book for tonight; your worker starts it at 22:00
+  bk run 1 4h --keep -- ./prep.sh   keep the GPU to the end after prep.sh exits
 
 The command gets CUDA_VISIBLE_DEVICES (GPU UUIDs on real GPUs, indices in a
 simulation), CUDA_DEVICE_ORDER=PCI_BUS_ID, BK_RESERVATION_ID and
 BK_RESERVED_GPUS. It runs without a shell (write one yourself: -- bash -c '...').
 It gets SIGTERM worker_termination_grace_seconds (default 5) before the booking
-ends and SIGKILL at the end, to its whole process group.
+ends and SIGKILL at the end, to its whole process group. A booking that bk run
+N DUR (or bk N DUR -- CMD) made for the command ends within seconds after the
+command exits, freeing the rest of its window for others (bk j shows "ended
+early: the command finished at 14:02 (exit 0)"); --keep keeps it to its end.
 
 Now (bk run -- CMD): the command keeps this terminal (REPLs and editors work);
 Ctrl-C goes to it. bk exits with the command's status, 124 when the booking
@@ -61,6 +65,9 @@ def register(sub) -> None:
                    help="with -t/--start: take the earliest start at or after it")
     p.add_argument("--note", metavar="TEXT", help="a note others see in the lists")
     p.add_argument("--again", action="store_true", help="book even if you just made the same booking")
+    p.add_argument("--keep", action="store_true",
+                   help="with N DUR: keep the booking to its end after the command exits (default: it "
+                   "ends then, freeing the rest of its window)")
     p.add_argument("-q", "--quiet", action="store_true", help="print only the booking ID (with N DUR)")
     p.add_argument("-v", "--verbose", action="store_true", help="show why each GPU was chosen")
     p.add_argument("-y", "--yes", action="store_true", help="never ask (accepted for scripts)")
@@ -81,7 +88,10 @@ def run(args, ctx) -> Output:
                                         count=common.parse_count(words[0]) if words else 1,
                                         words=words[1:])
         return book_command(app, call, ctx, req, spec, cmd, command="run", quiet=args.quiet,
-                            verbose=args.verbose)
+                            verbose=args.verbose, keep=args.keep)
+    if args.keep:
+        raise UsageError("--keep is for a booking bk run makes (N DUR); a booking you already have "
+                         "lasts to its end anyway", hint="e.g. bk run 1 2h --keep -- ./prep.sh")
     if cmd is None:
         return show(app, call, args.reservation)
     if not cmd:
@@ -90,13 +100,13 @@ def run(args, ctx) -> Output:
 
 
 def book_command(app, call, ctx, req, spec, cmd: list[str], *, command: str, quiet: bool = False,
-                 verbose: bool = False) -> Output:
+                 verbose: bool = False, keep: bool = False) -> Output:
     """``bk N DUR -- CMD`` and ``bk run N DUR -- CMD``: book with the
     command attached, shown like any booking plus the job's line."""
     from bk.cli.cmd_book import book_output
     from bk.service import BookJobRequest
 
-    result = app.run("book_job", BookJobRequest(req, tuple(cmd), _cwd(), ctx.env), call=call)
+    result = app.run("book_job", BookJobRequest(req, tuple(cmd), _cwd(), ctx.env, keep=keep), call=call)
     out = book_output(result, call, req=req, spec=spec, command=command, quiet=quiet, verbose=verbose)
     if quiet or result.dry_run:
         return out
@@ -109,6 +119,8 @@ def book_command(app, call, ctx, req, spec, cmd: list[str], *, command: str, qui
             return text
         when = "at the booking's start" if result.reservation.start > call.now else "now"
         line = f"job {safe(job.summary or '')}: {job.status}; your worker starts it {when} (bk j to follow)"
+        if not keep:
+            line += "; the booking ends when it exits"
         return text + "\n" + wrap(line, term.width, "", "  ")
     out.human = human
     return out

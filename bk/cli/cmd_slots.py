@@ -94,7 +94,7 @@ def run_gpu(args, ctx) -> Output:
             lines = [wrap(f"yours now: {common.summary_line(r, capacity=call.policy.max_shared_users, tz=tz, now=now)}"
                           f", {timegrid.format_duration(r.end - now)} left", term.width, "", "  ")
                      for r in found.current]
-            return "\n".join([*lines, found.export])
+            return "\n".join([*lines, *([found.export] if found.export else [])])
         return Output("gpu", found.to_json(), human_current)
     rec = found.options
     if not found.free_now:
@@ -127,5 +127,5 @@ def live_line(g) -> str:
     if g.mem_free_mib is not None:
         parts.append(f"{g.mem_free_mib / 1024:.1f}G VRAM free")
     if g.processes is not None:
-        parts.append({0: "no processes", 1: "1 process"}.get(g.processes, f"{g.processes} processes"))
+        parts.append("no processes" if not g.processes else timegrid.counted(g.processes, "process", "processes"))
     return ", ".join(parts)

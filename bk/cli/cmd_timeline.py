@@ -135,7 +135,7 @@ def render(tv, term, *, tz, now: int, label_w: int) -> str:
                 several = True
             elif c.mine:
                 ch = letter.get(c.mine[0], "*")
-                ch, style = (ch.upper() if c.used >= cap else ch), ("green", "bold")
+                ch, style = (ch.upper() if c.full_mine else ch), ("green", "bold")
             elif c.used == 0:
                 ch, style = free, ("dim",)
             elif c.used >= cap:

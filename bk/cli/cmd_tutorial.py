@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 
 from bk.cli.render import Output, wrap
+from bk.core.timegrid import counted
 
 
 def register(sub) -> None:
@@ -34,13 +35,13 @@ def steps(pol: dict) -> list[dict]:
     mem = " 12g" if pol["require_shared_memory"] else ""
     return [
         {"title": "Look around",
-         "text": f"This server has {n} GPU{'s' if n != 1 else ''}. The status shows each GPU's "
+         "text": f"This server has {counted(n, 'GPU')}. The status shows each GPU's "
                  "load, who holds it now and when it is next fully free; the timeline shows the "
                  "hours ahead.",
          "commands": ["bk st", "bk tl"]},
         {"title": "Book a GPU",
          "text": f"Time comes in {slot}-minute slices: bookings start and last whole slices. "
-                 f"A shared booking takes one of the {cap} share slots of each GPU it uses; "
+                 f"A shared booking takes one of the {counted(cap, 'share slot')} of each GPU it uses; "
                  "an exclusive one (x) takes the whole GPU. A bare booking starts now; if "
                  "nothing is free it is queued to the earliest start that fits, and bk says so."
                  + mem_note,
@@ -49,8 +50,8 @@ def steps(pol: dict) -> list[dict]:
          "text": "-t takes a time: an exact start, or an error if it is taken (add --queue for "
                  "the earliest start after it). bk slots shows options without booking and "
                  f"prints the command for each. Bookings must end within "
-                 f"{pol['booking_horizon_days']} days and last at most "
-                 f"{pol['max_booking_hours']} hours.",
+                 f"{counted(pol['booking_horizon_days'], 'day')} and last at most "
+                 f"{counted(pol['max_booking_hours'], 'hour')}.",
          "commands": [f"bk 1 2h{mem} -t 20:00", f"bk slots {many} 1h", f"bk 1 1h{mem} -t 'tomorrow 09:00' --queue"]},
         {"title": "Use your GPUs",
          "text": "bk g shows the GPUs of your running booking and the line that points CUDA at "

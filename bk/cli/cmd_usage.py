@@ -78,9 +78,10 @@ def register(sub) -> None:
     ev.set_defaults(handler=run_events, command="usage events")
 
     ver = actions.add_parser("verify", help="check the sealed days against their checksums",
-                             description="Recompute the SHA-256 and record count of every sealed "
-                             "day of the history and compare them with its seal. Exits 1 when a "
-                             "day does not match (tampered or damaged).",
+                             description="Recompute the SHA-256, record count and totals of every "
+                             "sealed day of the history and compare them with its seal, and check "
+                             "every line of every day. Exits 1 when a day does not match its seal "
+                             "(tampered) or holds lines that are not records (damaged).",
                              epilog="Examples:\n  bk u verify\n  bk u verify --json",
                              formatter_class=argparse.RawDescriptionHelpFormatter)
     ver.set_defaults(handler=run_verify, command="usage verify")
@@ -324,8 +325,13 @@ def run_verify(args, ctx) -> Output:
             return "no usage history to verify"
         rows = [[c.kind, c.day, c.state, "-" if c.records is None else str(c.records), safe(c.detail)]
                 for c in rep.checks]
-        verdict = ("every sealed day matches its seal" if rep.ok else
-                   "some days do not match their seals: the files were changed after sealing")
+        states = {c.state for c in rep.checks}
+        said = []
+        if states & {"tampered", "seal-without-data"}:
+            said.append("some days do not match their seals: the files were changed after sealing")
+        if "damaged" in states:
+            said.append("some days hold lines that are not usage records: they are skipped, never counted")
+        verdict = "\n".join(said) or "every sealed day matches its seal"
         return table(rows, ["KIND", "DAY", "STATE", "RECORDS", "DETAIL"], term, shrink=4, fold=True) + "\n" + verdict
 
     return Output("usage verify", rep.to_json(), human, exit_code=0 if rep.ok else EXIT_PARTIAL)

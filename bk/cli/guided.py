@@ -298,7 +298,7 @@ def _count_parser(policy) -> Callable[[str], int]:
     def parse(word: str) -> int:
         n = builders.count(word)
         if n > len(usable):
-            raise InvalidInput(f"this server has {len(usable)} GPU{'s' if len(usable) != 1 else ''} "
+            raise InvalidInput(f"this server has {timegrid.counted(len(usable), 'GPU')} "
                                f"you can book; {n} is too many")
         return n
     return parse
@@ -387,7 +387,7 @@ def add_questions(app, call, defaults: dict) -> list[Question]:
         option = app.run("recommend", builders.recommend_request(req, 1), call=call).options[0]
         n = len(option.gpus)
         mem = f", {timegrid.format_memory(a['mem'])} per GPU" if a.get("mem") else ""
-        lines = [f"Preview: {n} GPU{'s' if n != 1 else ''} ({common.gpus_text(option.gpus)}) "
+        lines = [f"Preview: {timegrid.counted(n, 'GPU')} ({common.gpus_text(option.gpus)}) "
                  f"{a['mode']}{mem}, {timegrid.format_span(option.start, option.end, tz, now)}"]
         a["_queued_start"] = option.start if option.queued else None
         if option.queued:
@@ -521,7 +521,7 @@ def edit_questions(app, call, res, ctx, *, active: bool) -> list[Question]:
     def parse_share(word: str) -> int:
         n = common.positive_int(word)
         if n > cap:
-            raise InvalidInput(f"a GPU has {cap} share slots; {n} is too many",
+            raise InvalidInput(f"a GPU has {timegrid.counted(cap, 'share slot')}; {n} is too many",
                                hint="for the whole GPU choose mode x")
         return n
 

@@ -276,7 +276,8 @@ processes).
 .TP
 .B BK_NOW
 Fix the clock (epoch seconds or ISO 8601 with an offset); for tests and
-demos only.
+demos only. \fB@\fR\fIFILE\fR reads the instant from \fIFILE\fR at every
+look, so the clock of running daemons can be moved.
 .TP
 .B BK_DEBUG
 Set to 1 to show the traceback of an unexpected error instead of one line.
@@ -314,6 +315,13 @@ When set to a non\-empty value, never colour the output.
 \fBdumb\fR turns off colours and other escape sequences; \fBbk t\fR then
 prints the text timeline.
 .TP
+.B TERM_PROGRAM\fR, \fBTMUX\fR, \fBSTY
+Read by your notification deliverer from the environment of the programs
+running in each of your terminals (not from its own): a terminal whose
+program is known to show pop\-ups (iTerm2: OSC 9; WezTerm, Ghostty, foot,
+rxvt\-unicode: OSC 777) gets one; inside tmux or screen none is sent (see
+\fBbk notify\fR).
+.TP
 .B COLORFGBG
 Set by some terminals; \fBbk t\fR starts with its light theme when it names a
 light background.
@@ -328,7 +336,9 @@ only; default \fI~/.local/share/bk\fR).
 .TP
 .B XDG_CONFIG_HOME
 Private mode reads \fI$XDG_CONFIG_HOME/bk/config.json\fR (default
-\fI~/.config/bk/config.json\fR).
+\fI~/.config/bk/config.json\fR); your notification settings are
+\fI$XDG_CONFIG_HOME/bk/notify.json\fR (in \fI$BK_DATA_DIR/state\fR for a
+trial run).
 .TP
 .B XDG_CACHE_HOME
 The GPU inventory (count, UUIDs, names, memory) is cached in
@@ -339,6 +349,11 @@ fingerprint of the hardware; deleting it only costs the next command a look.
 Presets and the prompt history live in \fI$XDG_STATE_HOME/bk\fR (default
 \fI~/.local/state/bk\fR); with \fBBK_DATA_DIR\fR set (a trial run), in
 \fI$BK_DATA_DIR/state\fR instead, so a demo leaves your real presets alone.
+.TP
+.B XDG_SESSION_ID
+The login session (set by systemd\-logind): advice such as how to start a
+worker is given once per session.  Without it, each terminal session (its
+login shell) is one.
 .SH FILES
 .TP
 .I /etc/gpubk/config.json
@@ -364,6 +379,16 @@ Lines typed at the \fBbk>\fR prompt, the last 1000.
 .TP
 .I ~/.cache/bk/
 The cached GPU inventory (see \fBXDG_CACHE_HOME\fR).
+.TP
+.I ~/.config/bk/notify.json
+Your notification settings (\fBbk notify set\fR), mode 0600: events,
+channels, quiet hours, your email address and webhook URL, which no shared
+file holds.
+.TP
+.I ~/.local/state/bk/notify/
+Your deliverer's \fIdeliveries.json\fR (what was sent, per channel, and each
+channel's health), its \fIdeliverer.lock\fR and \fIlog.lock\fR (0700, files
+0600).
 .TP
 .I ~/.local/state/bk/jobs/
 Your scheduled commands (0700): \fIspecs/ID.json\fR (a command line, its

@@ -45,6 +45,11 @@ broker \fBgpubk\-broker.service\fR, the only writer of the ledger, which
 learns who is asking from the kernel (SO_PEERCRED); and the monitor
 \fBgpubk\-monitor.service\fR, which samples the GPUs and writes the
 snapshot and heartbeat every client reads.
+A third unit, \fBgpubk\-enforcer.service\fR, is installed disabled: it runs
+only when the administrator turns hard enforcement on
+(\fBbk admin enforce on\fR), and then keeps a cgroup device program on every
+user's slice so that a user's processes open a GPU only while the user holds
+a booking on it.
 Users run \fBbk\fR without sudo; see \fBbk\fR(1).
 .PP
 The commands below are for root (run them with sudo); they refuse anyone
@@ -74,6 +79,11 @@ runs as the service account and knows the caller by the caller's own UID;
 that the service account can replace a file atomically and take the
 writers' lock in the data directory (the broker tries it); and that the
 monitor's heartbeat is fresh.
+Where hard enforcement is on (\fBenforce\fR in \fBgpubk\-config\fR(5)) it also
+checks that the kernel loads cgroup device programs, that cgroup v2 is
+mounted, and that the enforcer runs with its program attached to every
+governed cgroup; an enforcer that stopped fails this check, whichever way it
+fails (open or closed).
 Each check is \fBok\fR, \fBWARN\fR or \fBFAIL\fR; every one that is not ok
 names its fix.
 \fB\-\-strict\fR counts warnings as failures and exits 1 when any check is
@@ -126,6 +136,13 @@ stopping there.
 Set for the services by systemd and by \fBbk admin services run\fR
 (\fI/run/gpubk\fR, from \fBRuntimeDirectory=\fR); bk itself reads the
 socket's path from the configuration.
+.TP
+.B JOURNAL_STREAM
+Set by systemd when a service's stderr is the journal: when it names bk's
+stderr, \fBbk broker\fR, \fBbk m\fR and \fBbk w\fR start each log line with
+its priority (\fB<3>\fR error, \fB<4>\fR warning, \fB<6>\fR information), and so do
+bk's \fBerror:\fR and \fBwarning:\fR lines, so that \fBjournalctl \-p err\fR finds
+them.
 .SH FILES
 \fBbk admin install\fR writes these (below \fB\-\-root\fR \fIDIR\fR when
 given) and records each one in its manifest:
@@ -168,6 +185,15 @@ The broker's socket; systemd creates \fI/run/gpubk\fR at every start
 .TQ
 .I /etc/systemd/system/gpubk\-monitor.service
 The hardened system units of the two services.
+.TP
+.I /etc/systemd/system/gpubk\-enforcer.service
+The enforcer's unit, installed disabled (root with \fBCAP_BPF\fR,
+\fBCAP_NET_ADMIN\fR, \fBCAP_SYS_ADMIN\fR and \fBCAP_KILL\fR only); \fBbk admin
+enforce on\fR enables and starts it, \fBoff\fR stops and disables it.
+.TP
+.I /var/lib/gpubk\-enforcer
+The enforcer's \fIstatus.json\fR, \fIevents.jsonl\fR and \fIenforcer.lock\fR,
+root's (\fBenforce_state_dir\fR; the unit's StateDirectory=).
 .TP
 .I /etc/systemd/user/bk\-worker.service
 The user unit of the scheduled\-command worker (a later release builds the
@@ -215,7 +241,6 @@ EXAMPLES = (
      "sudo bk update new/bk.pyz --apply    # stop, replace, restart, verify"),
     ("Remove it again, data included:",
      "sudo systemctl disable --now gpubk-monitor.service gpubk-broker.service\n"
-     "sudo /opt/gpubk/bin/bk admin services uninstall --yes\n"
      "sudo /opt/gpubk/bin/bk admin uninstall --purge-data --dry-run\n"
      "sudo /opt/gpubk/bin/bk admin uninstall --purge-data --yes"),
 )

@@ -167,9 +167,18 @@ def _write(stream, text: str) -> None:
         stream.write(text.encode(enc, FALLBACK_ERRORS).decode(enc))
 
 
-def _say(text: str) -> None:
-    """A line on stderr that may fail silently: it is the last channel left."""
+def _say(text: str, priority: int | None = None) -> None:
+    """A line on stderr that may fail silently: it is the last channel left.
+    ``priority`` (3 error, 4 warning): when stderr is the journal (a command
+    run by systemd, ``bk broker`` failing to start), each line carries it,
+    so ``journalctl -p err`` shows why (``bk.core.journal``)."""
     try:
+        if priority is not None and os.environ.get("JOURNAL_STREAM"):
+            from bk.core import journal
+
+            if journal.on_journal(os.environ, sys.stderr, os.fstat):
+                text = "".join(journal.lines("", journal.mark(priority, line), True)
+                               for line in text.rstrip("\n").split("\n"))
         _write(sys.stderr, text)
         sys.stderr.flush()
     except (OSError, ValueError):
@@ -204,7 +213,7 @@ def output_failed(exc: BaseException, done: str | None = None) -> int:
     if sys.stdout is None:
         reason = "standard output is closed"
     what = f"{safe(done)}, but the output could not be written" if done else "the output could not be written"
-    _say(f"error: {what} ({safe(reason)})\n")
+    _say(f"error: {what} ({safe(reason)})\n", 3)
     park_stdout()
     return EXIT_IO
 
@@ -300,7 +309,7 @@ def emit(out: Output, as_json: bool, term: Term | None = None) -> int:
         text = json.dumps(success(out.command, out.data, out.warnings)) + "\n"
     else:
         for w in out.warnings:
-            _say(f"warning: {safe_lines(w)}\n")
+            _say(f"warning: {safe_lines(w)}\n", 4)
         term = term or Term.detect()
         text = _human_text(out, term)
     try:
@@ -337,12 +346,12 @@ def emit_error(command: str, err: BkError, as_json: bool, warnings: list[str] | 
             park_stdout()
         except (OSError, ValueError) as exc:
             # The envelope is lost: the error itself must still be said.
-            _say(f"error: {safe_lines(err.message)}\n")
+            _say(f"error: {safe_lines(err.message)}\n", 3)
             output_failed(exc)
     else:
         for w in warnings or []:
-            _say(f"warning: {safe_lines(w)}\n")
-        _say(f"error: {safe_lines(err.message)}\n")
+            _say(f"warning: {safe_lines(w)}\n", 4)
+        _say(f"error: {safe_lines(err.message)}\n", 3)
         if err.hint:
-            _say(f"hint: {safe_lines(err.hint)}\n")
+            _say(f"hint: {safe_lines(err.hint)}\n", 3)     # the error's fix: found with it
     return err.exit_code

@@ -30,3 +30,14 @@ def is_envelope(obj: object) -> bool:
         err = obj.get("error")
         return isinstance(err, dict) and isinstance(err.get("code"), str) and "message" in err
     return False
+
+
+# A read the broker shares between ordinary users (a probe measured for
+# another caller moments ago) says so in a warning that starts with this:
+# ``bk doctor`` shows it beside its checks instead of counting it a failure.
+SHARED_RESULT = "this result was measured "
+
+
+def shared_result_note(age_s: float, op_name: str, every_s: float) -> str:
+    return (f"{SHARED_RESULT}{age_s:.0f} s ago for another caller (ordinary users share one {op_name} "
+            f"per {every_s:g} s); the administrator's is always fresh")

@@ -90,6 +90,14 @@ class PolicyRefused(BkError):
     exit_code = EXIT_CAPACITY
 
 
+class LedgerLimit(BkError):
+    """One user's share of the shared ledger is used up (``bk.core.ledgerlimits``):
+    the limit's key, the user's count and the maximum are in ``details``."""
+
+    code = "ledger_limit"
+    exit_code = EXIT_CAPACITY
+
+
 class NotFound(BkError):
     code = "not_found"
     exit_code = EXIT_NOT_FOUND
@@ -146,7 +154,7 @@ class ConfigError(BkError):
 # "invalid input" (exit 2); only the CLI's own parser tells them apart.
 BY_CODE: dict[str, type[BkError]] = {cls.code: cls for cls in (
     InvalidInput, Conflict, PolicyRefused, NotFound, Ambiguous, PermissionDenied, Unavailable,
-    Internal, IOFailure, LostCommits, Busy, WrongAccount, ConfigError,
+    Internal, IOFailure, LostCommits, Busy, WrongAccount, ConfigError, LedgerLimit,
 )}
 
 ERROR_CODES = tuple(BY_CODE)

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import re
 
+from bk.core.timegrid import counted
+
 PENDING = "pending"          # waiting for the booking's start or for the GPUs to clear
 RUNNING = "running"
 SUCCEEDED = "succeeded"      # exited 0
@@ -64,7 +66,7 @@ def summary_of(argv: list[str] | tuple[str, ...]) -> str:
     prog = (argv[0] if argv else "").rsplit("/", 1)[-1]
     prog = _SAFE_WORD.sub("_", prog)[:32] or "command"
     n = len(argv) - 1
-    return prog if n <= 0 else f"{prog} +{n} arg{'s' if n != 1 else ''}"
+    return prog if n <= 0 else f"{prog} +{counted(n, 'arg')}"
 
 
 def digest_of(data: bytes) -> str:
@@ -144,7 +146,7 @@ def launch_blocker(snapshot, reservations, booking, now: int) -> str | None:
         who = ", ".join(x.users)
         mem = f", {x.mem_mib} MiB" if x.mem_mib else ""
         reasons.append(f"GPU {x.gpu} is used by {who} without a booking there "
-                       f"({x.count} process{'es' if x.count != 1 else ''}{mem})")
+                       f"({counted(x.count, 'process', 'processes')}{mem})")
     if booking.mode != "exclusive" and booking.mem_mib:
         for g in snapshot.gpus:
             if g.index not in booking.gpus or g.mem_total_mib is None or g.mem_used_mib is None:
@@ -164,6 +166,14 @@ def exit_state(returncode: int, *, stopped_for: str | None) -> str:
     if stopped_for == "cancel":
         return CANCELLED
     return SUCCEEDED if returncode == 0 else FAILED
+
+
+def ends_booking(*, stopped_for: str | None, keep: bool, cancelled: bool, now: int, end: int) -> bool:
+    """Whether a job that just exited ends its booking now: it exited on
+    its own (bk did not stop it for the end, a cancel or its worker's stop),
+    the booking was made for it without ``--keep``, and the booking still
+    has time left to give back."""
+    return stopped_for is None and not keep and not cancelled and now < end
 
 
 def shell_status(returncode: int) -> int:

@@ -61,6 +61,7 @@ from bk.core.models import (
     Reservation,
 )
 from bk.core.record import dataclass, field
+from bk.core.timegrid import counted
 from bk.core.utctime import format_utc, parse_utc
 
 FORMAT = "gpubk.ledger"
@@ -304,7 +305,7 @@ class _Problems(list):
     def done(self) -> list[str]:
         out = list(self)
         if self.dropped:
-            out.append(f"... and {self.dropped} more problems")
+            out.append(f"... and {counted(self.dropped, 'more problem')}")
         return out
 
 
@@ -507,7 +508,7 @@ def _check_capacity(state: LedgerState, cap, probs: _Problems) -> None:
         for key, w in ev:
             load += w
             if load > limit:
-                what = (f"more than {cap} share slots in use" if cap is not None
+                what = (f"more than {counted(cap, 'share slot')} in use" if cap is not None
                         else "an exclusive booking overlaps another booking")
                 probs.add(f"capacity: gpu {g} at {format_utc(key // 2)}: {what}")
                 break

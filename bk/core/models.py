@@ -20,7 +20,8 @@ MODES = (SHARED, EXCLUSIVE)
 
 # Processes that every desktop or driver runs; they belong to nobody's booking.
 SYSTEM_LABELS = ("xorg", "x", "gnome-shell", "nvidia-persistenced", "nvidia-smi", "kwin_x11",
-                 "kwin_wayland", "gdm", "sddm", "xwayland", "dcgm", "nv-hostengine")
+                 "kwin_wayland", "gdm", "sddm", "xwayland", "dcgm", "nv-hostengine",
+                 "nvidia-cuda-mps-server")
 
 UPCOMING = "upcoming"
 ACTIVE = "active"
@@ -251,6 +252,9 @@ class GpuInfo:
     util: int | None = None
     temperature: int | None = None
     processes: list[GpuProcess] | None = None   # None: the backend cannot list them
+    power_mw: int | None = None          # power draw now, milliwatts
+    power_limit_mw: int | None = None    # the enforced power limit, milliwatts
+    energy_mj: int | None = None         # the driver's total-energy counter, millijoules since it loaded
 
     def live_state(self) -> str:
         """``idle``, ``busy`` or ``unknown``, used to break placement ties."""

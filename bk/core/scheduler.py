@@ -31,6 +31,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone, tzinfo
 
 from bk.core.record import dataclass
+from bk.core.timegrid import counted
 
 from .capacity import RES, check_invariants, default_mem, index_holds, usable_mib
 from .errors import Conflict, InvalidInput, PolicyRefused
@@ -212,7 +213,7 @@ class _Plan:
         horizon_end = self.now + p.booking_horizon_days * 86400
         if self.requested + self.d > horizon_end:
             raise PolicyRefused(
-                f"a booking must end within {p.booking_horizon_days} days of now "
+                f"a booking must end within {counted(p.booking_horizon_days, 'day')} of now "
                 f"(booking_horizon_days): {self._span(self.requested, self.requested + self.d)} "
                 f"ends after {self._clock(horizon_end)}",
                 "choose an earlier start or a shorter duration",
@@ -428,8 +429,8 @@ class _Plan:
     def refuse_capacity(self):
         """Raise the Conflict that says what holds the requested window."""
         s, e, req = self.requested, self.requested + self.d, self.req
-        what = (f"{req.count} GPU{'s' if req.count > 1 else ''} ({req.mode}"
-                + (f", {req.share} slot{'s' if req.share > 1 else ''}" if req.mode == SHARED else "")
+        what = (f"{counted(req.count, 'GPU')} ({req.mode}"
+                + (f", {counted(req.share, 'slot')}" if req.mode == SHARED else "")
                 + f") for {_dur(self.d)}")
         if not self.exact:
             limit = (f"{self.policy.queue_search_hours} h (queue_search_hours)"
@@ -550,7 +551,7 @@ def _holder(g: int, r: Reservation) -> dict:
 
 
 def _gpus(n: int) -> str:
-    return f"{n} GPU" if n == 1 else f"{n} GPUs"
+    return counted(n, "GPU")
 
 
 def _dur(seconds: int) -> str:

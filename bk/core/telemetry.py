@@ -55,6 +55,89 @@ GAP_NOTES = {"mig": "MIG mode: readings are the whole GPU's", "nvml": "the drive
              "gpus": "no GPUs seen"}
 
 
+# The range of every reading, for readers of files that another process
+# wrote (the monitor's snapshot, the usage history): a value outside it is
+# damage, never a measurement, and such a file is not believed.  The bounds
+# are the hardware's and the kernel's, with room to spare, not a guess at
+# what is plausible today.
+MAX_GPUS = 64                    # BK_GPU_COUNT and gpu_count allow 1..64
+MAX_PID = 1 << 22                # PID_MAX_LIMIT on 64-bit Linux
+MAX_UID = (1 << 32) - 2          # uid_t; (uid_t)-1 means "no user"
+MAX_MEM_MIB = 1 << 24            # 16 TiB, far above any one GPU's memory
+TEMPERATURE_C = (-100, 200)      # a sensor reading in degrees Celsius
+MAX_TEXT = 256                   # names, labels, UUIDs, containers
+MAX_PROCESSES = 4096             # per GPU
+
+
+def whole(v, lo: int, hi: int) -> bool:
+    """``v`` is an int (not a bool) in ``lo..hi``."""
+    return type(v) is int and lo <= v <= hi
+
+
+def _opt_whole(v, lo: int, hi: int) -> bool:
+    return v is None or whole(v, lo, hi)
+
+
+def _opt_text(v) -> bool:
+    return v is None or (isinstance(v, str) and len(v) <= MAX_TEXT)
+
+
+def process_problem(p: GpuProcess) -> str | None:
+    """What is out of range in one process reading; None when nothing is."""
+    checks = (("pid", whole(p.pid, 1, MAX_PID)), ("mem_mib", _opt_whole(p.mem_mib, 0, MAX_MEM_MIB)),
+              ("sm", _opt_whole(p.sm, 0, 100)), ("uid", _opt_whole(p.uid, 0, MAX_UID)),
+              ("since", _opt_whole(p.since, 0, 1 << 40)), ("user", _opt_text(p.user)),
+              ("label", _opt_text(p.label)), ("container", _opt_text(p.container)),
+              ("identity", p.identity is None or p.identity in IDENTITIES))
+    for name, fine in checks:
+        if not fine:
+            return f"process {name} {getattr(p, name)!r} is out of range"
+    return None
+
+
+def gpu_problem(g: GpuInfo) -> str | None:
+    """What is out of range in one GPU reading (its processes included)."""
+    lo_t, hi_t = TEMPERATURE_C
+    checks = (("index", whole(g.index, 0, MAX_GPUS - 1)),
+              ("uuid", isinstance(g.uuid, str) and 0 < len(g.uuid) <= MAX_TEXT),
+              ("name", isinstance(g.name, str) and len(g.name) <= MAX_TEXT),
+              ("mem_total_mib", _opt_whole(g.mem_total_mib, 1, MAX_MEM_MIB)),
+              ("mem_used_mib", _opt_whole(g.mem_used_mib, 0, MAX_MEM_MIB)),
+              ("util", _opt_whole(g.util, 0, 100)), ("temperature", _opt_whole(g.temperature, lo_t, hi_t)),
+              ("processes", g.processes is None or (isinstance(g.processes, list)
+                                                    and len(g.processes) <= MAX_PROCESSES)))
+    for name, fine in checks:
+        if not fine:
+            return f"GPU {g.index!r}: {name} {getattr(g, name)!r} is out of range"
+    for p in g.processes or ():
+        why = process_problem(p)
+        if why is not None:
+            return f"GPU {g.index}: {why}"
+    return None
+
+
+def gpus_problem(gpus) -> str | None:
+    """``gpu_problem`` for a whole view, and the view itself: GPUs 0..n-1
+    in order (as NVML and every backend number them), 1 to ``MAX_GPUS`` of
+    them, each UUID once."""
+    if not 1 <= len(gpus) <= MAX_GPUS:
+        return f"{len(gpus)} GPUs"
+    for g in gpus:
+        why = gpu_problem(g)
+        if why is not None:
+            return why
+    if [g.index for g in gpus] != list(range(len(gpus))):
+        return "the GPU indexes are not 0.." + str(len(gpus) - 1)
+    if len({g.uuid for g in gpus}) != len(gpus):
+        return "a GPU UUID appears twice"
+    return None
+
+
+def identities(gpus) -> list[tuple[int, str]]:
+    """What makes two views the same GPUs: each one's index and UUID."""
+    return [(g.index, g.uuid) for g in gpus]
+
+
 @dataclass(frozen=True)
 class Inventory:
     """The stable facts of each GPU; ``source`` names the backend."""

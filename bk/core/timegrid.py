@@ -168,6 +168,14 @@ def format_duration(seconds: int) -> str:
     return out or "0m"
 
 
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """A count with its noun in the right number, for every sentence that
+    counts: ``1 second``, ``2 seconds``, ``0 GPUs``, ``1 minute``.
+    ``plural`` for a noun English does not pluralise with an s
+    (``counted(n, "process", "processes")``)."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
 # ------------------------------------------------------------- memory
 
 def parse_memory(text: str) -> int:
@@ -358,7 +366,11 @@ def format_span(start: int, end: int, tz: tzinfo, now: int) -> str:
     An end that reads as a DST fold gets its zone, and so does a start that
     does, once for both when they share it: ``10-25 02:30 CEST–02:30 CET``
     (an hour across Berlin's fall-back), ``10-25 02:10–02:40 CET`` (inside
-    the repeated hour).  Every other span is unchanged.
+    the repeated hour).  A span across a change of the clock (its ends'
+    UTC offsets differ) names the zone at both ends, because its readings
+    alone mislead about its length: ``03-29 01:30 CET–03:30 CEST`` is one
+    hour across the spring-forward gap, ``10-25 01:00 CEST–03:00 CET``
+    three across the fall-back.  Every other span is unchanged.
     """
     a = datetime.fromtimestamp(start, tz)
     b = datetime.fromtimestamp(end, tz)
@@ -366,9 +378,24 @@ def format_span(start: int, end: int, tz: tzinfo, now: int) -> str:
     tail = f"{b.hour:02d}:{b.minute:02d}" if a.date() == b.date() \
         else format_local(end, tz, now=now, compact=True)
     first, last = fold_label(start, tz), fold_label(end, tz)
+    if a.utcoffset() != b.utcoffset():
+        names = a.tzname(), b.tzname()
+        if all(names) and names[0] != names[1]:
+            first, last = first or names[0], last or names[1]
+        else:
+            first, last = first or _offset_text(a), last or _offset_text(b)
     if first and first == last:
         return f"{head}–{tail} {last}"
     return f"{head}{' ' + first if first else ''}–{tail}{' ' + last if last else ''}"
+
+
+def _offset_text(dt: datetime) -> str:
+    """``+01:00``: a reading's UTC offset, which tells two zones apart when
+    their abbreviations do not."""
+    offset = dt.utcoffset() or timedelta(0)
+    sign, rest = ("-", -offset) if offset < timedelta(0) else ("+", offset)
+    minutes = rest // timedelta(minutes=1)
+    return f"{sign}{minutes // 60:02d}:{minutes % 60:02d}"
 
 
 def fold_label(t: int, tz: tzinfo) -> str | None:
@@ -389,9 +416,7 @@ def fold_label(t: int, tz: tzinfo) -> str | None:
     name, other = dt.tzname(), twin.tzname()
     if name and other and name != other:
         return name
-    sign, rest = ("-", -offset) if offset < timedelta(0) else ("+", offset)
-    minutes = rest // timedelta(minutes=1)
-    return f"{sign}{minutes // 60:02d}:{minutes % 60:02d}"
+    return _offset_text(dt)
 
 
 # ----------------------------------------------------------- helpers
@@ -638,5 +663,5 @@ def summary_line(r, *, capacity: int, tz: tzinfo, now: int, show_id: bool = True
     """``2 GPUs (0,1) shared 12g 07-13 20:00–21:30 [a1b2c3d4]``"""
     n = len(r.gpus)
     mem = f" {format_memory(r.mem_mib)}" if r.mem_mib else ""
-    return (f"{n} GPU{'s' if n != 1 else ''} ({gpus_text(r.gpus)}) {mode_text(r, capacity)}{mem} "
+    return (f"{counted(n, 'GPU')} ({gpus_text(r.gpus)}) {mode_text(r, capacity)}{mem} "
             f"{format_span(r.start, r.end, tz, now)}" + (f" [{r.short_id}]" if show_id else ""))

@@ -25,6 +25,15 @@ a process list) and one ``Use`` per (uid, reservation) seen on that GPU:
   (``sm_avg`` with its weight ``sm_n``) and the peak of the summed memory of
   those processes.
 
+Energy (record format 2): each record has the GPU's energy in the
+period from the driver's energy counter (``energy_mj``, with ``energy_s``
+the seconds it covers; unknown intervals are left out, and a record with
+none has ``energy_mj`` None) and each use its part (``bk.core.energy``:
+an exclusive booking all of it; shared bookings the idle baseline by their
+slots and the rest by their processes' SM), with ``energy_other_mj`` what
+nobody is credited with; the parts and ``other`` add up to ``energy_mj``
+exactly.  A format 1 record (before energy) reads as energy unknown.
+
 Averages carry their weights so that roll-ups and totals stay exact: a
 roll-up is the weighted mean of the minutes, not the mean of means.  No
 command line, label or user name is ever in a record: only uids, reservation
@@ -34,10 +43,22 @@ every user can read.
 
 from __future__ import annotations
 
+from bk.core.models import MODES
 from bk.core.record import dataclass, field
-from bk.core.telemetry import OK, SYSTEM, UNKNOWN, UNRESERVED, WRONG_GPU, active_gpus_by_uid, attribute
+from bk.core.telemetry import (
+    MAX_GPUS,
+    MAX_MEM_MIB,
+    MAX_UID,
+    OK,
+    SYSTEM,
+    UNKNOWN,
+    UNRESERVED,
+    WRONG_GPU,
+    active_gpus_by_uid,
+    attribute,
+)
 
-VERSION = 1
+VERSION = 2          # 2: energy fields (a reader ignores the number: every field added is optional)
 RAW_PERIOD = 60
 ROLLUP_PERIOD = 3600
 DAY = 86400
@@ -56,18 +77,19 @@ class Use:
     sm_avg: float | None = None          # mean SM % over the sm_n samples that had one
     sm_n: int = 0
     mem_peak_mib: int | None = None
+    energy_mj: int | None = None         # its part of the record's energy; None: unknown
 
     def to_dict(self) -> dict:
         return {"uid": self.uid, "reservation": self.reservation, "mode": self.mode,
                 "booked_s": self.booked_s, "active_s": self.active_s,
                 "unreserved_s": self.unreserved_s, "sm_avg": self.sm_avg, "sm_n": self.sm_n,
-                "mem_peak_mib": self.mem_peak_mib}
+                "mem_peak_mib": self.mem_peak_mib, "energy_mj": self.energy_mj}
 
     @classmethod
     def from_dict(cls, d: dict) -> Use:
         return cls(int(d["uid"]), d.get("reservation"), d.get("mode"), int(d.get("booked_s", 0)),
                    int(d.get("active_s", 0)), int(d.get("unreserved_s", 0)), d.get("sm_avg"),
-                   int(d.get("sm_n", 0)), d.get("mem_peak_mib"))
+                   int(d.get("sm_n", 0)), d.get("mem_peak_mib"), _opt_int(d.get("energy_mj")))
 
 
 @dataclass(frozen=True)
@@ -84,6 +106,9 @@ class MinuteRecord:
     mem_peak_mib: int | None = None       # peak memory used on the GPU
     blind_s: int = 0                      # seconds without a process list (a gap, not idle)
     uses: tuple[Use, ...] = field(default=())
+    energy_mj: int | None = None          # the GPU's energy in the seconds energy_s covers; None: unknown
+    energy_s: int = 0
+    energy_other_mj: int | None = None    # the part of energy_mj no use is credited with
 
     @property
     def end(self) -> int:
@@ -94,14 +119,193 @@ class MinuteRecord:
         return {"t": self.t, "gpu": self.gpu, "v": VERSION, "period_s": self.period_s,
                 "samples": self.samples, "covered_s": self.covered_s, "util_avg": self.util_avg,
                 "util_n": self.util_n, "mem_peak_mib": self.mem_peak_mib, "blind_s": self.blind_s,
-                "uses": [u.to_dict() for u in self.uses]}
+                "uses": [u.to_dict() for u in self.uses], "energy_mj": self.energy_mj,
+                "energy_s": self.energy_s, "energy_other_mj": self.energy_other_mj}
 
     @classmethod
     def from_dict(cls, d: dict) -> MinuteRecord:
         return cls(int(d["t"]), int(d["gpu"]), int(d.get("period_s", RAW_PERIOD)),
                    int(d.get("samples", 0)), int(d.get("covered_s", 0)), d.get("util_avg"),
                    int(d.get("util_n", 0)), d.get("mem_peak_mib"), int(d.get("blind_s", 0)),
-                   tuple(Use.from_dict(u) for u in d.get("uses") or ()))
+                   tuple(Use.from_dict(u) for u in d.get("uses") or ()), _opt_int(d.get("energy_mj")),
+                   int(d.get("energy_s") or 0), _opt_int(d.get("energy_other_mj")))
+
+
+def _opt_int(v) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _add(a: int | None, b: int | None) -> int | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return a + b
+
+
+# The range of a stored record (``record_problem``).  A sample stands for at
+# most three intervals and ``bk m --interval`` at most an hour, so a period
+# may count up to that much more than its own length (a late sample after a
+# pause); at most 20 samples a second (the shortest interval, 0.05 s).
+SAMPLE_SLACK_S = 3 * 3600
+SAMPLES_PER_S = 20
+MAX_ID = 128                                # reservation ids are 36 characters
+
+
+def _num(v, hi: float) -> bool:
+    # Not a bool, and NaN fails both comparisons (json.loads accepts NaN).
+    return (type(v) is float or type(v) is int) and 0 <= v <= hi
+
+
+def _show(v) -> str:
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _fine(d: dict) -> bool:
+    """``record_problem`` is None, for a record with every key (what bk
+    writes): one expression, no calls, since every read of the history
+    asks it of every line (benchmarks/usage.py)."""
+    p, t, s, c, b = d["period_s"], d["t"], d["samples"], d["covered_s"], d["blind_s"]
+    n, a, m = d["util_n"], d["util_avg"], d["mem_peak_mib"]
+    if not (type(p) is int and 0 < p <= DAY and not DAY % p and type(t) is int and 0 <= t < 1 << 40
+            and not t % p and type(d["gpu"]) is int and 0 <= d["gpu"] < MAX_GPUS):
+        return False
+    secs = p + SAMPLE_SLACK_S
+    if not (type(s) is int and 0 <= s <= SAMPLES_PER_S * secs and type(c) is int and 0 <= c <= secs
+            and type(b) is int and 0 <= b <= secs and type(n) is int and 0 <= n <= s
+            and (a is None or ((type(a) is float or type(a) is int) and 0 <= a <= 100))
+            and (m is None or (type(m) is int and 0 <= m <= MAX_MEM_MIB))
+            and type(d["uses"]) is list):
+        return False
+    for u in d["uses"]:
+        uid, r, mo, bs, ac, un = u["uid"], u["reservation"], u["mode"], u["booked_s"], u["active_s"], u["unreserved_s"]
+        k, a, m = u["sm_n"], u["sm_avg"], u["mem_peak_mib"]
+        if not (type(uid) is int and 0 <= uid <= MAX_UID and (r is None or (type(r) is str and 0 < len(r) <= MAX_ID))
+                and (mo is None or mo in MODES) and type(bs) is int and 0 <= bs <= secs
+                and type(ac) is int and 0 <= ac <= secs and type(un) is int and 0 <= un <= secs
+                and type(k) is int and 0 <= k <= s
+                and (a is None or ((type(a) is float or type(a) is int) and 0 <= a <= 100))
+                and (m is None or (type(m) is int and 0 <= m <= MAX_MEM_MIB))):
+            return False
+    return True
+
+
+def record_problem(d) -> str | None:
+    """What makes a stored record (``MinuteRecord.to_dict``) one bk did not
+    write: a type or a value out of range (a utilisation of 10^9 %, a
+    booked time of 10^14 s).  None when it is a record.  Every reader of the
+    history asks this of every line before counting it; a line that fails
+    is skipped and named, never summed."""
+    try:
+        if _fine(d):
+            return None
+    except (KeyError, TypeError):
+        pass                            # a key missing (the defaults apply), or not a dict: say which
+    if not isinstance(d, dict):
+        return "not an object"
+    t, gpu, period = d.get("t"), d.get("gpu"), d.get("period_s", RAW_PERIOD)
+    if type(period) is not int or not 0 < period <= DAY or DAY % period:
+        return f"period_s {_show(period)} is out of range"
+    if type(t) is not int or not 0 <= t < 1 << 40 or t % period:
+        return f"t {_show(t)} is not the start of a period"
+    if type(gpu) is not int or not 0 <= gpu < MAX_GPUS:
+        return f"gpu {_show(gpu)} is out of range"
+    secs = period + SAMPLE_SLACK_S
+    samples = d.get("samples", 0)
+    if type(samples) is not int or not 0 <= samples <= SAMPLES_PER_S * secs:
+        return f"samples {_show(samples)} is out of range"
+    for k in ("covered_s", "blind_s"):
+        v = d.get(k, 0)
+        if type(v) is not int or not 0 <= v <= secs:
+            return f"{k} {_show(v)} is out of range"
+    n = d.get("util_n", 0)
+    if type(n) is not int or not 0 <= n <= samples:
+        return f"util_n {_show(n)} is out of range"
+    v = d.get("util_avg")
+    if v is not None and not _num(v, 100):
+        return f"util_avg {_show(v)} is out of range"
+    v = d.get("mem_peak_mib")
+    if v is not None and (type(v) is not int or not 0 <= v <= MAX_MEM_MIB):
+        return f"mem_peak_mib {_show(v)} is out of range"
+    uses = d.get("uses", [])
+    if not isinstance(uses, list):
+        return "uses is not a list"
+    for u in uses:
+        if not isinstance(u, dict):
+            return "a use is not an object"
+        uid, rid, mode = u.get("uid"), u.get("reservation"), u.get("mode")
+        if type(uid) is not int or not 0 <= uid <= MAX_UID:
+            return f"uid {_show(uid)} is out of range"
+        if rid is not None and (not isinstance(rid, str) or not 0 < len(rid) <= MAX_ID):
+            return f"reservation {_show(rid)} is not a booking id"
+        if mode is not None and mode not in MODES:
+            return f"mode {_show(mode)} is not a mode"
+        for k in ("booked_s", "active_s", "unreserved_s"):
+            v = u.get(k, 0)
+            if type(v) is not int or not 0 <= v <= secs:
+                return f"{k} {_show(v)} is out of range"
+        n = u.get("sm_n", 0)
+        if type(n) is not int or not 0 <= n <= samples:
+            return f"sm_n {_show(n)} is out of range"
+        v = u.get("sm_avg")
+        if v is not None and not _num(v, 100):
+            return f"sm_avg {_show(v)} is out of range"
+        v = u.get("mem_peak_mib")
+        if v is not None and (type(v) is not int or not 0 <= v <= MAX_MEM_MIB):
+            return f"mem_peak_mib {_show(v)} is out of range"
+    return None
+
+
+def _totals_problem(t, secs: int) -> str | None:
+    if not isinstance(t, dict):
+        return "totals are not an object"
+    for k in ("booked_s", "active_s", "unreserved_s", "covered_s"):
+        v = t.get(k, 0)
+        if type(v) is not int or not 0 <= v <= secs:
+            return f"{k} {_show(v)} is out of range"
+    n = t.get("sm_n", 0)
+    if type(n) is not int or not 0 <= n <= SAMPLES_PER_S * secs:
+        return f"sm_n {_show(n)} is out of range"
+    v = t.get("sm_sum", 0.0)
+    if v is not None and not _num(v, 100 * n):
+        return f"sm_sum {_show(v)} is out of range"
+    v = t.get("mem_peak_mib")
+    if v is not None and (type(v) is not int or not 0 <= v <= MAX_MEM_MIB):
+        return f"mem_peak_mib {_show(v)} is out of range"
+    for k in ("first", "last"):
+        v = t.get(k)
+        if v is not None and (type(v) is not int or not 0 <= v < 1 << 40):
+            return f"{k} {_show(v)} is out of range"
+    return None
+
+
+def summary_problem(d) -> str | None:
+    """``record_problem`` for a seal's totals of one day
+    (``Summary.to_store``): no user, GPU or booking can count more than
+    every GPU for the whole day.  None when they are in range."""
+    if not isinstance(d, dict):
+        return "not an object"
+    secs = (DAY + SAMPLE_SLACK_S) * MAX_GPUS
+    if type(d.get("records", 0)) is not int or d.get("records", 0) < 0:
+        return "records is out of range"
+    for part in ("by_uid", "by_gpu", "by_reservation"):
+        got = d.get(part) or {}
+        if not isinstance(got, dict):
+            return f"{part} is not an object"
+        for k, t in got.items():
+            top = MAX_UID if part == "by_uid" else MAX_GPUS - 1
+            if part != "by_reservation" and not (k.isdigit() and int(k) <= top):
+                return f"{part} key {_show(k)} is out of range"
+            why = _totals_problem(t, secs)
+            if why is None and part == "by_reservation":
+                uid, gpus = t.get("uid"), t.get("gpus", [])
+                if type(uid) is not int or not 0 <= uid <= MAX_UID or not isinstance(gpus, list) or not all(
+                        type(g) is int and 0 <= g < MAX_GPUS for g in gpus):
+                    why = "owner or GPUs out of range"
+            if why is not None:
+                return f"{part}[{_show(k)}]: {why}"
+    return None
 
 
 def _round(x: float | None) -> float | None:
@@ -119,13 +323,14 @@ def _max(a: int | None, b: int | None) -> int | None:
 class _Acc:
     """A use being accumulated: sums, not means."""
 
-    __slots__ = ("mode", "booked", "active", "unres", "sm_sum", "sm_n", "mem")
+    __slots__ = ("mode", "booked", "active", "unres", "sm_sum", "sm_n", "mem", "energy")
 
     def __init__(self, mode=None):
         self.mode = mode
         self.booked = self.active = self.unres = self.sm_n = 0
         self.sm_sum = 0.0
         self.mem = None
+        self.energy = None           # float mJ while folding; int in a roll-up; None: unknown
 
     def take(self, sm_sum: float, sm_n: int, mem: int | None) -> None:
         self.sm_sum += sm_sum
@@ -134,22 +339,38 @@ class _Acc:
 
 
 class _GpuAcc:
-    __slots__ = ("samples", "covered", "util_sum", "util_n", "mem", "blind", "uses")
+    __slots__ = ("samples", "covered", "util_sum", "util_n", "mem", "blind", "uses", "energy", "energy_s",
+                 "other")
 
     def __init__(self):
         self.samples = self.covered = self.util_n = self.blind = 0
         self.util_sum = 0.0
         self.mem = None
         self.uses: dict[tuple[int, str | None], _Acc] = {}
+        self.energy = None               # the counter's differences added up (mJ); None: none known
+        self.energy_s = 0
+        self.other = 0.0
 
-    def record(self, t: int, gpu: int, period_s: int) -> MinuteRecord:
+    def record(self, t: int, gpu: int, period_s: int, *, rolled: bool = False) -> MinuteRecord:
+        ordered = sorted(self.uses.items(), key=lambda kv: (kv[0][0], kv[0][1] or ""))
+        if self.energy is None:
+            energies, other = {}, None
+        elif rolled:                     # sums of settled integers: already exact
+            energies = {k: a.energy for k, a in ordered if a.energy is not None}
+            other = int(self.other)
+        else:
+            from bk.core.energy import settle
+
+            energies, other = settle(self.energy, {k: a.energy or 0.0 for k, a in ordered})
         uses = tuple(
             Use(uid, rid, a.mode, a.booked, a.active, a.unres,
-                _round(a.sm_sum / a.sm_n) if a.sm_n else None, a.sm_n, a.mem)
-            for (uid, rid), a in sorted(self.uses.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")))
+                _round(a.sm_sum / a.sm_n) if a.sm_n else None, a.sm_n, a.mem,
+                energies.get((uid, rid)) if self.energy is not None else None)
+            for (uid, rid), a in ordered)
         return MinuteRecord(t, gpu, period_s, self.samples, self.covered,
                             _round(self.util_sum / self.util_n) if self.util_n else None,
-                            self.util_n, self.mem, self.blind, uses)
+                            self.util_n, self.mem, self.blind, uses, self.energy,
+                            self.energy_s if self.energy is not None else 0, other)
 
 
 def _state_and_uid(att, p) -> tuple[str, int | None]:
@@ -168,14 +389,16 @@ class Folder:
     samples' own ``t``: a sample older than the open period (the clock went
     back) closes it too, so no record ever mixes two periods."""
 
-    def __init__(self, period_s: int = RAW_PERIOD, interval_s: int = 2):
+    def __init__(self, period_s: int = RAW_PERIOD, interval_s: int = 2, *, capacity: int = 2):
         if period_s <= 0 or interval_s <= 0:
             raise ValueError("period_s and interval_s must be positive")
         self.period_s = period_s
         self.interval_s = interval_s
+        self.capacity = capacity         # share slots per GPU (max_shared_users): the baseline's split
         self._start: int | None = None
         self._last: int | None = None
         self._gpus: dict[int, _GpuAcc] = {}
+        self._counters: dict[int, tuple[int, int]] = {}   # gpu -> (t, energy counter) of its last look
 
     def _dt(self, t: int) -> int:
         last = self._last
@@ -183,12 +406,32 @@ class Folder:
             return self.interval_s
         return t - last
 
-    def add(self, t: int, snapshot, attributions, reservations) -> list[MinuteRecord]:
+    def _energy(self, t: int, g) -> int | None:
+        """This interval's energy on ``g`` from its counter (None: unknown)."""
+        from bk.core.energy import counter_delta
+
+        prev = self._counters.get(g.index)
+        if g.energy_mj is None:
+            self._counters.pop(g.index, None)
+            return None
+        delta = counter_delta(prev, t, g.energy_mj, interval_s=self.interval_s, limit_mw=g.power_limit_mw)
+        if prev is None or t > prev[0]:
+            self._counters[g.index] = (t, g.energy_mj)
+        return delta
+
+    def add(self, t: int, snapshot, attributions, reservations, *, baselines: dict | None = None,
+            capacity: int | None = None) -> list[MinuteRecord]:
+        """Fold one sample.  ``baselines``: GPU index -> idle baseline (mW,
+        ``bk.core.activity``); ``capacity``: the share slots per GPU, when
+        the ledger's policy says (else the folder's)."""
+        from bk.core.energy import OTHER, split
+
         t = int(t)
         start = t - t % self.period_s
         out: list[MinuteRecord] = []
         if self._start is not None and start != self._start:
             out = self.flush()
+        counters = self._counters
         dt = self._dt(t)
         self._last = t
         self._start = start
@@ -205,57 +448,98 @@ class Folder:
                 acc.util_sum += g.util
                 acc.util_n += 1
             acc.mem = _max(acc.mem, g.mem_used_mib)
+            before = counters.get(g.index)
+            energy = self._energy(t, g)
             here = [r for r in booked_now if g.index in r.gpus]
             for r in here:
                 u = acc.uses.get((r.uid, r.id))
                 if u is None:
                     u = acc.uses[(r.uid, r.id)] = _Acc(r.mode)
                 u.booked += dt
+            sm_by_key: dict = {}
+            present: set = set()
             if g.processes is None:
                 acc.blind += dt
-                continue
-            # Per uid this sample: (SM sum, SM known?, memory sum, state).
-            seen: dict[tuple[int, str], list] = {}
-            for p in g.processes:
-                att = attributions.get((g.index, p.pid))
-                if att is None:
-                    if active_map is None:
-                        active_map = active_gpus_by_uid(booked_now, t)
-                    att = attribute(p, g.index, active_map)
-                state, uid = _state_and_uid(att, p)
-                if uid is None or state in (SYSTEM, UNKNOWN):
-                    continue
-                kind = OK if state == OK else (UNRESERVED if state in (UNRESERVED, WRONG_GPU) else None)
-                if kind is None:
-                    continue
-                s = seen.get((uid, kind))
-                if s is None:
-                    s = seen[(uid, kind)] = [0.0, False, None]
-                if p.sm is not None:
-                    s[0] += p.sm
-                    s[1] = True
-                if p.mem_mib is not None:
-                    s[2] = (s[2] or 0) + p.mem_mib
-            for (uid, kind), (sm, sm_known, mem) in seen.items():
-                if kind == OK:
-                    owned = [r for r in here if r.uid == uid]
-                    if not owned:
-                        # ok without a booking here: the attribution knew of
-                        # one the reservations given to us do not; count it
-                        # as use, not as a booking.
-                        owned = None
-                    for r in owned or ():
-                        u = acc.uses[(uid, r.id)]
-                        u.active += dt
-                        u.take(sm, int(sm_known), mem)
-                    if owned is not None:
+            else:
+                self._fold_processes(g, acc, here, dt, t, attributions, booked_now, active_map,
+                                     sm_by_key, present)
+            if energy is not None:
+                span = t - before[0]
+                acc.energy = (acc.energy or 0) + energy
+                acc.energy_s += span
+                holders = [((r.uid, r.id), r.mode, r.share) for r in here]
+                parts, other = split(energy, span, baseline_mw=(baselines or {}).get(g.index),
+                                     capacity=capacity or self.capacity, holders=holders, sm=sm_by_key,
+                                     present=present)
+                acc.other += other
+                for k, v in parts.items():
+                    if k == OTHER:
+                        acc.other += v
                         continue
-                u = acc.uses.get((uid, None))
-                if u is None:
-                    u = acc.uses[(uid, None)] = _Acc()
-                u.unres += dt
-                u.take(sm, int(sm_known), mem)
+                    u = acc.uses.get(k)
+                    if u is None:
+                        u = acc.uses[k] = _Acc()
+                    u.energy = (u.energy or 0.0) + v
         return out
+
+    def _fold_processes(self, g, acc, here, dt, t, attributions, booked_now, active_map, sm_by_key,
+                        present) -> None:
+        """One GPU's processes of one sample: active and unreserved seconds,
+        SM and memory per use; and, for the energy split, each use's SM sum
+        (``sm_by_key``; unknown and system processes under ``OTHER``) and the
+        bookings with a process here (``present``)."""
+        from bk.core.energy import OTHER
+
+        # Per uid this sample: (SM sum, SM known?, memory sum, state).
+        seen: dict[tuple[int, str], list] = {}
+        for p in g.processes:
+            att = attributions.get((g.index, p.pid))
+            if att is None:
+                if active_map is None:
+                    active_map = active_gpus_by_uid(booked_now, t)
+                att = attribute(p, g.index, active_map)
+            state, uid = _state_and_uid(att, p)
+            if uid is None or state in (SYSTEM, UNKNOWN):
+                if p.sm:
+                    sm_by_key[OTHER] = sm_by_key.get(OTHER, 0) + p.sm
+                continue
+            kind = OK if state == OK else (UNRESERVED if state in (UNRESERVED, WRONG_GPU) else None)
+            if kind is None:
+                if p.sm:
+                    sm_by_key[OTHER] = sm_by_key.get(OTHER, 0) + p.sm
+                continue
+            s = seen.get((uid, kind))
+            if s is None:
+                s = seen[(uid, kind)] = [0.0, False, None]
+            if p.sm is not None:
+                s[0] += p.sm
+                s[1] = True
+            if p.mem_mib is not None:
+                s[2] = (s[2] or 0) + p.mem_mib
+        for (uid, kind), (sm, sm_known, mem) in seen.items():
+            if kind == OK:
+                owned = [r for r in here if r.uid == uid]
+                if not owned:
+                    # ok without a booking here: the attribution knew of
+                    # one the reservations given to us do not; count it
+                    # as use, not as a booking.
+                    owned = None
+                for r in owned or ():
+                    u = acc.uses[(uid, r.id)]
+                    u.active += dt
+                    u.take(sm, int(sm_known), mem)
+                    present.add((uid, r.id))
+                    if sm:
+                        sm_by_key[(uid, r.id)] = sm_by_key.get((uid, r.id), 0) + sm / len(owned)
+                if owned is not None:
+                    continue
+            u = acc.uses.get((uid, None))
+            if u is None:
+                u = acc.uses[(uid, None)] = _Acc()
+            u.unres += dt
+            u.take(sm, int(sm_known), mem)
+            if sm:
+                sm_by_key[(uid, None)] = sm_by_key.get((uid, None), 0) + sm
 
     def flush(self) -> list[MinuteRecord]:
         """The open period's records (possibly partial); the folder is then empty."""
@@ -292,6 +576,10 @@ def rollup(records, period_s: int = ROLLUP_PERIOD) -> list[MinuteRecord]:
                 acc.util_sum += (r.util_avg or 0.0) * r.util_n
                 acc.util_n += r.util_n
             acc.mem = _max(acc.mem, r.mem_peak_mib)
+            if r.energy_mj is not None:
+                acc.energy = (acc.energy or 0) + r.energy_mj
+                acc.energy_s += r.energy_s
+                acc.other += r.energy_other_mj or 0
             for u in r.uses:
                 a = acc.uses.get((u.uid, u.reservation))
                 if a is None:
@@ -300,7 +588,8 @@ def rollup(records, period_s: int = ROLLUP_PERIOD) -> list[MinuteRecord]:
                 a.active += u.active_s
                 a.unres += u.unreserved_s
                 a.take((u.sm_avg or 0.0) * u.sm_n, u.sm_n, u.mem_peak_mib)
-        out.append(acc.record(t, gpu, period_s))
+                a.energy = _add(a.energy, u.energy_mj)
+        out.append(acc.record(t, gpu, period_s, rolled=True))
     return out
 
 
@@ -322,6 +611,7 @@ class Totals:
     covered_s: int = 0
     first: int | None = None          # first period start with something counted
     last: int | None = None           # end of the last such period
+    energy_mj: int | None = None      # known energy (the parts of records that had it); None: none known
 
     @property
     def idle_s(self) -> int:
@@ -343,6 +633,7 @@ class Totals:
             self.sm_sum += (u.sm_avg or 0.0) * u.sm_n
             self.sm_n += u.sm_n
         self.mem_peak_mib = _max(self.mem_peak_mib, u.mem_peak_mib)
+        self.energy_mj = _add(self.energy_mj, u.energy_mj)
         self.first = t if self.first is None else min(self.first, t)
         self.last = end if self.last is None else max(self.last, end)
 
@@ -354,6 +645,7 @@ class Totals:
         self.sm_n += o.sm_n
         self.covered_s += o.covered_s
         self.mem_peak_mib = _max(self.mem_peak_mib, o.mem_peak_mib)
+        self.energy_mj = _add(self.energy_mj, o.energy_mj)
         if o.first is not None:
             self.first = o.first if self.first is None else min(self.first, o.first)
             self.last = o.last if self.last is None else max(self.last, o.last)
@@ -369,12 +661,14 @@ class Totals:
         sm_n = int(d.get("sm_n", 0))
         return cls(int(d.get("booked_s", 0)), int(d.get("active_s", 0)), int(d.get("unreserved_s", 0)),
                    (d.get("sm_avg") or 0.0) * sm_n if d.get("sm_sum") is None else float(d["sm_sum"]),
-                   sm_n, d.get("mem_peak_mib"), int(d.get("covered_s", 0)), d.get("first"), d.get("last"))
+                   sm_n, d.get("mem_peak_mib"), int(d.get("covered_s", 0)), d.get("first"), d.get("last"),
+                   _opt_int(d.get("energy_mj")))
 
     def to_store(self) -> dict:
         """The exact form (the SM sum, not its rounded mean) kept in seals."""
         d = self.to_dict()
         d["sm_sum"] = self.sm_sum
+        d["energy_mj"] = self.energy_mj
         del d["idle_s"], d["idle_share"], d["sm_avg"]
         return d
 
@@ -410,6 +704,9 @@ class Summary:
             g.sm_sum += (r.get("util_avg") or 0.0) * n
             g.sm_n += n
         g.mem_peak_mib = _max(g.mem_peak_mib, r.get("mem_peak_mib"))
+        e = r.get("energy_mj")
+        if e is not None:
+            g.energy_mj = e if g.energy_mj is None else g.energy_mj + e
         if g.first is None or t0 < g.first:
             g.first = t0
         if g.last is None or end > g.last:
@@ -420,6 +717,7 @@ class Summary:
             sm_n = u.get("sm_n", 0)
             sm_sum = (u.get("sm_avg") or 0.0) * sm_n
             peak = u.get("mem_peak_mib")
+            energy = u.get("energy_mj")
             g.booked_s += booked
             g.active_s += active
             g.unreserved_s += unres
@@ -443,6 +741,8 @@ class Summary:
                     t.sm_n += sm_n
                 if peak is not None and (t.mem_peak_mib is None or peak > t.mem_peak_mib):
                     t.mem_peak_mib = peak
+                if energy is not None:
+                    t.energy_mj = energy if t.energy_mj is None else t.energy_mj + energy
                 if t.first is None or t0 < t.first:
                     t.first = t0
                 if t.last is None or end > t.last:

@@ -18,6 +18,15 @@ tries NVML again after ``retry_s``.
 Each process's owner, label, start and container come from /proc
 (``bk.gpu.procinfo``), under the same injectable root.
 
+Power and energy.  ``nvmlDeviceGetPowerUsage`` is the board's draw in
+milliwatts, but on A100/H100 it is an average refreshed every so often that
+covers only part of the time between two looks; ``nvmlDeviceGetTotalEnergy
+Consumption`` is a counter of millijoules since the driver loaded (Volta and
+later), which covers all of it, so energy is taken from the counter's
+difference between looks, never from power times time.  Both, and the
+enforced power limit, are None where the device cannot say (older GPUs,
+MIG instances); they are not gaps, so a GPU without them reads as before.
+
 Gaps this backend may report (besides the simulation's): ``nvml`` (the
 driver failed during this look: some GPUs are unknown), ``uuid`` (a GPU did
 not say its UUID: a stand-in is used), ``process_sm`` (no per-process SM
@@ -37,7 +46,7 @@ from bk.gpu import Backend
 MIB = 1024 * 1024
 LIVE_GAPS = ("utilisation", "memory", "processes", "temperature")
 CAPABILITIES = ("uuid", "memory", "utilisation", "temperature", "processes", "process_sm",
-                "process_owner", "mig")
+                "process_owner", "mig", "power", "energy")
 NO_DRIVER = "no NVML driver answered"
 
 # NVML return codes that mean "this device cannot tell" rather than "the
@@ -298,6 +307,9 @@ class NvmlBackend(Backend):
                 info.temperature = int(temp)
             else:
                 gaps.add("temperature")
+            info.power_mw = _int(self._field(nv.nvmlDeviceGetPowerUsage, g.handle))
+            info.power_limit_mw = _int(self._field(nv.nvmlDeviceGetEnforcedPowerLimit, g.handle))
+            info.energy_mj = _int(self._field(nv.nvmlDeviceGetTotalEnergyConsumption, g.handle))
             info.processes = self._processes(g, gaps)
         except _DriverError:
             g.lost = True
@@ -332,20 +344,23 @@ class NvmlBackend(Backend):
         return [fill(GpuProcess(pid=pid, mem_mib=m, sm=sm.get(pid))) for pid, m in sorted(mem.items())]
 
     def _sm(self, g: _Gpu, gaps: set) -> dict[int, int]:
-        """Per-process SM utilisation of the samples since the last look."""
+        """Per-process SM utilisation since the last look: the highest of the
+        driver's samples since then, so that a burst between two looks is
+        not lost behind a quiet last sample (the activity state counts any
+        compute as use)."""
         try:
             samples = self._ask(self._nv.nvmlDeviceGetProcessUtilization, g.handle, g.sm_since)
         except _Unsupported as e:
             if e.code != _NOT_FOUND:    # NOT_FOUND: no sample since the last look
                 gaps.add("process_sm")
             return {}
-        out: dict[int, tuple[int, int]] = {}
+        out: dict[int, int] = {}
         for s in samples:
-            ts, pid = int(s.timeStamp), int(s.pid)
-            if pid not in out or ts >= out[pid][0]:
-                out[pid] = (ts, int(s.smUtil))
+            ts, pid, sm = int(s.timeStamp), int(s.pid), int(s.smUtil)
+            if sm > out.get(pid, -1):
+                out[pid] = sm
             g.sm_since = max(g.sm_since, ts)
-        return {pid: v for pid, (_, v) in out.items()}
+        return out
 
     def _unknown(self, now: int) -> Snapshot:
         gpus = tuple(GpuInfo(g.index, g.uuid, g.name, mem_total_mib=g.mem_total_mib)
@@ -356,6 +371,17 @@ class NvmlBackend(Backend):
 def _code(e: BaseException) -> int | None:
     v = getattr(e, "value", None)
     return v if isinstance(v, int) else None
+
+
+def _int(v) -> int | None:
+    """A reading as an int; None stays None, and so does anything the
+    bindings return that is not a number."""
+    if v is None or isinstance(v, bool):
+        return None
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return None
 
 
 def _text(v) -> str | None:

@@ -127,7 +127,8 @@ def parse_sim(doc: object, source: str, procinfo=None) -> list[GpuInfo]:
             mem_total_mib=_opt_int(g, "mem_total_mib", where, 1),
             mem_used_mib=_opt_int(g, "mem_used_mib", where),
             util=_opt_int(g, "util", where), temperature=_opt_int(g, "temperature", where),
-            processes=plist))
+            processes=plist, power_mw=_opt_int(g, "power_mw", where),
+            power_limit_mw=_opt_int(g, "power_limit_mw", where), energy_mj=_opt_int(g, "energy_mj", where)))
     return out
 
 

@@ -73,6 +73,7 @@ class Spec:
     path: str | None
     created: int
     digest: str
+    keep: bool = False           # bk run --keep: the booking lasts to its end after the command exits
 
 
 def _private_dirs(path: str) -> None:
@@ -129,22 +130,26 @@ class JobsDir:
 
 
 def encode_spec(job_id: str, argv: list[str], cwd: str, path: str | None, created: int,
-                salt: str | None) -> bytes:
+                salt: str | None, *, keep: bool = False) -> bytes:
     """The spec's bytes.  ``salt`` None gives the form written before salts
-    (what an old booking's digest covers); every new spec has one."""
+    (what an old booking's digest covers); every new spec has one.
+    ``keep`` is written only when set, so a spec without it reads as it
+    always did."""
     doc = {"schema": SCHEMA, "id": job_id, "argv": list(argv), "cwd": cwd, "path": path,
            "created": created}
     if salt is not None:
         doc["salt"] = salt
+    if keep:
+        doc["keep"] = True
     return (json.dumps(doc, sort_keys=True, ensure_ascii=True, separators=(",", ":")) + "\n").encode()
 
 
 def write_spec(jobs_path: str, job_id: str, argv: list[str], cwd: str, path: str | None,
-               created: int) -> str:
+               created: int, *, keep: bool = False) -> str:
     """Write a new spec (it must not exist), durably; returns its digest."""
     if not JOB_ID.fullmatch(job_id):
         raise ValueError("bad job id")
-    data = encode_spec(job_id, argv, cwd, path, created, os.urandom(SALT_BYTES).hex())
+    data = encode_spec(job_id, argv, cwd, path, created, os.urandom(SALT_BYTES).hex(), keep=keep)
     if len(data) > MAX_SPEC_BYTES:
         raise IOFailure(f"the command line is too long for a job spec ({len(data)} bytes; "
                         f"at most {MAX_SPEC_BYTES})", hint="put the command in a script and run that")
@@ -212,7 +217,8 @@ def read_spec(jobs_path: str, job_id: str, digest: str | None) -> Spec:
         if doc.get("schema") != SCHEMA or doc.get("id") != job_id or not argv or \
                 not all(isinstance(a, str) for a in argv) or not isinstance(doc["cwd"], str):
             raise ValueError("unexpected fields")
-        return Spec(job_id, argv, doc["cwd"], doc.get("path"), int(doc.get("created") or 0), digest)
+        return Spec(job_id, argv, doc["cwd"], doc.get("path"), int(doc.get("created") or 0), digest,
+                    doc.get("keep") is True)
     except (ValueError, KeyError, TypeError) as e:
         raise IOFailure(f"refusing the job spec {path}: it is malformed ({e})") from None
 

@@ -16,7 +16,9 @@ What a tick does, per job of the user:
   pending, booking over            ``missed``
   running, started by us           at end - grace: TERM its group; at end: KILL;
                                    booking cancelled: TERM now, KILL after the grace;
-                                   it exited: ``succeeded``/``failed``/``timed-out``/``cancelled``
+                                   it exited: ``succeeded``/``failed``/``timed-out``/``cancelled``;
+                                   exited on its own: the booking ends now too, freeing
+                                   the rest of its window (not with ``bk run --keep``)
   running, not ours                its worker died: stop what carries its marker, ``uncertain``
 
 A write that fails (the broker is restarting, the ledger busy) is kept and
@@ -39,6 +41,7 @@ import time
 from collections.abc import Callable
 
 from bk.core import jobs as J
+from bk.core import journal
 from bk.core.errors import BkError, Busy, InvalidInput, NotFound, PermissionDenied
 from bk.core.record import dataclass, field
 from bk.jobs import launcher, logs, specs
@@ -65,6 +68,7 @@ class Child:
     killed: bool = False
     pump: object = None          # subprocess.Popen of its log pump (bk.jobs.logpump)
     exited_at: float | None = None
+    keep: bool = False           # bk run --keep: its exit leaves the booking as it is
 
 
 @dataclass
@@ -77,6 +81,7 @@ class Worker:
     unsent: dict = field(default_factory=dict)         # job id -> (res, status, reason, exit code)
     reasons: dict = field(default_factory=dict)        # job id -> the pending reason last written
     pumps: list = field(default_factory=list)          # log pumps still writing for jobs that ended
+    ending: dict = field(default_factory=dict)         # job id -> (res, reason): bookings to end early
     last_clean: float = 0.0
 
     # -- writes ------------------------------------------------------------
@@ -89,11 +94,11 @@ class Worker:
             # Retrying cannot help: the booking left the ledger, or the job
             # changed meanwhile (a retry, a cancel).  Said once, then dropped.
             self.unsent.pop(jid, None)
-            self.log(f"job {jid[:8]}: not recorded as {status}: {e.message}")
+            self.log(journal.warning(f"job {jid[:8]}: not recorded as {status}: {e.message}"))
             return False
         except BkError as e:             # busy, the broker restarting, a full disk: next tick
             self.unsent[jid] = (res, status, reason, exit_code)
-            self.log(f"could not record job {jid[:8]} as {status} yet ({e.message}); will retry")
+            self.log(journal.warning(f"could not record job {jid[:8]} as {status} yet ({e.message}); will retry"))
             return False
         self.unsent.pop(jid, None)
         return True
@@ -105,6 +110,29 @@ class Worker:
                 self.unsent.pop(jid)
                 continue
             self._set(current or res, status, reason, code)
+        for jid, (res, reason) in list(self.ending.items()):
+            self._end(jobs.get(jid) or res, jid, reason)
+
+    def _end(self, res, jid: str, reason: str) -> None:
+        """End the booking of a job whose command finished (the owner's own
+        cancel, audited with ``reason``); a write that fails for now is tried
+        again next tick."""
+        if res.cancelled_at is not None:
+            self.ending.pop(jid, None)
+            return
+        try:
+            self.host.end_booking(res, reason)
+        except (NotFound, PermissionDenied, InvalidInput) as e:
+            # It ended, or was cancelled or changed meanwhile: nothing left to give back.
+            self.ending.pop(jid, None)
+            self.log(f"job {jid[:8]}: booking {res.short_id} not ended early: {e.message}")
+            return
+        except BkError as e:
+            self.ending[jid] = (res, reason)
+            self.log(f"could not end booking {res.short_id} yet ({e.message}); will retry")
+            return
+        self.ending.pop(jid, None)
+        self.log(f"job {jid[:8]}: booking {res.short_id} {reason}")
 
     # -- the loop ----------------------------------------------------------
 
@@ -118,7 +146,8 @@ class Worker:
         jobs = {j: r for j, r in self.jobs().items() if j not in self.children}
         found = launcher.find_marked(self.host.uid, jobs, self.proc_root)
         for jid, pids in found.items():
-            self.log(f"job {jid[:8]}: found orphaned processes {pids} of a previous worker; stopping them")
+            self.log(journal.warning(f"job {jid[:8]}: found orphaned processes {pids} of a previous worker; "
+                                     "stopping them"))
             launcher.stop_orphans(pids, grace=min(self.host.grace, 5), proc_root=self.proc_root)
         marked = []
         for jid, res in jobs.items():
@@ -150,8 +179,15 @@ class Worker:
                 code = J.shell_status(rc)
                 why = {J.TIMED_OUT: "stopped at the booking's end", J.CANCELLED: "stopped: the booking "
                        "was cancelled", J.FAILED: f"exited with status {code}"}.get(state)
+                early = res is not None and J.ends_booking(
+                    stopped_for=ch.stopping, keep=ch.keep, cancelled=res.cancelled_at is not None, now=now,
+                    end=res.end)
+                if early:
+                    why = self.host.ended_early(now, code)
                 self.log(f"job {jid[:8]} ended: {state} (status {code})")
                 self._set(res if res is not None else _stub(ch), state, why, code)
+                if early:
+                    self._end(res, jid, why)
                 continue
             if res is not None and res.job.status == J.PENDING and jid not in self.unsent:
                 self._set(res, J.RUNNING)                  # a write that failed at launch
@@ -170,7 +206,7 @@ class Worker:
             if ch.stopping is not None and not ch.killed:
                 if now >= ch.kill_at:
                     ch.killed = True
-                    self.log(f"job {jid[:8]}: KILL to process group {ch.proc.pid}")
+                    self.log(journal.warning(f"job {jid[:8]}: KILL to process group {ch.proc.pid}"))
                     launcher.signal_group(ch.proc.pid, signal.SIGKILL)
                 else:
                     due = min(due, ch.kill_at)
@@ -245,17 +281,17 @@ class Worker:
                 raise
             os.close(fd)
         except BkError as e:
-            self.log(f"job {jid[:8]}: not started: {e.message}")
+            self.log(journal.warning(f"job {jid[:8]}: not started: {e.message}"))
             self._set(res, J.FAILED, f"not started: {e.message}")
             return
         except OSError as e:
             why = e.strerror or str(e)
             if e.filename and e.filename not in why:
                 why = f"{e.filename}: {why}"
-            self.log(f"job {jid[:8]}: not started: {why}")
+            self.log(journal.warning(f"job {jid[:8]}: not started: {why}"))
             self._set(res, J.FAILED, f"not started: {why}")
             return
-        self.children[jid] = Child(proc, res.id, jid, now, pump=pump)
+        self.children[jid] = Child(proc, res.id, jid, now, pump=pump, keep=spec.keep)
         self.reasons.pop(jid, None)
         self.log(f"job {jid[:8]} started on GPUs {','.join(map(str, res.gpus))}: pid {proc.pid} "
                  f"(booking {res.short_id})")
@@ -269,7 +305,7 @@ class Worker:
             specs.clean(self.host.jobs_path, keep=keep, now=self.time_fn(), grace_s=SPEC_GRACE_S)
             logs.clean(self.host.jobs_path, running=set(self.children), now=self.time_fn())
         except BkError as e:
-            self.log(f"cleaning job files failed: {e.message}")
+            self.log(journal.warning(f"cleaning job files failed: {e.message}"))
 
     def stop_all(self, grace: float) -> None:
         """The worker is told to stop: TERM every job's group, KILL after ``grace``."""

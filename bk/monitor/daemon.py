@@ -29,6 +29,14 @@ The facts that shape it:
 * Cadence.  Samples are due every ``interval_s`` on the monotonic clock;
   a sample that took longer than an interval skips the ticks it missed
   instead of sampling back to back.
+* Activity.  Every sample judges each running booking (``bk.core.activity``:
+  active, idle-held, empty or unknown) from its own processes, the GPUs'
+  power against their learned idle baselines, and the CPU time of its
+  processes' trees (``bk.gpu.procinfo.CpuTrees``, from /proc); the states
+  and idle clocks are published in the snapshot (``activity``) and kept in
+  ``activity.json`` once a minute and at a clean stop, so that a restart
+  keeps the idle clocks (``bk.store.activity``).  The baselines also split
+  each interval's energy between the bookings in the usage history.
 """
 
 from __future__ import annotations
@@ -40,9 +48,11 @@ import sys
 import time
 from collections.abc import Callable
 
+from bk.core import journal
 from bk.core.errors import BkError, Busy, ConfigError, WrongAccount
 from bk.core.record import dataclass, field
 from bk.core.telemetry import Snapshot
+from bk.core.timegrid import counted
 from bk.store import snapshot as files
 
 DEFAULT_INTERVAL = 2.0
@@ -50,11 +60,8 @@ USAGE_BACKLOG = 10_000            # minute records kept for a retry while histor
 
 
 def log_stderr(line: str) -> None:
-    try:
-        sys.stderr.write(f"bk m: {line}\n")
-        sys.stderr.flush()
-    except (OSError, ValueError):
-        pass
+    # With its priority when the journal reads it (bk.core.journal).
+    journal.write(sys.stderr, "bk m", line, os.environ, os.fstat)
 
 
 def _account(uid: int) -> str:
@@ -143,7 +150,8 @@ class Monitor:
     def __init__(self, backend, ledger: Callable[[], object], directory: str, *,
                  clock: Callable[[], int], interval_s: float = DEFAULT_INTERVAL,
                  folder=None, usage=None, gpu_count: int | None = None,
-                 log: Callable[[str], None] = log_stderr, pid: int | None = None):
+                 log: Callable[[str], None] = log_stderr, pid: int | None = None,
+                 tracker=None, cpu_trees=None, keep_activity: bool = False, exporter=None):
         self.backend = backend
         self.ledger = ledger
         self.directory = directory
@@ -160,6 +168,14 @@ class Monitor:
         self._reservations: list = []
         self._pending: list = []              # minute records not yet written
         self._said: str | None = None         # the last problem logged, to log changes only
+        self.tracker = tracker                # bk.core.activity.Tracker, or None: no activity states
+        self.cpu_trees = cpu_trees            # bk.gpu.procinfo.CpuTrees (or a fake with .advance)
+        self.keep_activity = keep_activity    # write activity.json (the daemon; not bk m --once)
+        self._activity_at: int | None = None  # when activity.json was last written
+        self._capacity: int | None = None     # the ledger policy's share slots per GPU
+        self.activity_doc: dict | None = None # the latest sample's published activity
+        self.exporter = exporter              # bk.monitor.exporter.Exporter, or None: no exports
+        self._state = None                    # the ledger state of the latest look
 
     # -- looking
 
@@ -181,7 +197,11 @@ class Monitor:
         state = None
         try:
             state = self.ledger()
+            self._state = state
             self._reservations = list(state.reservations)
+            policy = getattr(state, "policy", None) or {}
+            if isinstance(policy.get("max_shared_users"), int):
+                self._capacity = policy["max_shared_users"]
         except BkError as e:
             problems.append(f"cannot read the ledger: {e.message}")
         status, detail = files.RUNNING, None
@@ -205,26 +225,73 @@ class Monitor:
 
     # -- one step of the daemon
 
+    def judge_activity(self, s: Sample) -> dict | None:
+        """Advance every running booking's activity state by this sample;
+        the snapshot's ``activity`` object."""
+        if self.tracker is None or s.snapshot is None:
+            return None
+        roots = self.tracker.roots(s.snapshot, s.attributions, s.reservations, s.t)
+        cpu = self.cpu_trees.advance(roots) if self.cpu_trees is not None else {}
+        self.tracker.observe(s.t, s.snapshot, s.attributions, s.reservations, cpu)
+        return self.tracker.doc(s.snapshot, s.reservations)
+
     def step(self) -> Sample:
         s = self.look()
+        try:
+            activity = self.activity_doc = self.judge_activity(s)
+        except Exception as e:      # a bug in the judgement must not cost the history or the snapshot
+            activity = self.activity_doc = None
+            s.status = files.DEGRADED if s.status == files.RUNNING else s.status
+            s.detail = "; ".join(x for x in (s.detail, f"the activity state failed (a bug): "
+                                             f"{type(e).__name__}: {e}") if x)
+        closed = False
         if s.snapshot is not None:
             self._last = s.snapshot
             if self.folder is not None:
-                self._pending.extend(self.folder.add(s.t, s.snapshot, s.attributions, s.reservations))
+                baselines = self.tracker.baselines_by_index(s.snapshot) if self.tracker is not None else None
+                done = self.folder.add(s.t, s.snapshot, s.attributions, s.reservations, baselines=baselines,
+                                       capacity=self._capacity)
+                closed = bool(done)
+                self._pending.extend(done)
+                if self.exporter is not None:
+                    self.exporter.fold(done)
         self._write_usage(s)
+        if self.keep_activity and (closed or self._activity_at is None or s.t - self._activity_at >= 60):
+            self._save_activity(s)
         if s.snapshot is not None:
             try:
                 files.write_snapshot(self.directory, s.snapshot, interval_s=self.interval_s,
-                                     inventory_fingerprint=self._fingerprint(), attributions=s.attributions)
+                                     inventory_fingerprint=self._fingerprint(), attributions=s.attributions,
+                                     activity=activity)
             except BkError as e:
                 s.status = files.DEGRADED if s.status == files.RUNNING else s.status
                 s.detail = "; ".join(x for x in (s.detail, f"cannot write the snapshot: {e.message}") if x)
         self.samples += 1
+        if self.exporter is not None and self.exporter.due(s.t):
+            self._export(s, activity)
         self._heartbeat(s.status, s.detail, s.t)
         if s.detail != self._said:
-            self.log(s.detail or f"{s.status}: sampling every {self.interval_s:g} s")
+            line = s.detail or f"{s.status}: sampling every {self.interval_s:g} s"
+            self.log(journal.warning(line) if s.status == files.DEGRADED else journal.info(line))
             self._said = s.detail
         return s
+
+    def _export(self, s: Sample, activity: dict | None) -> None:
+        """The exports of this minute (``bk.monitor.exporter``); a failure
+        degrades the heartbeat, as a failed history write does."""
+        snap = s.snapshot
+        count = len(snap.gpus) if snap is not None and snap.gpus else (self.gpu_count or 1)
+        beat = files.Heartbeat(s.status, self.pid, s.t, self.started_at, self.interval_s, s.detail, 0,
+                               self.samples)
+        try:
+            problems = self.exporter.step(s.t, state=self._state, snapshot=snap, attributions=s.attributions,
+                                          activity=activity, heartbeat=beat,
+                                          policy=self.exporter.settings.policy(count))
+        except Exception as e:          # a bug in an export must not cost the sample
+            problems = [f"the exports failed (a bug): {type(e).__name__}: {e}"]
+        if problems:
+            s.status = files.DEGRADED if s.status == files.RUNNING else s.status
+            s.detail = "; ".join(x for x in (s.detail, *problems) if x)
 
     def safe_step(self) -> Sample | None:
         """``step`` for the daemon: a surprise (a bug) is logged and recorded
@@ -233,7 +300,7 @@ class Monitor:
             return self.step()
         except Exception as e:
             detail = f"a sample failed (a bug): {type(e).__name__}: {e}"
-            self.log(detail)
+            self.log(journal.error(detail))
             self._said = detail
             self._heartbeat(files.DEGRADED, detail, self.clock())
             return None
@@ -257,7 +324,24 @@ class Monitor:
                 why = getattr(e, "message", None) or str(e)
                 s.detail = "; ".join(x for x in (s.detail, f"cannot write usage history: {why}") if x)
             else:
-                self.log(f"usage history not written: {getattr(e, 'message', None) or e}")
+                self.log(journal.error(f"usage history not written: {getattr(e, 'message', None) or e}"))
+
+    def _save_activity(self, s: Sample | None) -> None:
+        """Keep the idle clocks and baselines (``activity.json``)."""
+        if not self.keep_activity or self.tracker is None:
+            return
+        t = s.t if s is not None else self.clock()
+        from bk.store import activity as store
+
+        try:
+            store.write(self.directory, self.tracker.to_store(), t)
+            self._activity_at = t
+        except BkError as e:
+            if s is not None:
+                s.status = files.DEGRADED if s.status == files.RUNNING else s.status
+                s.detail = "; ".join(x for x in (s.detail, f"cannot keep the idle clocks: {e.message}") if x)
+            else:
+                self.log(f"idle clocks not kept: {e.message}")
 
     def _heartbeat(self, status: str, detail: str | None, t: int, *, sync: bool = False) -> None:
         doc = files.heartbeat_doc(status=status, pid=self.pid, started_at=self.started_at, updated_at=t,
@@ -265,7 +349,7 @@ class Monitor:
         try:
             files.write_heartbeat(self.directory, doc, sync=sync)
         except BkError as e:
-            self.log(f"cannot write the heartbeat: {e.message}")
+            self.log(journal.error(f"cannot write the heartbeat: {e.message}"))
 
     def finish(self) -> int:
         """The clean stop: the open minute into the history, ``stopped``
@@ -276,7 +360,8 @@ class Monitor:
             flushed = len(tail)
             self._pending.extend(tail)
         self._write_usage(None)
-        self._heartbeat(files.STOPPED, f"stopped by signal after {self.samples} samples", self.clock(),
+        self._save_activity(None)
+        self._heartbeat(files.STOPPED, f"stopped by signal after {counted(self.samples, 'sample')}", self.clock(),
                         sync=True)
         return flushed
 
@@ -297,28 +382,25 @@ def _settings(env: dict):
     return load(locate(env))
 
 
-def _take_lock(directory: str) -> int:
-    from bk.store.fsutil import Safety, open_dir, open_file
-    from bk.store.lock import mark, take
+def _take_lock(directory: str, log: Callable[[str], None] = log_stderr) -> int:
+    from bk.store.fsutil import Safety, open_dir
+    from bk.store.lock import acquire
 
     path = os.path.join(directory, files.LOCK_FILE)
     safety = Safety(os.geteuid())
     dirfd = open_dir(directory, safety, create_mode=files.DIR_MODE)
     try:
-        fd = open_file(dirfd, files.LOCK_FILE, path, safety, os.O_RDWR, create_mode=0o644)
-    finally:
-        os.close(dirfd)
-    try:
-        # One try (timeout 0): a second monitor should refuse, not queue.
-        take(fd, path, timeout=0, busy=lambda pid: Busy(
+        # One try (timeout 0): a second monitor should refuse, not queue.  A
+        # lock file others could open, or one an intruder holds, is replaced
+        # (bk.store.lock), so no user can keep the monitor down.
+        return acquire(dirfd, files.LOCK_FILE, path, safety, timeout=0, what="the monitor's lock",
+                       log=lambda line: log(journal.warning(line)),
+                       busy=lambda pid: Busy(
             "another monitor is running here" + (f" (pid {pid})" if pid else ""),
             hint="see: systemctl status gpubk-monitor, or bk m status",
             details={"path": path, "holder_pid": pid}))
-    except BaseException:
-        os.close(fd)
-        raise
-    mark(fd)
-    return fd
+    finally:
+        os.close(dirfd)
 
 
 def _prepare_dir(settings, directory: str) -> None:
@@ -343,19 +425,52 @@ def _open_usage(settings):
 
 
 def build(env: dict, settings, *, interval_s: float, clock: Callable[[], int], backend=None,
-          log: Callable[[str], None] = log_stderr) -> Monitor:
-    """The monitor for this server: its backend, ledger and history."""
+          log: Callable[[str], None] = log_stderr, proc_root: str = "/proc") -> Monitor:
+    """The monitor for this server: its backend, ledger, history and
+    activity tracker."""
     from bk.core.usage import Folder
     from bk.gpu import open_backend
+    from bk.gpu.procinfo import CpuTrees
     from bk.service.app import make_store
 
     if backend is None:
         backend = open_backend(env, settings["gpu_count"], simulated=settings["simulated_gpus"])
     store = make_store(settings, clock_fn=clock, owner_uid=None, capacity=settings["max_shared_users"])
     view = LedgerView(store)
-    return Monitor(backend, view.read, files.monitor_dir(settings), clock=clock, interval_s=interval_s,
-                   folder=Folder(60, interval_s=max(1, round(interval_s))), usage=_open_usage(settings),
-                   gpu_count=settings["gpu_count"], log=log)
+    directory = files.monitor_dir(settings)
+    usage = _open_usage(settings)
+    return Monitor(backend, view.read, directory, clock=clock, interval_s=interval_s,
+                   folder=Folder(60, interval_s=max(1, round(interval_s)), capacity=settings["max_shared_users"]),
+                   usage=usage, gpu_count=settings["gpu_count"], log=log,
+                   tracker=open_tracker(settings, directory, interval_s), cpu_trees=CpuTrees(proc_root),
+                   keep_activity=True, exporter=open_exporter(settings, usage, store))
+
+
+def open_exporter(settings, usage, store):
+    """The exports the configuration asks for (None when it names no
+    directory): the textfile, the calendars, the page of the week."""
+    from bk.monitor.exporter import Exporter
+
+    exporter = Exporter(settings, usage=usage, store=store, tz=_local_tz())
+    return exporter if exporter.enabled else None
+
+
+def _local_tz():
+    from bk import clock
+
+    return clock.local_tz()
+
+
+def open_tracker(settings, directory: str, interval_s: float):
+    """The activity tracker with the configuration's thresholds and what
+    the previous monitor kept in ``activity.json``."""
+    from bk.core.activity import Tracker
+    from bk.store import activity as store
+
+    tracker = Tracker(interval_s, nudge_minutes=settings["idle_nudge_minutes"],
+                      policy_release_minutes=settings["idle_release_minutes"])
+    tracker.load(store.read(directory, owner=files.monitor_owner(settings)))
+    return tracker
 
 
 def run(env: dict, *, interval_s: float = DEFAULT_INTERVAL, log: Callable[[str], None] = log_stderr,
@@ -368,7 +483,7 @@ def run(env: dict, *, interval_s: float = DEFAULT_INTERVAL, log: Callable[[str],
     check_account(settings)
     directory = files.monitor_dir(settings)
     _prepare_dir(settings, directory)
-    lock_fd = _take_lock(directory)
+    lock_fd = _take_lock(directory, log)
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     stopping = []
 
@@ -396,7 +511,7 @@ def run(env: dict, *, interval_s: float = DEFAULT_INTERVAL, log: Callable[[str],
             # handler raises; ours writes to the pipe, which ends the wait.
             select.select([wake_r], [], [], max(0.0, due - monotonic()))
         flushed = monitor.finish()
-        log(f"stopped after {monitor.samples} samples; {flushed} partial minute records flushed")
+        log(f"stopped after {counted(monitor.samples, 'sample')}; {counted(flushed, 'partial minute record')} flushed")
         return RunStats(monitor.samples, flushed, os.getpid())
     finally:
         for s, h in old.items():

@@ -370,6 +370,33 @@ def _table() -> dict[str, Operation]:
              "requests:Empty", (), "jobs:WorkerStatusResult", READ, ANYONE,
              idempotent=True, destructive=False, serve="jobs:_serve_worker_status",
              served=False),
+        # Notifications (bk.service.notify): the caller's own private
+        # settings, terminals and delivery log, never the broker's.  The
+        # settings are the caller's own file, not the ledger: notify_set is a
+        # local write (no transaction), as saving a preset is.
+        _row("notify_show", "your notification settings, your terminals now, the deliverer and each "
+             "channel's health", "requests:Empty", (), "notify:NotifyResult", READ, ANYONE,
+             idempotent=True, destructive=False, serve="notify:serve_show", served=False),
+        _row("notify_set", "change your notification settings (checked first: a bad address, URL or "
+             "name is refused)", "notify:NotifySetRequest", "notify:SET_FIELDS",
+             "notify:NotifyResult", WRITE, OWNER, idempotent=True, destructive=False,
+             serve="notify:serve_set", check="notify:check_set", served=False),
+        _row("notify_test", "send one test notification on each of your channels",
+             "notify:NotifyTestRequest", "notify:TEST_FIELDS", "notify:NotifyResult", READ, ANYONE,
+             idempotent=False, destructive=False, serve="notify:serve_test", check="notify:check_test",
+             served=False),
+        _row("notify_log", "the notifications delivered to you, newest first",
+             "notify:NotifyLogRequest", "notify:LOG_FIELDS", "notify:NotifyResult", READ, ANYONE,
+             idempotent=True, destructive=False, serve="notify:serve_log", check="notify:check_log",
+             served=False),
+        # bk export prom|ics|html; the monitor assembles the same record itself.
+        _row("export", "the bookings, the GPUs' live state and today's use, for Prometheus, calendars "
+             "and the web page of the week", "exports:ExportRequest", "exports:EXPORT_FIELDS",
+             "exports:ExportResult", READ, ANYONE, idempotent=True, destructive=False,
+             serve="exports:serve_export", check="exports:check_export", served=False),
+        _row("export_page", "write a rendered page of the week into a directory of yours, atomically",
+             "exports:PageRequest", None, "exports:PageWritten", WRITE, OWNER,
+             idempotent=True, destructive=False, serve="exports:serve_page", served=False),
         _row("presets", "your private presets", "requests:Empty", (),
              "presets:PresetsResult", READ, ANYONE, idempotent=True, destructive=False,
              serve="presets:_serve_presets", served=False),
@@ -423,6 +450,9 @@ def _table() -> dict[str, Operation]:
              "jobs:BookJobRequest", None, "results:BookResult", WRITE, ANYONE,
              idempotent=False, destructive=False, serve="jobs:_serve_book_job",
              served=False),
+        _row("worker_hint", "whether to say that no worker runs for you (once a login session)",
+             "jobs:WorkerHintRequest", None, "jobs:WorkerHint", READ, ANYONE,
+             idempotent=True, destructive=False, serve="jobs:_serve_worker_hint", served=False),
         _row("run_target", "the booking a command would run on now, and the environment it gets",
              "jobs:RunTargetRequest", None, "jobs:RunTarget", READ, ANYONE,
              idempotent=True, destructive=False, serve="jobs:_serve_run_target",
@@ -506,7 +536,9 @@ _TYPES = {
               "UsersReport", "SamplesReport", "EventsReport", "VerifyReport"),
     "jobs": ("JobResult", "JobsRequest", "JobsResult", "JobLogRequest", "JobLogResult", "JobRetryRequest",
              "WorkerStatusResult", "WorkerRunRequest", "WorkerRunResult", "BookJobRequest", "RunTargetRequest",
-             "RunTarget", "RunNowRequest", "RunNowResult", "NO_WORKER"),
+             "RunTarget", "RunNowRequest", "RunNowResult", "WorkerHintRequest", "WorkerHint", "NO_WORKER"),
+    "notify": ("NotifySetRequest", "NotifyTestRequest", "NotifyLogRequest", "NotifyResult"),
+    "exports": ("ExportRequest", "ExportResult", "PageRequest", "PageWritten"),
     "presets": ("Preset", "PresetsResult", "PresetRequest", "PresetResult", "PresetSaveRequest",
                 "PresetSaveResult", "PresetDeleteRequest", "PresetDeleteResult", "DefaultsResult",
                 "PresetHintRequest", "PresetHint", "PromptHistory", "PromptHistoryRequest"),

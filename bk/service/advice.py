@@ -70,7 +70,7 @@ def describe(req) -> str:
     """``2 GPUs, shared, 12 GiB per GPU, 1h``: what was asked for, in words."""
     n = req.count
     mem = f", {timegrid.format_memory(req.mem_mib)} per GPU" if req.mem_mib else ""
-    return f"{n} GPU{'s' if n != 1 else ''}, {req.mode}{mem}, {timegrid.format_duration(req.duration)}"
+    return f"{timegrid.counted(n, 'GPU')}, {req.mode}{mem}, {timegrid.format_duration(req.duration)}"
 
 
 @dataclass(frozen=True)
@@ -246,14 +246,22 @@ def _serve_gpu(service, req: GpuRequest, call) -> GpuAdvice:
     active = tuple(r for r in mine if r.status(now) == "active")
     current = tuple(view.reservation(r) for r in active)
     if req.count is None and active:
-        return GpuAdvice(active, current, export_line({g for r in active for g in r.gpus}))
+        booked = {g for r in active for g in r.gpus}
+        here = present_gpus(booked, call.telemetry.inventory())
+        if here != booked:
+            gone = sorted(booked - here)
+            call.warn(f"{'GPU' if len(gone) == 1 else 'GPUs'} {timegrid.gpus_text(gone)} of your booking "
+                      f"{'is' if len(gone) == 1 else 'are'} not on this machine now: "
+                      + ("CUDA_VISIBLE_DEVICES names only the GPUs present" if here else
+                         "there is no GPU of it to use (bk doctor says more)"))
+        return GpuAdvice(active, current, export_line(here) if here else None)
     book = BookRequest(req.count or 1, req.duration, mode=req.mode, share=req.share, mem_mib=req.mem_mib,
                        pinned=req.pinned, excluded=req.excluded)
     rec = _recommend(service, book, GPU_OPTIONS, call, state)
     ready = rec.ready()
     if not rec.options:
         raise Conflict(f"nothing fits {describe(book)} within the next "
-                       f"{call.policy.queue_search_hours} hours (queue_search_hours)",
+                       f"{timegrid.counted(call.policy.queue_search_hours, 'hour')} (queue_search_hours)",
                        hint="ask for fewer GPUs, less memory or a shorter time")
     if not ready.options:
         # Not an error: the question was where to run, and the answer is
@@ -261,6 +269,15 @@ def _serve_gpu(service, req: GpuRequest, call) -> GpuAdvice:
         return GpuAdvice(active, current, None, rec, free_now=False, request=book)
     live, missing = live_gpus(state, call)
     return GpuAdvice(active, current, None, ready, request=book, live=live, missing=missing)
+
+
+def present_gpus(gpus, inventory) -> set[int]:
+    """The GPUs of ``gpus`` this machine has now (its inventory): a booking
+    made for a GPU that has gone (removed, fallen off the bus, a ledger made
+    for more) must not hand CUDA an index it does not know, which hides
+    every GPU after it in CUDA_VISIBLE_DEVICES."""
+    have = {g.index for g in inventory.gpus}
+    return {g for g in gpus if g in have}
 
 
 def export_line(gpus) -> str:

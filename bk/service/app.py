@@ -27,6 +27,7 @@ from collections.abc import Callable
 from bk import clock
 from bk.core.errors import BkError, IOFailure, PermissionDenied
 from bk.core.models import LedgerState
+from bk.core.timegrid import counted
 from bk.service.context import Actor, Call
 
 
@@ -101,6 +102,10 @@ class Service:
         self._gateway_for = gateway_for
         self._gateway = None
         self.id_source: Callable[[], str] | None = None    # tests: deterministic IDs
+        # One user's share of the ledger, where writes run on a shared one
+        # (``local``, the broker's); private mode has one user, and a client's
+        # writes are checked by the broker.
+        self.limits = None
 
     @classmethod
     def local(cls, settings, telemetry, *, actor: Actor | None = None,
@@ -115,9 +120,12 @@ class Service:
 
         policy = policy or policy_of(settings, telemetry)
         store = make_store(settings, clock_fn=clock_fn, owner_uid=owner_uid, capacity=policy.max_shared_users)
-        return cls(settings=settings, policy=policy, reader=LedgerReader(store),
-                   gateway_for=gateway, telemetry=telemetry,
-                   actor=actor or process_actor(), clock_fn=clock_fn)
+        svc = cls(settings=settings, policy=policy, reader=LedgerReader(store),
+                  gateway_for=gateway, telemetry=telemetry,
+                  actor=actor or process_actor(), clock_fn=clock_fn)
+        if settings.mode == "shared":
+            svc.limits = settings.ledger_limits()
+        return svc
 
     @classmethod
     def remote(cls, settings, telemetry, *, actor: Actor | None = None,
@@ -155,7 +163,7 @@ class Service:
             self.telemetry.refresh()
         call = Call(actor or self.actor, self._clock(), self._tz(), self.policy,
                     telemetry if telemetry is not None else self.telemetry, peer_pid=peer_pid,
-                    make_id=self.id_source)
+                    make_id=self.id_source, limits=self.limits)
         if actor is None:
             call.warn(*clock.zone_warnings(call.tz))
         return call
@@ -193,7 +201,7 @@ class Service:
         if isinstance(bound, int) and bound != call.policy.gpu_count:
             # Writes refuse this (policy binding); reads go on, but say why
             # the picture may not match the machine.
-            call.warn(f"this machine has {call.policy.gpu_count} GPUs but the ledger was made for "
+            call.warn(f"this machine has {counted(call.policy.gpu_count, 'GPU')} but the ledger was made for "
                       f"{bound}: writes are refused until they agree (bk doctor says more)")
         return read.state
 

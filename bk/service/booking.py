@@ -42,7 +42,7 @@ from bk.core.models import (
     iso,
 )
 from bk.core.record import dataclass, replace
-from bk.core.timegrid import floor_slice
+from bk.core.timegrid import counted, floor_slice
 from bk.service.context import Actor, Call
 from bk.service.requests import BookRequest, CancelRequest, CleanupRequest, EditRequest, canonical
 from bk.service.results import BookResult, CancelResult, CleanupResult, EditResult
@@ -166,10 +166,18 @@ def repeat_of(state: LedgerState, req: BookRequest, call: Call) -> Reservation |
     return None
 
 
+def _gone(status: str, already: str = "") -> str:
+    """``was already cancelled`` / ``has already ended``: a status is an
+    adjective, not a verb ("has cancelled" read as if it had cancelled
+    something)."""
+    return f"was {already}cancelled" if status == CANCELLED else f"has {already}ended"
+
+
 def _repeat_hint(b: Reservation, now: int) -> str:
     ago = max(0, now - b.created)
-    when = f"{ago} seconds" if ago < 120 else f"{ago // 60} minutes"
-    return (f"you made this same booking {when} ago: {b.short_id} is that one, not a second; "
+    when = ("just now" if not ago else f"{counted(ago, 'second')} ago" if ago < 120
+            else f"{counted(ago // 60, 'minute')} ago")
+    return (f"you made this same booking {when}: {b.short_id} is that one, not a second; "
             "to book another on purpose, run the command again with --again")
 
 
@@ -229,6 +237,10 @@ def apply_book(state: LedgerState, req: BookRequest, call: Call) -> Mutation:
     if first is not None:
         call.warn(_repeat_hint(first, now))
         return Mutation(False, [], BookResult("exists", first, {"repeat_of": first.id}))
+    if call.limits is not None and not actor.is_admin:
+        from bk.core import ledgerlimits  # a shared server's broker only
+
+        ledgerlimits.check_new(state.reservations, actor.uid, now, call.limits, req.note)
     try:
         p = _place(state, _sched_request(req), call)
     except Conflict as e:
@@ -236,7 +248,10 @@ def apply_book(state: LedgerState, req: BookRequest, call: Call) -> Mutation:
     share = policy.max_shared_users if req.mode == EXCLUSIVE else req.share
     res = Reservation(id=call.new_id("reservation"), uid=actor.uid, user=actor.user, mode=req.mode, gpus=tuple(p.gpus),
                       share=share, start=p.start, end=p.end, created=now, mem_mib=req.mem_mib,
-                      op_id=req.op_id, note=req.note, job=_attached_job(req, now))
+                      op_id=req.op_id, note=req.note, job=_attached_job(req, now),
+                      # Placed later than asked: the owner's deliverer tells them
+                      # when it could start earlier (bk.service.notifier).
+                      extra={"queued_from": iso(req.start if req.start is not None else now)} if p.queued else {})
     status = "queued" if p.queued else "created"
     if res.start <= now:
         call.warn(*in_use_warnings(state, res, call.telemetry.snapshot(), now))
@@ -346,7 +361,7 @@ def apply_edit(state: LedgerState, req: EditRequest, call: Call) -> Mutation:
     old = _owned(state, req.ref, actor, "edit")
     status = old.status(now)
     if status in (ENDED, CANCELLED):
-        raise InvalidInput(f"reservation {old.short_id} has {status}; it can no longer be edited",
+        raise InvalidInput(f"reservation {old.short_id} {_gone(status)}; it can no longer be edited",
                            hint="book again with: bk N DUR")
     if status == ACTIVE:
         new = _edit_active(state, old, req, call)
@@ -356,6 +371,10 @@ def apply_edit(state: LedgerState, req: EditRequest, call: Call) -> Mutation:
     if before == after and (req.note is None or req.note == old.note):
         return Mutation(False, [], EditResult("unchanged", old, old, dry_run=req.dry_run))
     if req.note is not None:
+        if call.limits is not None and not actor.is_admin:
+            from bk.core import ledgerlimits
+
+            ledgerlimits.check_note(state.reservations, actor.uid, now, call.limits, old.note, req.note)
         new = new.replace(note=req.note)
     new = new.replace(edits=[*old.edits, Edit(now, actor.uid, actor.user,
                                               {k: v for k, v in before.items() if after[k] != v},
@@ -384,7 +403,7 @@ def _edit_active(state, old: Reservation, req: EditRequest, call: Call) -> Reser
     if end % policy.slot_seconds:
         raise InvalidInput(f"the new end is not on a {policy.slot_minutes}-minute boundary")
     if end - old.start > policy.max_booking_hours * 3600:
-        raise PolicyRefused(f"a booking may last at most {policy.max_booking_hours} hours "
+        raise PolicyRefused(f"a booking may last at most {counted(policy.max_booking_hours, 'hour')} "
                             "(max_booking_hours)", hint="shorten the extension")
     if end > old.end:
         # Check only what is added, on the same GPUs, with the booking itself ignored.
@@ -485,9 +504,13 @@ def apply_cancel(state: LedgerState, req: CancelRequest, call: Call) -> Mutation
                            hint="sudo bk admin cancel ID --reason 'maintenance'")
     status = res.status(now)
     if status in (ENDED, CANCELLED):
-        raise InvalidInput(f"reservation {res.short_id} has already {status}")
+        raise InvalidInput(f"reservation {res.short_id} {_gone(status, 'already ')}")
     new = res.replace(cancelled_at=now, cancelled_by=actor.uid,
                       cancel_reason=(req.reason or None))
+    if status != ACTIVE and new.note:
+        # It never started: its note would sit in the hot ledger for a day
+        # (bk.core.ledgerlimits) and says nothing about any use of the GPUs.
+        new = new.replace(note=None)
     if new.job is not None and new.job.status == "pending":
         # Never started: nothing for the worker to stop.  A running job
         # stays running until its worker has stopped it and says so.

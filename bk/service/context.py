@@ -41,6 +41,7 @@ class Call:
     peer_pid: int | None = None            # the broker's caller, as the kernel saw it
     make_id: object = None                 # () -> str: deterministic IDs for tests; None: random
     ids: dict = field(default_factory=dict, compare=False)
+    limits: object = None                  # bk.core.ledgerlimits.LedgerLimits on a shared server; None: none
 
     def warn(self, *lines: str) -> None:
         for w in lines:

@@ -21,8 +21,10 @@ scheduled-command worker (``--require-worker`` asks for the caller's own).
 from __future__ import annotations
 
 from bk import clock
+from bk.core.envelope import SHARED_RESULT
 from bk.core.errors import BkError
 from bk.core.record import dataclass
+from bk.core.timegrid import counted
 from bk.service.status import policy_summary
 
 OK, WARN, FAIL = "ok", "warn", "fail"
@@ -406,7 +408,7 @@ def _policy_check(app, call) -> dict:
 def _gpu_check(app, call) -> dict:
     snap, inv = call.telemetry.snapshot(), call.telemetry.inventory()
     gpus = snap.gpus
-    detail = f"{snap.source}: {len(gpus)} GPU{'s' if len(gpus) != 1 else ''}"
+    detail = f"{snap.source}: {counted(len(gpus), 'GPU')}"
     reason = inv.reason
     if reason or snap.reason:
         detail += f" ({reason or snap.reason})"
@@ -440,7 +442,7 @@ def _gpu_check(app, call) -> dict:
                "--simulated-gpus N")
     elif (reason or snap.reason) and snap.simulated and app.settings.mode == "shared":
         if "gpu_count" in app.settings.explicit:
-            detail += (f"; no GPU telemetry, so {call.policy.gpu_count} GPUs from the "
+            detail += (f"; no GPU telemetry, so {counted(call.policy.gpu_count, 'GPU')} from the "
                        "configuration are scheduled by share slots alone")
         else:
             ok = False
@@ -565,6 +567,14 @@ def _worker_check(app, call, required: bool) -> dict | None:
     return None
 
 
+def _notify_check(app, call) -> dict | None:
+    """Your notifications (``bk notify``): a channel that has been failing,
+    or settings with no deliverer to act on them; nothing for most users."""
+    from bk.service.notify import doctor_check
+
+    return doctor_check(app, call)
+
+
 # What to do when a check fails and its own error named no fix.
 FIXES = {
     "config": "sudo bk admin init, or correct the file (man 5 gpubk-config)",
@@ -583,6 +593,15 @@ FIXES = {
                       "check it (df, mount, dmesg)",
     "locking": "the file system refuses flock (a network mount?): keep the data directory on a local disk",
 }
+
+def _enforce_checks(app, call) -> list[dict]:
+    """Hard enforcement, only where the configuration turns it on (issue 31):
+    kernel support, the cgroup v2 mount, the enforcer and its programs."""
+    from bk.enforce.admin import doctor_checks
+
+    return [_check(name, status != FAIL, detail, fix=fix, status=status)
+            for name, status, detail, fix in doctor_checks(app.settings, now=call.now)]
+
 
 CHECKS = (("config", _config_check), ("ledger", _ledger_checks), ("state directory", _state_check),
           ("policy", _policy_check), ("gpu_backend", _gpu_check))
@@ -638,6 +657,9 @@ def _doctor(app, probe: bool = False, *, strict: bool = False, require_monitor: 
     except OSError as e:
         checks.append(_check("monitor", False, f"{e.filename or 'heartbeat'}: {e.strerror}"))
     checks += [c for c in _run("worker", _worker_check, app, call, require_worker) if c is not None]
+    if shared and app.settings["enforce"]:
+        checks += _run("enforcer", _enforce_checks, app, call)
+    checks += [c for c in _run("notifications", _notify_check, app, call) if c is not None]
     if probe:
         answered = True
         if shared:
@@ -655,6 +677,13 @@ def _doctor(app, probe: bool = False, *, strict: bool = False, require_monitor: 
             checks.append(_check("probe", False, "atomic replace and locking not tried: the broker, "
                                  "which tries them on a shared server, did not answer"))
     for w in call.warnings:
+        if w.startswith(SHARED_RESULT):
+            # The broker's shared probe: a real measurement, only not this
+            # caller's own; said beside the checks it measured, not a failure.
+            for c in checks:
+                if c["name"] in ("atomic replace", "locking"):
+                    c["detail"] = f"{c['detail']} ({w})"
+            continue
         checks.append(_check("ledger_read", False, w))
     for c in checks:
         if c["status"] != OK and not c["fix"]:

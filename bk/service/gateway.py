@@ -7,7 +7,7 @@ call's context, and return the rendered typed result.
 
 from __future__ import annotations
 
-from bk.core.errors import BkError, PermissionDenied
+from bk.core.errors import BkError, ConfigError, PermissionDenied
 from bk.service.views import View
 
 
@@ -46,6 +46,26 @@ class LocalGateway:
         if isinstance(outcome, BaseException):
             raise outcome
         return outcome
+
+    def dry_run(self, op, req, call):
+        """A write asked to change nothing (``dry_run``), applied to a copy
+        of the committed ledger read without the lock, as every reader
+        reads it; nothing is committed, so no transaction is needed, and a
+        dry run never holds the lock or a place in a commit that writers
+        wait for.  The ledger's bound policy is checked as a commit would."""
+        from bk.core.policy import policy_diff
+
+        authorize_host(op, call, self.store.private)
+        authorize(op, call)
+        op.validate(req)
+        got = self.store.read()
+        call.warn(*got.warnings)
+        diff = policy_diff(got.state.policy, call.policy.bound())
+        if diff.conflicts:
+            raise ConfigError(f"the configuration disagrees with the policy bound in {self.store.paths.ledger}: "
+                              f"{diff.describe()}", "the ledger keeps the policy of its first write; ask the "
+                              "administrator", details={"differences": diff.conflicts})
+        return op.apply(got.state.copy(), req, call).result.rendered(View.of(call))
 
     def write_batch(self, items: list) -> list:
         """Several callers' writes in one transaction: the broker's group

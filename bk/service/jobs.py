@@ -32,6 +32,39 @@ NO_WORKER = ("no bk worker is running for you, so the command will not start on 
              "start one with: systemctl --user enable --now bk-worker "
              "(and: loginctl enable-linger $USER, so it keeps running after you log out), "
              "or run bk w start in a terminal that stays open")
+NO_WORKER_AGAIN = "no bk worker is running for you: the command starts once one runs (bk w says how)"
+NO_WORKER_NOTE = "worker-hint"          # in the state directory: the session it was last said in
+
+
+def session_key(env: dict, proc: str = "/proc") -> str:
+    """This login session: logind's (``XDG_SESSION_ID``, every terminal of
+    one login), else this terminal's: its session ID (the login shell's,
+    ``getsid``) and that leader's start time; with the boot, so that an ID
+    reused after a logout or a reboot is another session."""
+    def read(path: str, pick) -> str:
+        try:
+            with open(path, encoding="ascii", errors="replace") as f:
+                return pick(f.read())
+        except (OSError, IndexError):
+            return "?"
+    boot = read(f"{proc}/sys/kernel/random/boot_id", lambda t: t.strip())
+    logind = env.get("XDG_SESSION_ID")
+    if logind:
+        return f"{boot}:logind:{logind}"
+    sid = os.getsid(0)
+    return f"{boot}:{sid}:{read(f'{proc}/{sid}/stat', lambda t: t.rsplit(')', 1)[1].split()[19])}"
+
+
+def no_worker_warning(app, env: dict, *, again: bool = False) -> str | None:
+    """The long "no worker" advice the first time a session hears it; after
+    that nothing, or with ``again`` (a new job that will not start) one
+    short line.  Said after every ``bk j`` and ``bk w``, the same paragraph
+    had become noise."""
+    from bk.store.presets import said_this_session
+
+    if not said_this_session(app.settings.locations.state_dir, NO_WORKER_NOTE, session_key(env)):
+        return NO_WORKER
+    return NO_WORKER_AGAIN if again else None
 
 
 @dataclass(frozen=True)
@@ -64,6 +97,21 @@ def job_json(r: Reservation) -> dict | None:
             "gpus": list(r.gpus), "start": iso(r.start), "end": iso(r.end)}
 
 
+def _not_retryable(short: str, state: str) -> str:
+    """Why a job in ``state`` cannot be retried: a retry is for a job that
+    stopped without finishing its work, which a succeeded one did."""
+    from bk.core import jobs as J
+
+    which = "a job that failed, timed out, was cancelled or is uncertain can be retried"
+    if state == J.SUCCEEDED:
+        return f"the job of {short} succeeded: there is nothing to retry; only {which}"
+    if state in (J.PENDING, J.RUNNING):
+        return f"the job of {short} is still {state}; only {which}"
+    if state == J.MISSED:
+        return f"the job of {short} missed its booking (it ended before the job could start); only {which}"
+    return f"the job of {short} is {state}; only {which}"
+
+
 def apply_job_state(state, req, call):
     """The ``job_state`` row: the owner's job of one booking changes state
     along ``bk.core.jobs.NEXT`` (a retry: an ended job back to pending
@@ -83,8 +131,9 @@ def apply_job_state(state, req, call):
     old = res.job.status
     if req.retry:
         if req.status != J.PENDING or old not in J.RETRYABLE:
-            raise InvalidInput(f"the job of {res.short_id} has state {old}; only a job that ended "
-                               f"({', '.join(sorted(J.RETRYABLE))}) can be retried")
+            raise InvalidInput(_not_retryable(res.short_id, old),
+                               hint=None if old in (J.PENDING, J.RUNNING) else
+                               "to run the command once more, book it again: bk run N DUR -- CMD")
         if not res.is_live(call.now):
             raise InvalidInput(f"the booking {res.short_id} has {res.status(call.now)}; a job runs only "
                                "while its booking lasts", hint="book again: bk run N DUR -- CMD")
@@ -146,10 +195,12 @@ def check_command(argv: list[str], cwd: str, path: str | None) -> None:
     raise InvalidInput(f"{prog}: command not found in PATH", hint="give its full path, or check PATH")
 
 
-def _attach_command(app, call, req, argv: list[str], *, cwd: str, env: dict):
+def _attach_command(app, call, req, argv: list[str], *, cwd: str, env: dict, keep: bool = False):
     """Book ``req`` with ``argv`` attached: validate, write the private
     spec, book with its digest; the spec is removed when the booking fails
-    or names an earlier booking (an op-id retry).  Returns the BookResult."""
+    or names an earlier booking (an op-id retry).  ``keep``: the booking
+    lasts to its end after the command exits (by default the worker ends it
+    then).  Returns the BookResult."""
     from bk.core.jobs import summary_of
 
     path = env.get("PATH")
@@ -160,7 +211,7 @@ def _attach_command(app, call, req, argv: list[str], *, cwd: str, env: dict):
 
     jid = os.urandom(16).hex()
     where = _jobs_path(app)
-    digest = specs.write_spec(where, jid, argv, cwd, path, call.now)
+    digest = specs.write_spec(where, jid, argv, cwd, path, call.now, keep=keep)
     try:
         result = app.run("book", replace(req, job_id=jid, job_digest=digest, job_summary=summary_of(argv)),
                          call=call)
@@ -170,19 +221,25 @@ def _attach_command(app, call, req, argv: list[str], *, cwd: str, env: dict):
     if (result.reservation.job or Job("")).extra.get("id") != jid:
         specs.remove(where, jid)
     if _worker_status(app)["state"] != "running":
-        call.warn(NO_WORKER)
+        call.warn(no_worker_warning(app, env, again=True))
     return result
 
 
 # ----------------------------------------------------------------- reads
 
 def _my_jobs(app, call) -> list[Reservation]:
-    """The caller's bookings that carry a job, in the hot ledger, newest start first."""
+    """The caller's bookings that carry a job, in the hot ledger, in the
+    order ``bk l`` shows them: current and upcoming ones in list order (so
+    the numbers count down the page), then ended ones newest first, as
+    ``bk l --history``."""
     from bk.core.ledgerdoc import DocKeep
 
     state = app.ledger(call=call, keep=DocKeep(uid=call.actor.uid))     # yours are all it looks at
-    return sorted((r for r in state.reservations if r.uid == call.actor.uid and r.job is not None),
-                  key=lambda r: (r.start, r.created), reverse=True)
+    mine = [r for r in state.reservations if r.uid == call.actor.uid and r.job is not None]
+    live = [r for r in mine if r.is_live(call.now)]
+    return (sorted(live, key=lambda r: (r.start, r.created))
+            + sorted((r for r in mine if not r.is_live(call.now)), key=lambda r: (r.start, r.created),
+                     reverse=True))
 
 
 def _resolve_job(app, call, ref: str) -> Reservation:
@@ -196,7 +253,14 @@ def _resolve_job(app, call, ref: str) -> Reservation:
         hits = [r for r in mine if (r.job.extra.get("id") or "").startswith(ref)]
         if len(hits) == 1:
             return hits[0]
-    res = _resolve(app, ref, call)
+    try:
+        res = _resolve(app, ref, call)
+    except NotFound as e:
+        if ref.isdigit() and any(r.job.status in TERMINAL for r in mine):
+            # A number names a current or upcoming booking, and a booking
+            # made for a command ends with it.
+            e.hint = "a booking made for a command ends when it exits; name its job by the ID bk j shows"
+        raise
     if res.uid != call.actor.uid:
         raise PermissionDenied(f"booking {res.short_id} is {res.user}'s: its job's output and state are "
                                "for its owner only", hint="list your own jobs with: bk j")
@@ -376,6 +440,23 @@ class Host:
     def env_for(self, res: Reservation, spec) -> dict:
         return _env_for(self.app, res, self.base_env, path=spec.path, job_id=spec.id)
 
+    def ended_early(self, at: int, exit_code: int) -> str:
+        """What the owner reads when a booking ends with its command:
+        ``ended early: the command finished at 14:02 (exit 0)`` (local time)."""
+        from bk.core.timegrid import format_local_short
+
+        call = self._call()
+        return f"ended early: the command finished at {format_local_short(at, call.tz, call.now)} (exit {exit_code})"
+
+    def end_booking(self, res: Reservation, reason: str) -> None:
+        """End the rest of ``res`` now, as its owner, through the ``cancel``
+        row (audited, with ``reason``): the GPUs are free for the others at
+        once.  Raises what the row raises (``InvalidInput`` once it ended)."""
+        from bk.service.requests import CancelRequest
+
+        self.app.run("cancel", CancelRequest(res.id, reason=_printable(reason)), call=self._call())
+        self._key = None
+
 
 def _printable(text: str | None) -> str | None:
     """A reason for the ledger: one line, no control characters, bounded."""
@@ -404,10 +485,16 @@ def _serve_worker(app, env: dict, *, once: bool = False, log=None, clock_fn=None
 
     with Lease(host.jobs_path, data_dir=app.settings.data_dir, now=host.now()):
         worker = Worker(host, log=log or (lambda line: None))
+        notifier = None
         if not once:
             # Only now, with the lease held: a second worker is refused
             # ("already running") before it could say it started.
             worker.log(f"started (pid {os.getpid()}); jobs in {host.jobs_path}")
+            # The user's notifications come from this process too, in a
+            # thread of their own (bk.service.notifier says why here).
+            from bk.service import notifier as notifications
+
+            notifier = notifications.start(env, say=worker.log, clock_fn=clock_fn)
         saved = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         started = 0
         try:
@@ -427,6 +514,8 @@ def _serve_worker(app, env: dict, *, once: bool = False, log=None, clock_fn=None
                     return bool(stop) or (should_stop is not None and should_stop())
                 worker.run(done)
         finally:
+            if notifier is not None:
+                notifier.stop()
             if worker.children:
                 worker.stop_all(host.grace)
             for s, h in saved.items():
@@ -513,10 +602,32 @@ class JobRetryRequest:
 
 
 def _serve_job_retry(app, req: JobRetryRequest, call) -> JobResult:
-    result = _retry(app, call, req.ref, accept_duplicate_risk=req.accept_duplicate_risk)
-    if _worker_status(app)["state"] != "running":
-        call.warn(NO_WORKER)
-    return result
+    # Whether a worker will start it is the caller's to say (the
+    # ``worker_hint`` row: once a session, with this process's environment).
+    return _retry(app, call, req.ref, accept_duplicate_risk=req.accept_duplicate_risk)
+
+
+@dataclass(frozen=True)
+class WorkerHintRequest:
+    """After ``bk j``, ``bk w`` or a retry: the "no worker" advice for this
+    login session (``env``: this process's, which names the session)."""
+
+    env: dict
+    again: bool = False                # a job that will not start: the short line after the first
+
+
+@dataclass(frozen=True)
+class WorkerHint:
+    line: str | None                   # None: a worker runs, or the session heard it already
+
+    def to_json(self) -> dict:
+        return {"hint": self.line}
+
+
+def _serve_worker_hint(app, req: WorkerHintRequest, call) -> WorkerHint:
+    if _worker_status(app)["state"] == "running":
+        return WorkerHint(None)
+    return WorkerHint(no_worker_warning(app, req.env, again=req.again))
 
 
 @dataclass(frozen=True)
@@ -569,10 +680,11 @@ class BookJobRequest:
     argv: tuple
     cwd: str
     env: dict
+    keep: bool = False                 # the booking lasts to its end after the command exits
 
 
 def _serve_book_job(app, req: BookJobRequest, call):
-    return _attach_command(app, call, req.book, list(req.argv), cwd=req.cwd, env=req.env)
+    return _attach_command(app, call, req.book, list(req.argv), cwd=req.cwd, env=req.env, keep=req.keep)
 
 
 @dataclass(frozen=True)

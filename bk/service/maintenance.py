@@ -37,6 +37,7 @@ from bk.core.models import (
     iso,
 )
 from bk.core.record import dataclass, replace
+from bk.core.timegrid import counted
 from bk.service.context import Call
 from bk.service.requests import BlackoutEndRequest, MaintainRequest, NoticeEditRequest
 from bk.service.results import MaintainResult, NoticeEditResult
@@ -84,7 +85,7 @@ def apply_maintain(state: LedgerState, req: MaintainRequest, call: Call) -> Muta
     over = overlapping(state, start, req.end, now)
     ids = [r.id for r in over]
     if over and req.overlapping == "refuse":
-        raise Conflict(f"{len(over)} booking{'s' if len(over) != 1 else ''} overlap the window: "
+        raise Conflict(f"{counted(len(over), 'booking')} {'overlaps' if len(over) == 1 else 'overlap'} the window: "
                        + ", ".join(f"{r.short_id} ({r.user})" for r in over[:10]),
                        hint="choose: --keep (they run on) or --cancel-overlapping (their owners are told)",
                        details={"rule": "maintenance", "overlapping": ids})
@@ -152,7 +153,10 @@ def apply_end(state: LedgerState, req: BlackoutEndRequest, call: Call) -> Mutati
         return Mutation(False, [], MaintainResult("unchanged", b, notice))
     q = call.policy.slot_seconds
     cut = -(-now // q) * q            # the end of the current slice
-    ended = replace(b, end=cut) if b.start < cut < b.end else None
+    # The window's own change counter (additive: readers that do not know
+    # it ignore it): a calendar feed's SEQUENCE, so subscribers take the new end.
+    ended = replace(b, end=cut, extra={**b.extra, "sequence": _seq(b) + 1, "changed_at": iso(now)}) \
+        if b.start < cut < b.end else None
     archived = None if notice is None or notice.archived else replace(
         notice, archived=True, extra={**notice.extra, "archived_at": iso(now), "archived_by": call.actor.uid})
     result = MaintainResult("dry_run" if req.dry_run else "ended", ended or b, archived or notice,
@@ -170,6 +174,11 @@ def apply_end(state: LedgerState, req: BlackoutEndRequest, call: Call) -> Mutati
                                       before={"blackout": b.id, "start": iso(b.start), "end": iso(b.end),
                                               "reason": b.reason},
                                       after={"end": iso(ended.end)} if ended else None)], result)
+
+
+def _seq(b) -> int:
+    n = b.extra.get("sequence")
+    return n if type(n) is int and n >= 0 else 0
 
 
 def apply_notice_edit(state: LedgerState, req: NoticeEditRequest, call: Call) -> Mutation:

@@ -50,6 +50,7 @@ from bk.core.errors import ConfigError, InvalidInput, PolicyRefused
 from bk.core.models import CANCELLED, ENDED, SHARED, AuditEntry, LedgerState, Policy, iso
 from bk.core.policy import same
 from bk.core.record import dataclass, replace
+from bk.core.timegrid import counted
 from bk.service.context import Call
 from bk.service.requests import PolicyBindRequest
 from bk.service.results import PolicyBindResult
@@ -186,7 +187,7 @@ def violations(state: LedgerState, old: Policy, new: Policy, now: int, gpu_mem: 
             found.append(Violation(r, f"is longer than {new.max_booking_hours} h"))
         if r.end > now + new.booking_horizon_days * 86400 >= now and \
                 r.end <= now + old.booking_horizon_days * 86400:
-            found.append(Violation(r, f"ends beyond {new.booking_horizon_days} days from now"))
+            found.append(Violation(r, f"ends beyond {counted(new.booking_horizon_days, 'day')} from now"))
         if new.require_shared_memory and not old.require_shared_memory and r.mode == SHARED \
                 and r.mem_mib is None:
             found.append(Violation(r, "is shared without a memory figure (-m), now required"))
@@ -329,7 +330,7 @@ def apply_bind(state: LedgerState, req: PolicyBindRequest, call: Call) -> Mutati
                             hint="cancel or move those bookings first (--force cannot override this)",
                             details={"problems": invalid})
     if found and not req.force:
-        raise PolicyRefused(f"{len(found)} booking{'s break' if len(found) != 1 else ' breaks'} the new policy: "
+        raise PolicyRefused(f"{counted(len(found), 'booking')} {'breaks' if len(found) == 1 else 'break'} the new policy: "
                             + "; ".join(f"{v.reservation.short_id} ({v.reservation.user}) {v.why}"
                                         for v in found[:10]),
                             hint="add --force to keep them as they are, or cancel them first",

@@ -211,13 +211,13 @@ def _validate(app, p: Preset, *, call) -> Preset:
     if p.duration % policy.slot_seconds:
         raise InvalidInput(f"the duration is not a whole number of {policy.slot_minutes}-minute slices")
     if p.count > policy.gpu_count:
-        raise InvalidInput(f"this server has {policy.gpu_count} GPUs; a preset of {p.count} could never book")
+        raise InvalidInput(f"this server has {timegrid.counted(policy.gpu_count, 'GPU')}; a preset of {p.count} could never book")
     for flag, gpus in (("-g", p.pinned or ()), ("-e", p.excluded)):
         wrong = [g for g in gpus if g >= policy.gpu_count]
         if wrong:
             raise InvalidInput(f"{flag}: no GPU {wrong[0]} here (GPUs are 0-{policy.gpu_count - 1})")
     if p.pinned and len(p.pinned) != p.count:
-        raise InvalidInput(f"-g names {len(p.pinned)} GPUs but the preset books {p.count}",
+        raise InvalidInput(f"-g names {timegrid.counted(len(p.pinned), 'GPU')} but the preset books {p.count}",
                            hint="give as many GPUs as the count")
     if p.mode == EXCLUSIVE and p.share != 1:
         raise InvalidInput("--share applies to shared bookings; an exclusive one takes the whole GPU")

@@ -9,18 +9,31 @@ broker passes ``fixed`` snapshots its refresher took, so no request waits
 for the GPUs.
 
 A live snapshot comes from the monitor's file (``bk.store.snapshot``) when
-one is fresh (younger than three of its sample intervals) and describes the
-same GPUs: its inventory fingerprint equals the backend's cheap one (a
-``stat`` or two, no driver), or the backend is a simulation of as many
-GPUs.  Only otherwise is the backend asked.  So with ``bk m`` running, no
-``bk st`` and no broker refresh initialises NVML.
+one is fresh (younger than three of its sample intervals), every reading in
+it is in range, and it describes the same GPUs as this process would see:
+
+* its inventory fingerprint equals the backend's cheap one (a ``stat`` or
+  two, no driver), and its GPUs are the inventory's, count and UUIDs, one
+  by one.  The inventory is the cached one (keyed by that fingerprint), so
+  this costs one look at the backend per boot and user, and one per broker
+  life; the monitor's file is never the source of the inventory it is
+  checked against.  An inventory that is a stand-in (the driver did not
+  answer this process: ``reason`` set) knows less than the monitor, whose
+  account may open the devices: then the fingerprint decides.
+* or the backend is a count-only simulation of as many GPUs (whose UUIDs
+  are invented, so only the count can agree);
+* and, where the configuration fixes ``gpu_count``, it has that many.
+
+A snapshot of 2 of 4 GPUs is never used in part.  Only otherwise is the
+backend asked.  So with ``bk m`` running, no ``bk st`` after the first of a
+boot and no broker refresh after its first takes a look of its own.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from bk.core.telemetry import Inventory, Snapshot
+from bk.core.telemetry import Inventory, Snapshot, identities
 
 
 class Telemetry:
@@ -34,6 +47,8 @@ class Telemetry:
         # import nothing for it), a (dir, owner uid) pair, or None: never
         # read a monitor's snapshot.
         self._monitor = monitor
+        self._expected: int | None = None       # the configuration's gpu_count, when it fixes one
+        self._cached = False                    # whether the inventory came from the cache
         self.from_monitor = False              # whether the last snapshot was the monitor's
         self._backend = None
         self._inventory: Inventory | None = None
@@ -62,14 +77,8 @@ class Telemetry:
 
             hit = cache.load(self._cache_dir, print_)
             if hit is not None:
-                self._inventory = hit
+                self._inventory, self._cached = hit, True
                 return hit
-        snap = self._monitor_snapshot(backend)
-        if snap is not None:            # the monitor saw these GPUs a moment ago: no driver needed
-            self._snapshot, self.from_monitor = snap, True
-            inv = _inventory_of(snap, backend)
-            self._remember(inv, print_)
-            return inv
         inv = backend.inventory()
         self._remember(inv, print_)
         return inv
@@ -91,10 +100,14 @@ class Telemetry:
         if self._monitor is not None and not isinstance(self._monitor, tuple):
             from bk.store.snapshot import monitor_dir, monitor_owner
 
+            count = self._monitor["gpu_count"]
+            self._expected = count if isinstance(count, int) and not isinstance(count, bool) else None
             self._monitor = (monitor_dir(self._monitor), monitor_owner(self._monitor))
         return self._monitor
 
     def _monitor_snapshot(self, backend) -> Snapshot | None:
+        """The monitor's snapshot when it describes the GPUs this process
+        would see (the module's rules); None otherwise."""
         where = self._monitor_where()
         if where is None:
             return None
@@ -103,14 +116,25 @@ class Telemetry:
         got = read_snapshot_file(where[0], self._clock(), owner=where[1])
         if got is None:
             return None
+        snap = got.snapshot
+        if self._expected is not None and len(snap.gpus) != self._expected:
+            return None
+        free = backend.static_inventory()
+        if free is not None and getattr(backend, "simulated", False):
+            return snap if free.count == len(snap.gpus) else None
         print_ = backend.fingerprint()
-        if print_ is not None and got.fingerprint == print_:
-            return got.snapshot
-        if getattr(backend, "simulated", False):
-            free = backend.static_inventory()
-            if free is not None and free.count == len(got.snapshot.gpus):
-                return got.snapshot
-        return None
+        if print_ is None or got.fingerprint != print_:
+            return None
+        known = self.inventory()
+        if known.reason is None and identities(known.gpus) != identities(snap.gpus) and self._cached:
+            # The cache may be what is out of date (a GPU changed within the
+            # boot): one look at the backend settles it, and is remembered.
+            self._cached = False
+            known = backend.inventory()
+            self._remember(known, print_ if self._cache_dir else None)
+        if known.reason is None and identities(known.gpus) != identities(snap.gpus):
+            return None
+        return snap
 
     def heartbeat(self):
         """The monitor's heartbeat now (``bk.store.snapshot.Heartbeat``);

@@ -82,6 +82,9 @@ class Cell:
     mine: tuple[str, ...]
     others: tuple[str, ...]
     blackout: bool
+    # Whether the GPU is full while one of the caller's bookings holds it:
+    # ``used`` is the column's most, which may come after the booking left.
+    full_mine: bool = False
 
     def to_json(self) -> dict:
         return {"used": self.used, "mine": list(self.mine), "others": list(self.others),
@@ -153,10 +156,12 @@ def build(reservations, blackouts, *, capacity: int, gpus: list[int], disabled=f
             e = t + step
             here = [r for r in lst if r.start < e and r.end > t]
             holds = [(r.start, r.end, capacity if r.mode == EXCLUSIVE else r.share) for r in here]
+            mine = [r for r in here if r.uid == actor_uid]
             cells.append(Cell(_max_used(holds, t, e),
-                              tuple(r.short_id for r in here if r.uid == actor_uid),
+                              tuple(r.short_id for r in mine),
                               tuple(r.short_id for r in here if r.uid != actor_uid),
-                              any(a < e and b > t for a, b in dark)))
+                              any(a < e and b > t for a, b in dark),
+                              any(_max_used(holds, max(t, r.start), min(e, r.end)) >= capacity for r in mine)))
         lanes.append(Lane(g, g in disabled, tuple(cells)))
     return Grid(frm, to, step, capacity, tuple(lanes))
 

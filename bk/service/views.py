@@ -180,7 +180,10 @@ def _serve_list(service, req: ListRequest, call) -> ListResult:
         hot = [r for r in state.reservations if r.uid == uid and not r.is_live(now)]
         seen = {r.id for r in hot}
         cold = [r for r in service.reader.archived(uid=uid) if r.id not in seen]
-        every = sorted(hot + cold, key=lambda r: (r.end, r.id), reverse=True)
+        # Newest first: the reverse of a list's order, so the WHEN
+        # column reads back in time (a booking's end says less: a long
+        # one that ended last started long before a short one after it).
+        every = sorted(hot + cold, key=lambda r: (r.start, r.created, r.id), reverse=True)
     numbers = {r.id: i for i, r in enumerate(mine, 1)} if scope != "history" else {}
     shown = every[:req.limit] if req.limit else every
     return ListResult(scope, tuple(shown), len(every), View.of(call, numbers))

@@ -11,8 +11,14 @@ booking::
 Ordering, and what a crash leaves: the archive lines are appended and
 fsync-ed *before* the ledger without those bookings replaces the old one.
 A crash in between leaves the bookings in both places, and the next commit
-archives them again; so a booking may appear twice, and readers keep the
-copy with the highest ``seq`` (the later line on a tie).  A crash inside
+archives them again; so does a recovery that goes on from an older backup
+(``bk admin data recover``), whose ledger still holds bookings archived
+since.  The append therefore skips a booking whose identical record is
+already in the last ``TAIL_BYTES`` of its month file, which is where the
+previous, unacknowledged copy was written (a read of bounded size, so the
+archive's size still does not change a commit's cost).  A copy it cannot
+see (a duplicate older than that) is harmless: readers keep the copy with
+the highest ``seq`` (the later line on a tie).  A crash inside
 the append leaves a last line without its newline; the next append cuts
 that fragment off first (its booking is still in the ledger) so that the
 fragment and the next record never run together into one bad line.
@@ -141,8 +147,40 @@ def cut_torn_tail(fd: int) -> bool:
     return True
 
 
+TAIL_BYTES = 1 << 20            # how far back an append looks for a booking it would repeat
+
+
+def _archived_tail(fd: int) -> set[str]:
+    """The bookings (canonical JSON) of the whole lines in the file's last
+    ``TAIL_BYTES``."""
+    size = os.fstat(fd).st_size
+    start = max(0, size - TAIL_BYTES)
+    data = os.pread(fd, size - start, start)
+    if start:
+        data = data[data.find(b"\n") + 1:]            # from the first whole line
+    out = set()
+    for line in data.split(b"\n"):
+        try:
+            rec = json.loads(line)["reservation"]
+        except (ValueError, TypeError, KeyError):
+            continue
+        out.add(json.dumps(rec, sort_keys=True))
+    return out
+
+
+def _not_yet(lines: bytes, seen: set[str]) -> bytes:
+    """The lines of ``lines`` whose booking ``seen`` does not hold already."""
+    keep = []
+    for line in lines.splitlines(keepends=True):
+        if json.dumps(json.loads(line)["reservation"], sort_keys=True) not in seen:
+            keep.append(line)
+    return b"".join(keep)
+
+
 def append(dirfd: int, dirpath: str, safety: Safety, mode: int, groups: dict[str, bytes]) -> None:
-    """Append and fsync each month's lines; fsync the directory if a file is new."""
+    """Append and fsync each month's lines, less the bookings the file's tail
+    already holds as they are (an archiving repeated after a crash or a
+    recovery, see the module's essay); fsync the directory if a file is new."""
     created = False
     for name in sorted(groups):
         path = os.path.join(dirpath, name)
@@ -150,8 +188,10 @@ def append(dirfd: int, dirpath: str, safety: Safety, mode: int, groups: dict[str
         fd = open_file(dirfd, name, path, safety, os.O_RDWR | os.O_APPEND, create_mode=mode)
         try:
             cut_torn_tail(fd)
-            write_all(fd, groups[name])
-            os.fsync(fd)
+            data = _not_yet(groups[name], _archived_tail(fd)) if exists else groups[name]
+            if data:
+                write_all(fd, data)
+                os.fsync(fd)
         except OSError as e:
             raise io_error(e, "appending to", path) from None
         finally:

@@ -27,7 +27,8 @@ from bk.store.paths import DEFAULT_SOCKET, Locations
 @dataclass(frozen=True)
 class Key:
     name: str
-    kind: str                 # "int" | "float" | "bool" | "str" | "path" | "int_list" | "priority_map" | "choice"
+    kind: str                 # "int" | "float" | "bool" | "str" | "path" | "int_list" | "uid_list" | "priority_map" | "choice"
+    #                           | "name_list" (names from choices) | "minutes_list" | "quiet" (HH:MM-HH:MM) | "email"
     default: object
     doc: str
     lo: float | None = None
@@ -36,6 +37,13 @@ class Key:
     choices: tuple[str, ...] = ()
     nullable: bool = False
 
+
+# bk.core.notify names these too; repeated so that loading the configuration
+# (every command) does not load the notification rules (tests/test_notify.py
+# checks that they agree).
+NOTIFY_EVENTS = ("starts_soon", "started", "ends_soon", "ended", "changed", "moved_earlier",
+                 "can_start_earlier", "gpu_used_by_other", "idle_nudge")
+NOTIFY_CHANNELS = ("terminal", "desktop", "email", "webhook")
 
 KEYS: dict[str, Key] = {k.name: k for k in (
     Key("gpu_count", "int", None, "Number of GPUs to schedule. Default: detected (NVML) or simulated.",
@@ -66,8 +74,57 @@ KEYS: dict[str, Key] = {k.name: k for k in (
         "newest record, then deleted.", 1, 36500),
     Key("backup_keep", "int", 10, "Rotated ledger backups to keep.", 0, 1000),
     Key("lock_timeout_seconds", "float", 10.0, "Longest wait for the ledger lock before 'busy'.", 0.1, 600),
+    Key("idle_nudge_minutes", "int_list", [30, 45], "Minutes of idle time (no compute and no CPU "
+        "work by the booking's processes, see bk u) after which the owner of a running booking is "
+        "nudged, once per threshold and idle streak.", 1, 10080),
+    Key("idle_release_minutes", "int", None, "Release (end) every running booking idle this many "
+        "minutes, as the administrator's policy; unset: only bookings that opted in are released.",
+        5, 10080, nullable=True),
+    Key("ledger_bookings_per_user", "int", 200, "Shared mode: the most bookings one user may have live "
+        "or cancelled within archive_after_hours; more are refused (ledger_limit, exit 3). 0: no limit. "
+        "The administrator is exempt.", 0, 1_000_000),
+    Key("ledger_bookings_per_minute", "int", 60, "Shared mode: the most bookings one user may make in 60 "
+        "seconds. 0: no limit. The administrator is exempt.", 0, 1_000_000),
+    Key("ledger_note_bytes_per_user", "int", 16384, "Shared mode: the most bytes the notes on one user's "
+        "bookings may take in the hot ledger. 0: no limit. The administrator is exempt.", 0, 1 << 30),
+    # Exports (issue 28): what the monitor keeps current every minute, each off until set.
+    Key("prometheus_textfile_dir", "path", None, "The monitor writes gpubk.prom there every minute "
+        "(node_exporter --collector.textfile.directory); a directory the monitor account owns.",
+        nullable=True),
+    Key("prometheus_user_label", "bool", False, "Metrics name the booker (label user) and the per-user "
+        "families are exported; off: no metric names a person."),
+    Key("calendar_dir", "path", None, "The monitor keeps iCalendar feeds there every minute: all.ics "
+        "(every booking) and users/NAME.ics (each user's own); a directory the monitor account owns.",
+        nullable=True),
+    Key("calendar_publish_users", "bool", False, "Per-user feeds are readable by everyone (a web server "
+        "may publish them); off: each is readable by its user alone (a POSIX ACL)."),
+    Key("html_dir", "path", None, "The monitor writes the page of the week there (index.html) every "
+        "minute; a directory the monitor account owns, for a web server to publish.", nullable=True),
     Key("worker_termination_grace_seconds", "int", 5, "A scheduled command gets SIGTERM this many "
         "seconds before its booking ends and SIGKILL at the end (also bk run -- CMD).", 0, 3600),
+    # Notifications (bk notify): the defaults every user gets, and the relay.
+    Key("notify_events", "name_list", list(NOTIFY_EVENTS), "Events users are told of unless they choose "
+        "otherwise (bk notify set --events).", choices=NOTIFY_EVENTS),
+    Key("notify_channels", "name_list", ["terminal", "desktop"], "Channels used unless a user chooses "
+        "otherwise: terminal, desktop, email, webhook.", choices=NOTIFY_CHANNELS),
+    Key("notify_start_minutes", "minutes_list", [10], "Minutes before a "
+        "booking starts that its owner is told."),
+    Key("notify_end_minutes", "minutes_list", [30, 15, 5], "Minutes before a booking "
+        "ends that its owner is told (with the extend command when the calendar allows it)."),
+    Key("notify_quiet_hours", "quiet", None, "Local hours (HH:MM-HH:MM) in which pop-ups, email and "
+        "webhooks are held back, unless a user sets their own.", nullable=True),
+    Key("notify_smtp_host", "str", None, "The mail relay for email notifications; unset: no email.",
+        nullable=True),
+    Key("notify_smtp_port", "int", 25, "The mail relay's port.", 1, 65535),
+    Key("notify_smtp_starttls", "bool", False, "Use STARTTLS with the mail relay."),
+    Key("notify_mail_from", "email", None, "The sender of notification mail (default bk@ this host's "
+        "name).", nullable=True),
+    Key("notify_email_domain", "str", None, "Mail domain of the local accounts: a user who chose the "
+        "email channel but no address gets USER@this domain.", nullable=True),
+    Key("notify_webhook_allow_private", "bool", False, "Allow webhooks to loopback, link-local and "
+        "private addresses (a lab's own chat server); by default only public addresses."),
+    Key("notify_timeout_seconds", "float", 10.0, "How long one email or webhook delivery may take "
+        "before it counts as failed (and is retried, at most three times).", 1, 120),
     Key("admin_contact", "str", None, "Who to ask about this server (shown by bk info).", nullable=True),
     Key("data_dir", "path", None, "Data directory (shared mode). Default /var/lib/gpubk.",
         security=True, nullable=True),
@@ -81,6 +138,21 @@ KEYS: dict[str, Key] = {k.name: k for k in (
     Key("access", "choice", "all", "Who may use the broker: all users (socket 0666) or one group (0660).",
         security=True, choices=("all", "group")),
     Key("group", "str", None, "The group allowed when access is 'group'.", security=True, nullable=True),
+    # Hard enforcement (bk admin enforce, issue 31): off unless the administrator turns it on.
+    Key("enforce", "bool", False, "GPU device access follows the bookings (gpubk-enforcer.service); "
+        "set by bk admin enforce on|off.", security=True),
+    Key("enforce_failure", "choice", "open", "When the enforcer dies or cannot read the ledger: open "
+        "(every GPU opens) or closed (no managed GPU opens).", security=True, choices=("open", "closed")),
+    Key("enforce_bypass", "uid_list", [], "UIDs never restricted (root, the service and monitor "
+        "accounts always are).", security=True),
+    Key("enforce_signal", "bool", False, "Signal processes that keep a GPU open without a booking: "
+        "SIGTERM, then SIGKILL after enforce_signal_grace_seconds.", security=True),
+    Key("enforce_signal_grace_seconds", "int", 30, "Seconds between SIGTERM and SIGKILL (enforce_signal).",
+        1, 3600, security=True),
+    Key("enforce_state_dir", "path", "/var/lib/gpubk-enforcer", "The enforcer's status, events and lock "
+        "(its unit's StateDirectory=).", security=True),
+    Key("enforce_cgroup_root", "path", None, "Where cgroup v2 is mounted (default: found in "
+        "/proc/self/mountinfo).", security=True, nullable=True),
 )}
 
 
@@ -103,6 +175,14 @@ class Settings:
     @property
     def data_dir(self) -> str:
         return self.locations.data_dir
+
+    def ledger_limits(self):
+        """One user's share of the shared ledger (``bk.core.ledgerlimits``)."""
+        from bk.core.ledgerlimits import LedgerLimits
+
+        v = self.values
+        return LedgerLimits(v["ledger_bookings_per_user"], v["ledger_bookings_per_minute"],
+                            v["ledger_note_bytes_per_user"], v["archive_after_hours"])
 
     def policy(self, gpu_count: int) -> Policy:
         v = self.values
@@ -162,9 +242,17 @@ def check_value(key: Key, value: object, source: str) -> object:
             raise _bad(key.name, "an absolute path", value, source)
         return os.path.normpath(value)
     if kind == "int_list":
+        lo, hi = (0, 63) if key.lo is None else (key.lo, key.hi)
         if not isinstance(value, list) or not all(isinstance(x, int) and not isinstance(x, bool)
-                                                  and 0 <= x < 64 for x in value):
-            raise _bad(key.name, "a list of GPU indices (0-63)", value, source)
+                                                  and lo <= x <= hi for x in value):
+            what = "a list of GPU indices (0-63)" if key.lo is None else \
+                f"a list of whole numbers from {_num(lo)} to {_num(hi)}"
+            raise _bad(key.name, what, value, source)
+        return sorted(set(value))
+    if kind == "uid_list":
+        if not isinstance(value, list) or not all(isinstance(x, int) and not isinstance(x, bool)
+                                                  and 0 <= x < 2 ** 32 for x in value):
+            raise _bad(key.name, "a list of UIDs (0-4294967295)", value, source)
         return sorted(set(value))
     if kind == "priority_map":
         if not isinstance(value, dict):
@@ -177,6 +265,22 @@ def check_value(key: Key, value: object, source: str) -> object:
                 raise _bad(key.name, "priorities between -100 and 100", p, source)
             out[k] = p
         return out
+    if kind in ("name_list", "minutes_list", "quiet", "email"):
+        from bk.core import notify as N
+
+        try:
+            if kind == "name_list":
+                return list(N.check_names(value, key.choices, key.name.rsplit("_", 1)[-1].rstrip("s")))
+            if kind == "minutes_list":
+                return list(N.check_minutes(value, key.name))
+            if kind == "email":
+                return N.check_email(value)
+            N.parse_quiet(value)
+            return value.strip()
+        except N.Invalid as e:
+            raise ConfigError(f"{source}: {key.name}: {e}", hint=(f"{e.hint}; " if e.hint else "")
+                              + f"fix {key.name} in {source} (see man 5 gpubk-config)",
+                              details={"key": key.name}) from None
     raise AssertionError(kind)
 
 
@@ -298,7 +402,8 @@ def load(locations: Locations) -> Settings:
             raise ConfigError(f"configuration file {path} does not exist")
     if locations.mode == "shared":
         data_dir = values["data_dir"] or locations.data_dir
-        locations = Locations(locations.mode, data_dir, path, True, locations.state_dir, locations.cache_dir)
+        locations = Locations(locations.mode, data_dir, path, True, locations.state_dir, locations.cache_dir,
+                              locations.config_dir)
     return Settings(locations, values, source, explicit)
 
 

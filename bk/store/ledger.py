@@ -55,6 +55,7 @@ from bk.core.errors import BkError, ConfigError, Internal, IOFailure, LostCommit
 from bk.core.lazyre import Pattern
 from bk.core.models import LedgerState
 from bk.core.record import dataclass, field
+from bk.core.timegrid import counted
 from bk.store.fsutil import (
     Safety,
     ensure_free,
@@ -82,11 +83,17 @@ def _token_hex(nbytes: int) -> str:
     return os.urandom(nbytes).hex()
 
 LEDGER, LOCK, AUDIT, BACKUPS, ARCHIVE = "ledger.json", "ledger.lock", "audit.jsonl", "backups", "archive"
+# What Store.report is told: each a problem a person must act on (the
+# broker logs it at the priority bk.broker.handlers gives the kind).
+NO_VALID_LEDGER, LOST_COMMITS, RECOVERED, ACCEPTED_LOSS, LOCK_REPLACED = (
+    "no_valid_ledger", "lost_commits", "recovered", "accepted_loss", "lock_replaced")
+REPORTS = (NO_VALID_LEDGER, LOST_COMMITS, RECOVERED, ACCEPTED_LOSS, LOCK_REPLACED)
 # Checks of files that only the owner may open in shared mode (see check()).
 PRIVATE_TO_OWNER = ("audit log", "lock")
 TMP_PREFIX = ".ledger.json.tmp-"
 BACKUP_NAME = Pattern(r"^ledger-(\d{10})\.json$")   # compiled when first used
 CRASH_ENV = "BK_TEST_CRASH_AT"
+SCAN_PAUSE_ENV = "BK_TEST_SCAN_PAUSE"       # tests only: FIFO[:UID], see _park
 STEPS = ("locked", "read", "repaired", "applied", "archived", "audit_synced", "tmp_partial",
          "tmp_written", "tmp_synced", "replaced", "dir_synced", "audit_partial",
          "audit_appended", "backup_written")
@@ -195,6 +202,13 @@ class Store:
         self._seen: ReadResult | None = None       # check(): the ledger check's read
         self._crash = _crash_point(os.environ.get(CRASH_ENV))
         self._crash_hits = 0
+        self._scan_pause = _scan_pause(os.environ.get(SCAN_PAUSE_ENV))
+        # Called before each block an audit scan reads: the broker's hook to
+        # let a commit in progress finish first (None: never pause).
+        self.pause: Callable[[], object] | None = None
+        # Told (kind, message) of what a person must know about this data:
+        # REPORTS.  The broker logs them; None: nobody listens.
+        self.report: Callable[[str, str], None] | None = None
 
     @property
     def segments(self):
@@ -312,9 +326,11 @@ class Store:
         # The restored files must belong to the data directory's owner (the
         # service account on a shared server), or the next write refuses them.
         as_owner = "" if self.private else f"sudo -u '#{self.safety.uid}' "
+        none = (f"there is no backup in {p.backups_dir}" if not bad else
+                f"the one backup in {p.backups_dir} is not valid" if len(bad) == 1 else
+                f"none of the {len(bad)} backups in {p.backups_dir} is valid")
         return IOFailure(
-            f"no valid ledger: {p.ledger} {what}, and none of the {len(bad)} backups in "
-            f"{p.backups_dir} is valid; bk will not write until a valid ledger is in place",
+            f"no valid ledger: {p.ledger} {what}, and {none}; bk will not write until a valid ledger is in place",
             f"inspect the files, then either restore a copy you trust with "
             f"`{as_owner}cp COPY {p.ledger}.new && {as_owner}mv {p.ledger}.new {p.ledger}`, or "
             f"start an empty ledger (every booking is lost) with `{as_owner}mv {p.ledger} "
@@ -373,7 +389,7 @@ class Store:
         try:
             lock = FileLock(dirfd, LOCK, self.paths.lock, self.safety, mode=self.modes.lock,
                             timeout=self.lock_timeout, what="the ledger", monotonic=self.monotonic,
-                            sleep=self.sleep)
+                            sleep=self.sleep, log=lambda line: self._report(LOCK_REPLACED, line))
             with lock, _gc_paused():
                 self._step("locked")
                 return self._commit(dirfd, apply, policy, actor_uid, actor, warnings, accept_loss)
@@ -386,7 +402,12 @@ class Store:
         p = self.paths
         now = self.clock()
         self._remove_temps(dirfd)
-        got = self._load(dirfd)
+        try:
+            got = self._load(dirfd)
+        except IOFailure as e:
+            if "backups" in e.details:           # no valid ledger and no valid backup
+                self._report(NO_VALID_LEDGER, f"{e.message}; fix: {e.hint}")
+            raise
         if got.meta.partial:
             raise Internal("a transaction read part of the ledger")
         warnings.extend(got.warnings)
@@ -403,7 +424,10 @@ class Store:
                 # The audit log is the witness: it holds commits newer than
                 # what was read (an older backup, or nothing at all).  A
                 # commit on top would make their bookings unrecoverable.
-                raise self._lost(got, last_seq)
+                lost = self._lost(got, last_seq)
+                self._report(LOST_COMMITS, f"a write was refused: {lost.message} (the ledger {self.paths.ledger}, "
+                             f"the audit log {self.paths.audit}); fix: {lost.hint}")
+                raise lost
             state = got.state
             self._bind(state, policy)
             movable = archive.committed(state, now=now, archive_after=self.archive_after)
@@ -446,9 +470,10 @@ class Store:
             # point, so that a refusal (a symlinked backups/) never follows it.
             bfd = open_subdir(dirfd, BACKUPS, p.backups_dir, self.safety,
                               create_mode=self.modes.dir) if self.backup_keep else None
+            kept = None
             try:
                 if got.damaged is not None:
-                    self._keep_damaged(dirfd, got.damaged, now, warnings)
+                    kept = self._keep_damaged(dirfd, got.damaged, now, warnings)
                 self._archive(dirfd, groups, now)
                 self._step("archived")
                 self._sync_audit(afd)
@@ -465,6 +490,13 @@ class Store:
             finally:
                 if bfd is not None:
                     os.close(bfd)
+            if recovering:
+                self._report_recovery(got, state.seq, kept)
+            if accept_loss is not None and last_seq > got.meta.seq:
+                self._report(ACCEPTED_LOSS, f"{p.ledger}: commits {got.meta.seq + 1}-{last_seq}, in the "
+                             f"audit log {p.audit} but not in the ledger, were accepted as lost by "
+                             f"{actor} (uid {actor_uid}) with bk admin data recover; commit {state.seq} "
+                             "writes over them, and the audit log keeps their records")
             return mutation.result
         finally:
             os.close(afd)
@@ -487,6 +519,25 @@ class Store:
                 details={"differences": diff.conflicts})
         if diff.additions or state.policy is None:
             state.policy = {**(state.policy or {}), **diff.additions}
+
+    def secure_lock(self) -> None:
+        """Take and let go of the writers' lock once, as its owner: a lock
+        file others could open, or one an intruder holds, is replaced now
+        (``bk.store.lock.acquire``, reported as ``lock_replaced``) rather
+        than at the first write.  Nothing to do before the first write."""
+        if os.geteuid() != self.safety.uid:
+            return
+        dirfd = open_dir(self.paths.data_dir, self.safety)
+        if dirfd is None:
+            return
+        try:
+            if os.path.lexists(self.paths.lock):
+                with FileLock(dirfd, LOCK, self.paths.lock, self.safety, timeout=self.lock_timeout,
+                              what="the ledger", monotonic=self.monotonic, sleep=self.sleep,
+                              log=lambda line: self._report(LOCK_REPLACED, line)):
+                    pass
+        finally:
+            os.close(dirfd)
 
     def lost_commits(self) -> tuple[int, int, list[dict]] | None:
         """What the audit log records beyond the ledger that reads now:
@@ -583,15 +634,34 @@ class Store:
         except (BkError, OSError) as e:
             warnings.append(f"commit {seq} is saved, but no backup was written: {e}")
 
-    def _keep_damaged(self, dirfd: int, data: bytes, now: int, warnings: list[str]) -> None:
+    def _keep_damaged(self, dirfd: int, data: bytes, now: int, warnings: list[str]) -> str | None:
         stamp = utctime.format_utc(now).replace("-", "").replace(":", "")
         name = f"{LEDGER}.damaged-{stamp}-{_token_hex(2)}"
         try:
             write_new(dirfd, name, os.path.join(self.paths.data_dir, name), data,
                       self.modes.ledger & 0o600)
             warnings.append(f"the damaged ledger was kept as {os.path.join(self.paths.data_dir, name)}")
+            return os.path.join(self.paths.data_dir, name)
         except BkError as e:
             warnings.append(f"could not keep a copy of the damaged ledger: {e.message}")
+            return None
+
+    def _report(self, kind: str, message: str) -> None:
+        if self.report is not None:
+            try:
+                self.report(kind, message)
+            except Exception:  # noqa: BLE001  (telling must never undo a commit)
+                pass
+
+    def _report_recovery(self, got: _Loaded, seq: int, kept: str | None) -> None:
+        p = self.paths
+        backup = os.path.join(p.backups_dir, got.source.removeprefix("backup:"))
+        what = "was missing" if got.damaged is None else "was damaged (it did not validate)"
+        keep = f"; the damaged file is kept as {kept}" if kept else ""
+        self._report(RECOVERED, f"{p.ledger} {what}: commit {seq} rebuilt it from the newest valid backup "
+                     f"{backup} (commit {got.meta.seq}){keep}; bookings made after commit {got.meta.seq} are "
+                     f"lost unless recovered by hand: see what the audit log {p.audit} holds beyond it "
+                     "with sudo bk admin data recover --dry-run")
 
     def _remove_temps(self, dirfd: int) -> None:
         """Temp files left by a writer that died (only lock holders make
@@ -603,15 +673,21 @@ class Store:
     # --- history and audit views ------------------------------------------------
 
     def audit_tail(self, limit: int = 50, uid: int | None = None, *,
-                   max_bytes: int | None = None, include_pending: bool = True):
+                   max_bytes: int | None = None, include_pending: bool = True,
+                   reservation: str | None = None, budget: int | None = None):
         """The newest ``limit`` audit records (of ``uid``: by or about that
-        user), oldest first, with the malformed lines met on the way: an
-        ``audit.AuditTail``.  ``max_bytes``: how far back to scan (None:
-        ``audit.MAX_SCAN``)."""
+        user; of ``reservation``: about that booking), oldest first, with
+        the malformed lines met on the way: an ``audit.AuditTail``.
+        ``max_bytes``: how far back to scan each file (None:
+        ``audit.MAX_SCAN``); ``budget``: how many bytes the live log and the
+        sealed segments together may be read (None: no such bound), so that
+        one request's work has a ceiling whatever the history holds."""
         from bk.store import audit
 
         if max_bytes is None:
             max_bytes = audit.MAX_SCAN
+        if budget is not None:
+            max_bytes = min(max_bytes, budget)
         dirfd = open_dir(self.paths.data_dir, self.safety)
         if dirfd is None:
             return audit.AuditTail()
@@ -619,15 +695,18 @@ class Store:
             pending = self._journal(dirfd) if include_pending else []
             fd = open_file(dirfd, AUDIT, self.paths.audit, self.safety)
             try:
-                tail = audit.read_tail(fd, limit=limit, uid=uid, max_bytes=max_bytes,
-                                       pending=pending, path=self.paths.audit)
+                if self._scan_pause is not None and self._scan_pause[1] in (None, uid):
+                    _park(self._scan_pause[0])
+                tail = audit.read_tail(fd, limit=limit, uid=uid, max_bytes=max_bytes, pending=pending,
+                                       path=self.paths.audit, reservation=reservation, pause=self.pause)
             except OSError as e:
                 raise io_error(e, "reading", self.paths.audit) from None
             finally:
                 if fd is not None:
                     os.close(fd)
             if len(tail.entries) < limit and tail.complete:
-                tail = self.segments.complete(dirfd, tail, limit, uid, max_bytes)
+                tail = self.segments.complete(dirfd, tail, limit, uid, max_bytes, reservation=reservation,
+                                              budget=budget, pause=self.pause)
             return tail
         finally:
             os.close(dirfd)
@@ -727,7 +806,7 @@ class Store:
                                      "check it in full until the next write seals it",
                      False: "; its seal does not match its bytes (edited in place?): reads check it in "
                             "full until the next write seals it"}[seal]
-        return True, f"valid: commit {st.seq}, {n} booking{'' if n == 1 else 's'}; {bound}{seal_note}"
+        return True, f"valid: commit {st.seq}, {counted(n, 'booking')}; {bound}{seal_note}"
 
     def _check_backups(self):
         def valid(data: bytes | None) -> bool:
@@ -868,6 +947,31 @@ def _crash_point(spec: str | None) -> tuple[str, int] | None:
     if step not in STEPS + segments.STEPS:
         raise ConfigError(f"{CRASH_ENV}={spec!r}: unknown step; steps: {', '.join(STEPS + segments.STEPS)}")
     return step, int(count or 1)
+
+
+def _scan_pause(spec: str | None) -> tuple[str, int | None] | None:
+    """``BK_TEST_SCAN_PAUSE=FIFO[:UID]`` (tests only): every audit scan (of
+    UID's records only, with UID) parks in ``_park`` once its files are
+    open, so a test can hold a scan in progress for as long as it likes."""
+    if not spec:
+        return None
+    path, _, uid = spec.rpartition(":")
+    return (path, int(uid)) if path and uid.isdigit() else (spec, None)
+
+
+def _park(fifo: str) -> None:
+    """Say so (``FIFO.parked-THREAD``, created), then wait for one byte of
+    ``fifo``: the test writes one per scan it lets go."""
+    marker = f"{fifo}.parked-{_thread.get_ident()}"
+    os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
+    try:
+        fd = os.open(fifo, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            os.read(fd, 1)
+        finally:
+            os.close(fd)
+    finally:
+        os.unlink(marker)
 
 
 def _die() -> None:

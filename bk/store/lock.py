@@ -24,6 +24,28 @@ How the kernel behaves, and what follows:
 * Readers never take the ledger's lock: they rely on the atomic rename of
   the ledger instead, so a stuck writer cannot stop anyone from reading.
 
+Who may hold it.  ``flock`` needs nothing but an open descriptor, and a
+descriptor needs only read permission: anyone who can open a lock file can
+hold it, or wait on it and take it the moment its holder dies, and a daemon
+whose single-instance lock someone else holds refuses to start (75), which
+systemd's ``RestartPreventExitStatus=75`` turns into "down until a person
+acts".  So every lock file is created 0600, and ``acquire``, run by the
+account that owns it, replaces one it finds readable by others (or with a
+second name) with a fresh 0600 file: a descriptor opened while the old one
+was readable then locks an inode nobody else uses.  It does the same when
+the holder is another account than the owner and root: only the owner (and
+root, for a backup) ever takes these locks, so such a holder got in through
+a readable file.  The replacement is made while holding the old lock (or
+while an intruder holds it), locked before it gets the name, and renamed
+over the old one; and every ``acquire`` checks, once it holds a lock, that
+the name still leads to the inode it locked, trying again when not.  So
+the rule above stays true for bk's own writers: two of them never hold
+different inodes of one lock at once.  The one race left is two daemons of
+the owner's started at the same instant while an intruder holds the old
+file; systemd never starts a unit twice, and a second broker still meets
+the first one's socket.  A holder of another account is named with its uid
+(``holder_uid``, from ``/proc/PID``).
+
 Who holds it.  The kernel lists every lock in ``/proc/locks``, one line
 each: ``ID: FLOCK ADVISORY WRITE PID MAJ:MIN:INODE 0 EOF`` (the device
 numbers in hex; ``->`` marks a waiter, not a holder).  For ``flock`` the pid
@@ -41,14 +63,18 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import stat
 import time
 from collections.abc import Callable
 
 from bk.core.errors import Busy
-from bk.store.fsutil import Safety, io_error, open_file
+from bk.store.fsutil import O_CLOEXEC, O_NOFOLLOW, Safety, io_error, open_file
 
 PAUSE_FIRST, PAUSE_MAX = 0.001, 0.05
 PROC_LOCKS = "/proc/locks"
+PROC = "/proc"
+MODE = 0o600                     # every lock file
+REPLACE_TRIES = 5                # acquire's reopenings after the name moved to another inode
 
 
 def _jitter() -> float:
@@ -88,6 +114,30 @@ def holder(fd: int, proc_locks: str = PROC_LOCKS) -> int | None:
         except ValueError:
             continue
     return None
+
+
+def holder_uid(pid: int | None, proc: str = PROC) -> int | None:
+    """The effective uid of process ``pid`` (from ``/proc/PID/status``), or
+    None when it is unknown or has gone."""
+    if not pid:
+        return None
+    try:
+        with open(f"{proc}/{pid}/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("Uid:"):
+                    return int(line.split()[2])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def account(uid: int) -> str:
+    import pwd
+
+    try:
+        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+    except KeyError:
+        return f"uid {uid}"
 
 
 def mark(fd: int) -> None:
@@ -146,32 +196,160 @@ def _busy(what: str, path: str, timeout: float, pid: int | None, written: int | 
                 details={"path": path, "holder_pid": None, "last_written_pid": written})
 
 
-class FileLock:
-    """``with FileLock(...):`` holds an exclusive lock on a managed lock
-    file in ``dirfd`` (created with ``mode`` if missing, checked like every
-    managed file), with our pid written into it."""
-
-    def __init__(self, dirfd: int, name: str, path: str, safety: Safety, *, mode: int,
-                 timeout: float, what: str = "the lock",
-                 monotonic: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep,
-                 busy: Callable[[int | None], Busy] | None = None):
-        self.dirfd, self.name, self.path, self.safety = dirfd, name, path, safety
-        self.mode, self.timeout, self.what, self.busy = mode, timeout, what, busy
-        self.monotonic, self.sleep = monotonic, sleep
-        self.fd: int | None = None
-
-    def acquire(self) -> None:
-        fd = open_file(self.dirfd, self.name, self.path, self.safety, os.O_RDWR,
-                       create_mode=self.mode)
+def _open_lock(dirfd: int, name: str, path: str, safety: Safety) -> int:
+    """The lock file, opened for writing (created 0600 when missing).  A
+    second hard link is tolerated here, since ``acquire`` replaces such a
+    file; everything else is checked like any managed file."""
+    try:
+        st = os.lstat(name, dir_fd=dirfd)
+    except FileNotFoundError:
+        return open_file(dirfd, name, path, safety, os.O_RDWR, create_mode=MODE)
+    if st.st_nlink > 1 and os.geteuid() == safety.uid and st.st_uid == safety.uid:
         try:
-            take(fd, self.path, timeout=self.timeout, what=self.what, monotonic=self.monotonic,
-                 sleep=self.sleep, busy=self.busy)
+            fd = os.open(name, os.O_RDWR | O_NOFOLLOW | O_CLOEXEC | os.O_NONBLOCK, dir_fd=dirfd)
+        except OSError as e:
+            raise io_error(e, "opening", path) from None
+        fst = os.fstat(fd)
+        if (fst.st_dev, fst.st_ino) == (st.st_dev, st.st_ino) and stat.S_ISREG(fst.st_mode):
+            return fd
+        os.close(fd)
+    return open_file(dirfd, name, path, safety, os.O_RDWR)
+
+
+def _same_file(fd: int, dirfd: int, name: str) -> bool:
+    """Whether ``name`` still leads to the inode open as ``fd``."""
+    try:
+        st = os.lstat(name, dir_fd=dirfd)
+    except FileNotFoundError:
+        return False
+    fst = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (fst.st_dev, fst.st_ino)
+
+
+def _fresh(dirfd: int, name: str, path: str) -> int:
+    """A new 0600 lock file, locked, renamed over ``name``; its descriptor."""
+    prefix = f".{name}.new-"
+    for old in os.listdir(dirfd):          # one left by a crash between create and rename
+        if old.startswith(prefix):
+            try:
+                os.unlink(old, dir_fd=dirfd)
+            except OSError:
+                pass
+    tmp = f"{prefix}{os.getpid()}-{os.urandom(4).hex()}"
+    try:
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | O_NOFOLLOW | O_CLOEXEC, MODE, dir_fd=dirfd)
+    except OSError as e:
+        raise io_error(e, "creating", os.path.join(os.path.dirname(path), tmp)) from None
+    try:
+        os.fchmod(fd, MODE)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)       # nobody else can have it open
+        os.rename(tmp, name, src_dir_fd=dirfd, dst_dir_fd=dirfd)
+    except OSError as e:
+        os.close(fd)
+        try:
+            os.unlink(tmp, dir_fd=dirfd)
+        except OSError:
+            pass
+        raise io_error(e, "replacing", path) from None
+    return fd
+
+
+def acquire(dirfd: int, name: str, path: str, safety: Safety, *, timeout: float,
+            what: str = "the lock", monotonic: Callable[[], float] = time.monotonic,
+            sleep: Callable[[float], None] = time.sleep,
+            busy: Callable[[int | None], Busy] | None = None,
+            log: Callable[[str], None] | None = None, proc: str = PROC) -> int:
+    """Take the exclusive lock on lock file ``name`` in ``dirfd`` within
+    ``timeout`` (``take``) and return its descriptor, with our pid written
+    in.  Run by the file's owner (``safety.uid``), it replaces a file that
+    others could open, and one held by another account than the owner and
+    root, with a fresh 0600 one (the module docstring); ``log`` hears each
+    replacement, with the holder's uid.  ``Busy`` names a holder of another
+    account with its uid."""
+    owner = os.geteuid() == safety.uid
+    for _ in range(REPLACE_TRIES):
+        fd = _open_lock(dirfd, name, path, safety)
+        try:
+            fd = _locked(fd, dirfd, name, path, safety, owner, timeout=timeout, what=what,
+                         monotonic=monotonic, sleep=sleep, busy=busy, log=log, proc=proc)
         except BaseException:
             os.close(fd)
             raise
+        if fd is None:
+            continue                       # the name moved to a new inode meanwhile: open that one
         mark(fd)
-        self.fd = fd
+        return fd
+    raise Busy(f"{what} is busy: {path} was replaced {REPLACE_TRIES} times while bk waited for it",
+               "retry in a moment", details={"path": path})
+
+
+def _locked(fd: int, dirfd: int, name: str, path: str, safety: Safety, owner: bool, *, timeout: float,
+            what: str, monotonic, sleep, busy, log, proc: str) -> int | None:
+    """``acquire``'s one try: the locked descriptor (maybe of a fresh file),
+    or None (``fd`` closed) when the name no longer leads to ``fd``."""
+    try:
+        take(fd, path, timeout=0, what=what)
+    except Busy as first:
+        pid = first.details.get("holder_pid")
+        uid = holder_uid(pid, proc)
+        if owner and uid is not None and uid not in (safety.uid, 0):
+            new = _fresh(dirfd, name, path)
+            os.close(fd)
+            if log is not None:
+                log(f"{path} was held by pid {pid} of {account(uid)}, not by the account that owns it "
+                    f"({account(safety.uid)}); it could only have opened the file while it was readable "
+                    "by others: replaced it with a fresh 0600 lock file, which that process cannot reach")
+            return new
+        try:
+            take(fd, path, timeout=timeout, what=what, monotonic=monotonic, sleep=sleep, busy=busy)
+        except Busy as e:
+            raise _foreign(e, safety.uid, proc) from None
+    if not _same_file(fd, dirfd, name):
+        os.close(fd)
+        return None
+    st = os.fstat(fd)
+    if owner and (st.st_mode & 0o077 or st.st_nlink > 1):
+        new = _fresh(dirfd, name, path)
+        os.close(fd)
+        if log is not None:
+            why = (f"mode {st.st_mode & 0o7777:04o}" if st.st_mode & 0o077 else f"{st.st_nlink} hard links")
+            log(f"{path} had {why}, so other accounts could open it, hold it and keep this daemon from "
+                "starting: replaced it with a fresh 0600 lock file")
+        return new
+    return fd
+
+
+def _foreign(e: Busy, owner: int, proc: str) -> Busy:
+    """``e`` with the holder's account named when it is not ``owner``."""
+    uid = holder_uid(e.details.get("holder_pid"), proc)
+    if uid is None or uid == owner:
+        return e
+    return Busy(f"{e.message}; the holder runs as {account(uid)}, not as the account that owns the lock "
+                f"({account(owner)})", e.hint, details={**e.details, "holder_uid": uid})
+
+
+class FileLock:
+    """``with FileLock(...):`` holds an exclusive lock on a managed lock
+    file in ``dirfd`` (created 0600 if missing, checked like every managed
+    file, replaced by ``acquire`` when others could open it), with our pid
+    written into it.  ``mode`` is accepted for the callers that name it;
+    every lock file is ``MODE``."""
+
+    def __init__(self, dirfd: int, name: str, path: str, safety: Safety, *, mode: int = MODE,
+                 timeout: float, what: str = "the lock",
+                 monotonic: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep,
+                 busy: Callable[[int | None], Busy] | None = None,
+                 log: Callable[[str], None] | None = None):
+        self.dirfd, self.name, self.path, self.safety = dirfd, name, path, safety
+        self.mode, self.timeout, self.what, self.busy = mode, timeout, what, busy
+        self.monotonic, self.sleep, self.log = monotonic, sleep, log
+        self.fd: int | None = None
+
+    def acquire(self) -> None:
+        self.fd = acquire(self.dirfd, self.name, self.path, self.safety, timeout=self.timeout,
+                          what=self.what, monotonic=self.monotonic, sleep=self.sleep, busy=self.busy,
+                          log=self.log)
 
     def release(self) -> None:
         # Closing the descriptor releases the lock; no explicit LOCK_UN needed.

@@ -48,13 +48,15 @@ class Locations:
     config_is_system: bool       # True: a trusted file that may hold security keys
     state_dir: str               # per-user private state (presets, job specs)
     cache_dir: str | None = None  # per-user caches that may be deleted at any time (GPU inventory)
+    config_dir: str | None = None  # the user's own settings ($XDG_CONFIG_HOME/bk): notification choices
 
 
 def locate(env: dict | None = None) -> Locations:
     """Decide the mode and the locations from the environment.
 
     Order: ``BK_DATA_DIR`` forces private mode, with the state directory
-    ``$BK_DATA_DIR/state`` (a trial run leaves the real presets alone); else ``BK_CONFIG_FILE`` or the
+    ``$BK_DATA_DIR/state`` (a trial run leaves the real presets and
+    notification settings alone); else ``BK_CONFIG_FILE`` or the
     system file ``/etc/gpubk/config.json`` means shared mode (its data dir is
     read from the file later, by the config loader); else private mode under
     ``$XDG_DATA_HOME/bk``.
@@ -62,7 +64,8 @@ def locate(env: dict | None = None) -> Locations:
     env = os.environ if env is None else env
     state = os.path.join(xdg_dir(env, "XDG_STATE_HOME", (".local", "state")), "bk")
     cache = os.path.join(xdg_dir(env, "XDG_CACHE_HOME", (".cache",)), "bk")
-    user_cfg = os.path.join(xdg_dir(env, "XDG_CONFIG_HOME", (".config",)), "bk", "config.json")
+    user_dir = os.path.join(xdg_dir(env, "XDG_CONFIG_HOME", (".config",)), "bk")
+    user_cfg = os.path.join(user_dir, "config.json")
     data_env = env.get("BK_DATA_DIR")
     cfg_env = env.get("BK_CONFIG_FILE")
     if data_env:
@@ -76,10 +79,11 @@ def locate(env: dict | None = None) -> Locations:
         # presets and prompt history beside its data, in STATE_SUBDIR: it
         # must not change the user's real ones, and deleting the directory
         # deletes the whole trial.  This wins over XDG_STATE_HOME.
-        return Locations("private", data_env, cfg, False, os.path.join(data_env, STATE_SUBDIR), cache)
+        trial = os.path.join(data_env, STATE_SUBDIR)
+        return Locations("private", data_env, cfg, False, trial, cache, trial)
     if cfg_env:
-        return Locations("shared", DEFAULT_SHARED_DATA_DIR, cfg_env, True, state, cache)
+        return Locations("shared", DEFAULT_SHARED_DATA_DIR, cfg_env, True, state, cache, user_dir)
     if os.path.exists(SYSTEM_CONFIG):
-        return Locations("shared", DEFAULT_SHARED_DATA_DIR, SYSTEM_CONFIG, True, state, cache)
+        return Locations("shared", DEFAULT_SHARED_DATA_DIR, SYSTEM_CONFIG, True, state, cache, user_dir)
     data = os.path.join(xdg_dir(env, "XDG_DATA_HOME", (".local", "share")), "bk")
-    return Locations("private", data, user_cfg, False, state, cache)
+    return Locations("private", data, user_cfg, False, state, cache, user_dir)

@@ -1,4 +1,5 @@
-"""The user's private state files: booking presets and the prompt history.
+"""The user's private state files: booking presets, the prompt history and
+the hints already given in this session (``said_this_session``).
 
 Both live in the per-user state directory (``$XDG_STATE_HOME/bk``; with
 ``BK_DATA_DIR`` set, a trial run, ``$BK_DATA_DIR/state``, see
@@ -195,3 +196,23 @@ class HistoryFile:
         keep = [line for line in lines if line.strip() and "\n" not in line][-self.limit:]
         with StateDir(self.state_dir, create=True) as d, d.lock():
             d.replace(HISTORY_FILE, "".join(line + "\n" for line in keep).encode("utf-8"))
+
+
+def said_this_session(state_dir: str, name: str, session: str, *, keep: int = 16) -> bool:
+    """Whether ``name`` was already said in ``session`` (a key naming this
+    login or terminal session); records that it is said now, remembering
+    the last ``keep`` sessions (two terminals open side by side are two
+    sessions, each told once).  A convenience like the history: a file that
+    cannot be read or written means "not said", so the worst case is a hint
+    shown again, never one lost."""
+    try:
+        with StateDir(state_dir, create=False) as d:
+            raw = d.read(name)
+        seen = [] if raw is None else raw.decode("utf-8", "replace").splitlines()
+        if session in seen:
+            return True
+        with StateDir(state_dir, create=True) as d:
+            d.replace(name, "".join(k + "\n" for k in [*seen, session][-keep:]).encode("utf-8"))
+    except (BkError, OSError):
+        pass
+    return False

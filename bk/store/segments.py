@@ -31,6 +31,7 @@ import os
 from collections.abc import Callable
 
 from bk.core.lazyre import Pattern
+from bk.core.timegrid import counted
 from bk.store import audit
 from bk.store.fsutil import Safety, io_error, open_file, open_subdir, replace_file
 
@@ -68,9 +69,11 @@ class Segments:
             os.close(sfd)
 
     def complete(self, dirfd: int, tail: audit.AuditTail, limit: int, uid: int | None,
-                 max_bytes: int) -> audit.AuditTail:
+                 max_bytes: int, *, reservation: str | None = None,
+                 budget: int | None = None, pause: Callable[[], object] | None = None) -> audit.AuditTail:
         """``tail`` (read from the live log) completed with older records
-        from the segments, newest segment first, until ``limit`` are found."""
+        from the segments, newest segment first, until ``limit`` are found
+        (or, with ``budget``, until that many bytes have been read in all)."""
         sfd = open_subdir(dirfd, SEGMENTS, self.path, self.safety)
         if sfd is None:
             return tail
@@ -78,13 +81,18 @@ class Segments:
             for name in segment_names(sfd):
                 if len(tail.entries) >= limit or not tail.complete:
                     break
+                left = max_bytes if budget is None else min(max_bytes, budget - tail.scanned)
+                if left <= 0:
+                    tail.complete = False
+                    break
                 path = os.path.join(self.path, name)
                 fd = open_file(sfd, name, path, self.safety)
                 if fd is None:
                     continue
                 try:
                     older = audit.read_tail(fd, limit=limit - len(tail.entries), uid=uid,
-                                            max_bytes=max_bytes, path=path)
+                                            max_bytes=left, path=path, reservation=reservation,
+                                            pause=pause)
                 except OSError as e:
                     raise io_error(e, "reading", path) from None
                 finally:
@@ -110,7 +118,7 @@ def describe(found: list[tuple[str, str | None]]) -> str | None:
     if not found:
         return None
     bad = [why for _n, why in found if why]
-    return (f"{len(found)} sealed segment{'s' if len(found) != 1 else ''} in {SEGMENTS}/"
+    return (f"{counted(len(found), 'sealed segment')} in {SEGMENTS}/"
             + (": " + "; ".join(bad[:3]) if bad else ", every seal matches"))
 
 
@@ -216,4 +224,5 @@ def merge_tails(newer: audit.AuditTail, older: audit.AuditTail, limit: int) -> a
     seen = {(r["seq"], r["index"]) for r in newer.entries}
     both = [r for r in older.entries if (r["seq"], r["index"]) not in seen] + newer.entries
     both.sort(key=lambda r: (r["seq"], r["index"]))
-    return audit.AuditTail(both[-limit:] if limit > 0 else [], older.problems + newer.problems, older.complete)
+    return audit.AuditTail(both[-limit:] if limit > 0 else [], older.problems + newer.problems, older.complete,
+                           newer.scanned + older.scanned)

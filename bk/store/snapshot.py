@@ -47,7 +47,7 @@ import os
 from bk.core.errors import BkError
 from bk.core.models import GpuInfo, GpuProcess, iso
 from bk.core.record import dataclass, fields
-from bk.core.telemetry import Snapshot
+from bk.core.telemetry import MAX_PID, Snapshot, gpus_problem, whole
 from bk.store.fsutil import Safety, open_dir, open_file, read_all, replace_file
 
 SNAPSHOT_SCHEMA = "gpubk.snapshot.v1"
@@ -60,6 +60,7 @@ DIR_MODE = 0o755
 FILE_MODE = 0o644
 FRESH_INTERVALS = 3              # a file is fresh while younger than this many intervals
 MIN_FRESH_S = 2                  # ... and at least this many seconds (times are whole seconds)
+MAX_INTERVAL_S = 3600            # bk m --interval allows 0.05..3600
 MAX_BYTES = 8 << 20              # 64 GPUs with hundreds of processes is well under 1 MiB
 
 RUNNING, DEGRADED, STALE, STOPPED, MISMATCH, DAMAGED, ABSENT = (
@@ -96,6 +97,7 @@ class SnapshotFile:
     fingerprint: str | None
     interval_s: float
     pid: int | None
+    activity: dict | None = None      # each running booking's activity state (bk.core.activity)
 
 
 def _record_dict(obj) -> dict:
@@ -108,11 +110,14 @@ def _from_dict(cls, d: dict, skip: tuple[str, ...] = ()):
 
 
 def snapshot_doc(snapshot: Snapshot, *, interval_s: float, inventory_fingerprint: str | None,
-                 attributions: dict | None = None, pid: int | None = None) -> dict:
+                 attributions: dict | None = None, pid: int | None = None,
+                 activity: dict | None = None) -> dict:
     """The JSON document of a snapshot.  ``attributions`` ((gpu, pid) ->
     an object with ``state``, ``identity`` and ``uid``) adds each process's
     judgement as ``attribution``, for readers such as ``jq``; bk's own
-    clients judge again against the ledger they read."""
+    clients judge again against the ledger they read.  ``activity``
+    (``bk.core.activity.Tracker.doc``) is added as it is: a field a reader
+    of this schema that does not know it ignores."""
     gpus = []
     for g in snapshot.gpus:
         d = _record_dict(g)
@@ -131,44 +136,54 @@ def snapshot_doc(snapshot: Snapshot, *, interval_s: float, inventory_fingerprint
     doc = _record_dict(snapshot)          # taken_at, source, gaps, simulated, and what comes later
     doc.update({"schema": SNAPSHOT_SCHEMA, "taken_at_iso": iso(snapshot.taken_at), "gpus": gpus,
                 "fingerprint": inventory_fingerprint, "interval_s": interval_s, "pid": pid})
+    if activity is not None:
+        doc["activity"] = activity
     return {k: list(v) if isinstance(v, tuple) else v for k, v in doc.items()}
 
 
 def parse_snapshot(doc: object) -> SnapshotFile:
     """The inverse of ``snapshot_doc``; raises ValueError/TypeError/KeyError
-    on anything that is not one."""
+    on anything that is not one, and ValueError on a reading out of range
+    (``bk.core.telemetry.gpus_problem``): a utilisation of 10^9 % or a pid
+    of -1 is damage, and a damaged snapshot is not believed in part."""
     if not isinstance(doc, dict) or doc.get("schema") != SNAPSHOT_SCHEMA:
         raise ValueError("not a gpubk snapshot")
+    if not isinstance(doc["gpus"], list):
+        raise TypeError("gpus is not a list")
     gpus = []
     for g in doc["gpus"]:
         if not isinstance(g, dict):
             raise TypeError("gpu is not an object")
         procs = g.get("processes")
         info = _from_dict(GpuInfo, g, skip=("processes",))
-        if not isinstance(info.index, int) or not isinstance(info.uuid, str):
-            raise TypeError("gpu index/uuid")
         if procs is not None:
-            plist = []
-            for p in procs:
-                proc = _from_dict(GpuProcess, p)
-                if not isinstance(proc.pid, int):
-                    raise TypeError("process pid")
-                plist.append(proc)
-            info.processes = plist
+            if not isinstance(procs, list) or not all(isinstance(p, dict) for p in procs):
+                raise TypeError("processes")
+            info.processes = [_from_dict(GpuProcess, p) for p in procs]
         gpus.append(info)
+    why = gpus_problem(gpus)
+    if why is not None:
+        raise ValueError(why)
     taken = doc["taken_at"]
     interval = doc["interval_s"]
-    if not isinstance(taken, int) or not isinstance(interval, (int, float)) or interval <= 0:
-        raise TypeError("taken_at/interval_s")
+    if (not whole(taken, 0, 1 << 40) or type(interval) not in (int, float)
+            or not 0 < interval <= MAX_INTERVAL_S):
+        raise ValueError("taken_at/interval_s")
     own = {f.name: f for f in fields(Snapshot)}
     kw = {k: tuple(v) if isinstance(v, list) else v for k, v in doc.items() if k in own and k != "gpus"}
     snap = Snapshot(**kw, gpus=tuple(gpus))
-    if not isinstance(snap.source, str) or not all(isinstance(x, str) for x in snap.gaps):
-        raise TypeError("source/gaps")
+    if (not isinstance(snap.source, str) or not isinstance(snap.gaps, tuple)
+            or not all(isinstance(x, str) for x in snap.gaps) or not isinstance(snap.simulated, bool)
+            or not (snap.reason is None or isinstance(snap.reason, str))
+            or not isinstance(snap.capabilities, tuple) or not all(isinstance(x, str) for x in snap.capabilities)):
+        raise TypeError("source/gaps/simulated/reason/capabilities")
     fp = doc.get("fingerprint")
     pid = doc.get("pid")
+    act = doc.get("activity")
+    if not (isinstance(act, dict) and isinstance(act.get("bookings"), list)):
+        act = None                     # an older monitor's, or not one this reader can use
     return SnapshotFile(snap, fp if isinstance(fp, str) else None, float(interval),
-                        pid if isinstance(pid, int) else None)
+                        pid if whole(pid, 1, MAX_PID) else None, act)
 
 
 def _dir(directory: str, owner: int | None, create: bool) -> int | None:
@@ -186,12 +201,13 @@ def _write(directory: str, name: str, doc: dict, *, sync: bool) -> None:
 
 
 def write_snapshot(directory: str, snapshot: Snapshot, *, interval_s: float,
-                   inventory_fingerprint: str | None, attributions: dict | None = None) -> None:
+                   inventory_fingerprint: str | None, attributions: dict | None = None,
+                   activity: dict | None = None) -> None:
     """Replace ``snapshot.json`` (atomic, fsync-ed, 0644).  Raises
     ``IOFailure``/``ConfigError`` like every store write."""
     _write(directory, SNAPSHOT_FILE, snapshot_doc(
         snapshot, interval_s=interval_s, inventory_fingerprint=inventory_fingerprint,
-        attributions=attributions, pid=os.getpid()), sync=True)
+        attributions=attributions, pid=os.getpid(), activity=activity), sync=True)
 
 
 def _read_doc(directory: str, name: str, owner: int | None) -> object | None:
@@ -242,6 +258,15 @@ def read_snapshot_file(directory: str, now: int, *, max_age_s: float | None = No
     if not fresh(got.snapshot.taken_at, now, got.interval_s, max_age_s):
         return None
     return got
+
+
+def read_snapshot_doc(directory: str, *, owner: int | None = None) -> dict | None:
+    """The snapshot document as the monitor wrote it (``parse_snapshot`` and
+    ``fresh`` judge it), for a reader that also wants the fields the
+    ``Snapshot`` record does not carry (``bk.service.notify``: a booking's
+    activity); None for anything ``read_snapshot_file`` would not believe."""
+    doc = _read_doc(directory, SNAPSHOT_FILE, owner)
+    return doc if isinstance(doc, dict) else None
 
 
 def read_snapshot(directory: str, now: int, *, max_age_s: float | None = None,
@@ -303,9 +328,12 @@ def heartbeat_state(doc: dict | None, now: int, *, alive: bool | None) -> str:
 def _valid_heartbeat(doc: object) -> bool:
     if not isinstance(doc, dict) or doc.get("schema") != HEARTBEAT_SCHEMA:
         return False
-    ints = ("pid", "started_at", "updated_at", "samples")
-    return (doc.get("status") in RECORDED and all(isinstance(doc.get(k), int) for k in ints)
-            and isinstance(doc.get("interval_s"), (int, float)) and doc["interval_s"] > 0
+    # In range, not only of the right type: a pid of -1 would make the
+    # liveness probe kill(-1, 0), a question about every process.
+    ints = (("pid", 1, MAX_PID), ("started_at", 0, 1 << 40), ("updated_at", 0, 1 << 40),
+            ("samples", 0, 1 << 62))
+    return (doc.get("status") in RECORDED and all(whole(doc.get(k), lo, hi) for k, lo, hi in ints)
+            and type(doc.get("interval_s")) in (int, float) and 0 < doc["interval_s"] <= MAX_INTERVAL_S
             and (doc.get("detail") is None or isinstance(doc["detail"], str)))
 
 

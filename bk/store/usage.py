@@ -61,6 +61,7 @@ import os
 import re
 
 from bk.core import usage as core
+from bk.core.timegrid import counted
 from bk.core.usage import DAY, MinuteRecord, Summary
 from bk.core.utctime import days_from_civil, format_utc
 from bk.store.archive import cut_torn_tail
@@ -134,29 +135,39 @@ def _line_t(line: bytes) -> int | None:
 
 
 def parse_lines(data: bytes, path: str, problems: list[str], *, since: int | None = None,
-                until: int | None = None, needle: bytes | None = None) -> list[MinuteRecord]:
+                until: int | None = None, needle: bytes | None = None,
+                skipped: list[tuple[int, str]] | None = None) -> list[MinuteRecord]:
     out = []
-    for d in parse_dicts(data, path, problems, since=since, until=until, needle=needle):
-        try:
-            out.append(MinuteRecord.from_dict(d))
-        except (KeyError, TypeError, ValueError, AttributeError):
-            if len(problems) < 20:
-                problems.append(f"{path}: a line is not a usage record; skipped")
+    for d in parse_dicts(data, path, problems, since=since, until=until, needle=needle, skipped=skipped):
+        out.append(MinuteRecord.from_dict(d))       # parse_dicts checked every field
     return out
 
 
-def _plausible(d) -> bool:
-    return (isinstance(d, dict) and type(d.get("t")) is int and type(d.get("gpu")) is int
-            and isinstance(d.get("uses", []), list)
-            and all(isinstance(u, dict) and type(u.get("uid")) is int for u in d.get("uses") or ()))
+MAX_PROBLEMS = 20          # lines named per read; the rest are counted
+
+
+def _skip(problems: list[str], skipped: list[tuple[int, str]] | None, data: bytes, line: bytes,
+          path: str, why: str) -> None:
+    """Name one skipped line (its number found only now: the common path
+    never counts lines)."""
+    n = data[:data.find(line)].count(b"\n") + 1
+    if skipped is not None:
+        skipped.append((n, why))
+    if len(problems) < MAX_PROBLEMS:
+        problems.append(f"{path}: line {n} {why}; skipped")
 
 
 def parse_dicts(data: bytes, path: str, problems: list[str], *, since: int | None = None,
-                until: int | None = None, needle: bytes | None = None) -> list[dict]:
-    """Records of a partition's bytes, in file order.  An unterminated last
-    line (an interrupted append) is ignored; a bad line is skipped and named.
-    ``since``/``until`` filter on the period start before parsing; ``needle``
-    keeps only lines containing it (a reservation id)."""
+                until: int | None = None, needle: bytes | None = None,
+                skipped: list[tuple[int, str]] | None = None) -> list[dict]:
+    """Records of a partition's bytes, in file order, each checked field by
+    field (``bk.core.usage.record_problem``).  An unterminated last line (an
+    interrupted append) is ignored; a bad line is skipped and named in
+    ``problems`` (at most ``MAX_PROBLEMS``), its line number and why added
+    to ``skipped``.  ``since``/``until`` filter on the period start before
+    parsing; ``needle`` keeps only lines containing it (a reservation id,
+    a uid), and the lines that do not even begin like a record, so that a
+    view of one user's lines still says that the file is damaged."""
     if data and not data.endswith(b"\n"):
         data = data[:data.rfind(b"\n") + 1]
         problems.append(f"{path}: the last line is incomplete, an interrupted append; ignored")
@@ -171,26 +182,44 @@ def parse_dicts(data: bytes, path: str, problems: list[str], *, since: int | Non
                 kept.append(ln)
         lines = kept
     if needle is not None:
-        lines = [ln for ln in lines if needle in ln]
+        lines = [ln for ln in lines if needle in ln or not ln.startswith(b'{"t":') or not ln.endswith(b"}")]
     try:
         items = json.loads(b"[" + b",".join(lines) + b"]") if lines else []
     except ValueError:
+        items = None
+    if items is None or len(items) != len(lines):      # a bad line, or one that held two values
         items = []
-        for n, ln in enumerate(lines, 1):
+        for ln in lines:
             try:
                 items.append(json.loads(ln))
             except ValueError:
-                if len(problems) < 20:
-                    problems.append(f"{path}: line {n} is not valid JSON; skipped")
+                items.append(_BAD_JSON)
     out = []
-    for d in items:
-        if not _plausible(d):
-            if len(problems) < 20:
-                problems.append(f"{path}: a line is not a usage record; skipped")
+    for ln, d in zip(lines, items, strict=True):
+        why = "is not valid JSON" if d is _BAD_JSON else core.record_problem(d)
+        if why is not None:
+            _skip(problems, skipped, data, ln, path, why if d is _BAD_JSON else f"is not a usage record ({why})")
             continue
-        if (since is None or d["t"] >= since) and (until is None or d["t"] < until):
+        if (since is None or d["t"] >= since) and (until is None or d["t"] < until) and (
+                needle is None or needle in ln):
             out.append(d)
     return out
+
+
+_BAD_JSON = object()
+
+
+def seal_problem(data: bytes) -> str | None:
+    """Why the bytes of a seal file are not a seal bk wrote (its totals out
+    of range included); None when they are one."""
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        return "not valid JSON"
+    if not (isinstance(doc, dict) and isinstance(doc.get("sha256"), str)
+            and type(doc.get("bytes")) is int and isinstance(doc.get("summary"), dict)):
+        return "not a seal"
+    return core.summary_problem(doc["summary"])
 
 
 class Check:
@@ -413,15 +442,11 @@ class UsageStore:
         data = self._read(dirfd, f"{day}.seal", path)
         if data is None:
             return None
-        try:
-            doc = json.loads(data)
-            if not (isinstance(doc, dict) and isinstance(doc.get("sha256"), str)
-                    and isinstance(doc.get("bytes"), int) and isinstance(doc.get("summary"), dict)):
-                raise ValueError("not a seal")
-        except ValueError:
-            self.problems.append(f"{path}: not a valid seal; the day is read from its records")
+        why = seal_problem(data)
+        if why is not None:
+            self.problems.append(f"{path}: not a valid seal ({why}); the day is read from its records")
             return None
-        return doc
+        return json.loads(data)
 
     @staticmethod
     def _matches(data: bytes, seal: dict) -> bool:
@@ -453,20 +478,34 @@ class UsageStore:
         return out
 
     def _check(self, fd: int, kind: str, day: str, has_data: bool) -> Check:
-        seal = self._load_seal(fd, kind, day)
+        seal_data = self._read(fd, f"{day}.seal", os.path.join(self.dir, kind, f"{day}.seal"))
+        bad_seal = None if seal_data is None else seal_problem(seal_data)
+        seal = None if seal_data is None or bad_seal else json.loads(seal_data)
         if not has_data:
             return Check(kind, day, "seal-without-data", None, "the records are gone; the seal remains")
         data = self._read(fd, f"{day}.jsonl", os.path.join(self.dir, kind, f"{day}.jsonl")) or b""
         problems: list[str] = []
-        n = len(parse_lines(data, os.path.join(self.dir, kind, f"{day}.jsonl"), problems))
-        if seal is None:
-            return Check(kind, day, "unsealed", n, "; ".join(problems))
-        if not self._matches(data, seal):
+        skipped: list[tuple[int, str]] = []
+        n = len(parse_lines(data, os.path.join(self.dir, kind, f"{day}.jsonl"), problems, skipped=skipped))
+        if seal is not None and not self._matches(data, seal):
             return Check(kind, day, "tampered", n,
                          f"sealed {seal['bytes']} bytes, sha256 {seal['sha256'][:12]}; found {len(data)} "
                          f"bytes, sha256 {hashlib.sha256(data).hexdigest()[:12]}")
+        if skipped:
+            # Lines no reader counts: a damaged day, sealed or not (a seal
+            # made over them proves only that they were there then).
+            first, why = skipped[0]
+            more = f" and {counted(len(skipped) - 1, 'more line')}" if len(skipped) > 1 else ""
+            return Check(kind, day, "damaged", n, f"{counted(len(skipped), 'line')} skipped: "
+                         f"line {first} {why}{more}")
+        if bad_seal is not None:
+            return Check(kind, day, "damaged", n, f"the seal is not valid: {bad_seal}")
+        if seal is None:
+            return Check(kind, day, "unsealed", n, "; ".join(problems))
         if n != seal.get("records"):
-            return Check(kind, day, "tampered", n, f"sealed {seal.get('records')} records; found {n}")
+            return Check(kind, day, "tampered", n, f"sealed {counted(seal['records'], 'record')}; found {n}" if type(seal.get("records")) is int else "the seal has no record count")
+        if json.loads(json.dumps(self._seal_doc(kind, day, data)["summary"])) != seal["summary"]:
+            return Check(kind, day, "tampered", n, "the seal's totals are not the sum of its records")
         return Check(kind, day, "ok", n)
 
     # -- reading -----------------------------------------------------------

@@ -57,6 +57,7 @@ class Cell:
     first_mine: int      # index (into the caller's rows) of the first, or -1
     others: int          # how many of other people's
     blackout: bool
+    full_mine: bool = False   # full at an instant one of the caller's bookings holds it
 
 
 def lane_cells(holds, own_rows: dict[str, int], *, frm: int, step: int, n: int, capacity: int,
@@ -68,6 +69,7 @@ def lane_cells(holds, own_rows: dict[str, int], *, frm: int, step: int, n: int, 
     mine_d = [0] * (n + 1)
     other_d = [0] * (n + 1)
     first = [-1] * n
+    own: list[tuple[int, int]] = []          # the caller's spans, for "full while yours"
     for r in holds:
         if r.end <= frm or r.start >= to:
             continue
@@ -79,6 +81,7 @@ def lane_cells(holds, own_rows: dict[str, int], *, frm: int, step: int, n: int, 
         if r.uid == actor_uid:
             mine_d[c0] += 1
             mine_d[c1 + 1] -= 1
+            own.append((r.start, r.end))
             k = own_rows.get(r.id, -1)
             for c in range(c0, c1 + 1):
                 if first[c] < 0 or (0 <= k < first[c]):
@@ -98,15 +101,24 @@ def lane_cells(holds, own_rows: dict[str, int], *, frm: int, step: int, n: int, 
         while i < ne and edges[i][0] <= lo:
             cur += edges[i][1]
             i += 1
-        best = cur
-        while i < ne and edges[i][0] < hi:
-            cur += edges[i][1]
-            i += 1
-            if cur > best:
-                best = cur
         m += mine_d[c]
         o += other_d[c]
-        cells.append(Cell(best, m, first[c], o, dark[c]))
+        # The column as runs of constant load [seg, nxt): its most, and
+        # whether a run at capacity overlaps one of the caller's spans (a
+        # GPU that fills after the caller's booking left is not "full" for it).
+        best, full_mine, seg = cur, False, lo
+        while True:
+            nxt = edges[i][0] if i < ne and edges[i][0] < hi else hi
+            if m and not full_mine and cur >= capacity and seg < nxt:
+                full_mine = any(a < nxt and b > seg for a, b in own)
+            if nxt >= hi:
+                break
+            while i < ne and edges[i][0] == nxt:
+                cur += edges[i][1]
+                i += 1
+            best = max(best, cur)
+            seg = nxt
+        cells.append(Cell(best, m, first[c], o, dark[c], full_mine))
     return cells
 
 

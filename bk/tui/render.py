@@ -261,9 +261,12 @@ def _main(state, world, width: int, height: int, theme: Theme, cs: Charset) -> F
     skip = draft.edit_of if draft is not None else None
 
     rows = layout.table_rows(world.reservations, frm=frm, to=to, now=now)
+    # Letters go to the caller's bookings the window shows, in table order:
+    # one out of view needs none, so 26 letters last for 26 bookings in
+    # view, not for the first 26 of the caller's whole future.
     own_rows: dict[str, int] = {}
     for r in rows:
-        if r.uid == world.actor_uid:
+        if r.uid == world.actor_uid and r.start < to and r.end > frm:
             own_rows[r.id] = len(own_rows)
 
     out: list[tuple] = []
@@ -379,7 +382,7 @@ def _main(state, world, width: int, height: int, theme: Theme, cs: Charset) -> F
     out.append(th.fill("th"))
     for i, r in enumerate(shown, first):
         mine = r.uid == world.actor_uid
-        letter = layout.own_letter(own_rows[r.id]) if mine else " "
+        letter = layout.own_letter(own_rows[r.id]) if r.id in own_rows else " "
         kind = ("row_mine" if mine else "row") + ("_sel" if i == sel_i else "")
         if r.id == skip:
             letter = "~"
@@ -422,7 +425,7 @@ def _glyph(cell, disabled: bool, cap: int, cs: Charset) -> tuple[str, str]:
         return "&", "mine"
     if cell.mine:
         ch = layout.own_letter(cell.first_mine)
-        return (ch.upper() if cell.used >= cap else ch), "mine"
+        return (ch.upper() if cell.full_mine else ch), "mine"
     if cell.used <= 0:
         return cs.free, "free"
     if cell.used >= cap:
@@ -441,7 +444,7 @@ def _describe(cell, disabled: bool, cap: int) -> str:
     if cell.mine:
         who.append("yours")
     if cell.others:
-        who.append(f"{cell.others} other{'s' if cell.others > 1 else ''}")
+        who.append(timegrid.counted(cell.others, "other"))
     return f"{min(cell.used, cap)}/{cap} slots held ({', '.join(who)})" if cell.used < cap else \
         f"full ({', '.join(who)})"
 

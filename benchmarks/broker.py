@@ -41,6 +41,20 @@ between the two (so the machine's own noise falls on both alike); the
 figure before the flood on the same broker is printed too.  Both print the
 broker's RSS.
 
+At scale (issue 29).  ``--scale``: a booking through the broker at 0 and
+at 10,000 live bookings (two brokers, alternating), each broker's RSS
+after, and the largest RSS of the built archive's ``bk l`` on a private
+ledger of 10,000 (``--pyz``).  Targets: within 2x of the booking at 0,
+broker RSS <= 100 MiB, ``bk l`` <= 30 MiB.  ``--users N`` (root): N
+throwaway accounts book at once, one request at a time each
+(``--per-user`` bookings), through our broker and, with ``--reference
+VENV`` (``pip install gpubk==0.2.8`` in a throwaway venv), through the
+reference's own daemon, set up by its own ``bk admin init`` and run as its
+own service account.  The clients are the daemons' wire clients (the
+reference's ``BrokerClient``), so neither side pays for a command's
+start-up.  Printed: bookings/s, p50, p95, the daemon's peak RSS.  Targets:
+ours at least 5x the reference's bookings/s, p95 <= 200 ms.
+
 ``--json`` alone also prints a summary as JSON after the tables.  ``--json
 PATH`` instead writes every cell of both tables to PATH for
 ``benchmarks/ab.py``: ``{"benchmark": "broker", "format": 1, "settings":
@@ -589,6 +603,252 @@ def write_cells(path: str, cells: dict, settings: dict) -> None:
     write(path, "broker", cells, settings)
 
 
+# ------------------------------------------------------------- at scale (issue 29)
+
+SCALE = 10000
+
+
+def seed_live(base: str, n: int) -> None:
+    """``n`` live bookings (``cli.bulk``: two lanes of every GPU, half of
+    every hour, from an hour from now) in BASE's shared ledger, in one
+    transaction, before its broker starts."""
+    import cli as cli_bench
+
+    from bk.core.models import Reservation
+    from bk.store.ledger import Mutation
+
+    svc = Service.local(settings(base, "shared"), telemetry(), owner_uid=os.geteuid())
+    call = svc.call()
+    facts = cli_bench.bulk(n, call.now, call.policy.slot_seconds, (call.actor.uid, call.actor.user))
+
+    def apply(state):
+        for f in facts:
+            state.reservations.append(Reservation(f["id"], f["uid"], f["user"], "shared", (f["gpu"],), 1,
+                                                  f["start"], f["end"], call.now))
+        return Mutation(True, [{"action": "seed", "result": "seeded"}])
+    if facts:
+        svc.store.transact(apply, policy=call.policy.bound(), actor_uid=call.actor.uid, actor=call.actor.user)
+
+
+def scale_latency(root: str, n: int) -> dict:
+    """A booking through the broker at 0 and at ``SCALE`` live bookings,
+    alternating between two brokers, and each broker's RSS after."""
+    brokers = {}
+    for size in (0, SCALE):
+        base = os.path.join(root, f"s{size}")
+        os.makedirs(os.path.join(base, "data"), mode=0o755)
+        seed_live(base, size)
+        brokers[size] = BrokerProcess(root, f"s{size}")
+    try:
+        remote = {k: Service.remote(settings(b.base, "shared"), telemetry()) for k, b in brokers.items()}
+        for r in remote.values():
+            r.book(REQUEST)
+        times: dict[int, list[float]] = {k: [] for k in remote}
+        for i in range(n):
+            for k in (sorted(remote) if i % 2 else sorted(remote, reverse=True)):
+                t = time.perf_counter()
+                remote[k].book(REQUEST)
+                times[k].append(time.perf_counter() - t)
+        return {"times": times, "rss_kib": {k: rss_kib(b.proc.pid) for k, b in brokers.items()}}
+    finally:
+        for b in brokers.values():
+            b.stop()
+
+
+def list_rss(root: str, pyz: str, n: int, runs: int = 3) -> int | None:
+    """The largest RSS (KiB, ``wait4``) of ``bk l`` (the built archive, its
+    own process) on a private ledger of ``n`` live bookings."""
+    import cli as cli_bench
+
+    if not os.path.exists(pyz):
+        return None
+    tmp = os.path.join(root, "l-rss")
+    os.makedirs(tmp, mode=0o700)
+    env = cli_bench.env_for(tmp, os.path.join(tmp, "data"))
+    from bk.service import open_app
+
+    call = open_app(env).call()
+    cli_bench.seed_ours(env, cli_bench.bulk(n, call.now, call.policy.slot_seconds,
+                                            (call.actor.uid, call.actor.user)), call.now)
+    peak = 0
+    for _ in range(runs):
+        proc = subprocess.Popen([sys.executable, pyz, "l"], env=env, stdout=subprocess.DEVNULL)
+        _pid, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode != 0:
+            raise RuntimeError(f"bk l exited {proc.returncode}")
+        peak = max(peak, usage.ru_maxrss)
+    return peak
+
+
+# A user's client: books ``count`` times, one request at a time, after a line
+# on stdin (all users start together); prints its latencies (or its errors).
+OURS_DRIVER = r"""
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+from bk.ipc.client import BrokerClient
+c = BrokerClient(sys.argv[2])
+c.call("ping")
+wire = json.loads(sys.argv[4])
+sys.stdin.readline()
+lat, errors = [], []
+for _ in range(int(sys.argv[3])):
+    t = time.perf_counter()
+    try:
+        c.call("book", wire)
+        lat.append(time.perf_counter() - t)
+    except Exception as e:
+        errors.append(str(e)[:200])
+print(json.dumps({"lat": lat, "errors": errors}))
+"""
+
+REF_DRIVER = r"""
+import json, sys, time
+from bk.config import load_config
+from bk.broker import BrokerClient
+from bk.timeparse import to_iso, utc_now
+c = BrokerClient(load_config())
+sys.stdin.readline()
+lat, errors = [], []
+for _ in range(int(sys.argv[1])):
+    t = time.perf_counter()
+    try:
+        c.call("booking.add", {"count": 1, "duration_seconds": 300, "start_at": to_iso(utc_now()),
+                               "mode": "shared", "preferred_gpus": None, "op_id": None, "allow_queue": True,
+                               "job_spec_id": None, "job_digest": None, "job_summary": None,
+                               "job_digest_aliases": None, "expected_memory_mb": None, "share_units": None})
+        lat.append(time.perf_counter() - t)
+    except Exception as e:
+        errors.append(str(e)[:200])
+print(json.dumps({"lat": lat, "errors": errors}))
+"""
+
+USER_PY = "/usr/bin/python3"          # other accounts cannot run a python under /root
+
+
+def _site_packages(venv: str) -> str:
+    import glob
+
+    found = glob.glob(os.path.join(venv, "lib", "python3*", "site-packages"))
+    if not found or not os.path.isdir(os.path.join(found[0], "bk")):
+        raise SystemExit(f"{venv} has no bk package: python3 -m venv {venv} && {venv}/bin/pip install gpubk==0.2.8")
+    return found[0]
+
+
+def _drive(argvs: list[list[str]], users, env: dict) -> dict:
+    """Start one driver per user, let them go at once, gather what they say."""
+    procs = []
+    for argv, (_name, uid, gid) in zip(argvs, users, strict=True):
+        procs.append(subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True, cwd="/",
+                                      preexec_fn=lambda u=uid, g=gid: _become(u, g)))
+    time.sleep(1.0 + 0.1 * len(procs))      # let every driver import and connect (not timed)
+    t = time.perf_counter()
+    for p in procs:
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    outs = [p.communicate(timeout=900) for p in procs]
+    elapsed = time.perf_counter() - t
+    lat, errors = [], []
+    for (out, err), p in zip(outs, procs, strict=True):
+        if p.returncode != 0:
+            raise RuntimeError(f"a user's client failed (exit {p.returncode}): {err[-600:]}")
+        got = json.loads(out.strip().splitlines()[-1])
+        lat += got["lat"]
+        errors += got["errors"]
+    return {"rate": len(lat) / elapsed, "p50": ms(lat, .5), "p95": ms(lat, .95), "ok": len(lat),
+            "errors": errors, "elapsed": elapsed}
+
+
+def users_ours(root: str, users, count: int) -> dict:
+    broker = BrokerProcess(root, "u-ours")
+    try:
+        argv = [USER_PY, "-I", "-c", OURS_DRIVER, ROOT, broker.socket, str(count), json.dumps(WIRE)]
+        with RssWatch(broker.proc.pid) as watch:
+            got = _drive([argv] * len(users), users, {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"})
+        got["rss_kib"] = watch.peak
+        return got
+    finally:
+        broker.stop()
+
+
+def users_reference(root: str, venv: str, users, service, count: int) -> dict:
+    """The reference set up by its own ``bk admin init`` (a config file, a
+    data directory and a socket directory of its service account) and its
+    own daemon (``bk broker``, as that account)."""
+    site = _site_packages(venv)
+    base = os.path.join(root, "ref")
+    for d in ("etc", "run"):
+        os.makedirs(os.path.join(base, d), mode=0o755)
+    os.chmod(base, 0o755)
+    conf = os.path.join(base, "etc", "config.json")
+    subprocess.run([os.path.join(venv, "bin", "bk"), "admin", "init", "--config-file", conf, "--data-dir",
+                    os.path.join(base, "data"), "--service-user", service[0], "--broker-socket",
+                    os.path.join(base, "run", "b.sock"), "--gpu-count", str(GPUS), "--access", "all", "--yes"],
+                   check=True, capture_output=True)
+    # Queue as far as ours does (settings()): no booking is refused for want of room.
+    with open(conf) as f:
+        doc = json.load(f)
+    doc.update(queue_search_hours=8784, booking_horizon_days=366)
+    with open(conf, "w") as f:
+        json.dump(doc, f)
+    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "BK_CONFIG_FILE": conf, "PYTHONPATH": site}
+    daemon = subprocess.Popen([USER_PY, "-m", "bk", "broker"], env=env, cwd="/", stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, preexec_fn=lambda: _become(service[1], service[2]))
+    sock = os.path.join(base, "run", "b.sock")
+    deadline = time.monotonic() + 30
+    while not os.path.exists(sock):
+        if daemon.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the reference broker did not start: {daemon.stderr.read()[-600:]}")
+        time.sleep(0.05)
+    try:
+        argv = [USER_PY, "-c", REF_DRIVER, str(count)]
+        with RssWatch(daemon.pid) as watch:
+            got = _drive([argv] * len(users), users, env)
+        got["rss_kib"] = watch.peak
+        return got
+    finally:
+        daemon.terminate()
+        daemon.wait(30)
+
+
+def print_scale(lat: dict, l_rss: int | None) -> bool:
+    t0, tn = lat["times"][0], lat["times"][SCALE]
+    ratio = statistics.median(tn) / statistics.median(t0)
+    print(f"A booking through the broker at 0 and {SCALE:,} live bookings ({len(t0)} each, alternating)")
+    print(f"{'live bookings':<16}{'median ms':>10}{'p90 ms':>10}{'broker RSS MiB':>16}")
+    for k, ts in lat["times"].items():
+        print(f"{k:<16,}{ms(ts, .5):>10.2f}{ms(ts, .9):>10.2f}{lat['rss_kib'][k] / 1024:>16.1f}")
+    ok = ratio <= 2.0 and lat["rss_kib"][SCALE] <= 100 * 1024
+    print(f"at {SCALE:,} / at 0: {ratio:.2f}x (target <= 2x); broker RSS at {SCALE:,}: "
+          f"{lat['rss_kib'][SCALE] / 1024:.1f} MiB (target <= 100 MiB)")
+    if l_rss is not None:
+        print(f"bk l at {SCALE:,} live bookings: max RSS {l_rss / 1024:.1f} MiB (target <= 30 MiB)")
+        ok = ok and l_rss <= 30 * 1024
+    else:
+        print("bk l: no built archive (python3 build.py), not measured")
+    return ok
+
+
+def print_users(ours: dict, ref: dict | None, n: int) -> bool:
+    print(f"{n} real users at once, each booking one at a time through its server's own daemon")
+    print(f"{'daemon':<14}{'bookings':>9}{'bookings/s':>12}{'p50 ms':>9}{'p95 ms':>9}{'peak RSS MiB':>14}"
+          f"{'errors':>8}")
+    rows = [("ours", ours)] + ([("reference", ref)] if ref else [])
+    for name, r in rows:
+        print(f"{name:<14}{r['ok']:>9}{r['rate']:>12.1f}{r['p50']:>9.1f}{r['p95']:>9.1f}"
+              f"{r['rss_kib'] / 1024:>14.1f}{len(r['errors']):>8}")
+        if r["errors"]:
+            print(f"  first error: {r['errors'][0]}")
+    ok = ours["p95"] <= 200 and not ours["errors"]
+    if ref:
+        ratio = ours["rate"] / ref["rate"]
+        print(f"ours / reference: {ratio:.1f}x bookings/s (target >= 5x); ours p95 {ours['p95']:.0f} ms "
+              f"(target <= 200 ms)")
+        ok = ok and ratio >= 5
+    return ok
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -611,11 +871,46 @@ def main(argv: list[str] | None = None) -> int:
                     "(default 3000)")
     ap.add_argument("--row-seconds", type=float, default=120.0, help="--attack and --flood: stop a "
                     "row's pairs after this many seconds (default 120; a slow row shows fewer pairs)")
+    ap.add_argument("--scale", action="store_true", help=f"only the scale table: a booking at 0 and "
+                    f"{SCALE:,} live bookings, the broker's RSS, bk l's RSS")
+    ap.add_argument("--pyz", default=os.path.join(ROOT, "dist", "bk.pyz"), help="--scale: the archive "
+                    "whose bk l is measured (default dist/bk.pyz)")
+    ap.add_argument("--users", type=int, default=0, metavar="N", help="only the N-user table (root): N "
+                    "throwaway accounts book at once through the broker")
+    ap.add_argument("--reference", metavar="VENV", help="--users: the same through the reference's own "
+                    "daemon, installed in VENV (pip install gpubk==0.2.8)")
+    ap.add_argument("--per-user", type=int, default=30, help="--users: bookings per user (default 30)")
     ap.add_argument("--serve-broker", metavar="BASE", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.serve_broker:
         serve(args.serve_broker)
         return 0
+    if args.scale:
+        root = tempfile.mkdtemp(prefix="bkb", dir=args.dir or "/tmp")
+        try:
+            ok = print_scale(scale_latency(root, 100 if args.quick else args.bookings),
+                             list_rss(root, args.pyz, SCALE))
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+        return 0 if ok else 1
+    if args.users:
+        if os.geteuid() != 0:
+            print("--users needs root (it makes throwaway accounts)", file=sys.stderr)
+            return 2
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        root = tempfile.mkdtemp(prefix="bkb", dir=args.dir or "/tmp")
+        os.chmod(root, 0o755)
+        accounts = Users()
+        try:
+            users = [accounts.add() for _ in range(args.users)]
+            ours = users_ours(root, users, args.per_user)
+            ref = users_reference(root, args.reference, users, accounts.add(), args.per_user) \
+                if args.reference else None
+            ok = print_users(ours, ref, args.users)
+        finally:
+            accounts.remove()
+            shutil.rmtree(root, ignore_errors=True)
+        return 0 if ok else 1
     if args.attack or args.flood:
         if os.geteuid() != 0:
             print("--attack and --flood need root (they make two throwaway accounts)", file=sys.stderr)

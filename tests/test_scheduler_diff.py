@@ -151,3 +151,33 @@ def test_outcomes_cover_every_rule():
     missing = {"ok", "queued", "input", "max_length", "require_shared_memory", "horizon", "gpu_count",
                "disabled_gpu", "memory", "excluded", "blackout", "capacity"} - seen
     assert not missing
+
+
+def test_an_answer_days_past_the_first_sweep_agrees_with_slice_scanner():
+    """``place`` sweeps a day ahead first and widens only when the answer
+    is not inside (``first_fit``): GPUs booked solid for days, with gaps,
+    put most answers past one or more widenings."""
+    far = 0
+    for seed in range(BASE_SEED, BASE_SEED + 200):
+        rng = random.Random(seed)
+        n, q = rng.randint(1, 3), 3600
+        policy = Policy(gpu_count=n, slot_minutes=60, max_shared_users=1, queue_search_hours=24 * 9,
+                        booking_horizon_days=10, max_booking_hours=48)
+        now = EPOCH + rng.randrange(0, 24) * q + rng.randrange(0, q)
+        here = now - now % q
+        reservations = []
+        for g in range(n):
+            t = here + rng.randint(-2, 3) * q
+            while t < here + 9 * 86400:
+                length = rng.randint(1, 60) * q
+                reservations.append(Reservation(f"r{len(reservations)}", 1000, "alice", SHARED, (g,), 1,
+                                                t, t + length, EPOCH))
+                t += length + rng.choice((0, 0, 0, q, 2 * q, 5 * q))
+        req = Request(count=rng.randint(1, n), duration=rng.randint(1, 6) * q, mode=SHARED, share=1,
+                      mem_mib=None, start=None, queue=True, pinned=None, excluded=(), ignore_id=None)
+        world = dict(req=req, reservations=reservations, blackouts=[], policy=policy, gpus=None, now=now, load={})
+        want = reference_place(req, reservations, [], policy, None, now, {})
+        got, placement = fast_outcome(world)
+        assert got == want, f"seed {seed}: fast {got} != reference {want}"
+        far += placement is not None and placement.start - here > 86400
+    assert far > 20, far

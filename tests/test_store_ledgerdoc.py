@@ -12,6 +12,7 @@ import pytest
 from bk.core import ledgerdoc as L
 from bk.core import utctime as U
 from bk.core.models import (
+    Advance,
     Blackout,
     Edit,
     Job,
@@ -84,12 +85,18 @@ def random_reservation(rng: random.Random, i: int) -> Reservation:
     if rng.random() < 0.3:
         r = r.replace(job=Job("pending", "train.py"))
     if rng.random() < 0.3:
+        r = r.replace(advance=Advance(start - 600, start - 300, rng.random() < 0.5,
+                                      tuple(rng.sample(range(8), rng.randint(0, 2)))))
+    if rng.random() < 0.3:
+        r = r.replace(shared_with=tuple(sorted(rng.sample(["@nlp", "bob", "carol"], rng.randint(1, 3)))))
+    if rng.random() < 0.3:
         r = r.replace(extra={"zz_future": [1, {"a": None}], "aa_other": "x"})
     return r
 
 
 DEFAULTS = {"mem_mib": None, "op_id": None, "note": None, "cancelled_at": None,
-            "cancelled_by": None, "cancel_reason": None, "edits": [], "job": None}
+            "cancelled_by": None, "cancel_reason": None, "edits": [], "job": None, "advance": None,
+            "shared_with": []}
 
 
 def test_reservation_codec_matches_models():

@@ -9,13 +9,14 @@ whatever the seal says, and checks backups by their seal."""
 from __future__ import annotations
 
 import json
+import uuid
 
 import pytest
 from test_store_ledger import POLICY, Clock, T, add, booking, commit, ledger_bytes
 
 from bk.core import ledgerdoc
 from bk.core.errors import Internal
-from bk.store import ledger as ledger_mod
+from bk.core.models import Reservation
 from bk.store.ledger import Store
 
 
@@ -209,9 +210,28 @@ def test_unsealed_bytes_this_store_checked_are_not_checked_twice(store, checks):
     assert checks == [1]
 
 
-def test_the_writer_still_refuses_an_invalid_state(store, monkeypatch):
-    """The seal is only ever put on bytes that passed the check."""
-    commit(store, add(booking(T, T + 600)))
-    monkeypatch.setattr(ledger_mod.ledgerdoc, "check_state", lambda state, capacity=None: ["broken"])
+def _broken(first, kind: str) -> Reservation:
+    """A booking that breaks an invariant of a ledger holding ``first``."""
+    if kind == "overlap":       # exclusive over a shared booking of the same GPU and time
+        return Reservation(str(uuid.uuid4()), 1001, "u1001", "exclusive", (0,), 2, T + 300, T + 900, T)
+    if kind == "duplicate":
+        return Reservation(first.id, 1001, "u1001", "shared", (1,), 1, T + 600, T + 1200, T)
+    return booking(T + 600, T + 600)                          # ends when it starts
+
+
+@pytest.mark.parametrize("kind", ["overlap", "duplicate", "backwards"])
+@pytest.mark.parametrize("writer", ["fresh", "kept"])
+def test_the_writer_still_refuses_an_invalid_state(store, writer, kind):
+    """The seal is only ever put on bytes that passed the check: in full
+    (a writer that just read the file) and by the changes (a writer that
+    keeps the state it committed, ``ledgerdoc.Checked``)."""
+    first = booking(T, T + 600)
+    commit(store, add(first))
+    commit(store, add(booking(T + 3600, T + 4200)))
+    before = ledger_bytes(store)
+    w = store if writer == "kept" else fresh(store)
     with pytest.raises(Internal, match="refusing to write an invalid ledger"):
-        commit(store, add(booking(T + 600, T + 1200)))
+        commit(w, add(_broken(first, kind)))
+    assert ledger_bytes(store) == before
+    commit(w, add(booking(T + 600, T + 1200)))                  # the writer goes on
+    assert fresh(store).read(verify=True).state.seq == 3

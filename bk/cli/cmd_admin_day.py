@@ -102,7 +102,8 @@ def register_notice(notice, nacts) -> None:
 
 def register_policy(actions) -> None:
     p = actions.add_parser(
-        "gpu-policy", help="show or change the GPU policy: disabled GPUs, priorities, limits, memory rule",
+        "gpu-policy", help="show or change the GPU policy: disabled GPUs, priorities, limits, per-user "
+        "limits, advances, fair share, memory rule",
         description="Without options: the policy in force, and whether the ledger's binding agrees. "
         "With options: change the trusted configuration atomically and, when a key the ledger binds "
         "changes (the memory reserve or rule), the binding in the same step. A change that bookings "
@@ -113,7 +114,10 @@ def register_policy(actions) -> None:
         epilog="Examples:\n  sudo bk admin gpu-policy\n  sudo bk admin gpu-policy --disable 3 --dry-run\n"
                "  sudo bk admin gpu-policy --enable 3 --priority 3=1,2=5\n"
                "  sudo bk admin gpu-policy --max-hours 48 --horizon-days 14\n"
-               "  sudo bk admin gpu-policy --require-memory --reserve-mb 1024 --force",
+               "  sudo bk admin gpu-policy --require-memory --reserve-mb 1024 --force\n"
+               "  sudo bk admin gpu-policy --limit '*:gpus=2' --dry-run\n"
+               "  sudo bk admin gpu-policy --tier students=@students --limit students:booking_hours=4\n"
+               "  sudo bk admin gpu-policy --advance-default on --fair-share on",
         formatter_class=RAW)
     p.add_argument("--disable", metavar="LIST", help="GPU indices never placed: 3 or 2,3")
     p.add_argument("--enable", metavar="LIST", help="GPU indices to place again")
@@ -126,6 +130,18 @@ def register_policy(actions) -> None:
     mem.add_argument("--no-require-memory", dest="require_memory", action="store_const", const=False,
                      help="shared bookings need not state memory")
     p.add_argument("--reserve-mb", metavar="MIB", type=int, help="VRAM per GPU kept out of the shared budget")
+    p.add_argument("--limit", metavar="WHO:LIMIT=VALUE", action="append", default=[],
+                   help="a per-user limit (repeatable): WHO is * (everyone), a user, a tier or an @group; "
+                        "LIMIT gpus, gpu_hours, booking_hours, ahead_hours or shared_vram_gib; VALUE a "
+                        "number, none (no limit) or unset (drop it)")
+    p.add_argument("--tier", metavar="NAME=MEMBERS", action="append", default=[],
+                   help="a named set of users and @groups for --limit (repeatable); NAME= removes it")
+    p.add_argument("--exempt", metavar="LIST", help="users and @groups no limit applies to ('' for nobody)")
+    p.add_argument("--advance-default", choices=("on", "off"),
+                   help="queued bookings move earlier on their own unless booked with --no-advance")
+    p.add_argument("--fair-share", choices=("on", "off"),
+                   help="contested advances go in order of decayed past usage, not first come")
+    p.add_argument("--half-life-days", metavar="DAYS", type=float, help="fair share's half-life (default 7)")
     p.add_argument("--force", action="store_true", help="change it even though bookings break the new rules")
     p.add_argument("--dry-run", action="store_true", help="show the diff and what it breaks; change nothing")
     p.set_defaults(handler=run_policy, command="admin gpu-policy")
@@ -432,7 +448,8 @@ def run_policy(args, ctx) -> Output:
     change = builders.policy_change(
         gpu_count=call.policy.gpu_count, disable=args.disable, enable=args.enable, priority=args.priority,
         horizon_days=args.horizon_days, max_hours=args.max_hours, require_memory=args.require_memory,
-        reserve_mb=args.reserve_mb)
+        reserve_mb=args.reserve_mb, limits=args.limit, tiers=args.tier, exempt=args.exempt,
+        advance_default=args.advance_default, fair_share=args.fair_share, half_life_days=args.half_life_days)
     seen = app.run("policy", change, call=call)
     touched, plan = seen.touched, seen.plan
     data = {**seen.plan_json(), "dry_run": args.dry_run, "status": "shown"}

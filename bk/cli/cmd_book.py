@@ -18,6 +18,8 @@ EXAMPLES = {
   bk 1 2h -t 20:00 --queue   at 20:00 or the earliest start after it
   bk 2 1h -g 0,1 --dry-run   show where it would go, book nothing
   bk 2 8h -t 20:00 -- ./train.sh   and run ./train.sh at 20:00 (bk run)
+  bk 4 8h --advance          if queued, move earlier on its own when GPUs free
+  bk 2 1d --with alice,@nlp  alice and group nlp may use it too (bk run -r)
 """,
     EXCLUSIVE: """Examples:
   bk x 1 2h                  one whole GPU for two hours, now
@@ -69,6 +71,7 @@ def register(sub) -> None:
                        help="book a second one even if you made the same booking in the last "
                        f"{REPEAT_MINUTES} minutes (without it that answers 'exists' with the first)")
         p.add_argument("-v", "--verbose", action="store_true", help="show why each GPU was or was not chosen")
+        common.add_fair_flags(p)
         common.add_write_flags(p)
         p.set_defaults(handler=run, command=name, mode=mode, takes_command=True, attached=None)
 
@@ -139,6 +142,7 @@ def book_output(result, call, *, req, spec=None, command: str = "book", quiet: b
             asked = "now" if req.start is None else timegrid.format_local_short(req.start, tz, now)
             lines.append(wrap(f"queued: starts at {timegrid.format_local_short(r.start, tz, now)}, the "
                               f"earliest start that fits (asked for {asked})", term.width, "", "  "))
+        lines += [wrap(line, term.width, "", "  ") for line in common.fair_lines(r, tz=tz, now=now)]
         if verbose and result.placement:
             for g, why in result.placement.get("gpus", {}).items():
                 lines.append(wrap(f"GPU {g}: {why}", term.width, "  ", "      "))

@@ -17,9 +17,10 @@ from bk.core.errors import UsageError
 from bk.core.models import EXCLUSIVE, SHARED
 from bk.service import builders
 
-CHANGE_FLAGS = ("duration", "at", "start", "gpu", "exclude", "mem", "share", "mode", "note")
+CHANGE_FLAGS = ("duration", "at", "start", "gpu", "exclude", "mem", "share", "mode", "note", "shared_with")
 FLAGS_HINT = ("give what to change: -d 2h (new length), -d +30m / -15m / 20:00 (new end), "
-              "-t TIME, -g LIST, -e LIST, -m MEM, -s N, --mode shared|exclusive, --note TEXT")
+              "-t TIME, -g LIST, -e LIST, -m MEM, -s N, --mode shared|exclusive, --note TEXT, "
+              "--with LIST, --advance, --no-advance")
 
 EPILOG = """Examples:
   bk e 1 -d 2h             booking number 1 now lasts two hours in total
@@ -29,6 +30,8 @@ EPILOG = """Examples:
   bk e a1b2 -t 21:00       move an upcoming booking to 21:00 (exact)
   bk e a1b2 -t 21:00 --queue   ... or the earliest fit after 21:00
   bk e 2 -g 2,3 -m 20g     other GPUs and memory (before it starts)
+  bk e 1 --with alice,@nlp   alice and group nlp may use it too (bk run -r)
+  bk e 1 --advance         move earlier on its own when GPUs free up
   bk e 1                   guided, one question at a time (at a terminal)
 """
 
@@ -49,12 +52,13 @@ def register(sub) -> None:
                    help="if the new time is taken, move to the earliest start at or after it")
     p.add_argument("--note", metavar="TEXT", help="replace the note ('' clears it)")
     p.add_argument("-q", "--quiet", action="store_true", help="print only the booking ID")
+    common.add_fair_flags(p, edit=True)
     common.add_write_flags(p)
     p.set_defaults(handler=run, command="edit")
 
 
 def run(args, ctx) -> Output:
-    if not any(getattr(args, f) is not None for f in CHANGE_FLAGS):
+    if not any(getattr(args, f) is not None for f in CHANGE_FLAGS) and not (args.advance or args.no_advance):
         return _guided(args, ctx)
     app, call = ctx.app(), ctx.call()
     # An op-id used before names its booking as that edit found it, so the
@@ -65,7 +69,8 @@ def run(args, ctx) -> Output:
     req = builders.edit_request(
         old, length=args.duration, at=args.at, start_iso=args.start, gpus=args.gpu, exclude=args.exclude,
         mem=args.mem, share=args.share, mode=args.mode, queue=args.queue, note=args.note,
-        op_id=args.op_id, dry_run=args.dry_run, policy=call.policy, now=call.now, tz=call.tz)
+        op_id=args.op_id, dry_run=args.dry_run, advance=args.advance, no_advance=args.no_advance,
+        shared_with=args.shared_with, policy=call.policy, now=call.now, tz=call.tz)
     result = app.run("edit", req, call=call)
     return edit_output(result, call, quiet=args.quiet)
 
@@ -87,6 +92,7 @@ def edit_output(result, call, *, quiet: bool = False) -> Output:
         if result.status != "exists":
             out.append(wrap("was " + common.summary_line(old, capacity=capacity, tz=tz, now=now),
                             term.width, "", "  "))
+        out += [wrap(line, term.width, "", "  ") for line in common.fair_lines(new, tz=tz, now=now)]
         return "\n".join(out)
 
     done = None if result.dry_run or result.status == "unchanged" else f"updated {new.short_id}"

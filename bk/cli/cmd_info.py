@@ -67,9 +67,38 @@ def run_info(args, ctx) -> Output:
         ]
         if pol["disabled_gpus"]:
             rows.append(["disabled", "GPU " + common.gpus_text(pol["disabled_gpus"])])
+        mine = data["your_limits"]
+        if mine is not None:
+            rows.append(["your limits", _limits_text(mine)])
+        if data["advance_default"] or data["fair_share"]:
+            rows.append(["queue", ("queued bookings move earlier on their own" if data["advance_default"]
+                                   else "queued bookings may move earlier (--advance)")
+                         + ("; contested ones by fair share (bk u users)" if data["fair_share"] else "")])
         return table(rows, ["", ""], term, shrink=1).split("\n", 1)[1]
 
     return Output("info", data, human)
+
+
+# "1 GPU at once" is the commonest lab rule: the noun follows the number.
+_LIMIT_WORDS = {"gpus": lambda v: f"{counted(_whole(v), 'GPU')} at once",
+                "gpu_hours": lambda v: f"{counted(_whole(v), 'GPU-hour')} booked ahead",
+                "booking_hours": lambda v: f"bookings up to {v:g} h", "ahead_hours": lambda v: f"starting within {v:g} h",
+                "shared_vram_gib": lambda v: f"{v:g} GiB per GPU shared"}
+
+
+def _whole(v: float) -> float | int:
+    """24.0 as 24, so that it reads as a config file says it."""
+    return int(v) if float(v).is_integer() else v
+
+
+def _limits_text(mine: dict) -> str:
+    """``2 GPUs at once, bookings up to 4 h (the students tier)``; ``none (exempt: ...)``."""
+    if mine["exempt"]:
+        return f"none ({safe(mine['exempt'])})"
+    if not mine["limits"]:
+        return "none"
+    return ", ".join(_LIMIT_WORDS[k](b["value"]) + ("" if b["level"] == "everyone" else
+                     f" ({'you' if b['level'] == 'user' else safe(b['who'])})") for k, b in mine["limits"].items())
 
 
 def _zone_text(zone: dict) -> str:

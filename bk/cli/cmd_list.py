@@ -45,7 +45,7 @@ def run(args, ctx) -> Output:
         table = common.reservations_table(items, view, term, tz=call.tz, show_user=scope == "all")
         if len(items) < total:   # a cut list says so: the rest exists
             table += f"\nshowing {len(items)} of {total} (bk l{_flag(scope)} -n 0 for all)"
-        return table + common.job_lines(items, view, call.actor.uid)
+        return table + common.fair_table_lines(items, view) + common.job_lines(items, view, call.actor.uid)
 
     return Output("list", listed.to_json(), human)
 

@@ -53,6 +53,10 @@ def _field(k: str, v, tz, now: int) -> str:
         return common.gpus_text(v)
     if k == "mem_mib":
         return timegrid.format_memory(v)
+    if k == "shared_with":
+        return safe(", ".join(map(str, v))) if isinstance(v, list) and v else "nobody"
+    if k == "advance":
+        return "on" if v else "off"
     return safe(v)
 
 
@@ -60,7 +64,7 @@ def change_text(before: dict | None, after: dict | None, tz, now: int) -> str:
     """``end 07-13 21:30 → 22:00, gpus 0 → 0,1``: only what changed."""
     before, after = before or {}, after or {}
     parts = []
-    for k in ("start", "end", "gpus", "mode", "share", "mem_mib", "note"):
+    for k in ("start", "end", "gpus", "mode", "share", "mem_mib", "note", "shared_with", "advance"):
         if k in before or k in after:
             b, a = before.get(k), after.get(k)
             if b != a:
@@ -105,6 +109,12 @@ def describe(e: dict, tz, now: int) -> str:
             text += " (queued)"
     elif action == "edit":
         text = f"edited by {who}: {change_text(e.get('before'), e.get('after'), tz, now) or 'no change'}"
+    elif action == "booking_advanced":
+        # bk.core.advance: it moved earlier on its own, in the commit of the change that made room.
+        keys = ("start", "end", "gpus")
+        text = (f"moved earlier on its own, after a change by {who}: " + change_text(
+            {k: (e.get("before") or {}).get(k) for k in keys}, {k: (e.get("after") or {}).get(k) for k in keys},
+            tz, now))
     elif action in ("cancel", "admin_cancel"):
         text = f"cancelled by {who}" + (f": {safe(e['reason'])}" if e.get("reason") else "")
     elif action in _WORDS:

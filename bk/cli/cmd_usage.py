@@ -249,10 +249,14 @@ def run_users(args, ctx) -> Output:
         if not rep.rows:
             return head + "\nnobody booked or used a GPU in this period"
         rows = [[safe(r.user), hours(r.totals.booked_s), hours(r.totals.active_s), share(r.totals.idle_share),
-                 hours(r.totals.unreserved_s), sm(r.totals.sm_avg), mem(r.totals.mem_peak_mib)]
+                 hours(r.totals.unreserved_s), sm(r.totals.sm_avg), mem(r.totals.mem_peak_mib),
+                 share(r.share)]
                 for r in rep.rows]
-        out = [head, table(rows, ["USER", "BOOKED", "ACTIVE", "IDLE", "UNRESERVED", "AVG SM", "PEAK MEM"],
-                           term, shrink=0)]
+        out = [head, table(rows, ["USER", "BOOKED", "ACTIVE", "IDLE", "UNRESERVED", "AVG SM", "PEAK MEM",
+                                  "SHARE"], term, shrink=0),
+               "SHARE: each user's part of everyone's decayed usage now (half-life "
+               f"{_days(rep.half_life_days)}; fair share orders contested advances "
+               + ("and is on)" if call.policy.fair_share_half_life_s else "when on)")]
         if rep.gpus:
             grows = [[str(g), hours(t.covered_s), hours(t.booked_s), hours(t.active_s), hours(t.unreserved_s),
                       sm(t.sm_avg), mem(t.mem_peak_mib)] for g, t in sorted(rep.gpus.items())]
@@ -335,3 +339,8 @@ def run_verify(args, ctx) -> Output:
         return table(rows, ["KIND", "DAY", "STATE", "RECORDS", "DETAIL"], term, shrink=4, fold=True) + "\n" + verdict
 
     return Output("usage verify", rep.to_json(), human, exit_code=0 if rep.ok else EXIT_PARTIAL)
+
+
+def _days(n: float) -> str:
+    """``7 days``, ``1 day``, ``0.5 days``: a half-life may be a fraction."""
+    return timegrid.counted(int(n) if float(n).is_integer() else n, "day")

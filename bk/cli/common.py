@@ -29,6 +29,20 @@ def add_placement_flags(p, *, share: bool = True) -> None:
                        help="share slots to take on each GPU (default 1)")
 
 
+def add_fair_flags(p, *, edit: bool = False) -> None:
+    """--advance, --no-advance, --with (issue 27: bk.core.advance, bk.core.sharing)."""
+    p.add_argument("--advance", action="store_true",
+                   help=("from now on, move to an earlier start on its own when GPUs free up"
+                         if edit else "if queued, move to an earlier start on its own when GPUs free "
+                         "up (never later; the owner is notified)"))
+    p.add_argument("--no-advance", action="store_true",
+                   help="stop moving on its own" if edit else
+                   "never move on its own (overrides the server's advance_default)")
+    p.add_argument("--with", dest="shared_with", metavar="LIST",
+                   help="users and @groups who may also use it (bk run -r), e.g. alice,@nlp; "
+                        "only you edit or cancel it" + ("; --with none: nobody" if edit else ""))
+
+
 def add_start_flags(p) -> None:
     p.add_argument("-t", "--at", metavar="TIME",
                    help="start time: now, +30m, 20:00, 9pm, tomorrow 09:00, 07-13 20:00 (default: now)")
@@ -145,6 +159,9 @@ def book_request(call, args, *, mode: str, count: int, words: list[str],
         op_id=getattr(args, "op_id", None) if write else None,
         dry_run=bool(getattr(args, "dry_run", False)) if write else False,
         again=bool(getattr(args, "again", False)) if write else False,
+        advance=bool(getattr(args, "advance", False)) if write else False,
+        no_advance=bool(getattr(args, "no_advance", False)) if write else False,
+        shared_with=getattr(args, "shared_with", None) if write else None,
         policy=call.policy, now=call.now, tz=call.tz)
 
 
@@ -180,6 +197,39 @@ def reservations_table(items, view, term, *, tz, show_user: bool) -> str:
     # then user names; IDs and times are never cut.
     order = [len(headers) - 1, headers.index("STATUS"), *([2] if show_user else [])]
     return table(body, headers, term, shrink=list(dict.fromkeys(order)))
+
+
+def fair_lines(r, *, tz, now: int, position: int | None = None, theirs: bool = False) -> list[str]:
+    """What issue 27 adds to a booking's picture: it advances (its place in
+    line, the latest start it keeps), and who shares it."""
+    from bk.cli.render import safe
+
+    out = []
+    if r.advance is not None and r.cancelled_at is None and r.start > now:
+        where = f" (position {position} in line)" if position else ""
+        out.append(f"advancing{where}: moves earlier on its own if GPUs free up; "
+                   f"starts {timegrid.format_local_short(r.start, tz, now)} at the latest")
+    if theirs:
+        out.append(f"{safe(r.user)}'s, shared with you: run on it with bk run -r {r.short_id} -- CMD")
+    elif r.shared_with:
+        # Only for a shared booking: bk l loads nothing more otherwise.
+        from bk.core import sharing
+
+        out.append(f"shared with {safe(sharing.describe(r.shared_with))}: they may run on it "
+                   f"(bk run -r {r.short_id} -- CMD); only you edit or cancel it")
+    return out
+
+
+def fair_table_lines(items, view) -> str:
+    """``fair_lines`` for a list's bookings, each after its number or ID."""
+    lines = []
+    for r in items:
+        num = view.numbers.get(r.id)
+        head = f"{num} [{r.short_id}]" if num else r.short_id
+        for line in fair_lines(r, tz=view.tz, now=view.now, position=view.positions.get(r.id),
+                               theirs=r.id in view.usable):
+            lines.append(f"{head} {line}")
+    return "".join("\n" + line for line in lines)
 
 
 def job_lines(items, view, uid: int) -> str:

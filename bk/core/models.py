@@ -91,6 +91,41 @@ class Job:
 
 
 @dataclass(frozen=True, bulk=True)
+class Advance:
+    """A queued booking's standing request to move earlier (``--advance``,
+    ``bk.core.advance``): never before ``after`` (the start it asked for),
+    waiting since ``since`` (its place, first come first served), on its
+    own GPUs only when it pinned them, never on ``excluded`` ones."""
+
+    since: int
+    after: int
+    pinned: bool = False
+    excluded: tuple[int, ...] = ()
+    extra: dict = field(default_factory=dict)
+
+    NAMES = ("since", "after", "pinned", "excluded")
+
+    def to_dict(self) -> dict:
+        d = dict(self.extra)
+        d.update({"since": iso(self.since), "after": iso(self.after), "pinned": self.pinned,
+                  "excluded": list(self.excluded)})
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Advance:
+        if not isinstance(d, dict):
+            raise ValueError("an advance is an object")
+        ex = d.get("excluded") or []
+        if not isinstance(ex, list) or not all(type(g) is int and g >= 0 for g in ex):
+            raise ValueError("an advance's excluded GPUs are a list of indices")
+        pinned = d.get("pinned", False)
+        if type(pinned) is not bool:
+            raise ValueError("an advance's pinned is true or false")
+        return cls(parse_iso(d["since"]), parse_iso(d["after"]), pinned, tuple(ex),
+                   {k: v for k, v in d.items() if k not in cls.NAMES})
+
+
+@dataclass(frozen=True, bulk=True)
 class Reservation:
     id: str
     uid: int
@@ -109,6 +144,8 @@ class Reservation:
     cancel_reason: str | None = None
     edits: list[Edit] = field(default_factory=list)
     job: Job | None = None
+    advance: Advance | None = None            # moves earlier on its own (bk.core.advance)
+    shared_with: tuple[str, ...] = ()         # users and @groups who may use it (bk.core.sharing)
     extra: dict = field(default_factory=dict)
 
     @property
@@ -145,6 +182,8 @@ class Reservation:
             "cancel_reason": self.cancel_reason,
             "edits": [e.to_dict() for e in self.edits],
             "job": self.job.to_dict() if self.job is not None else None,
+            "advance": self.advance.to_dict() if self.advance is not None else None,
+            "shared_with": list(self.shared_with),
         })
         return d
 
@@ -162,7 +201,9 @@ class Reservation:
             cancelled_at=parse_iso(ca) if ca else None,
             cancelled_by=d.get("cancelled_by"), cancel_reason=d.get("cancel_reason"),
             edits=[Edit.from_dict(e) for e in d.get("edits") or []],
-            job=Job.from_dict(d["job"]) if d.get("job") is not None else None, extra=extra,
+            job=Job.from_dict(d["job"]) if d.get("job") is not None else None,
+            advance=Advance.from_dict(d["advance"]) if d.get("advance") is not None else None,
+            shared_with=tuple(d.get("shared_with") or ()), extra=extra,
         )
 
 
@@ -205,6 +246,9 @@ class Policy:
     queue_search_hours: int = 168
     disabled_gpus: frozenset[int] = frozenset()
     gpu_priority: tuple[tuple[int, int], ...] = ()   # (gpu index, priority value)
+    limits: object = None                    # bk.core.limits.LimitRules, or None: no per-user limits
+    advance_default: bool = False            # a queued booking advances unless asked not to
+    fair_share_half_life_s: int | None = None   # advances in fair-share order (None: first come, first served)
 
     BOUND_KEYS = ("gpu_count", "slot_minutes", "max_shared_users",
                   "shared_memory_reserve_mb", "require_shared_memory")
@@ -355,7 +399,8 @@ class LedgerState:
 CREATE, EDIT, CANCEL, ADMIN_CANCEL = "create", "edit", "cancel", "admin_cancel"
 NOTICE_PUBLISH, NOTICE_ARCHIVE = "notice_publish", "notice_archive"
 COMMIT, RECOVER = "commit", "recover"
-ACTIONS = (CREATE, EDIT, CANCEL, ADMIN_CANCEL, NOTICE_PUBLISH, NOTICE_ARCHIVE, COMMIT, RECOVER)
+ADVANCED = "booking_advanced"        # bk.core.advance.EVENT: a booking moved earlier on its own
+ACTIONS = (CREATE, EDIT, CANCEL, ADMIN_CANCEL, NOTICE_PUBLISH, NOTICE_ARCHIVE, COMMIT, RECOVER, ADVANCED)
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ the zone and ``now`` are arguments.
 from __future__ import annotations
 
 from bk.core.lazyre import Pattern
-from bk.core.models import iso
+from bk.core.models import ADVANCED, iso
 from bk.core.record import dataclass, field
 
 SCHEMA = "gpubk.event.v1"
@@ -150,13 +150,16 @@ def changes(reservations, uid: int, now: int, *, blackouts=(), notices=()) -> li
             add(CHANGED, r.cancelled_at, "cancelled",
                 change={"kind": "cancelled", "by_uid": r.cancelled_by, "reason": r.cancel_reason})
         for e in r.edits:
-            if e.actor_uid == r.uid:
+            # bk's advance (issue 27) is news even when the owner's own
+            # write made the room: the edit names that write's actor.
+            advanced = (e.extra or {}).get("cause") == ADVANCED
+            if e.actor_uid == r.uid and not advanced:
                 continue
             before, after = e.before or {}, e.after or {}
             if isinstance(before.get("start"), int) and isinstance(after.get("start"), int) \
                     and after["start"] < before["start"]:
                 add(MOVED_EARLIER, e.at, moved={"from": iso(before["start"]), "to": iso(after["start"]),
-                                                "by_uid": e.actor_uid, "by": e.actor})
+                                                "by_uid": e.actor_uid, "by": e.actor, "advanced": advanced})
             else:
                 add(CHANGED, e.at, "edited",
                     change={"kind": "edited", "by_uid": e.actor_uid, "by": e.actor,

@@ -106,8 +106,8 @@ def place(req: Request, *, reservations: Sequence[Reservation], blackouts: Seque
     ``tz`` is the zone for times in messages (UTC when None).
     ``allow_past_start`` lets an edit of a running booking keep its original
     start, which lies before now's slice."""
-    plan = _Plan(req, reservations, blackouts, policy, gpus, now, load, tz, allow_past_start)
-    s = plan.earliest(plan.requested)
+    plan = _Plan(req, reservations, blackouts, policy, gpus, now, load, tz, allow_past_start, window=True)
+    s = plan.first_fit()
     if s is None:
         plan.refuse_capacity()
     return plan.placement(s, plan.choose(s))
@@ -160,7 +160,7 @@ class _Plan:
     the blocked intervals its search needs."""
 
     def __init__(self, req, reservations, blackouts, policy, gpus, now, load, tz,
-                 allow_past_start, force_queue=False):
+                 allow_past_start, force_queue=False, window=False):
         self.req, self.policy, self.now, self.tz = req, policy, now, tz or timezone.utc
         self.q = policy.slot_seconds
         self.cap = policy.max_shared_users
@@ -185,7 +185,8 @@ class _Plan:
             self._refuse_blackout()
         self.ledgers = index_holds(reservations, now=now, capacity=self.cap,
                                    usable=self.usable, ignore_id=req.ignore_id)
-        self._build_sweep()
+        # ``window``: sweep only as far ahead as the search needs (first_fit).
+        self._build_sweep(self.requested + max(4 * self.d, 86400) if window else None)
 
     # -- static rules -------------------------------------------------------
 
@@ -312,8 +313,15 @@ class _Plan:
                 out.append((lo, hi))
         return out
 
-    def _build_sweep(self) -> None:
+    def _build_sweep(self, until: int | None = None) -> None:
+        """The blocked starts of every eligible GPU, exact for each start
+        whose window ends by ``until`` (None: the whole search): bad runs
+        are exact inside the range they are asked for, and a window inside
+        the range meets no instant outside it."""
         lo, hi = self.requested, self.latest + self.d
+        if until is not None and until < hi:
+            hi = until
+        self.swept_to = hi
         self.blocked = {g: self._blocked(self.ledgers[g].bad_runs(self.need, self.mem[g], lo, hi))
                         for g in self.eligible}
         self.blocked_starts = {g: [iv[0] for iv in ivs] for g, ivs in self.blocked.items()}
@@ -350,6 +358,19 @@ class _Plan:
                 return t
             i += 1
         return None
+
+    def first_fit(self) -> int | None:
+        """``earliest(requested)`` over the whole search, sweeping a range
+        that grows fourfold until it holds the answer's window or the whole
+        search: on a long ledger most requests fit within the first day,
+        and the bookings after it are never looked at."""
+        full, width = self.latest + self.d, self.swept_to - self.requested
+        while True:
+            s = self.earliest(self.requested)
+            if self.swept_to >= full or (s is not None and s + self.d <= self.swept_to):
+                return s
+            width *= 4
+            self._build_sweep(self.requested + width)
 
     def next_change(self, t: int) -> int | None:
         """The first time after ``t`` where the set of free GPUs may change."""

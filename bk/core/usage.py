@@ -420,10 +420,12 @@ class Folder:
         return delta
 
     def add(self, t: int, snapshot, attributions, reservations, *, baselines: dict | None = None,
-            capacity: int | None = None) -> list[MinuteRecord]:
+            capacity: int | None = None, sharers: dict | None = None) -> list[MinuteRecord]:
         """Fold one sample.  ``baselines``: GPU index -> idle baseline (mW,
         ``bk.core.activity``); ``capacity``: the share slots per GPU, when
-        the ledger's policy says (else the folder's)."""
+        the ledger's policy says (else the folder's); ``sharers``: booking
+        id -> the uids it is shared with (``bk.core.sharing``), whose
+        processes there are credited to them under that booking."""
         from bk.core.energy import OTHER, split
 
         t = int(t)
@@ -462,7 +464,7 @@ class Folder:
                 acc.blind += dt
             else:
                 self._fold_processes(g, acc, here, dt, t, attributions, booked_now, active_map,
-                                     sm_by_key, present)
+                                     sm_by_key, present, sharers or {})
             if energy is not None:
                 span = t - before[0]
                 acc.energy = (acc.energy or 0) + energy
@@ -483,7 +485,7 @@ class Folder:
         return out
 
     def _fold_processes(self, g, acc, here, dt, t, attributions, booked_now, active_map, sm_by_key,
-                        present) -> None:
+                        present, sharers) -> None:
         """One GPU's processes of one sample: active and unreserved seconds,
         SM and memory per use; and, for the energy split, each use's SM sum
         (``sm_by_key``; unknown and system processes under ``OTHER``) and the
@@ -518,14 +520,17 @@ class Folder:
                 s[2] = (s[2] or 0) + p.mem_mib
         for (uid, kind), (sm, sm_known, mem) in seen.items():
             if kind == OK:
-                owned = [r for r in here if r.uid == uid]
+                owned = [r for r in here if r.uid == uid] or \
+                    [r for r in here if uid in sharers.get(r.id, ())]
                 if not owned:
                     # ok without a booking here: the attribution knew of
                     # one the reservations given to us do not; count it
                     # as use, not as a booking.
                     owned = None
                 for r in owned or ():
-                    u = acc.uses[(uid, r.id)]
+                    u = acc.uses.get((uid, r.id))
+                    if u is None:       # a user the booking is shared with (no booked time of theirs)
+                        u = acc.uses[(uid, r.id)] = _Acc(r.mode)
                     u.active += dt
                     u.take(sm, int(sm_known), mem)
                     present.add((uid, r.id))
@@ -730,6 +735,10 @@ class Summary:
                     b = self.by_reservation[rid] = Totals()
                     self.owners[rid] = uid
                     self.booking_gpus[rid] = set()
+                elif booked:
+                    # A shared booking has uses of others (issue 27): its
+                    # owner is the one it is booked for.
+                    self.owners[rid] = uid
                 self.booking_gpus[rid].add(gpu)
                 targets.append(b)
             for t in targets:

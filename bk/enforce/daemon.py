@@ -124,6 +124,7 @@ class Enforcer:
         self.slots: dict[tuple[str, int], Slot] = {}
         self.credits: dict[int, rule.Credit] = {}       # container cgroup id -> credit (for its life)
         self.reservations: list | None = None
+        self.judged: list = []            # the reservations plus shared bookings' sharers (_with_sharers)
         self.by_uid: dict[int, list] = {}
         self.edges: list[int] = []                       # every booking start and end, sorted
         self.ledger_error: str | None = None
@@ -163,7 +164,9 @@ class Enforcer:
         self.reservations = got
         self.by_uid = {}
         edges = set()
-        for r in got:
+        # A booking shared with others opens its GPUs to them too (issue 27).
+        self.judged = _with_sharers(got)
+        for r in self.judged:
             self.by_uid.setdefault(r.uid, []).append(r)
             if r.cancelled_at is None:
                 edges.update((r.start, r.end))
@@ -219,7 +222,7 @@ class Enforcer:
                 cg = cgroups.container_path(cgroups.cgroup_of(p.pid, self.o.proc_root) or "")
                 if cg in paths and self._same_process(p.pid, p.since):
                     where[p.pid] = cg
-        return rule.inferred_users(snap, self.reservations, where)
+        return rule.inferred_users(snap, self.judged, where)
 
     def _same_process(self, pid: int, since: int | None) -> bool:
         """``pid`` still is the process the snapshot saw (started at
@@ -455,7 +458,7 @@ class Enforcer:
             if slot.target.kind == rule.CONTAINER:
                 for pid in cgroups.procs(self.o.root, slot.target.path):
                     container_uid[pid] = slot.target.uid
-        found = rule.holders(snap, self.reservations, now, enforced=self.enforced, container_uid=container_uid)
+        found = rule.holders(snap, self.judged, now, enforced=self.enforced, container_uid=container_uid)
         mono = time.monotonic()
         step = rule.signal_step(self.pending_signals, found, mono, self.o.grace_s)
         self.pending_signals = step.pending
@@ -814,3 +817,14 @@ def run(env: dict, *, log: Callable[[str], None] = log_stderr, max_passes: int |
         watch.close()
         for fd in (wake_r, wake_w, lock_fd):
             os.close(fd)
+
+
+def _with_sharers(reservations) -> list:
+    """The bookings plus, for each shared one, its sharers' shadows
+    (``bk.core.sharing.expand``): whose cgroups may open which GPU."""
+    if not any(r.shared_with for r in reservations):
+        return list(reservations)
+    from bk.core.sharing import Sharing, expand, sharers_map
+    from bk.store.accounts import accounts
+
+    return expand(reservations, sharers_map(reservations, Sharing(accounts())))

@@ -103,6 +103,7 @@ class Sample:
     status: str                      # running, degraded or topology-mismatch
     detail: str | None
     problems: list = field(default_factory=list)
+    sharers: dict = field(default_factory=dict)     # shared booking id -> uids it is shared with
 
 
 class LedgerView:
@@ -128,10 +129,25 @@ class LedgerView:
         return self.state
 
 
-def _attribute(snapshot: Snapshot, reservations, now: int) -> dict:
+def _attribute(snapshot: Snapshot, reservations, now: int, sharers: dict | None = None) -> dict:
     from bk.core.telemetry import attribute_all
 
+    if sharers:
+        from bk.core.sharing import expand
+
+        reservations = expand(reservations, sharers)
     return attribute_all(snapshot, reservations, now)
+
+
+def _sharers(reservations) -> dict:
+    """Who each shared booking is shared with (issue 27), looked up only
+    when a booking is: a sharer's process there is the booking's."""
+    if not any(r.shared_with for r in reservations):
+        return {}
+    from bk.core.sharing import Sharing, sharers_map
+    from bk.store.accounts import accounts
+
+    return sharers_map(reservations, Sharing(accounts()))
 
 
 def _blind(last: Snapshot, t: int) -> Snapshot:
@@ -214,8 +230,9 @@ class Monitor:
             if status == files.RUNNING:
                 status = files.DEGRADED
             detail = "; ".join(([detail] if detail else []) + problems)
-        atts = _attribute(snap, self._reservations, t) if snap is not None else {}
-        return Sample(t, snap, atts, self._reservations, status, detail, problems)
+        sharers = _sharers(self._reservations)
+        atts = _attribute(snap, self._reservations, t, sharers) if snap is not None else {}
+        return Sample(t, snap, atts, self._reservations, status, detail, problems, sharers)
 
     def _expected(self, state) -> int | None:
         policy = getattr(state, "policy", None) if state is not None else None
@@ -230,9 +247,15 @@ class Monitor:
         the snapshot's ``activity`` object."""
         if self.tracker is None or s.snapshot is None:
             return None
-        roots = self.tracker.roots(s.snapshot, s.attributions, s.reservations, s.t)
+        atts = s.attributions
+        if s.sharers:
+            # A shared booking is in use when anyone it is shared with works on it.
+            from bk.core.sharing import as_owner
+
+            atts = as_owner(atts, s.snapshot, s.reservations, s.sharers, s.t)
+        roots = self.tracker.roots(s.snapshot, atts, s.reservations, s.t)
         cpu = self.cpu_trees.advance(roots) if self.cpu_trees is not None else {}
-        self.tracker.observe(s.t, s.snapshot, s.attributions, s.reservations, cpu)
+        self.tracker.observe(s.t, s.snapshot, atts, s.reservations, cpu)
         return self.tracker.doc(s.snapshot, s.reservations)
 
     def step(self) -> Sample:
@@ -250,7 +273,7 @@ class Monitor:
             if self.folder is not None:
                 baselines = self.tracker.baselines_by_index(s.snapshot) if self.tracker is not None else None
                 done = self.folder.add(s.t, s.snapshot, s.attributions, s.reservations, baselines=baselines,
-                                       capacity=self._capacity)
+                                       capacity=self._capacity, sharers=s.sharers)
                 closed = bool(done)
                 self._pending.extend(done)
                 if self.exporter is not None:

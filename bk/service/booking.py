@@ -32,6 +32,7 @@ from bk.core.models import (
     EDIT,
     ENDED,
     EXCLUSIVE,
+    Advance,
     AuditEntry,
     Edit,
     Job,
@@ -194,17 +195,23 @@ def _sched_request(req: BookRequest, ignore_id: str | None = None) -> scheduler.
         excluded=tuple(req.excluded), ignore_id=ignore_id)
 
 
-def _place(state: LedgerState, sreq: scheduler.Request, call: Call, *, live: bool = True):
+def _place(state: LedgerState, sreq: scheduler.Request, call: Call, *, live: bool = True,
+           limited: BookRequest | None = None):
     """Placement with the live snapshot (a new booking: avoid busy GPUs, and
     after them GPUs someone uses without a booking: ``placement_load``), or
     with the inventory alone (an edit: its GPUs and memory figures, no look
-    at the driver; ``bk e`` needs nothing live)."""
+    at the driver; ``bk e`` needs nothing live).  ``limited``: a new
+    booking, placed within its owner's limits (``bk.service.limits``)."""
     if live:
         snap = call.telemetry.snapshot()
         gpus = list(snap.gpus)
         load = telemetry.placement_load(snap, state.reservations, call.now, uid=call.actor.uid)
     else:
         gpus, load = list(call.telemetry.inventory().gpus), None
+    if limited is not None and call.policy.limits:
+        from bk.service import limits
+
+        return limits.place(state, sreq, call, gpus=gpus, load=load, req=limited)
     return scheduler.place(sreq, reservations=state.reservations, blackouts=state.blackouts,
                            policy=call.policy, gpus=gpus, now=call.now, load=load, tz=call.tz)
 
@@ -242,13 +249,14 @@ def apply_book(state: LedgerState, req: BookRequest, call: Call) -> Mutation:
 
         ledgerlimits.check_new(state.reservations, actor.uid, now, call.limits, req.note)
     try:
-        p = _place(state, _sched_request(req), call)
+        p = _place(state, _sched_request(req), call, limited=req)
     except Conflict as e:
         raise _with_nearest(e, state, req, call) from None
     share = policy.max_shared_users if req.mode == EXCLUSIVE else req.share
     res = Reservation(id=call.new_id("reservation"), uid=actor.uid, user=actor.user, mode=req.mode, gpus=tuple(p.gpus),
                       share=share, start=p.start, end=p.end, created=now, mem_mib=req.mem_mib,
                       op_id=req.op_id, note=req.note, job=_attached_job(req, now),
+                      advance=_new_advance(req, p, call), shared_with=_shared(req.shared_with, actor),
                       # Placed later than asked: the owner's deliverer tells them
                       # when it could start earlier (bk.service.notifier).
                       extra={"queued_from": iso(req.start if req.start is not None else now)} if p.queued else {})
@@ -313,6 +321,38 @@ def explain_book(e: BkError, req: BookRequest, call: Call) -> BkError:
     return Conflict(e.message, hint, details=e.details)
 
 
+def _new_advance(req: BookRequest, p, call: Call) -> Advance | None:
+    """A queued booking that asked to (``--advance``, or the server's
+    ``advance_default`` without ``--no-advance``) waits to move earlier,
+    never before the start it asked for (``bk.core.advance``)."""
+    if req.advance and req.no_advance:
+        raise InvalidInput("--advance and --no-advance contradict each other", hint="give one of them")
+    if not (req.advance or (call.policy.advance_default and not req.no_advance)):
+        return None
+    if not p.queued:
+        if req.advance:
+            call.warn("it starts when asked: --advance has nothing to wait for")
+        return None
+    after = req.start if req.start is not None else floor_slice(call.now, call.policy.slot_minutes)
+    return Advance(call.now, after, req.pinned is not None, tuple(req.excluded))
+
+
+def _shared(text: str | None, actor: Actor) -> tuple[str, ...]:
+    """``--with``: names this server knows (a typo shares with nobody)."""
+    if text is None:
+        return ()
+    from bk.core.sharing import parse
+    from bk.store.accounts import accounts
+
+    names = parse(text, owner=actor.user)
+    unknown = [e for e in names if (accounts().group_exists(e[1:]) if e.startswith("@")
+                                    else accounts().uid_of(e) is not None) is False]
+    if unknown:
+        raise InvalidInput(f"--with names {', '.join(unknown)}, which this server does not know",
+                           hint="users by login name, groups as @group (see: id USER, getent group GROUP)")
+    return names
+
+
 SHAPE_WINDOW = 20      # the user's latest bookings the preset suggestion looks at (presets.RECENT)
 
 
@@ -368,7 +408,12 @@ def apply_edit(state: LedgerState, req: EditRequest, call: Call) -> Mutation:
     else:
         new = _edit_upcoming(state, old, req, call)
     before, after = summary(old), summary(new)
-    if before == after and (req.note is None or req.note == old.note):
+    if before != after and call.policy.limits:
+        from bk.service import limits
+
+        limits.check_edit(state, old, new, call)
+    new = _edit_fair(old, new, req, call, moved=before != after)
+    if before == after and (req.note is None or req.note == old.note) and _fair_of(new) == _fair_of(old):
         return Mutation(False, [], EditResult("unchanged", old, old, dry_run=req.dry_run))
     if req.note is not None:
         if call.limits is not None and not actor.is_admin:
@@ -376,16 +421,45 @@ def apply_edit(state: LedgerState, req: EditRequest, call: Call) -> Mutation:
 
             ledgerlimits.check_note(state.reservations, actor.uid, now, call.limits, old.note, req.note)
         new = new.replace(note=req.note)
+    fair_before, fair_after = _fair_of(old), _fair_of(new)
+    fair_was = {k: v for k, v in fair_before.items() if fair_after[k] != v}
+    fair_now = {k: v for k, v in fair_after.items() if fair_before[k] != v}
     new = new.replace(edits=[*old.edits, Edit(now, actor.uid, actor.user,
-                                              {k: v for k, v in before.items() if after[k] != v},
-                                              {k: v for k, v in after.items() if before[k] != v})])
+                                              {k: v for k, v in before.items() if after[k] != v} | fair_was,
+                                              {k: v for k, v in after.items() if before[k] != v} | fair_now)])
     result = EditResult("updated", new, old, dry_run=req.dry_run)
     if req.dry_run:
         return Mutation(False, [], result)
     state.reservations[state.reservations.index(old)] = new
     # "edit": which of the booking's edits this op made (op_target undoes from it).
     _record_op(state, actor, req.op_id, EDIT, digest, new.id, now, {"edit": len(old.edits)})
-    return Mutation(True, [AuditEntry(EDIT, "updated", new.id, req.op_id, before, after, new.uid)], result)
+    return Mutation(True, [AuditEntry(EDIT, "updated", new.id, req.op_id, before | fair_was, after | fair_now,
+                                      new.uid)], result)
+
+
+def _fair_of(r: Reservation) -> dict:
+    """The issue-27 fields an edit records when they change."""
+    return {"advance": r.advance is not None, "shared_with": list(r.shared_with)}
+
+
+def _edit_fair(old: Reservation, new: Reservation, req: EditRequest, call: Call, *, moved: bool) -> Reservation:
+    """``--with``, ``--advance``, ``--no-advance``; a new start the owner
+    picked (without ``--advance``) ends the wait, since they chose a time."""
+    if req.advance and req.no_advance:
+        raise InvalidInput("--advance and --no-advance contradict each other", hint="give one of them")
+    if req.shared_with is not None:
+        new = new.replace(shared_with=_shared(req.shared_with, call.actor))
+    if req.advance:
+        if old.status(call.now) != "upcoming":
+            raise InvalidInput(f"reservation {old.short_id} has started; there is nothing earlier to move to")
+        after = req.start if req.start is not None else floor_slice(call.now, call.policy.slot_minutes)
+        since = old.advance.since if old.advance is not None else call.now
+        new = new.replace(advance=Advance(since, after, req.pinned is not None or (
+            old.advance is not None and old.advance.pinned and req.excluded is None),
+            tuple(req.excluded or (old.advance.excluded if old.advance else ()))))
+    elif req.no_advance or (moved and req.start is not None and new.start != old.start):
+        new = new.replace(advance=None)
+    return new
 
 
 def _edit_active(state, old: Reservation, req: EditRequest, call: Call) -> Reservation:

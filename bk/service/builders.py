@@ -147,7 +147,8 @@ def book_request(*, count_: int | str, duration_: int | str, policy, now: int, t
                  mode: str = SHARED, share: int | None = None, at: str | None = None,
                  start_iso: str | None = None, start_at: int | None = None, queue: bool = False,
                  gpus=None, exclude=None, note: str | None = None, op_id: str | None = None,
-                 dry_run: bool = False, again: bool = False):
+                 dry_run: bool = False, again: bool = False, advance: bool = False,
+                 no_advance: bool = False, shared_with: str | None = None):
     """The typed request for ``bk N DUR [MEM]`` and its read-only cousins
     (``bk slots``, ``bk g``).  ``start_at`` is an already resolved start
     (a form's); ``at``/``start_iso`` the typed words; ``again`` books even
@@ -167,8 +168,21 @@ def book_request(*, count_: int | str, duration_: int | str, policy, now: int, t
         count=count(count_), duration=duration(duration_, slot), mode=mode, share=share or 1,
         mem_mib=memory(mem), start=when, queue=bool(queue), pinned=gpu_list(gpus, "-g", n_gpus),
         excluded=gpu_list(exclude, "-e", n_gpus) or (), note=note, op_id=op_id, dry_run=bool(dry_run),
-        again=bool(again))
+        again=bool(again), advance=bool(advance), no_advance=bool(no_advance),
+        shared_with=with_text(shared_with))
     return req, spec
+
+
+def with_text(value) -> str | None:
+    """``--with``: checked by the field's rule, then by ``bk.core.sharing``
+    (the apply parses it again: the broker takes it from the wire)."""
+    if value is None:
+        return None
+    text = _text(value, "--with", "shared_with", specs.BOOK_FIELDS)
+    from bk.core.sharing import parse
+
+    parse(text)
+    return text
 
 
 def length_or_end(text, old: Reservation, *, now: int, tz, slot_minutes: int) -> tuple[int | None, int | None]:
@@ -197,7 +211,8 @@ def edit_request(old: Reservation, *, policy, now: int, tz, length=None, end: in
                  at: str | None = None, start_iso: str | None = None, start_at: int | None = None,
                  gpus=None, exclude=None, mem=None, share: int | None = None, mode: str | None = None,
                  queue: bool = False, note: str | None = None, op_id: str | None = None,
-                 dry_run: bool = False, clear_mem: bool = False) -> EditRequest:
+                 dry_run: bool = False, clear_mem: bool = False, advance: bool = False,
+                 no_advance: bool = False, shared_with: str | None = None) -> EditRequest:
     """The typed change of booking ``old``.  ``length`` is ``-d``'s word (or
     seconds of total length); ``end`` an already resolved new end; ``mem``
     a size (or the word ``auto``), ``clear_mem`` forgets the figure."""
@@ -221,7 +236,8 @@ def edit_request(old: Reservation, *, policy, now: int, tz, length=None, end: in
     return EditRequest(ref=old.id, duration=new_length, start=when, end=new_end, mode=mode, share=share,
                        mem_mib=mem_mib, clear_mem=clear_mem, pinned=gpu_list(gpus, "-g", policy.gpu_count),
                        excluded=gpu_list(exclude, "-e", policy.gpu_count), queue=bool(queue), note=note, op_id=op_id,
-                       dry_run=bool(dry_run))
+                       dry_run=bool(dry_run), advance=bool(advance), no_advance=bool(no_advance),
+                       shared_with=with_text(shared_with))
 
 
 def recommend_request(book: BookRequest, limit: int = 3):
@@ -243,13 +259,22 @@ def gpu_request(book: BookRequest, *, count_given: bool):
 
 def policy_change(*, gpu_count: int, disable: str | None = None, enable: str | None = None,
                   priority: str | None = None, horizon_days: int | None = None, max_hours: int | None = None,
-                  require_memory: bool | None = None, reserve_mb: int | None = None):
+                  require_memory: bool | None = None, reserve_mb: int | None = None, limits=(), tiers=(),
+                  exempt: str | None = None, advance_default: str | None = None, fair_share: str | None = None,
+                  half_life_days: float | None = None):
     """``bk admin gpu-policy``'s flags as the typed change (``--disable 3``,
-    ``--priority 3=1,2=5``)."""
+    ``--priority 3=1,2=5``, ``--limit '*:gpus=2'``, ``--tier students=@students``,
+    ``--advance-default on``)."""
     from bk.service import policyedit
 
     return policyedit.PolicyChange(
         disable=policyedit.parse_gpus(disable, gpu_count) if disable else (),
         enable=policyedit.parse_gpus(enable, gpu_count) if enable else (),
         priority=policyedit.parse_priority(priority, gpu_count) if priority else (),
-        horizon_days=horizon_days, max_hours=max_hours, require_memory=require_memory, reserve_mb=reserve_mb)
+        horizon_days=horizon_days, max_hours=max_hours, require_memory=require_memory, reserve_mb=reserve_mb,
+        limits=tuple(policyedit.parse_limit(t) for t in limits),
+        tiers=tuple(policyedit.parse_tier(t) for t in tiers),
+        exempt=tuple(w.strip() for w in exempt.split(",") if w.strip()) if exempt is not None else None,
+        advance_default=None if advance_default is None else advance_default == "on",
+        fair_share=None if fair_share is None else fair_share == "on",
+        half_life_days=half_life_days)

@@ -127,7 +127,18 @@ def _info(app, call) -> dict:
         "backend": {"name": inv.source, "simulated": inv.simulated},
         "policy": policy_summary(call.policy),
         "timezone": clock.describe_zone(call.tz),
+        "your_limits": _your_limits(call),
+        "advance_default": call.policy.advance_default,
+        "fair_share": call.policy.fair_share_half_life_s is not None,
     }
+
+
+def _your_limits(call) -> dict | None:
+    """The lab's per-user limits that apply to the caller (issue 27), or None."""
+    from bk.service.limits import bounds
+
+    b = bounds(call)
+    return None if b is None else b.to_json()
 
 
 # --------------------------------------------------------------- config

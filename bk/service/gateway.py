@@ -104,12 +104,20 @@ class LocalGateway:
                 except BkError as e:
                     outcomes.append(e)
                     continue
+                records = list(m.audit)
+                if m.changed and op.name != "book" and any(r.advance is not None for r in trial.reservations):
+                    # Capacity may have freed: queued bookings that asked
+                    # to move earlier do so in this same commit (issue 27;
+                    # with none asking, bk.service.advancing is not loaded).
+                    from bk.service.advancing import after_write
+
+                    records += after_write(cur, trial, call, self.service)
                 cur = trial
                 outcomes.append(m.result)
                 changed = changed or m.changed
                 actor = call.actor
                 audit.extend({**(a.to_dict() if hasattr(a, "to_dict") else a), "uid": actor.uid,
-                              "user": actor.user} for a in m.audit)
+                              "user": actor.user} for a in records)
             return Mutation(changed, audit, outcomes, state=cur)
 
         first = runnable[0][2]

@@ -310,8 +310,12 @@ def _run_target(app, call, ref: str | None) -> tuple[Reservation, list[Reservati
     active = _active_bookings(app, call)
     if ref is not None:
         res = _resolve(app, ref, call)
-        if res.uid != call.actor.uid:
-            raise PermissionDenied(f"booking {res.short_id} is {res.user}'s, not yours")
+        from bk.service.fairview import may_use
+
+        if not may_use(res, call):
+            raise PermissionDenied(f"booking {res.short_id} is {res.user}'s, not yours",
+                                   hint=f"{res.user} can share it with you: bk e {res.short_id} --with "
+                                        f"{call.actor.user}")
         if res.status(call.now) != "active":
             raise InvalidInput(f"booking {res.short_id} is {res.status(call.now)}, not active now",
                                hint="bk run -- CMD runs on a booking that has started; "

@@ -60,11 +60,16 @@ from bk.store.ledger import Mutation
 POLICY_BIND = "policy_bind"
 # The keys this command edits, with the config key each flag sets.
 EDITABLE = ("disabled_gpus", "gpu_priority", "booking_horizon_days", "max_booking_hours",
-            "require_shared_memory", "shared_memory_reserve_mb")
+            "require_shared_memory", "shared_memory_reserve_mb", "limits", "limit_tiers", "limit_exempt",
+            "advance_default", "fair_share", "fair_share_half_life_days")
 # The flag that sets each key, for a refusal in the words that were typed.
 FLAGS = {"disabled_gpus": "--disable/--enable", "gpu_priority": "--priority",
          "booking_horizon_days": "--horizon-days", "max_booking_hours": "--max-hours",
-         "require_shared_memory": "--require-memory", "shared_memory_reserve_mb": "--reserve-mb"}
+         "require_shared_memory": "--require-memory", "shared_memory_reserve_mb": "--reserve-mb",
+         "limits": "--limit", "limit_tiers": "--tier", "limit_exempt": "--exempt",
+         "advance_default": "--advance-default", "fair_share": "--fair-share",
+         "fair_share_half_life_days": "--half-life-days"}
+UNSET = "unset"          # --limit WHO:LIMIT=unset removes the rule's value (none: no limit)
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,13 @@ class PolicyChange:
     max_hours: int | None = None
     require_memory: bool | None = None
     reserve_mb: int | None = None
+    # Issue 27: per-user limits and their tiers and exemptions, advances, fair share.
+    limits: tuple = ()                   # ((who, limit, value | None | UNSET), ...)
+    tiers: tuple = ()                    # ((tier, (member, ...) or None to remove), ...)
+    exempt: tuple | None = None
+    advance_default: bool | None = None
+    fair_share: bool | None = None
+    half_life_days: float | None = None
 
     def touched(self) -> set[str]:
         out = set()
@@ -85,10 +97,48 @@ class PolicyChange:
             out.add("gpu_priority")
         for key, v in (("booking_horizon_days", self.horizon_days), ("max_booking_hours", self.max_hours),
                        ("require_shared_memory", self.require_memory),
-                       ("shared_memory_reserve_mb", self.reserve_mb)):
+                       ("shared_memory_reserve_mb", self.reserve_mb), ("limit_exempt", self.exempt),
+                       ("advance_default", self.advance_default), ("fair_share", self.fair_share),
+                       ("fair_share_half_life_days", self.half_life_days)):
             if v is not None:
                 out.add(key)
+        if self.limits:
+            out.add("limits")
+        if self.tiers:
+            out.add("limit_tiers")
         return out
+
+
+def parse_limit(text: str) -> tuple:
+    """``WHO:LIMIT=VALUE`` (``*:gpus=2``, ``students:booking_hours=4``,
+    ``@nlp:gpu_hours=none``, ``alice:gpus=unset``) -> (who, limit, value)."""
+    from bk.core.limits import FIELDS
+
+    who, colon, rest = text.rpartition(":")
+    name, eq, value = rest.partition("=")
+    if not colon or not eq or not who or name not in FIELDS:
+        raise InvalidInput(f"--limit {text!r} is not WHO:LIMIT=VALUE",
+                           hint="e.g. --limit '*:gpus=2', --limit students:booking_hours=4; LIMIT one of "
+                                + ", ".join(FIELDS) + "; VALUE a number, none (no limit) or unset")
+    v = value.strip().lower()
+    if v in ("none", "null"):
+        return who, name, None
+    if v == UNSET:
+        return who, name, UNSET
+    try:
+        num = float(v)
+    except ValueError:
+        raise InvalidInput(f"--limit {text!r}: {value!r} is not a number, none or unset") from None
+    return who, name, int(num) if num.is_integer() else num
+
+
+def parse_tier(text: str) -> tuple:
+    """``NAME=user,@group`` -> (name, members); ``NAME=`` removes the tier."""
+    name, eq, members = text.partition("=")
+    if not eq or not name:
+        raise InvalidInput(f"--tier {text!r} is not NAME=MEMBERS", hint="e.g. --tier students=@students,dave")
+    words = tuple(w.strip() for w in members.split(",") if w.strip())
+    return name.strip(), (words or None)
 
 
 def parse_gpus(text: str, count: int) -> tuple[int, ...]:
@@ -198,6 +248,30 @@ def violations(state: LedgerState, old: Policy, new: Policy, now: int, gpu_mem: 
     return found, invalid
 
 
+def limit_violations(state: LedgerState, old: Policy, new: Policy, call: Call, gpu_mem: dict) -> list:
+    """The live bookings the new per-user limits break that the old ones
+    did not (``bk.core.limits.violations``), owner by owner."""
+    from bk.core import limits as lim
+    from bk.core.advance import held
+    from bk.store.accounts import accounts
+
+    now = call.now
+    live = [r for r in state.reservations if r.status(now) not in (ENDED, CANCELLED)]
+    owners = sorted({(r.uid, r.user) for r in live})
+    groups = (new.limits and new.limits.uses_groups()) or (old.limits and old.limits.uses_groups())
+    found = []
+    by_id = {r.id: r for r in live}
+    for uid, user in owners:
+        g = accounts().groups_of(user) if groups else frozenset()
+        mine = sorted((r for r in live if r.uid == uid), key=lambda r: (r.created, r.id))
+        hs = [held(r, new, gpu_mem) for r in mine]
+        was = {rid for rid, _ in lim.violations(lim.bounds_for(old.limits, user, g, admin=uid == 0), hs, now)}
+        for rid, why in lim.violations(lim.bounds_for(new.limits, user, g, admin=uid == 0), hs, now):
+            if rid not in was:
+                found.append(Violation(by_id[rid], why))
+    return found
+
+
 def _plan(service, change: PolicyChange, *, call: Call) -> PolicyPlan:
     loc = service.settings.locations
     path = loc.config_file
@@ -222,9 +296,29 @@ def _plan(service, change: PolicyChange, *, call: Call) -> PolicyPlan:
         after["gpu_priority"] = dict(sorted(prio.items(), key=lambda kv: int(kv[0])))
     for key, v in (("booking_horizon_days", change.horizon_days), ("max_booking_hours", change.max_hours),
                    ("require_shared_memory", change.require_memory),
-                   ("shared_memory_reserve_mb", change.reserve_mb)):
+                   ("shared_memory_reserve_mb", change.reserve_mb),
+                   ("limit_exempt", list(change.exempt) if change.exempt is not None else None),
+                   ("advance_default", change.advance_default), ("fair_share", change.fair_share),
+                   ("fair_share_half_life_days", change.half_life_days)):
         if v is not None:
             after[key] = v
+    if change.limits:
+        rules = {w: dict(spec) for w, spec in (service.settings["limits"] or {}).items()}
+        for who, name, v in change.limits:
+            spec = rules.setdefault(who, {})
+            if v == UNSET:
+                spec.pop(name, None)
+            else:
+                spec[name] = v
+        after["limits"] = {w: spec for w, spec in rules.items() if spec}
+    if change.tiers:
+        tiers = {t: list(m) for t, m in (service.settings["limit_tiers"] or {}).items()}
+        for name, members in change.tiers:
+            if members is None:
+                tiers.pop(name, None)
+            else:
+                tiers[name] = list(members)
+        after["limit_tiers"] = tiers
     from bk.store.config import KEYS, check_value, parse_document
 
     for key in change.touched():
@@ -233,6 +327,9 @@ def _plan(service, change: PolicyChange, *, call: Call) -> PolicyPlan:
         except ConfigError as e:
             # A bad flag value is a usage error (exit 2) about the flag,
             # not a broken configuration (78): nothing was written.
+            if key in ("limits", "limit_tiers", "limit_exempt"):
+                raise InvalidInput(f"{FLAGS[key]}: {e.message.removeprefix('the new policy: ')}",
+                                   hint="see: bk help admin gpu-policy, man 5 gpubk-config") from None
             raise InvalidInput(f"{FLAGS[key]} must be {e.details.get('expected', 'valid')}, got "
                                f"{json.dumps(after[key])}", hint=f"see: bk help admin gpu-policy (it sets "
                                f"{key}, man 5 gpubk-config)") from None
@@ -244,18 +341,26 @@ def _plan(service, change: PolicyChange, *, call: Call) -> PolicyPlan:
     if not diff:
         after = before
     old = call.policy
+    from bk.store.config import Settings
+
+    new_rules = Settings(loc, wanted, path).limit_rules()
     new = replace(old, disabled_gpus=frozenset(wanted["disabled_gpus"]),
                   gpu_priority=tuple(sorted((int(g), p) for g, p in wanted["gpu_priority"].items())),
                   booking_horizon_days=wanted["booking_horizon_days"],
                   max_booking_hours=wanted["max_booking_hours"],
                   require_shared_memory=wanted["require_shared_memory"],
-                  shared_memory_reserve_mb=wanted["shared_memory_reserve_mb"])
+                  shared_memory_reserve_mb=wanted["shared_memory_reserve_mb"],
+                  limits=new_rules, advance_default=wanted["advance_default"],
+                  fair_share_half_life_s=(int(wanted["fair_share_half_life_days"] * 86400)
+                                          if wanted["fair_share"] else None))
     state = service.ledger(call=call)
     try:
         mem = call.gpu_mem()
     except Exception:      # noqa: BLE001  (no inventory: memory is not checked)
         mem = {}
     found, invalid = violations(state, old, new, call.now, mem)
+    if {"limits", "limit_tiers", "limit_exempt"} & change.touched():
+        found += limit_violations(state, old, new, call, mem)
     return PolicyPlan(path, loc.config_is_system, before, after, diff, state.policy, new.bound(),
                       tuple(found), tuple(invalid))
 
@@ -387,7 +492,10 @@ def _serve_policy(service, req: PolicyChange, call: Call) -> PolicyView:
              "gpu_priority": {str(g): v for g, v in p.gpu_priority}, "booking_horizon_days": p.booking_horizon_days,
              "max_booking_hours": p.max_booking_hours, "require_shared_memory": p.require_shared_memory,
              "shared_memory_reserve_mb": p.shared_memory_reserve_mb, "max_shared_users": p.max_shared_users,
-             "slot_minutes": p.slot_minutes}
+             "slot_minutes": p.slot_minutes,
+             **(p.limits.to_json() if p.limits else {"limits": {}, "limit_tiers": {}, "limit_exempt": []}),
+             "advance_default": p.advance_default, "fair_share": p.fair_share_half_life_s is not None,
+             "fair_share_half_life_days": service.settings["fair_share_half_life_days"]}
     state = service.ledger(call=call)
     diff = policy_diff(state.policy, p.bound()) if state.policy is not None else None
     return PolicyView(req, plan, shown, len([b for b in state.blackouts if b.end > call.now]),

@@ -40,6 +40,11 @@ class BookRequest:
     job_id: str | None = None
     job_digest: str | None = None
     job_summary: str | None = None
+    # Issue 27: move earlier on its own when queued (None of the two: the
+    # server's advance_default), and who else may use it ("alice,@nlp").
+    advance: bool = False
+    no_advance: bool = False
+    shared_with: str | None = None
 
 
 @dataclass(frozen=True)
@@ -58,6 +63,9 @@ class EditRequest:
     note: str | None = None
     op_id: str | None = None
     dry_run: bool = False
+    advance: bool = False             # move earlier on its own from now on (bk.core.advance)
+    no_advance: bool = False          # stop doing so
+    shared_with: str | None = None    # who else may use it: "alice,@nlp"; "none": nobody
 
     def changes(self) -> dict:
         skip = {"ref", "op_id", "dry_run", "queue"}
@@ -87,6 +95,11 @@ def canonical(action: str, req: object) -> str:
     # still the same request.
     d.pop("job_id", None)
     d.pop("job_digest", None)
+    # Fields added later are left out at their default, so digests recorded
+    # before they existed stay valid.
+    for k in ("advance", "no_advance", "shared_with"):
+        if d.get(k) in (False, None):
+            d.pop(k, None)
     import hashlib
 
     blob = json.dumps([action, d], sort_keys=True, separators=(",", ":"), default=list)

@@ -36,10 +36,16 @@ _JOB = (Field("job_id", "text", max_len=32, pattern=JOB_ID, help="the private jo
               help="sha256 of the private job spec: the booking runs only that spec"),
         Field("job_summary", "text", max_len=48, pattern="[A-Za-z0-9._+ -]+",
               help="what others may see of the command: its program name and argument count"))
+# Issue 27: bookings that move earlier, and shared with others (bk.core.advance, bk.core.sharing).
+SHARED_WITH = "[A-Za-z0-9._$@, -]*"
+_FAIR = (Field("advance", "bool", help="if queued, move to an earlier start on its own when GPUs free up"),
+         Field("no_advance", "bool", help="never move on its own (overrides the server's advance_default)"),
+         Field("shared_with", "text", max_len=2200, pattern=SHARED_WITH,
+               help="users and @groups who may also use it, comma-separated; none: nobody"))
 BOOK_FIELDS = (Field("count", "int", lo=1, hi=64, help="number of GPUs"),
                Field("duration", "int", lo=1, help="seconds", human="duration"), *_PLACE, *_WRITE,
                Field("again", "bool", help="book even if the same booking was made a few minutes ago "
-                     "(without it, that repeat answers exists with the first booking)"), *_JOB)
+                     "(without it, that repeat answers exists with the first booking)"), *_JOB, *_FAIR)
 JOB_STATE_FIELDS = (Field("ref", "text", max_len=36, pattern=RESERVATION_ID, help="the reservation's full ID"),
                     Field("job_id", "text", max_len=32, pattern=JOB_ID),
                     Field("status", "choice", choices=JOB_STATES),
@@ -49,7 +55,7 @@ JOB_STATE_FIELDS = (Field("ref", "text", max_len=36, pattern=RESERVATION_ID, hel
 EDIT_FIELDS = (Field("ref", "text", max_len=64, help="the reservation's full ID"),
                Field("duration", "int", lo=1, help="new total length, seconds", human="length"),
                Field("end", "int", help="new end, epoch seconds", human="end"),
-               Field("clear_mem", "bool", help="forget the memory figure"), *_PLACE, *_WRITE)
+               Field("clear_mem", "bool", help="forget the memory figure"), *_PLACE, *_WRITE, *_FAIR)
 CANCEL_FIELDS = (Field("ref", "text", max_len=64, help="the reservation's full ID"),
                  Field("reason", "text", max_len=MAX_NOTE, help="required to cancel another user's"),
                  *_WRITE)

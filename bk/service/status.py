@@ -142,11 +142,22 @@ def process_row(p: GpuProcess, a, names: dict[int, str]) -> ProcessRow:
                       p.container)
 
 
+def _as_judged(reservations):
+    """The bookings as process attribution judges them: a shared one also as
+    its sharers' (``bk.service.fairview.expanded``, loaded only when some
+    booking is shared, so that ``bk st`` loads nothing more otherwise)."""
+    if not any(r.shared_with for r in reservations):
+        return reservations
+    from bk.service.fairview import expanded
+
+    return expanded(reservations)
+
+
 def gpu_rows(state, snapshot, policy, now: int) -> list[GpuRow]:
     info: dict[int, GpuInfo] = snapshot.by_index()
     per = holds_by_gpu(state.reservations, now, policy.gpu_count)
     dark = [(b.start, b.end) for b in state.blackouts if b.end > now]
-    atts = telemetry.attribute_all(snapshot, state.reservations, now)
+    atts = telemetry.attribute_all(snapshot, _as_judged(state.reservations), now)
     names = {r.uid: r.user for r in state.reservations}
     unknown = telemetry.Attribution(telemetry.UNKNOWN, None, None)
     rows = []
@@ -301,7 +312,7 @@ def live_gpus(state, call) -> tuple[dict[int, GpuLive], str | None]:
     """Each GPU's live state (the command's one snapshot, the one placement
     used) and the telemetry line when something is missing."""
     snap = call.telemetry.snapshot()
-    atts = telemetry.attribute_all(snap, state.reservations, call.now)
+    atts = telemetry.attribute_all(snap, _as_judged(state.reservations), call.now)
     out = {}
     for g in snap.gpus:
         free = (g.mem_total_mib - g.mem_used_mib
@@ -350,7 +361,10 @@ class ContextResult:
                     "mode": {"enum": ["private", "shared"]},
                     "policy": obj({k: i for k in ("gpu_count", "slot_minutes", "max_shared_users",
                                                   "booking_horizon_days", "max_booking_hours",
-                                                  "queue_search_hours")} | {"require_shared_memory": b}),
+                                                  "queue_search_hours")}
+                                  | {"require_shared_memory": b, "advance_default": b, "fair_share": b,
+                                     "your_limits": typed("object", null=True,
+                                                          description="your own limits (none: null)")}),
                     "gpus": {"type": "array", "items": obj({"index": i, "name": typed("string", null=True),
                                                             "uuid": typed("string", null=True),
                                                             "mem_total_mib": typed("integer", null=True),
@@ -358,16 +372,25 @@ class ContextResult:
                                                            description="with its live state when known")},
                     "telemetry": typed("string", null=True, description="what the GPU telemetry misses"),
                     "monitor": typed("object", null=True),
-                    "reservations": {"type": "array", "items": reservation_schema()}})
+                    "reservations": {"type": "array", "items": reservation_schema()},
+                    "shared_with_you": {"type": "array", "items": reservation_schema(),
+                                        "description": "others' bookings you may run on (bk run -r ID)"}})
 
 
 def _serve_context(service, req, call) -> ContextResult:
     from bk import __version__
+    from bk.core.record import replace
+    from bk.service.advancing import positions
+    from bk.service.fairview import shared_with_me
+    from bk.service.limits import bounds
     from bk.service.views import View, own_current
 
     state = service.ledger(call=call)
     mine = own_current(state, call)
-    view = View.of(call, {r.id: i for i, r in enumerate(mine, 1)})
+    theirs = shared_with_me(state, call)
+    view = replace(View.of(call, {r.id: i for i, r in enumerate(mine, 1)}), positions=positions(state, call, service),
+                   usable=frozenset(r.id for r in theirs))
+    limits = bounds(call)
     inv = call.telemetry.inventory()
     live, missing = live_gpus(state, call)
     p = call.policy
@@ -386,9 +409,13 @@ def _serve_context(service, req, call) -> ContextResult:
         "policy": {"gpu_count": p.gpu_count, "slot_minutes": p.slot_minutes,
                    "max_shared_users": p.max_shared_users, "booking_horizon_days": p.booking_horizon_days,
                    "max_booking_hours": p.max_booking_hours, "queue_search_hours": p.queue_search_hours,
-                   "require_shared_memory": p.require_shared_memory},
+                   "require_shared_memory": p.require_shared_memory,
+                   # Issue 27: the caller's own limits, and how queued bookings wait.
+                   "your_limits": None if limits is None else limits.to_json(),
+                   "advance_default": p.advance_default, "fair_share": p.fair_share_half_life_s is not None},
         "gpus": gpus, "telemetry": missing, "monitor": monitor,
         "reservations": [view.reservation(r) for r in mine],
+        "shared_with_you": [view.reservation(r) for r in theirs],
     })
 
 
@@ -426,6 +453,7 @@ class ScreenResult:
     error: str | None                  # the ledger could not be read: why
     ledger_id: tuple | None            # the committed file's identity at the read
     shared: bool = False               # a shared server's ledger (through the broker)
+    usable: frozenset = frozenset()    # others' bookings shared with the caller (bk e ID --with)
 
     def to_json(self) -> dict:
         return {"now": iso(self.now), "error": self.error, "live": self.live, "monitor": dict(self.monitor),
@@ -478,5 +506,11 @@ def _serve_screen(service, req: ScreenRequest, call) -> ScreenResult:
     now = call.now
     gpus = tuple(gpu_rows(state, snap, call.policy, now)) if state is not None and snap is not None else ()
     live = snap.describe() if snap is not None else "live: unknown (reading the GPUs)"
+    usable: frozenset = frozenset()
+    if state is not None:
+        from bk.service.fairview import shared_with_me
+
+        usable = frozenset(r.id for r in shared_with_me(state, call))
     return ScreenResult(now, state, tuple(current_notices(state, call)) if state is not None else (), gpus, snap,
-                        inv, live, monitor_json(call.telemetry), worker, warnings, error, ident, service.shared)
+                        inv, live, monitor_json(call.telemetry), worker, warnings, error, ident, service.shared,
+                        usable)

@@ -225,9 +225,13 @@ class UserRow:
     uid: int
     user: str
     totals: core.Totals
+    decayed_s: float = 0.0          # fair share: decayed GPU-seconds now (bk.core.fairshare)
+    share: float | None = None      # their part of everyone's decayed usage
 
     def to_json(self) -> dict:
-        return {"uid": self.uid, "user": self.user, **totals_json(self.totals)}
+        return {"uid": self.uid, "user": self.user, **totals_json(self.totals),
+                "fair_share": {"share": None if self.share is None else round(self.share, 4),
+                               "decayed_gpu_hours": round(self.decayed_s / 3600, 3)}}
 
 
 @dataclass(frozen=True)
@@ -238,6 +242,7 @@ class UsersReport:
     gpus: dict = field(default_factory=dict)        # gpu -> Totals
     history: bool = True
     hint: str | None = None
+    half_life_days: float | None = None             # fair share's half-life, as configured (the SHARE column)
 
     def to_json(self) -> dict:
         return {"since": iso(self.since), "until": iso(self.until), "history": self.history,
@@ -252,10 +257,19 @@ def _users(svc, *, call, since: int, until: int) -> UsersReport:
         return UsersReport(since, until, (), {}, False, MONITOR_HINT)
     s = store.summary(since, until)
     _warn_problems(call, store)
-    names = _names(svc, call, s.by_uid)
-    rows = [UserRow(uid, names[uid], t) for uid, t in s.by_uid.items()]
+    # Each user's current fair share (issue 27): decayed usage, whatever the span shown.
+    from bk.core.fairshare import shares
+    from bk.service.advancing import decayed_usage
+
+    half = int(svc.settings["fair_share_half_life_days"] * 86400)
+    decayed = decayed_usage(svc, call.now, half)
+    part = shares(decayed)
+    names = _names(svc, call, set(s.by_uid) | set(decayed))
+    rows = [UserRow(uid, names[uid], s.by_uid.get(uid) or core.Totals(), decayed.get(uid, 0.0), part.get(uid))
+            for uid in sorted(set(s.by_uid) | {u for u, v in decayed.items() if v})]
     rows.sort(key=lambda r: (-r.totals.booked_s, -r.totals.unreserved_s, r.user))
-    return UsersReport(since, until, tuple(rows), dict(s.by_gpu))
+    return UsersReport(since, until, tuple(rows), dict(s.by_gpu),
+                       half_life_days=svc.settings["fair_share_half_life_days"])
 
 
 # ------------------------------------------------------------ samples

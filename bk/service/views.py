@@ -4,11 +4,12 @@ documented in bk(1) and docs/JSON.md and checked by contract tests."""
 from __future__ import annotations
 
 from bk.core.models import EXCLUSIVE, Notice, Policy, Reservation, iso
-from bk.core.record import dataclass, field
+from bk.core.record import dataclass, field, replace
 
 
 def reservation_json(r: Reservation, *, now: int, actor_uid: int, policy: Policy,
-                     gpu_mem: dict | None = None, number: int | None = None) -> dict:
+                     gpu_mem: dict | None = None, number: int | None = None, position: int | None = None,
+                     usable: bool = False) -> dict:
     eff = None
     if r.mode != EXCLUSIVE:
         totals = [(gpu_mem or {}).get(g) for g in r.gpus]
@@ -28,6 +29,12 @@ def reservation_json(r: Reservation, *, now: int, actor_uid: int, policy: Policy
         "op_id": r.op_id, "job": r.job.to_dict() if r.job is not None else None, "note": r.note,
         "cancelled_at": iso(r.cancelled_at), "cancel_reason": r.cancel_reason,
         "edits": len(r.edits),
+        # Issue 27: a booking that moves earlier on its own (its place in
+        # line, the latest start it keeps), and who else may use it.
+        "advance": None if r.advance is None or r.cancelled_at is not None or r.start <= now else {
+            "position": position, "latest_start": iso(r.start), "after": iso(r.advance.after),
+            "since": iso(r.advance.since)},
+        "shared_with": list(r.shared_with), "shared_with_you": usable and r.uid != actor_uid,
     }
 
 
@@ -60,7 +67,10 @@ def reservation_schema() -> dict:
                 "status": {"enum": ["upcoming", "active", "ended", "cancelled"]}, "created": s,
                 "op_id": typed("string", null=True), "job": typed("object", null=True),
                 "note": typed("string", null=True), "cancelled_at": typed("string", null=True),
-                "cancel_reason": typed("string", null=True), "edits": i},
+                "cancel_reason": typed("string", null=True), "edits": i,
+                "advance": typed("object", null=True, description="it moves earlier on its own: its place in "
+                                 "line and the latest start it keeps"),
+                "shared_with": {"type": "array", "items": s}, "shared_with_you": b},
                description="a booking (docs/JSON.md: reservation); times ISO-8601 UTC")
 
 
@@ -80,14 +90,18 @@ class View:
     policy: Policy
     gpu_mem: dict
     numbers: dict = field(default_factory=dict)
+    positions: dict = field(default_factory=dict)     # advancing booking -> place in line
+    usable: frozenset = frozenset()                  # others' bookings shared with the caller
+    tz: object = None
 
     @classmethod
     def of(cls, call, numbers: dict | None = None) -> View:
-        return cls(call.now, call.actor.uid, call.policy, call.gpu_mem(), numbers or {})
+        return cls(call.now, call.actor.uid, call.policy, call.gpu_mem(), numbers or {}, tz=call.tz)
 
     def reservation(self, r: Reservation) -> dict:
         return reservation_json(r, now=self.now, actor_uid=self.actor_uid, policy=self.policy,
-                                gpu_mem=self.gpu_mem, number=self.numbers.get(r.id))
+                                gpu_mem=self.gpu_mem, number=self.numbers.get(r.id),
+                                position=self.positions.get(r.id), usable=r.id in self.usable)
 
 
 # ------------------------------------------------------------ the everyday reads
@@ -169,10 +183,18 @@ def _serve_list(service, req: ListRequest, call) -> ListResult:
         raise InvalidInput(f"unknown list scope {scope!r}", hint="mine, all or history")
     # One read: the list and the numbering.  Only the bookings it can show
     # are built: yours (mine, history), or every live one (all).
-    state = service.ledger(call=call, keep=DocKeep(uid=call.actor.uid, lo=now if scope == "all" else None))
+    state = service.ledger(call=call, keep=DocKeep(uid=call.actor.uid, lo=now if scope == "all" else None,
+                                                   shared=scope == "mine"))
     mine = own_current(state, call)
+    theirs: list = []
     if scope == "mine":
-        every = mine
+        # Bookings others shared with you follow yours, unnumbered (numbers
+        # name your own bookings in every command).
+        if any(r.shared_with and r.uid != call.actor.uid for r in state.reservations):
+            from bk.service.fairview import shared_with_me
+
+            theirs = shared_with_me(state, call)
+        every = mine + theirs
     elif scope == "all":
         every = sorted((r for r in state.reservations if r.is_live(now)), key=lambda r: (r.start, r.created))
     else:
@@ -186,7 +208,14 @@ def _serve_list(service, req: ListRequest, call) -> ListResult:
         every = sorted(hot + cold, key=lambda r: (r.start, r.created, r.id), reverse=True)
     numbers = {r.id: i for i, r in enumerate(mine, 1)} if scope != "history" else {}
     shown = every[:req.limit] if req.limit else every
-    return ListResult(scope, tuple(shown), len(every), View.of(call, numbers))
+    view = View.of(call, numbers)
+    if any(r.advance is not None for r in state.reservations):
+        from bk.service.advancing import positions
+
+        view = replace(view, positions=positions(state, call, service))
+    if theirs:
+        view = replace(view, usable=frozenset(r.id for r in theirs))
+    return ListResult(scope, tuple(shown), len(every), view)
 
 
 @dataclass(frozen=True)

@@ -51,14 +51,26 @@ from bk.store.fsutil import (
 NAME = Pattern(r"^(\d{4})-(\d{2})\.jsonl$")   # compiled when first used
 
 
-def committed(state: LedgerState, *, now: int, archive_after: int) -> dict[str, str]:
+def earliest_close(reservations) -> float:
+    """The earliest moment one of ``reservations`` stopped mattering
+    (``ledgerdoc.closed_at``; infinity for none): until ``archive_after``
+    past it, no commit has anything to archive or drop."""
+    return min(map(ledgerdoc.closed_at, reservations), default=float("inf"))
+
+
+def committed(state: LedgerState, *, now: int, archive_after: int,
+              earliest: float | None = None) -> dict[str, str]:
     """Before ``apply`` runs: the bookings that may be archived, as their
     canonical JSON.  Only these can move, and only if ``apply`` left them
     unchanged: the archive is written before the commit point, so a
     booking created or changed by this very transaction must not reach it
     (a crash would leave an unacknowledged write in the archive).  Such a
-    booking moves at the next commit."""
+    booking moves at the next commit.  ``earliest``: at most the earliest
+    ``closed_at`` of the bookings (``earliest_close``), when the caller
+    knows it: nothing closed, nothing to look for."""
     move_before = now - archive_after
+    if earliest is not None and earliest > move_before:
+        return {}
     return {r.id: _canonical(r) for r in state.reservations
             if not (r.cancelled_at is None and r.end > move_before)
             and ledgerdoc.closed_at(r) <= move_before}
@@ -69,30 +81,36 @@ def _canonical(r: Reservation) -> str:
 
 
 def split(state: LedgerState, *, now: int, archive_after: int, retention: int,
-          movable: dict[str, str]) -> list[Reservation]:
+          movable: dict[str, str], earliest: float | None = None) -> list[Reservation]:
     """Take bookings closed for longer than ``archive_after`` seconds out of
     ``state`` and return those to archive (only ``movable`` ones, see
     ``committed``); drop what is past ``retention`` (bookings, op-id keys,
-    notices, blackouts) without archiving it."""
+    notices, blackouts) without archiving it.  ``earliest`` as for
+    ``committed``, of the bookings ``state`` holds now: when none has closed
+    long enough to move or drop, they are not looked at one by one (the
+    list is then left as it was)."""
     move_before, drop_before = now - archive_after, now - retention
-    keep, moved = [], []
-    for r in state.reservations:
-        if r.cancelled_at is None and r.end > move_before:
-            keep.append(r)
-            continue
-        closed = ledgerdoc.closed_at(r)
-        if closed < drop_before:
-            continue
-        if closed <= move_before and movable.get(r.id) == _canonical(r):
-            moved.append(r)
-        else:
-            keep.append(r)
-    if len(keep) != len(state.reservations):
-        state.reservations = keep
-    live = {r.id for r in keep}
+    keep, moved = state.reservations, []
+    if earliest is None or earliest <= move_before or earliest < drop_before:
+        keep = []
+        for r in state.reservations:
+            if r.cancelled_at is None and r.end > move_before:
+                keep.append(r)
+                continue
+            closed = ledgerdoc.closed_at(r)
+            if closed < drop_before:
+                continue
+            if closed <= move_before and movable.get(r.id) == _canonical(r):
+                moved.append(r)
+            else:
+                keep.append(r)
+        if len(keep) != len(state.reservations):
+            state.reservations = keep
     # An op-id key answers retries while its booking is hot, or for the
     # archive window after it was used; older keys are forgotten.
-    state.ops = [o for o in state.ops if o.reservation in live or o.at > move_before]
+    if any(o.at <= move_before for o in state.ops):
+        live = {r.id for r in keep}
+        state.ops = [o for o in state.ops if o.reservation in live or o.at > move_before]
     state.notices = [n for n in state.notices
                      if not ((n.until is not None and n.until < drop_before)
                              or (n.archived and n.at < drop_before))]

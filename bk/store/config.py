@@ -28,6 +28,7 @@ from bk.store.paths import DEFAULT_SOCKET, Locations
 class Key:
     name: str
     kind: str                 # "int" | "float" | "bool" | "str" | "path" | "int_list" | "uid_list" | "priority_map" | "choice"
+    #                           | "limits" | "limit_tiers" | "member_list" (bk.core.limits parses them)
     #                           | "name_list" (names from choices) | "minutes_list" | "quiet" (HH:MM-HH:MM) | "email"
     default: object
     doc: str
@@ -80,6 +81,19 @@ KEYS: dict[str, Key] = {k.name: k for k in (
     Key("idle_release_minutes", "int", None, "Release (end) every running booking idle this many "
         "minutes, as the administrator's policy; unset: only bookings that opted in are released.",
         5, 10080, nullable=True),
+    # Lab policy (issue 27, bk.core.limits): per-user limits, bookings that move earlier, fair share.
+    Key("limits", "limits", {}, 'Per-user limits: {WHO: {LIMIT: VALUE}}, WHO "*" (everyone), a user, '
+        "a tier of limit_tiers or an @group; LIMIT gpus, gpu_hours, booking_hours, ahead_hours or "
+        "shared_vram_gib (null: no limit). Root and limit_exempt have none."),
+    Key("limit_tiers", "limit_tiers", {}, 'Named sets of users and @groups for limits: '
+        '{"students": ["@students", "dave"]}.'),
+    Key("limit_exempt", "member_list", [], "Users and @groups no limit applies to (root never has any)."),
+    Key("advance_default", "bool", False, "A queued booking moves to an earlier start on its own when "
+        "capacity frees (as with --advance), unless booked with --no-advance."),
+    Key("fair_share", "bool", False, "Several advancing bookings that want the same capacity go in "
+        "order of their owners' decayed past usage (least first) instead of first come, first served."),
+    Key("fair_share_half_life_days", "float", 7.0, "How fast past usage is forgotten for fair share: "
+        "usage this many days old counts half.", 0.1, 365),
     Key("ledger_bookings_per_user", "int", 200, "Shared mode: the most bookings one user may have live "
         "or cancelled within archive_after_hours; more are refused (ledger_limit, exit 3). 0: no limit. "
         "The administrator is exempt.", 0, 1_000_000),
@@ -197,7 +211,20 @@ class Settings:
             queue_search_hours=v["queue_search_hours"],
             disabled_gpus=frozenset(v["disabled_gpus"]),
             gpu_priority=tuple(sorted((int(g), p) for g, p in v["gpu_priority"].items())),
+            limits=self.limit_rules(),
+            advance_default=v["advance_default"],
+            fair_share_half_life_s=(int(v["fair_share_half_life_days"] * 86400) if v["fair_share"] else None),
         )
+
+    def limit_rules(self):
+        """The lab's per-user limits (``bk.core.limits``), None when there are none."""
+        v = self.values
+        if not v["limits"]:
+            return None
+        from bk.core.limits import LimitRules, parse_members, parse_rules, parse_tiers
+
+        return LimitRules(parse_rules(v["limits"]), parse_tiers(v["limit_tiers"]),
+                          parse_members(v["limit_exempt"], "limit_exempt"))
 
 
 def _bad(name: str, expected: str, got: object, source: str) -> ConfigError:
@@ -265,6 +292,20 @@ def check_value(key: Key, value: object, source: str) -> object:
                 raise _bad(key.name, "priorities between -100 and 100", p, source)
             out[k] = p
         return out
+    if kind in ("limits", "limit_tiers", "member_list"):
+        from bk.core import limits
+
+        try:
+            if kind == "limits":
+                limits.parse_rules(value)
+            elif kind == "limit_tiers":
+                limits.parse_tiers(value)
+            else:
+                limits.parse_members(value, key.name)
+        except ValueError as e:
+            raise ConfigError(f"{source}: {e}", hint=f"fix {key.name} in {source} (see man 5 gpubk-config)",
+                              details={"key": key.name, "expected": key.doc}) from None
+        return value
     if kind in ("name_list", "minutes_list", "quiet", "email"):
         from bk.core import notify as N
 

@@ -64,6 +64,7 @@ from bk.store.fsutil import (
     open_dir,
     open_file,
     open_subdir,
+    read_all,
     read_file,
     replace_file,
     unlink_quietly,
@@ -152,6 +153,30 @@ class _Loaded:
     source: str
     warnings: list[str]
     damaged: bytes | None = None     # the invalid ledger a backup stands in for
+    data: bytes | None = None        # the ledger's bytes (source "ledger")
+
+
+@dataclass(frozen=True)
+class _Kept:
+    """What this Store last committed (or read under the lock), and the
+    bytes of the file that holds it (``Store._kept_state`` compares them).
+    ``state`` is never changed: transactions and readers get copies."""
+
+    state: LedgerState
+    meta: ledgerdoc.DocMeta
+    data: bytes
+    checked: ledgerdoc.Checked | None      # set when this Store ran the check (its own commit)
+    encoded: ledgerdoc.Encoded | None      # the bytes of its records (its own commit)
+    earliest: float                         # archive.earliest_close of the bookings, or less
+
+
+def _own_copy(state: LedgerState) -> LedgerState:
+    """A copy that may be changed in every part without touching ``state``
+    (``LedgerState.copy`` shares the policy and the top-level extras)."""
+    c = state.copy()
+    c.policy = ledgerdoc.plain_copy(state.policy)
+    c.extra = ledgerdoc.plain_copy(state.extra)
+    return c
 
 
 def _now() -> int:
@@ -199,6 +224,7 @@ class Store:
         self._tlock = _thread.allocate_lock()
         self._active: int | None = None
         self._valid: bytes | None = None       # the last ledger bytes known to validate
+        self._kept: _Kept | None = None          # see _kept_state
         self._seen: ReadResult | None = None       # check(): the ledger check's read
         self._crash = _crash_point(os.environ.get(CRASH_ENV))
         self._crash_hits = 0
@@ -241,11 +267,40 @@ class Store:
         if dirfd is None:
             return ReadResult(LedgerState(), [], "empty")
         try:
+            kept = None if verify else self._kept_state(dirfd)
+            if kept is not None:
+                return ReadResult(_own_copy(kept.state), [], "ledger")
             with _gc_paused():
                 got = self._load(dirfd, verify, keep)
         finally:
             os.close(dirfd)
         return ReadResult(got.state, got.warnings, got.source, got.meta.partial)
+
+    def _kept_state(self, dirfd: int) -> _Kept | None:
+        """The state this Store committed last, if the ledger file still
+        holds exactly the bytes it wrote (or read).  The same bytes decode
+        to the same state, so nothing a file's stamp can hide (an edit in
+        place within one tick of the file system's clock, times put back,
+        another inode with the same bytes) makes this wrong; any other
+        content (another writer's commit, a restore, a repair by hand,
+        damage) reads the file again.  The file is opened with the checks
+        of every read (``open_file``).  The broker is the only writer of a
+        shared ledger, so there it costs a read of the file and a compare
+        (a few MB at C speed) instead of decoding every booking."""
+        kept = self._kept
+        if kept is None:
+            return None
+        fd = open_file(dirfd, LEDGER, self.paths.ledger, self.safety)
+        if fd is None:
+            return None
+        try:
+            if os.fstat(fd).st_size != len(kept.data) or read_all(fd) != kept.data:
+                return None
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+        return kept
 
     def _read(self, dirfd: int, name: str, path: str) -> bytes | None:
         return read_file(dirfd, name, path, self.safety)
@@ -293,7 +348,7 @@ class Store:
         if data is not None:
             state, meta, problems = self._parse(data, verify, keep)
             if not problems:
-                return _Loaded(state, meta, "ledger", [])
+                return _Loaded(state, meta, "ledger", [], data=data)
             if meta.newer:
                 raise ConfigError(
                     f"{p.ledger} was written by a newer bk (format version {meta.version}; this bk "
@@ -402,12 +457,16 @@ class Store:
         p = self.paths
         now = self.clock()
         self._remove_temps(dirfd)
-        try:
-            got = self._load(dirfd)
-        except IOFailure as e:
-            if "backups" in e.details:           # no valid ledger and no valid backup
-                self._report(NO_VALID_LEDGER, f"{e.message}; fix: {e.hint}")
-            raise
+        kept = self._kept_state(dirfd)
+        if kept is not None:
+            got = _Loaded(kept.state, kept.meta, "ledger", [])
+        else:
+            try:
+                got = self._load(dirfd)
+            except IOFailure as e:
+                if "backups" in e.details:           # no valid ledger and no valid backup
+                    self._report(NO_VALID_LEDGER, f"{e.message}; fix: {e.hint}")
+                raise
         if got.meta.partial:
             raise Internal("a transaction read part of the ledger")
         warnings.extend(got.warnings)
@@ -428,9 +487,13 @@ class Store:
                 self._report(LOST_COMMITS, f"a write was refused: {lost.message} (the ledger {self.paths.ledger}, "
                              f"the audit log {self.paths.audit}); fix: {lost.hint}")
                 raise lost
-            state = got.state
+            # What was read stays as it was (it may become the kept state);
+            # the transaction changes a copy.
+            base, state = got.state, _own_copy(got.state)
+            checked = kept.checked if kept is not None else None
             self._bind(state, policy)
-            movable = archive.committed(state, now=now, archive_after=self.archive_after)
+            movable = archive.committed(state, now=now, archive_after=self.archive_after,
+                                        earliest=kept.earliest if kept is not None else None)
             mutation = apply(state)
             if not isinstance(mutation, Mutation):
                 raise Internal(f"apply() returned {type(mutation).__name__}, not a Mutation")
@@ -441,6 +504,9 @@ class Store:
             if not mutation.changed and not recovering:
                 if repaired:
                     self._sync_audit(afd)
+                if kept is None and got.source == "ledger" and got.data is not None:
+                    self._kept = _Kept(base, got.meta, got.data, None, None,
+                                       archive.earliest_close(base.reservations))
                 return mutation.result
             state.seq = max(got.meta.seq, last_seq) + 1
             items = [a.to_dict() if hasattr(a, "to_dict") else a for a in mutation.audit] \
@@ -451,15 +517,30 @@ class Store:
                                  "after": {"source": got.source, "seq": got.meta.seq}})
             records = audit.make_records(items, seq=state.seq, time=utctime.format_utc(now),
                                          uid=actor_uid, user=actor)
+            # With the state this Store committed last, what the transaction
+            # changed is all that needs checking (ledgerdoc.Checked) and
+            # encoding (ledgerdoc.RecordBytes); the archive's scan is skipped
+            # while no booking has closed long enough to move.
+            delta = earliest = None
+            if kept is not None and kept.checked is not None:
+                delta = ledgerdoc.Delta.of(kept.state.reservations, state.reservations)
+                if delta is not None:
+                    earliest = min(kept.earliest, archive.earliest_close(delta.fresh))
+            listed = state.reservations
             moved = archive.split(state, now=now, archive_after=self.archive_after,
-                                  retention=self.retention, movable=movable)
-            problems = ledgerdoc.check_state(state, self.capacity)
+                                  retention=self.retention, movable=movable, earliest=earliest)
+            if state.reservations is not listed:
+                delta = None
+            if earliest is not None and (earliest <= now - self.archive_after or earliest < now - self.retention):
+                earliest = None          # split looked at every booking: _keep finds the exact one
+            problems, checked = ledgerdoc.check_next(state, self.capacity, checked, delta)
             if problems:
                 raise Internal("refusing to write an invalid ledger: " + "; ".join(problems[:5]),
                                details={"problems": problems})
+            token = _token_hex(8)
             try:
-                data = ledgerdoc.seal(ledgerdoc.dumps(ledgerdoc.encode(
-                    state, commit=_token_hex(8), written_at=now, journal=records)))
+                data, encoded = ledgerdoc.document(state, commit=token, written_at=now, journal=records,
+                                                   known=kept.encoded if kept is not None else None, delta=delta)
                 lines = audit.encode(records)
                 groups = archive.group(moved, seq=state.seq, now=now)
             except (TypeError, ValueError, RecursionError) as e:
@@ -470,16 +551,16 @@ class Store:
             # point, so that a refusal (a symlinked backups/) never follows it.
             bfd = open_subdir(dirfd, BACKUPS, p.backups_dir, self.safety,
                               create_mode=self.modes.dir) if self.backup_keep else None
-            kept = None
+            kept_as = None
             try:
                 if got.damaged is not None:
-                    kept = self._keep_damaged(dirfd, got.damaged, now, warnings)
+                    kept_as = self._keep_damaged(dirfd, got.damaged, now, warnings)
                 self._archive(dirfd, groups, now)
                 self._step("archived")
                 self._sync_audit(afd)
                 self._step("audit_synced")
                 self._replace(dirfd, data)
-                self._valid = data
+                self._keep(dirfd, state, data, token, now, records, checked, encoded, earliest)
                 start = os.fstat(afd).st_size
                 self._append_audit(afd, lines, state.seq, warnings)
                 self._step("audit_appended")
@@ -491,7 +572,7 @@ class Store:
                 if bfd is not None:
                     os.close(bfd)
             if recovering:
-                self._report_recovery(got, state.seq, kept)
+                self._report_recovery(got, state.seq, kept_as)
             if accept_loss is not None and last_seq > got.meta.seq:
                 self._report(ACCEPTED_LOSS, f"{p.ledger}: commits {got.meta.seq + 1}-{last_seq}, in the "
                              f"audit log {p.audit} but not in the ledger, were accepted as lost by "
@@ -500,6 +581,24 @@ class Store:
             return mutation.result
         finally:
             os.close(afd)
+
+    def _keep(self, dirfd: int, state: LedgerState, data: bytes, token: str, now: int, records: list[dict],
+              checked, encoded, earliest) -> None:
+        """After the commit point: remember what was committed, and its
+        bytes (``_kept_state``)."""
+        from bk.store import archive
+
+        meta = ledgerdoc.DocMeta(version=ledgerdoc.VERSION, seq=state.seq, commit=token, written_at=now,
+                                 journal_seq=state.seq, journal=ledgerdoc.canonical(records))
+        if earliest is None:
+            earliest = archive.earliest_close(state.reservations)
+        # Lists of its own, which the kept state, its check and its bytes
+        # share (and nothing changes): the caller keeps the state it made.
+        kept = _own_copy(state)
+        if checked is not None:
+            checked = ledgerdoc.Checked(kept, self.capacity, checked.by_id)
+        encoded = ledgerdoc.Encoded(kept.reservations, kept.ops, encoded.reservation_bytes, encoded.op_bytes)
+        self._kept = _Kept(kept, meta, data, checked, encoded, earliest)
 
     def _bind(self, state: LedgerState, policy: dict | None) -> None:
         """Policy binding (SPEC 5, ``bk.core.policy``): the first write
@@ -718,6 +817,9 @@ class Store:
     def _journal(self, dirfd: int) -> list[dict]:
         from bk.store import audit
 
+        kept = self._kept_state(dirfd)
+        if kept is not None:
+            return kept.meta.journal
         data = self._read(dirfd, LEDGER, self.paths.ledger)
         return audit.journal_of(data) if data else []
 

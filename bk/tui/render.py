@@ -381,8 +381,8 @@ def _main(state, world, width: int, height: int, theme: Theme, cs: Charset) -> F
                                 f"{'WHEN':<18}{'STATUS':<13}" + ("NOTE" if wide else ""), "th")
     out.append(th.fill("th"))
     for i, r in enumerate(shown, first):
-        mine = r.uid == world.actor_uid
-        letter = layout.own_letter(own_rows[r.id]) if r.id in own_rows else " "
+        mine = r.uid == world.actor_uid or r.id in world.usable      # shared with you: yours to use
+        letter = layout.own_letter(own_rows[r.id]) if r.id in own_rows else ("+" if r.id in world.usable else " ")
         kind = ("row_mine" if mine else "row") + ("_sel" if i == sel_i else "")
         if r.id == skip:
             letter = "~"

@@ -40,6 +40,7 @@ class World:
     monitor: dict = field(default_factory=lambda: {"state": "absent"})
     worker: dict = field(default_factory=lambda: {"state": "absent"})
     shared: bool = False
+    usable: frozenset = frozenset()    # others' bookings shared with this user (bk e ID --with)
     warnings: tuple = ()
     error: str | None = None           # the ledger could not be read: why
     seq: int = 0                       # loads so far: lets the screen tell a new world
@@ -58,7 +59,8 @@ def world_of(got, call, *, seq: int = 0, worker: dict | None = None) -> World:
     if got.state is None:
         return World(**base, error=got.error)
     return World(**base, reservations=tuple(r for r in got.state.reservations if r.cancelled_at is None),
-                 blackouts=tuple(got.state.blackouts), notices=got.notices, gpus=got.gpus, live=got.live,
+                 usable=got.usable, blackouts=tuple(got.state.blackouts), notices=got.notices, gpus=got.gpus,
+                 live=got.live,
                  monitor=got.monitor, worker=worker or got.worker or {"state": "absent"},
                  warnings=tuple(call.warnings))
 

@@ -23,7 +23,7 @@ def entries(text: str) -> dict[str, str]:
         if line.startswith(".SS"):
             section = line[4:].strip('"')
         elif line == ".TP" and i + 1 < len(lines):
-            m = re.fullmatch(r"\.B ([a-z_]+)", lines[i + 1])
+            m = re.fullmatch(r"\.B ([a-z][a-z0-9_]*)", lines[i + 1])
             if m:
                 out[m.group(1)] = section
     return out

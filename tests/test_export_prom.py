@@ -181,6 +181,25 @@ def test_the_grafana_dashboard_uses_exactly_the_exported_metrics():
     assert doc.get("uid") and doc.get("title")
 
 
+def test_telemetry_md_lists_exactly_the_metrics_bk_exports():
+    """docs/TELEMETRY.md section 7's table is what an administrator reads to
+    write a query: every metric, its type, labels and meaning, and no other."""
+    from bk.export.prom import METRICS
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "TELEMETRY.md").read_text(encoding="utf-8")
+    rows = {}
+    for line in text.splitlines():
+        m = re.fullmatch(r"\| `(gpubk_[a-z_]+)` \| (gauge|counter) \| ([^|]*) \| (.*) \|", line)
+        if m:
+            rows[m.group(1)] = (m.group(2), tuple(re.findall(r"`([A-Za-z_]+)`", m.group(3))), m.group(4))
+    assert set(rows) == {m.name for m in METRICS}, set(rows) ^ {m.name for m in METRICS}
+    for metric in METRICS:
+        kind, labels, meaning = rows[metric.name]
+        assert kind == metric.type and meaning == metric.help, metric.name
+        assert set(metric.labels) <= set(labels) and (set(labels) - set(metric.labels) <= {"user"}), metric.name
+        assert ("user" in labels) == ("user" in metric.labels or metric.personal), metric.name
+
+
 # ------------------------------------------------------------- SIGKILL
 
 WRITER = r"""

@@ -108,6 +108,13 @@ def test_units_verify_cleanly_and_are_hardened(pyz, root, account):
         # The enforcer is root's (it loads device programs); the others the service account's.
         assert f"\nUser={'root' if name == 'gpubk-enforcer.service' else svc.name}\n" in text
         assert ("\nType=notify\n" in text) == (name == "gpubk-broker.service")
+        if name == "gpubk-enforcer.service":
+            # Root, but only what loading and attaching device programs needs
+            # (and CAP_KILL for enforce_signal): no CAP_DAC_OVERRIDE, no
+            # CAP_SETUID, nothing kept across exec.
+            caps = re.search(r"\nCapabilityBoundingSet=([^\n]*)\n", text).group(1).split()
+            assert sorted(caps) == ["CAP_BPF", "CAP_KILL", "CAP_NET_ADMIN", "CAP_SYS_ADMIN"], caps
+            assert "\nAmbientCapabilities=\n" in text and "\nNoNewPrivileges=yes\n" in text
         v = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, env=env)
         assert v.returncode == 0 and v.stderr == "", v.stderr
         s = subprocess.run(["systemd-analyze", "security", "--offline=true", str(unit)], capture_output=True,

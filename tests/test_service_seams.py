@@ -115,8 +115,8 @@ LOCAL = {"list", "notices", "status", "login", "context", "timeline", "info", "c
 LOCAL_WRITES = {"job_retry", "preset_delete", "data_backup", "data_clear", "data_restore", "notify_set"}
 # Rows that take this process's environment, run a program, or carry
 # in-process values: no field spec, never sent anywhere.
-IN_PROCESS = {"book_job", "run_target", "run_now", "worker", "worker_hint", "screen", "export_page", "preset_save",
-              "preset_hint", "prompt_history_save", "policy", "policy_write", "policy_rebind"}
+IN_PROCESS = {"book_job", "run_target", "run_now", "worker", "worker_hint", "adopt", "screen", "export_page",
+              "preset_save", "preset_hint", "prompt_history_save", "policy", "policy_write", "policy_rebind"}
 
 
 def test_every_row_is_complete():

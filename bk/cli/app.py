@@ -67,6 +67,7 @@ COMMAND_WORDS: dict[str, tuple[str, ...]] = {
     "bk.cli.cmd_install": ("update",),
     "bk.cli.cmd_broker": ("broker",),
     "bk.cli.cmd_run": ("run",),
+    "bk.cli.cmd_adopt": ("adopt",),
     "bk.cli.cmd_jobs": ("j", "jobs", "w", "worker"),
     "bk.cli.cmd_notify": ("notify",),
     "bk.cli.cmd_monitor": ("m", "monitor"),

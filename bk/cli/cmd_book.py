@@ -17,6 +17,7 @@ EXAMPLES = {
   bk 1 2h -t 20:00           at 20:00 exactly (tomorrow if today's has passed)
   bk 1 2h -t 20:00 --queue   at 20:00 or the earliest start after it
   bk 2 1h -g 0,1 --dry-run   show where it would go, book nothing
+  bk 2 8h --idle-release 60m end it after an hour seen idle
   bk 2 8h -t 20:00 -- ./train.sh   and run ./train.sh at 20:00 (bk run)
   bk 4 8h --advance          if queued, move earlier on its own when GPUs free
   bk 2 1d --with alice,@nlp  alice and group nlp may use it too (bk run -r)
@@ -64,6 +65,7 @@ def register(sub) -> None:
         p.add_argument("--queue", action="store_true",
                        help="with -t/--start: take the earliest start at or after it")
         p.add_argument("--note", metavar="TEXT", help="a note others see in the lists")
+        p.add_argument("--idle-release", metavar="DUR", help=common.IDLE_RELEASE_HELP)
         p.add_argument("-y", "--yes", action="store_true", help="never ask (booking does not ask; "
                        "accepted so scripts can pass it to every write)")
         p.add_argument("-q", "--quiet", action="store_true", help="print only the booking ID")

@@ -17,10 +17,11 @@ from bk.core.errors import UsageError
 from bk.core.models import EXCLUSIVE, SHARED
 from bk.service import builders
 
-CHANGE_FLAGS = ("duration", "at", "start", "gpu", "exclude", "mem", "share", "mode", "note", "shared_with")
+CHANGE_FLAGS = ("duration", "at", "start", "gpu", "exclude", "mem", "share", "mode", "note", "shared_with",
+                "idle_release", "keep_for")
 FLAGS_HINT = ("give what to change: -d 2h (new length), -d +30m / -15m / 20:00 (new end), "
               "-t TIME, -g LIST, -e LIST, -m MEM, -s N, --mode shared|exclusive, --note TEXT, "
-              "--with LIST, --advance, --no-advance")
+              "--with LIST, --advance, --no-advance, --idle-release DUR|off, --keep-for DUR|off")
 
 EPILOG = """Examples:
   bk e 1 -d 2h             booking number 1 now lasts two hours in total
@@ -32,6 +33,8 @@ EPILOG = """Examples:
   bk e 2 -g 2,3 -m 20g     other GPUs and memory (before it starts)
   bk e 1 --with alice,@nlp   alice and group nlp may use it too (bk run -r)
   bk e 1 --advance         move earlier on its own when GPUs free up
+  bk e 1 --idle-release 45m   end it once seen idle 45 minutes (off: never)
+  bk e 1 --keep-for 4h     keep it 4 hours: no idle nudge, no idle release
   bk e 1                   guided, one question at a time (at a terminal)
 """
 
@@ -51,6 +54,10 @@ def register(sub) -> None:
     p.add_argument("--queue", action="store_true",
                    help="if the new time is taken, move to the earliest start at or after it")
     p.add_argument("--note", metavar="TEXT", help="replace the note ('' clears it)")
+    p.add_argument("--idle-release", metavar="DUR|off", help=common.IDLE_RELEASE_HELP + "; off: no opt-in")
+    p.add_argument("--keep-for", metavar="DUR|off",
+                   help="keep it: no idle nudge and no idle release for DUR (e.g. 4h, at most to its "
+                   "end); off: stop keeping")
     p.add_argument("-q", "--quiet", action="store_true", help="print only the booking ID")
     common.add_fair_flags(p, edit=True)
     common.add_write_flags(p)
@@ -70,7 +77,8 @@ def run(args, ctx) -> Output:
         old, length=args.duration, at=args.at, start_iso=args.start, gpus=args.gpu, exclude=args.exclude,
         mem=args.mem, share=args.share, mode=args.mode, queue=args.queue, note=args.note,
         op_id=args.op_id, dry_run=args.dry_run, advance=args.advance, no_advance=args.no_advance,
-        shared_with=args.shared_with, policy=call.policy, now=call.now, tz=call.tz)
+        shared_with=args.shared_with, policy=call.policy, now=call.now, tz=call.tz,
+        idle_release_=args.idle_release, keep_for_=args.keep_for)
     result = app.run("edit", req, call=call)
     return edit_output(result, call, quiet=args.quiet)
 

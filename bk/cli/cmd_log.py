@@ -47,8 +47,10 @@ def _t(v) -> int | None:
 def _field(k: str, v, tz, now: int) -> str:
     if v is None:
         return "-"
-    if k in ("start", "end"):
+    if k in ("start", "end", "idle_keep_until"):
         return timegrid.format_local(_t(v), tz, now=now, compact=True)
+    if k == "idle_release_minutes" and isinstance(v, int):
+        return timegrid.format_duration(v * 60)
     if k == "gpus":
         return common.gpus_text(v)
     if k == "mem_mib":
@@ -64,11 +66,13 @@ def change_text(before: dict | None, after: dict | None, tz, now: int) -> str:
     """``end 07-13 21:30 → 22:00, gpus 0 → 0,1``: only what changed."""
     before, after = before or {}, after or {}
     parts = []
-    for k in ("start", "end", "gpus", "mode", "share", "mem_mib", "note", "shared_with", "advance"):
+    for k in ("start", "end", "gpus", "mode", "share", "mem_mib", "note", "shared_with", "advance",
+              "idle_release_minutes", "idle_keep_until"):
         if k in before or k in after:
             b, a = before.get(k), after.get(k)
             if b != a:
-                parts.append(f"{k} {_field(k, b, tz, now)} → {_field(k, a, tz, now)}")
+                name = {"idle_release_minutes": "idle release", "idle_keep_until": "kept until"}.get(k, k)
+                parts.append(f"{name} {_field(k, b, tz, now)} → {_field(k, a, tz, now)}")
     return ", ".join(parts)
 
 

@@ -58,10 +58,14 @@ def register(sub) -> None:
                                  description="The stored records, one per GPU and minute (hourly for "
                                  "days older than usage_raw_days), newest last.",
                                  epilog="Examples:\n  bk u samples\n  bk u samples -g 0,1 -n 50\n"
+                                 "  bk u samples -r 2          booking 2's records: why it is idle\n"
                                  "  bk u samples --since 2h --json",
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     _span_flags(samples, "1h")
     samples.add_argument("-g", "--gpu", metavar="LIST", help="only these GPUs, e.g. 0,2 or 0-3")
+    samples.add_argument("-r", "--reservation", metavar="ID|N",
+                         help="only the records that credit this booking (its evidence: active or idle "
+                         "seconds, SM, memory, energy), over its span unless --since/--until say otherwise")
     samples.add_argument("-n", "--limit", type=common.positive_int, default=60, metavar="N",
                          help="at most the last N records (default 60)")
     samples.set_defaults(handler=run_samples, command="usage samples")
@@ -88,13 +92,18 @@ def register(sub) -> None:
 
 
 def _span_flags(p, default: str) -> None:
-    p.add_argument("--since", metavar="WHEN", default=default,
-                   help=f"start of the period (default {default} ago)")
+    p.add_argument("--since", metavar="WHEN", help=f"start of the period (default {default} ago)")
     p.add_argument("--until", metavar="WHEN", help="end of the period (default now)")
+    p.set_defaults(since_default=default)
 
 
 def _span(args, call) -> tuple[int, int]:
-    return _period(args.since, args.until, call)
+    return _period(args.since if args.since is not None else args.since_default, args.until, call)
+
+
+def _sum_known(values) -> int | None:
+    got = [v for v in values if v is not None]
+    return sum(got) if got else None
 
 
 def _period(since_word: str, until_word: str | None, call) -> tuple[int, int]:
@@ -133,7 +142,7 @@ def sm(x: float | None) -> str:
     return "-" if x is None else f"{x:.0f}%"
 
 
-def totals_line(t: core.Totals) -> str:
+def totals_line(t: core.Totals, prices=None) -> str:
     if not t.booked_s and not t.unreserved_s:
         return "nothing booked or used"
     text = f"booked {hours(t.booked_s)}, active {hours(t.active_s)}"
@@ -141,7 +150,30 @@ def totals_line(t: core.Totals) -> str:
         text += f", idle {share(t.idle_share)} of it"
     if t.unreserved_s:
         text += f", unreserved {hours(t.unreserved_s)}"
-    return text
+    return text + ", " + energy_text(t.energy_mj, prices)
+
+
+def kwh(energy_mj: int | None) -> str:
+    """``1.23 kWh`` for tables; ``?`` when the energy is unknown (no counter,
+    a reset): never a figure that was not measured."""
+    if energy_mj is None:
+        return "?"
+    k = energy_mj / 3.6e9
+    return f"{k:.2f}" if k >= 0.01 else f"{k:.4f}"
+
+
+def energy_text(energy_mj: int | None, prices=None) -> str:
+    """``energy 1.23 kWh (0.41 cost, 0.5 kg CO2e)``, or ``energy unknown``."""
+    if energy_mj is None:
+        return "energy unknown"
+    text = f"energy {kwh(energy_mj)} kWh"
+    extra = []
+    got = prices.of(energy_mj) if prices is not None else {}
+    if got.get("cost") is not None:
+        extra.append(f"cost {got['cost']:.2f}")
+    if got.get("co2e_kg") is not None:
+        extra.append(f"{got['co2e_kg']:.2f} kg CO2e")
+    return text + (f" ({', '.join(extra)})" if extra else "")
 
 
 # ------------------------------------------------------------ the chart
@@ -209,15 +241,19 @@ def run_dashboard(args, ctx) -> Output:
             return ("no usage recorded yet.\n" + d.hint +
                     "\n(bk u then shows what you booked and what you used)")
         lines = [f"usage of {safe(d.user)} (GPU time; active = a process of yours on the booked GPU)",
-                 f"  today     {totals_line(d.today)}",
-                 f"  7 days    {totals_line(d.week)}",
-                 f"  4 weeks   {totals_line(d.four_weeks)}"]
+                 f"  today     {totals_line(d.today, d.prices)}",
+                 f"  7 days    {totals_line(d.week, d.prices)}",
+                 f"  4 weeks   {totals_line(d.four_weeks, d.prices)}"]
         if period is not None:
             lines.append(f"  {timegrid.format_span(period[0], period[1], tz, now)}: {totals_line(period[2])}")
         lines += ["", "last 7 days:"]
         lines += chart(d.days, [_day_label(b.start, tz) for b in d.days], term)
         lines += ["", "last 4 weeks:"]
         lines += chart(d.weeks, ["wk " + _day_label(b.start, tz)[4:] for b in d.weeks], term)
+        per_week = [f"  wk {_day_label(b.start, tz)[4:]}  {energy_text(b.totals.energy_mj, d.prices)}"
+                    for b in d.weeks if b.totals.booked_s or b.totals.energy_mj is not None]
+        if per_week:
+            lines += ["", "energy per week (the driver's counter; unknown where it was not read):", *per_week]
         if d.bookings:
             lines += ["", "recent bookings:"]
             rows = []
@@ -226,8 +262,8 @@ def run_dashboard(args, ctx) -> Output:
                         else "(no longer in the ledger)")
                 rows.append([b.reservation[:8], common.gpus_text(b.gpus), when, hours(b.totals.booked_s),
                              hours(b.totals.active_s), share(b.totals.idle_share), sm(b.totals.sm_avg),
-                             mem(b.totals.mem_peak_mib)])
-            lines.append(table(rows, ["ID", "GPU", "WHEN", "BOOKED", "ACTIVE", "IDLE", "SM", "PEAK"],
+                             mem(b.totals.mem_peak_mib), kwh(b.totals.energy_mj)])
+            lines.append(table(rows, ["ID", "GPU", "WHEN", "BOOKED", "ACTIVE", "IDLE", "SM", "PEAK", "KWH"],
                                term, shrink=2))
         return "\n".join(lines)
 
@@ -248,12 +284,19 @@ def run_users(args, ctx) -> Output:
         head = f"usage {timegrid.format_span(since, until, tz, now)}"
         if not rep.rows:
             return head + "\nnobody booked or used a GPU in this period"
-        rows = [[safe(r.user), hours(r.totals.booked_s), hours(r.totals.active_s), share(r.totals.idle_share),
-                 hours(r.totals.unreserved_s), sm(r.totals.sm_avg), mem(r.totals.mem_peak_mib),
-                 share(r.share)]
-                for r in rep.rows]
-        out = [head, table(rows, ["USER", "BOOKED", "ACTIVE", "IDLE", "UNRESERVED", "AVG SM", "PEAK MEM",
-                                  "SHARE"], term, shrink=0),
+        priced = rep.prices.price_per_kwh is not None
+        carbon = rep.prices.gco2_per_kwh is not None
+        rows = []
+        for r in rep.rows:
+            got = rep.prices.of(r.totals.energy_mj)
+            rows.append([safe(r.user), hours(r.totals.booked_s), hours(r.totals.active_s),
+                         share(r.totals.idle_share), hours(r.totals.unreserved_s), sm(r.totals.sm_avg),
+                         mem(r.totals.mem_peak_mib), kwh(r.totals.energy_mj),
+                         *([_money(got.get("cost"))] if priced else []),
+                         *([_money(got.get("co2e_kg"))] if carbon else []), share(r.share)])
+        out = [head, table(rows, ["USER", "BOOKED", "ACTIVE", "IDLE", "UNRESERVED", "AVG SM", "PEAK MEM", "KWH",
+                                  *(["COST"] if priced else []), *(["KG CO2E"] if carbon else []), "SHARE"],
+                           term, shrink=0),
                "SHARE: each user's part of everyone's decayed usage now (half-life "
                f"{_days(rep.half_life_days)}; fair share orders contested advances "
                + ("and is on)" if call.policy.fair_share_half_life_s else "when on)")]
@@ -267,13 +310,35 @@ def run_users(args, ctx) -> Output:
     return Output("usage users", rep.to_json(), human)
 
 
+def _money(x: float | None) -> str:
+    return "?" if x is None else f"{x:.2f}"
+
+
 def run_samples(args, ctx) -> Output:
     from bk.service import SamplesRequest
 
     call = ctx.call()
     since, until = _span(args, call)
     gpus = common.parse_gpu_list(args.gpu, "-g") if args.gpu else None
-    rep = ctx.app().run("usage_samples", SamplesRequest(since, until, gpus, args.limit), call=call)
+    ref = None
+    if args.reservation:
+        # A booking's evidence: its own span (unless --since/--until say
+        # otherwise), the records that credit it.
+        from bk.core.errors import NotFound
+        from bk.service import ResolveRequest
+
+        try:
+            res = ctx.app().run("resolve", ResolveRequest(args.reservation), call=call).reservation
+            ref = res.id
+            if args.since is None:
+                since = res.start
+            if args.until is None:
+                until = max(since + 1, min(call.now, res.end))
+        except NotFound:
+            if not all(c in "0123456789abcdef-" for c in args.reservation.lower()) or len(args.reservation) < 4:
+                raise
+            ref = args.reservation.lower()      # an ended booking: its ID or a prefix of it
+    rep = ctx.app().run("usage_samples", SamplesRequest(since, until, gpus, args.limit, reservation=ref), call=call)
     tz, now = call.tz, call.now
 
     def human(term) -> str:
@@ -283,16 +348,19 @@ def run_samples(args, ctx) -> Output:
             return "no records in this period"
         rows = []
         for r in rep.records:
+            shown = [u for u in r.uses if ref is None or (u.reservation or "").startswith(ref)]
             users = ", ".join(
                 f"{u.uid}{'' if u.reservation is None else '@' + u.reservation[:8]}"
                 f"{' active' if u.active_s else (' idle' if u.booked_s else ' unreserved')}"
-                for u in r.uses) or "-"
+                + (f" {u.active_s}/{u.booked_s}s sm {sm(u.sm_avg)} {mem(u.mem_peak_mib)}" if ref else "")
+                for u in shown) or "-"
+            wh = (r.energy_mj if ref is None else _sum_known(u.energy_mj for u in shown))
             rows.append([timegrid.format_local(r.t, tz, now=now, compact=True), str(r.gpu),
                          f"{r.period_s // 60}m", str(r.samples), "-" if r.util_avg is None else f"{r.util_avg:.0f}%",
-                         mem(r.mem_peak_mib), users])
+                         mem(r.mem_peak_mib), "?" if wh is None else f"{wh / 3.6e6:.1f}", users])
         more = f"\n({rep.total - len(rep.records)} earlier records not shown; -n N)" \
             if rep.total > len(rep.records) else ""
-        return table(rows, ["PERIOD", "GPU", "LEN", "N", "UTIL", "MEM", "UID@BOOKING"], term, shrink=6) + more
+        return table(rows, ["PERIOD", "GPU", "LEN", "N", "UTIL", "MEM", "WH", "UID@BOOKING"], term, shrink=7) + more
 
     return Output("usage samples", rep.to_json(), human)
 

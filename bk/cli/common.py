@@ -49,6 +49,11 @@ def add_start_flags(p) -> None:
     p.add_argument("--start", metavar="ISO", help="exact start, ISO-8601: 2026-07-13T18:00:00Z")
 
 
+IDLE_RELEASE_HELP = ("end the booking once the monitor saw it idle this long (no compute and no CPU "
+                     "work by its processes; bk u samples shows the evidence), e.g. 60m; default: "
+                     "only nudges, unless the administrator set idle_release_minutes")
+
+
 def add_write_flags(p) -> None:
     """--op-id and --dry-run: every write has both."""
     p.add_argument("--op-id", metavar="KEY",
@@ -162,6 +167,7 @@ def book_request(call, args, *, mode: str, count: int, words: list[str],
         advance=bool(getattr(args, "advance", False)) if write else False,
         no_advance=bool(getattr(args, "no_advance", False)) if write else False,
         shared_with=getattr(args, "shared_with", None) if write else None,
+        idle_release_=getattr(args, "idle_release", None) if write else None,
         policy=call.policy, now=call.now, tz=call.tz)
 
 
@@ -188,7 +194,7 @@ def reservations_table(items, view, term, *, tz, show_user: bool) -> str:
     for r in items:
         body.append([str(view.numbers.get(r.id) or ""), r.short_id, *([safe(r.user)] if show_user else []),
                      gpus_text(r.gpus), mode_text(r, capacity), timegrid.mem_text(r.mem_mib),
-                     timegrid.when_text(r.start, r.end, tz, now), timegrid.status_text(r, now),
+                     timegrid.when_text(r.start, r.end, tz, now), _with_activity(timegrid.status_text(r, now), view, r),
                      safe(r.note or "")])
     if not any(r.note for r in items):
         headers.pop()
@@ -230,6 +236,12 @@ def fair_table_lines(items, view) -> str:
                                theirs=r.id in view.usable):
             lines.append(f"{head} {line}")
     return "".join("\n" + line for line in lines)
+
+
+def _with_activity(words: str, view, r: Reservation) -> str:
+    """``1h20m left · idle 35m``: the monitor's state of a running booking."""
+    text = view.activity_text(r) if hasattr(view, "activity_text") else None
+    return f"{words} · {text}" if text else words
 
 
 def job_lines(items, view, uid: int) -> str:

@@ -44,10 +44,11 @@ class Cluster:
     one with a fake runner) and a cancel event shared by all threads."""
 
     def __init__(self, catalog: Catalog, *, make_client: Callable[..., NodeClient] | None = None,
-                 env: dict | None = None):
+                 env: dict | None = None, parallel: int | None = None):
         self.catalog = catalog
         self.env = env
         self.cancel = threading.Event()
+        self._parallel = parallel
         self._make = make_client or (lambda entry, cancelled=None: NodeClient(entry, env=env, cancelled=cancelled))
 
     def client(self, name_or_entry) -> NodeClient:
@@ -59,7 +60,17 @@ class Cluster:
         if not nodes:
             raise InvalidInput("the cluster catalog has no enabled nodes",
                                hint="add one: bk c probe NAME HOST, then the sudo command it prints")
-        return fan_out(nodes, job, make_client=self._make, cancel=self.cancel)
+        return fan_out(nodes, job, make_client=self._make, cancel=self.cancel, parallel=self.parallel)
+
+    @property
+    def parallel(self) -> int:
+        """How many nodes are asked at once: the caller's number, else the
+        configuration's ``cluster_parallel`` (read once, when first needed)."""
+        if self._parallel is None:
+            from bk.store import config, paths
+
+            self._parallel = config.load(paths.locate(self.env))["cluster_parallel"]
+        return self._parallel
 
     # -- reads -------------------------------------------------------------
 

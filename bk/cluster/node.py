@@ -51,6 +51,12 @@ class NodeFailure(Exception):
                    details={"node": self.node, "state": self.state})
 
 
+def timed_out(entry: NodeEntry, timeout: float, seconds: float | None) -> NodeFailure:
+    """The row of a node that gave no full reply by its deadline (killed)."""
+    return NodeFailure(entry.name, "timeout", f"no reply within {timeout:g} s (killed)",
+                       f"raise its timeout: sudo bk admin cluster set {entry.name} --timeout 30", seconds)
+
+
 @dataclass(frozen=True)
 class Reply:
     """A node's answer: who answered (``node``: its identity block), the
@@ -140,9 +146,7 @@ class NodeClient:
                            timeout=timeout or e.timeout_s, cancelled=self._cancelled, env=self._env)
         after = self._wall()
         if out.ended == "timeout":
-            raise NodeFailure(e.name, "timeout", f"no reply within {timeout or e.timeout_s:g} s (killed)",
-                              f"raise its timeout: sudo bk admin cluster set {e.name} --timeout 30",
-                              out.seconds)
+            raise timed_out(e, timeout or e.timeout_s, out.seconds)
         if out.ended == "too_large":
             raise NodeFailure(e.name, "too_large", "the reply was larger than the limit (killed)",
                               "the node's bk may be broken: try ssh HOST bk c id --json", out.seconds)

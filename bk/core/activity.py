@@ -88,6 +88,32 @@ NUDGE_MINUTES = (30, 45)   # idle_nudge_minutes' default
 MPS_LABEL = "nvidia-cuda-mps-server"
 
 
+# ---------------------------------------------------------------- words for people
+
+_WORDS = {ACTIVE: "in use", IDLE_HELD: "memory held, no compute", EMPTY: "no process on its GPUs",
+          UNKNOWN: "cannot tell"}
+
+
+def state_words(state: str) -> str:
+    """What a state means, for a sentence (``released: idle 1h (memory held, no compute)``)."""
+    return _WORDS.get(state, "cannot tell")
+
+
+def short_text(state: str | None, idle_s: int | None) -> str | None:
+    """The few words every list shows for a running booking (``bk l``,
+    ``bk st``, ``bk t``): ``in use``, ``idle 35m`` (memory held),
+    ``empty 35m`` (none of its processes on its GPUs); None when it cannot
+    be told (no monitor, or ``unknown``)."""
+    from bk.core.timegrid import format_duration
+
+    if state == ACTIVE:
+        return "in use"
+    if state in IDLE_STATES:
+        word = "idle" if state == IDLE_HELD else "empty"
+        return f"{word} {format_duration(max(60, idle_s or 0) // 60 * 60)}" if (idle_s or 0) >= 60 else word
+    return None
+
+
 # ---------------------------------------------------------------- the idle baseline
 
 def margin_mw(limit_mw: int | None) -> int:

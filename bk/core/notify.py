@@ -135,6 +135,9 @@ def _timed(out: list, r, now: int, name: str, due: int, expires: int, qualifier:
         out.append(Event(name, key_of(r.id, name, due, qualifier), due, expires, r.uid, r.user, r, fields))
 
 
+RELEASED = "released: idle"        # bk.service.follow.release_reason's first words
+
+
 def changes(reservations, uid: int, now: int, *, blackouts=(), notices=()) -> list[Event]:
     """What others did to ``uid``'s bookings: an administrator's (or a
     maintenance window's) cancellation, another account's edit, a move to
@@ -146,7 +149,10 @@ def changes(reservations, uid: int, now: int, *, blackouts=(), notices=()) -> li
             if due + CHANGE_LATE_S > now:
                 out.append(Event(name, key_of(r.id, name, due, qualifier), due, due + CHANGE_LATE_S,
                                  r.uid, r.user, r, fields))
-        if r.cancelled_at is not None and r.cancelled_by is not None and r.cancelled_by != r.uid:
+        # The owner's worker ends a booking idle past its release time (issue 25)
+        # as the owner, so the owner is told of it as of another's cancel.
+        released = r.cancelled_by == r.uid and (r.cancel_reason or "").startswith(RELEASED)
+        if r.cancelled_at is not None and r.cancelled_by is not None and (r.cancelled_by != r.uid or released):
             add(CHANGED, r.cancelled_at, "cancelled",
                 change={"kind": "cancelled", "by_uid": r.cancelled_by, "reason": r.cancel_reason})
         for e in r.edits:
@@ -288,6 +294,8 @@ def render(ev: Event, tz, now: int) -> str:
     if ev.name == CHANGED:
         c = f["change"]
         why = f": {safe(c['reason'])}" if c.get("reason") else ""
+        if c["kind"] == "cancelled" and c.get("by_uid") == r.uid:
+            return f"booking {rid} ({_gpus(r)}) was ended by your worker{why}"
         if c["kind"] == "cancelled":
             return f"booking {rid} ({at(r.start)}, {_gpus(r)}) was cancelled by the administrator{why}"
         if c["kind"] == "maintenance":

@@ -258,6 +258,71 @@ class ProcInfo:
                           identity=p.identity)
 
 
+# ------------------------------------------------------------ one process, exactly
+
+def identity(pid: int, proc_root: str = "/proc") -> tuple[int, int] | None:
+    """(pid, start ticks) of the process that runs as ``pid`` now; None
+    when none does (gone, a zombie, or hidden from us).  ``bk adopt`` keeps
+    this pair: a PID the kernel hands to a later process has a later start,
+    so the pair never names that one (``alive``)."""
+    try:
+        with open(os.path.join(proc_root, str(pid), "stat"), "rb") as f:
+            raw = f.read(4096)
+    except OSError:
+        return None
+    fields = _stat_fields(raw)
+    if not fields or len(fields) < 20 or fields[0] in (b"Z", b"X"):
+        return None
+    try:
+        return (pid, int(fields[19]))
+    except ValueError:
+        return None
+
+
+def alive(pid: int, start_ticks: int, proc_root: str = "/proc") -> bool:
+    """Whether the very process (``pid``, ``start_ticks``) still runs: not
+    exited, not a zombie, and not another process that got its PID."""
+    return identity(pid, proc_root) == (pid, start_ticks)
+
+
+def real_uid(pid: int, proc_root: str = "/proc") -> int | None:
+    """The real UID of ``pid`` (``/proc/PID/status``), None when unreadable."""
+    try:
+        with open(os.path.join(proc_root, str(pid), "status"), "rb") as f:
+            return _real_uid(f.read(65536))
+    except OSError:
+        return None
+
+
+def descendants(pid: int, proc_root: str = "/proc") -> set[int]:
+    """``pid`` and every process below it now (one scan of /proc)."""
+    kids: dict[int, list[int]] = {}
+    try:
+        names = os.listdir(proc_root)
+    except OSError:
+        return {pid}
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(os.path.join(proc_root, name, "stat"), "rb") as f:
+                fields = _stat_fields(f.read(4096))
+        except OSError:
+            continue
+        if fields and len(fields) > 1:
+            try:
+                kids.setdefault(int(fields[1]), []).append(int(name))
+            except ValueError:
+                continue
+    out, todo = {pid}, [pid]
+    while todo:
+        for c in kids.get(todo.pop(), ()):
+            if c not in out:
+                out.add(c)
+                todo.append(c)
+    return out
+
+
 def _real_uid(raw: bytes | None) -> int | None:
     if raw is None:
         return None

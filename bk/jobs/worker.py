@@ -81,7 +81,7 @@ class Worker:
     unsent: dict = field(default_factory=dict)         # job id -> (res, status, reason, exit code)
     reasons: dict = field(default_factory=dict)        # job id -> the pending reason last written
     pumps: list = field(default_factory=list)          # log pumps still writing for jobs that ended
-    ending: dict = field(default_factory=dict)         # job id -> (res, reason): bookings to end early
+    ending: dict = field(default_factory=dict)         # job id (or follow:ID) -> (res, reason): bookings to end early
     last_clean: float = 0.0
 
     # -- writes ------------------------------------------------------------
@@ -125,14 +125,14 @@ class Worker:
         except (NotFound, PermissionDenied, InvalidInput) as e:
             # It ended, or was cancelled or changed meanwhile: nothing left to give back.
             self.ending.pop(jid, None)
-            self.log(f"job {jid[:8]}: booking {res.short_id} not ended early: {e.message}")
+            self.log(f"{_whose(jid)}: booking {res.short_id} not ended early: {e.message}")
             return
         except BkError as e:
             self.ending[jid] = (res, reason)
             self.log(f"could not end booking {res.short_id} yet ({e.message}); will retry")
             return
         self.ending.pop(jid, None)
-        self.log(f"job {jid[:8]}: booking {res.short_id} {reason}")
+        self.log(f"{_whose(jid)}: booking {res.short_id} {reason}")
 
     # -- the loop ----------------------------------------------------------
 
@@ -229,6 +229,10 @@ class Worker:
                 self._start(res, now)
             else:
                 due = min(due, res.start)
+        follow = getattr(self.host, "follow_ups", None)
+        for key, (res, why) in (follow(now) if follow is not None else {}).items():
+            if key not in self.ending:
+                self._end(res, key, why)
         if self.time_fn() - self.last_clean >= CLEAN_EVERY_S:
             self.clean(jobs, now)
         return float(max(0, due - now))
@@ -339,6 +343,12 @@ class Worker:
             # real second on which the next start or stop is due.
             wait = delay - self.time_fn() % 1.0 if delay >= 1 else 0.05
             sleep(min(POLL_S, max(0.01, wait)))
+
+
+def _whose(key: str) -> str:
+    """A key of ``Worker.ending``: a job id, or ``follow:`` and a booking id
+    (a booking that ends because its work did: bk.service.follow)."""
+    return "idle or adopted" if key.startswith("follow:") else f"job {key[:8]}"
 
 
 def _stub(ch: Child):

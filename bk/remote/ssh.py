@@ -45,6 +45,11 @@ MAX_REPLY_BYTES = 4 << 20
 MAX_STDERR_BYTES = 64 << 10
 # ssh's own exit status for a failure of ssh itself (connect, auth, host key).
 SSH_FAILED = 255
+# How often a waiting runner looks at ``cancelled()``: how soon Ctrl-C (or
+# the fan-out's backstop) kills its process.  Each look wakes the thread and
+# takes the GIL; with a hundred nodes waiting, 50 ms looks cost the client a
+# measurable share of a core (benchmarks/cluster.py).
+POLL_S = 0.2
 
 
 @dataclass(frozen=True)
@@ -89,7 +94,7 @@ def run(argv: Sequence[str], *, timeout: float, max_bytes: int = MAX_REPLY_BYTES
         monotonic: Callable[[], float] = time.monotonic) -> Outcome:
     """Run ``argv`` with stdin from /dev/null and both outputs bounded;
     kill it at ``timeout`` seconds, past ``max_bytes`` of stdout, or when
-    ``cancelled()`` turns true (polled every 50 ms)."""
+    ``cancelled()`` turns true (polled every ``POLL_S``)."""
     start = monotonic()
     try:
         proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -112,7 +117,7 @@ def run(argv: Sequence[str], *, timeout: float, max_bytes: int = MAX_REPLY_BYTES
             if cancelled is not None and cancelled():
                 ended = "cancelled"
                 break
-            for key, _ in sel.select(min(left, 0.05)):
+            for key, _ in sel.select(min(left, POLL_S)):
                 chunk = os.read(key.fd, 65536)
                 if not chunk:
                     sel.unregister(key.fileobj)

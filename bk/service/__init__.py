@@ -453,6 +453,10 @@ def _table() -> dict[str, Operation]:
         _row("worker_hint", "whether to say that no worker runs for you (once a login session)",
              "jobs:WorkerHintRequest", None, "jobs:WorkerHint", READ, ANYONE,
              idempotent=True, destructive=False, serve="jobs:_serve_worker_hint", served=False),
+        _row("adopt", "the booking that puts a running process (or your processes on a GPU) under one, "
+             "read from this machine's processes and GPUs (books nothing)",
+             "adopt:AdoptRequest", None, "adopt:AdoptPlan", READ, ANYONE,
+             idempotent=True, destructive=False, serve="adopt:_serve_adopt", served=False),
         _row("run_target", "the booking a command would run on now, and the environment it gets",
              "jobs:RunTargetRequest", None, "jobs:RunTarget", READ, ANYONE,
              idempotent=True, destructive=False, serve="jobs:_serve_run_target",
@@ -538,6 +542,7 @@ _TYPES = {
              "WorkerStatusResult", "WorkerRunRequest", "WorkerRunResult", "BookJobRequest", "RunTargetRequest",
              "RunTarget", "RunNowRequest", "RunNowResult", "WorkerHintRequest", "WorkerHint", "NO_WORKER"),
     "notify": ("NotifySetRequest", "NotifyTestRequest", "NotifyLogRequest", "NotifyResult"),
+    "adopt": ("AdoptRequest", "AdoptPlan"),
     "exports": ("ExportRequest", "ExportResult", "PageRequest", "PageWritten"),
     "presets": ("Preset", "PresetsResult", "PresetRequest", "PresetResult", "PresetSaveRequest",
                 "PresetSaveResult", "PresetDeleteRequest", "PresetDeleteResult", "DefaultsResult",

@@ -67,8 +67,14 @@ OP_ACTIONS = {"book": CREATE, "edit": EDIT, "cancel": CANCEL}
 
 def summary(r: Reservation) -> dict:
     """The compact before/after picture an audit record carries."""
-    return {"gpus": list(r.gpus), "mode": r.mode, "share": r.share, "mem_mib": r.mem_mib,
-            "start": r.start, "end": r.end}
+    out = {"gpus": list(r.gpus), "mode": r.mode, "share": r.share, "mem_mib": r.mem_mib,
+           "start": r.start, "end": r.end}
+    if r.extra and ("idle_release_minutes" in r.extra or "idle_keep_until" in r.extra):
+        # Issue 25's opt-in and keep (bk.service.follow, loaded only for them).
+        from bk.service import follow
+
+        out.update(follow.summary(r))
+    return out
 
 
 def _replay(state: LedgerState, actor: Actor, op_id: str | None, action: str, digest: str):
@@ -147,7 +153,7 @@ def repeat_of(state: LedgerState, req: BookRequest, call: Call) -> Reservation |
     ``--op-id`` are governed by the op-id rules only, as the request and as
     the earlier booking alike (a script's retry key says what a retry is);
     ``--again`` books a second on purpose."""
-    if req.op_id or req.again or req.dry_run or req.job_id:
+    if req.op_id or req.again or req.dry_run or req.job_id or req.adopt:
         return None
     now, slot = call.now, call.policy.slot_minutes
     for b in reversed(state.reservations):
@@ -248,18 +254,27 @@ def apply_book(state: LedgerState, req: BookRequest, call: Call) -> Mutation:
         from bk.core import ledgerlimits  # a shared server's broker only
 
         ledgerlimits.check_new(state.reservations, actor.uid, now, call.limits, req.note)
+    uid, user = actor.uid, actor.user
+    if req.adopt:
+        # bk adopt: the processes must still run, and be the actor's (or
+        # the administrator adopts for their owner): read here, where the
+        # booking is written (the broker on a shared server).
+        from bk.service.adopt import check_adopt
+
+        uid, user = check_adopt(req, actor, state, now)
     try:
         p = _place(state, _sched_request(req), call, limited=req)
     except Conflict as e:
         raise _with_nearest(e, state, req, call) from None
     share = policy.max_shared_users if req.mode == EXCLUSIVE else req.share
-    res = Reservation(id=call.new_id("reservation"), uid=actor.uid, user=actor.user, mode=req.mode, gpus=tuple(p.gpus),
+    res = Reservation(id=call.new_id("reservation"), uid=uid, user=user, mode=req.mode, gpus=tuple(p.gpus),
                       share=share, start=p.start, end=p.end, created=now, mem_mib=req.mem_mib,
                       op_id=req.op_id, note=req.note, job=_attached_job(req, now),
                       advance=_new_advance(req, p, call), shared_with=_shared(req.shared_with, actor),
                       # Placed later than asked: the owner's deliverer tells them
                       # when it could start earlier (bk.service.notifier).
-                      extra={"queued_from": iso(req.start if req.start is not None else now)} if p.queued else {})
+                      extra={**({"queued_from": iso(req.start if req.start is not None else now)}
+                                 if p.queued else {}), **_follow_extra(req)})
     status = "queued" if p.queued else "created"
     if res.start <= now:
         call.warn(*in_use_warnings(state, res, call.telemetry.snapshot(), now))
@@ -353,6 +368,14 @@ def _shared(text: str | None, actor: Actor) -> tuple[str, ...]:
     return names
 
 
+def _follow_extra(req: BookRequest) -> dict:
+    if req.idle_release_minutes is None and not req.adopt:
+        return {}
+    from bk.service import follow
+
+    return follow.book_extra(req)
+
+
 SHAPE_WINDOW = 20      # the user's latest bookings the preset suggestion looks at (presets.RECENT)
 
 
@@ -407,6 +430,10 @@ def apply_edit(state: LedgerState, req: EditRequest, call: Call) -> Mutation:
         new = _edit_active(state, old, req, call)
     else:
         new = _edit_upcoming(state, old, req, call)
+    if req.idle_release_minutes is not None or req.keep_until is not None:
+        from bk.service import follow
+
+        new = follow.edited(new, req, now)
     before, after = summary(old), summary(new)
     if before != after and call.policy.limits:
         from bk.service import limits
@@ -425,8 +452,8 @@ def apply_edit(state: LedgerState, req: EditRequest, call: Call) -> Mutation:
     fair_was = {k: v for k, v in fair_before.items() if fair_after[k] != v}
     fair_now = {k: v for k, v in fair_after.items() if fair_before[k] != v}
     new = new.replace(edits=[*old.edits, Edit(now, actor.uid, actor.user,
-                                              {k: v for k, v in before.items() if after[k] != v} | fair_was,
-                                              {k: v for k, v in after.items() if before[k] != v} | fair_now)])
+                                              {k: v for k, v in before.items() if after.get(k) != v} | fair_was,
+                                              {k: v for k, v in after.items() if before.get(k) != v} | fair_now)])
     result = EditResult("updated", new, old, dry_run=req.dry_run)
     if req.dry_run:
         return Mutation(False, [], result)

@@ -148,7 +148,7 @@ def book_request(*, count_: int | str, duration_: int | str, policy, now: int, t
                  start_iso: str | None = None, start_at: int | None = None, queue: bool = False,
                  gpus=None, exclude=None, note: str | None = None, op_id: str | None = None,
                  dry_run: bool = False, again: bool = False, advance: bool = False,
-                 no_advance: bool = False, shared_with: str | None = None):
+                 no_advance: bool = False, shared_with: str | None = None, idle_release_=None):
     """The typed request for ``bk N DUR [MEM]`` and its read-only cousins
     (``bk slots``, ``bk g``).  ``start_at`` is an already resolved start
     (a form's); ``at``/``start_iso`` the typed words; ``again`` books even
@@ -169,7 +169,7 @@ def book_request(*, count_: int | str, duration_: int | str, policy, now: int, t
         mem_mib=memory(mem), start=when, queue=bool(queue), pinned=gpu_list(gpus, "-g", n_gpus),
         excluded=gpu_list(exclude, "-e", n_gpus) or (), note=note, op_id=op_id, dry_run=bool(dry_run),
         again=bool(again), advance=bool(advance), no_advance=bool(no_advance),
-        shared_with=with_text(shared_with))
+        shared_with=with_text(shared_with), idle_release_minutes=idle_release(idle_release_) or None)
     return req, spec
 
 
@@ -183,6 +183,35 @@ def with_text(value) -> str | None:
 
     parse(text)
     return text
+
+
+OFF_WORDS = ("off", "none", "no", "never")
+
+
+def idle_release(value, flag: str = "--idle-release") -> int | None:
+    """``60m``, ``2h`` (or minutes as an int) -> minutes; ``off`` -> 0 (an
+    edit's "no opt-in"); None stays None."""
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        minutes = value
+    elif str(value).strip().lower() in OFF_WORDS:
+        return 0
+    else:
+        minutes = timegrid.parse_duration(str(value), 1) // 60
+    if not 5 <= minutes <= 10080:
+        raise InvalidInput(f"{flag} must be 5 minutes to 7 days (or off), got {timegrid.counted(minutes, 'minute')}",
+                           hint=f"e.g. {flag} 60m")
+    return minutes
+
+
+def keep_for(value, now: int, flag: str = "--keep-for") -> int | None:
+    """``4h`` -> the epoch second the keep ends (now + 4h); ``off`` -> 0."""
+    if value is None:
+        return None
+    if str(value).strip().lower() in OFF_WORDS:
+        return 0
+    return now + timegrid.parse_duration(str(value), 1)
 
 
 def length_or_end(text, old: Reservation, *, now: int, tz, slot_minutes: int) -> tuple[int | None, int | None]:
@@ -212,7 +241,8 @@ def edit_request(old: Reservation, *, policy, now: int, tz, length=None, end: in
                  gpus=None, exclude=None, mem=None, share: int | None = None, mode: str | None = None,
                  queue: bool = False, note: str | None = None, op_id: str | None = None,
                  dry_run: bool = False, clear_mem: bool = False, advance: bool = False,
-                 no_advance: bool = False, shared_with: str | None = None) -> EditRequest:
+                 no_advance: bool = False, shared_with: str | None = None, idle_release_=None,
+                 keep_for_=None) -> EditRequest:
     """The typed change of booking ``old``.  ``length`` is ``-d``'s word (or
     seconds of total length); ``end`` an already resolved new end; ``mem``
     a size (or the word ``auto``), ``clear_mem`` forgets the figure."""
@@ -237,7 +267,9 @@ def edit_request(old: Reservation, *, policy, now: int, tz, length=None, end: in
                        mem_mib=mem_mib, clear_mem=clear_mem, pinned=gpu_list(gpus, "-g", policy.gpu_count),
                        excluded=gpu_list(exclude, "-e", policy.gpu_count), queue=bool(queue), note=note, op_id=op_id,
                        dry_run=bool(dry_run), advance=bool(advance), no_advance=bool(no_advance),
-                       shared_with=with_text(shared_with))
+                       shared_with=with_text(shared_with), idle_release_minutes=idle_release(idle_release_),
+                       keep_until=keep_for(keep_for_, now))
+
 
 
 def recommend_request(book: BookRequest, limit: int = 3):

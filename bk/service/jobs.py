@@ -462,6 +462,54 @@ class Host:
         self._key = None
 
 
+    def follow_ups(self, now: int) -> dict:
+        """Bookings of this user to end now because their work ended
+        (issue 25, ``bk.service.follow``): key -> (reservation, reason).
+        An adopted process that exited (checked by its exact identity in
+        /proc), or a booking the monitor judged idle past its release time,
+        checked again here against the ledger just read.  Costs nothing
+        while none of the user's running bookings could end so."""
+        from bk.service import follow
+
+        if self._state is None:
+            return {}
+        policy = self.app.settings["idle_release_minutes"]
+        mine = [r for r in self._state.reservations
+                if r.uid == self.uid and r.cancelled_at is None and r.start <= now < r.end]
+        out = {}
+        adopted = [r for r in mine if follow.adopted(r)]
+        if adopted:
+            from bk.gpu.procinfo import alive
+
+            for r in adopted:
+                why = follow.adopt_reason(r, now, alive)
+                if why is not None:
+                    out["follow:" + r.id] = (r, why)
+        idle = [r for r in mine if ("follow:" + r.id) not in out and
+                (policy is not None or follow.release_minutes(r) is not None)]
+        if idle:
+            rows = self._activity_rows(idle, now)
+            for r in idle:
+                why = follow.release_reason(rows.get(r.id) or {}, r, now, policy)
+                if why is not None:
+                    out["follow:" + r.id] = (r, why)
+        return out
+
+    def _activity_rows(self, reservations, now: int) -> dict:
+        """The monitor's activity rows, re-read only when its snapshot changed."""
+        from bk.service.activity import rows
+        from bk.store import snapshot as files
+
+        try:
+            st = os.stat(os.path.join(files.monitor_dir(self.app.settings), files.SNAPSHOT_FILE))
+            stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+        except OSError:
+            return {}
+        if getattr(self, "_act_stamp", None) != stamp:
+            self._act_stamp, self._act_rows = stamp, rows(self.app.settings, reservations, now)
+        return self._act_rows
+
+
 def _printable(text: str | None) -> str | None:
     """A reason for the ledger: one line, no control characters, bounded."""
     if text is None:

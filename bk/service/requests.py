@@ -45,6 +45,11 @@ class BookRequest:
     advance: bool = False
     no_advance: bool = False
     shared_with: str | None = None
+    # Issue 25: end the booking after this many minutes seen idle (opt-in),
+    # and bk adopt: the processes it follows, "PID:START,..." (START: the
+    # process's start time in clock ticks since boot, /proc/PID/stat).
+    idle_release_minutes: int | None = None
+    adopt: str | None = None
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,8 @@ class EditRequest:
     advance: bool = False             # move earlier on its own from now on (bk.core.advance)
     no_advance: bool = False          # stop doing so
     shared_with: str | None = None    # who else may use it: "alice,@nlp"; "none": nobody
+    idle_release_minutes: int | None = None   # 0: off (no opt-in: the administrator's policy alone)
+    keep_until: int | None = None             # hold nudges and idle release until then; 0: stop holding
 
     def changes(self) -> dict:
         skip = {"ref", "op_id", "dry_run", "queue"}
@@ -79,6 +86,9 @@ class CancelRequest:
     reason: str | None = None
     op_id: str | None = None
     dry_run: bool = False
+
+
+LATE_FIELDS = ("idle_release_minutes", "adopt", "keep_until")
 
 
 def canonical(action: str, req: object) -> str:
@@ -100,6 +110,9 @@ def canonical(action: str, req: object) -> str:
     for k in ("advance", "no_advance", "shared_with"):
         if d.get(k) in (False, None):
             d.pop(k, None)
+    for late in LATE_FIELDS:
+        if d.get(late) is None:
+            d.pop(late, None)
     import hashlib
 
     blob = json.dumps([action, d], sort_keys=True, separators=(",", ":"), default=list)

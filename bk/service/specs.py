@@ -42,10 +42,17 @@ _FAIR = (Field("advance", "bool", help="if queued, move to an earlier start on i
          Field("no_advance", "bool", help="never move on its own (overrides the server's advance_default)"),
          Field("shared_with", "text", max_len=2200, pattern=SHARED_WITH,
                help="users and @groups who may also use it, comma-separated; none: nobody"))
+IDLE_RELEASE_MAX = 10080          # a week, in minutes (idle_release_minutes' bound)
+ADOPT = "[0-9]{1,10}:[0-9]{1,20}(,[0-9]{1,10}:[0-9]{1,20}){0,63}"
+_IDLE = Field("idle_release_minutes", "int", lo=5, hi=IDLE_RELEASE_MAX,
+              help="end the booking once it was seen idle this many minutes (opt-in; bk u samples shows why)")
 BOOK_FIELDS = (Field("count", "int", lo=1, hi=64, help="number of GPUs"),
                Field("duration", "int", lo=1, help="seconds", human="duration"), *_PLACE, *_WRITE,
                Field("again", "bool", help="book even if the same booking was made a few minutes ago "
-                     "(without it, that repeat answers exists with the first booking)"), *_JOB, *_FAIR)
+                     "(without it, that repeat answers exists with the first booking)"), *_JOB, _IDLE,
+               Field("adopt", "text", max_len=2000, pattern=ADOPT,
+                     help="bk adopt: the running processes the booking follows, PID:START_TICKS,... "
+                     "(it ends when they have all exited)"), *_FAIR)
 JOB_STATE_FIELDS = (Field("ref", "text", max_len=36, pattern=RESERVATION_ID, help="the reservation's full ID"),
                     Field("job_id", "text", max_len=32, pattern=JOB_ID),
                     Field("status", "choice", choices=JOB_STATES),
@@ -55,7 +62,11 @@ JOB_STATE_FIELDS = (Field("ref", "text", max_len=36, pattern=RESERVATION_ID, hel
 EDIT_FIELDS = (Field("ref", "text", max_len=64, help="the reservation's full ID"),
                Field("duration", "int", lo=1, help="new total length, seconds", human="length"),
                Field("end", "int", help="new end, epoch seconds", human="end"),
-               Field("clear_mem", "bool", help="forget the memory figure"), *_PLACE, *_WRITE, *_FAIR)
+               Field("clear_mem", "bool", help="forget the memory figure"), *_PLACE, *_WRITE,
+               Field("idle_release_minutes", "int", lo=0, hi=IDLE_RELEASE_MAX,
+                     help="end it once seen idle this many minutes; 0: off"),
+               Field("keep_until", "int", lo=0, help="keep it (no idle nudge, no idle release) until "
+                     "then, epoch seconds; 0: stop keeping"), *_FAIR)
 CANCEL_FIELDS = (Field("ref", "text", max_len=64, help="the reservation's full ID"),
                  Field("reason", "text", max_len=MAX_NOTE, help="required to cancel another user's"),
                  *_WRITE)
@@ -146,7 +157,9 @@ _SPAN = (Field("since", "int", help="start of the period, epoch seconds"),
          Field("until", "int", help="end of the period, epoch seconds"))
 SPAN_FIELDS = _SPAN
 SAMPLES_FIELDS = (*_SPAN, Field("gpus", "gpus", help="only these GPUs"),
-                  Field("limit", "int", lo=1, hi=1 << 20, help="at most the last this many records"))
+                  Field("limit", "int", lo=1, hi=1 << 20, help="at most the last this many records"),
+                  Field("reservation", "text", min_len=4, max_len=36, pattern="[0-9a-f-]{4,36}",
+                        help="a booking's ID or a prefix of it: only the records that credit it"))
 EVENTS_FIELDS = (*_SPAN, Field("min_idle_s", "int", lo=0, help="shortest idle stretch that counts, seconds"))
 JOB_LOG_FIELDS = (Field("ref", "text", min_len=1, max_len=64,
                         help="the job: its booking's list number or ID prefix, or the job's own ID prefix"),

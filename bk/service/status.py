@@ -27,7 +27,7 @@ import os
 from bk.core import telemetry
 from bk.core.errors import BkError
 from bk.core.models import EXCLUSIVE, GpuInfo, GpuProcess, Policy, Reservation, iso
-from bk.core.record import dataclass
+from bk.core.record import dataclass, field
 from bk.service.telemetry import monitor_json
 from bk.service.views import notice_json
 
@@ -260,7 +260,14 @@ def _serve_status(service, req: StatusRequest, call) -> StatusView:
         shown = sorted((r for r in state.reservations if r.is_live(now)), key=lambda r: (r.start, r.created))
     else:
         shown = mine
-    view = View(now, call.actor.uid, call.policy, {g.index: g.mem_total_mib for g in snap.gpus}, numbers)
+    activity = {}
+    if any(r.cancelled_at is None and r.start <= now < r.end for r in shown):
+        # The monitor's activity states of the running ones (issue 25).
+        from bk.service.activity import rows
+
+        activity = rows(service.settings, shown, now)
+    view = View(now, call.actor.uid, call.policy, {g.index: g.mem_total_mib for g in snap.gpus}, numbers,
+                activity=activity)
     running = [r for r in mine if r.status(now) == "active"]
     return StatusView(now, {"name": snap.source, "simulated": snap.simulated},
                       tuple(gpu_rows(state, snap, call.policy, now)), tuple(shown),
@@ -388,8 +395,10 @@ def _serve_context(service, req, call) -> ContextResult:
     state = service.ledger(call=call)
     mine = own_current(state, call)
     theirs = shared_with_me(state, call)
-    view = replace(View.of(call, {r.id: i for i, r in enumerate(mine, 1)}), positions=positions(state, call, service),
-                   usable=frozenset(r.id for r in theirs))
+    from bk.service.activity import rows
+
+    view = replace(View.of(call, {r.id: i for i, r in enumerate(mine, 1)}, rows(service.settings, mine, call.now)),
+                   positions=positions(state, call, service), usable=frozenset(r.id for r in theirs))
     limits = bounds(call)
     inv = call.telemetry.inventory()
     live, missing = live_gpus(state, call)
@@ -454,6 +463,7 @@ class ScreenResult:
     ledger_id: tuple | None            # the committed file's identity at the read
     shared: bool = False               # a shared server's ledger (through the broker)
     usable: frozenset = frozenset()    # others' bookings shared with the caller (bk e ID --with)
+    activity: dict = field(default_factory=dict)   # booking id -> the monitor's activity row (issue 25)
 
     def to_json(self) -> dict:
         return {"now": iso(self.now), "error": self.error, "live": self.live, "monitor": dict(self.monitor),
@@ -507,10 +517,13 @@ def _serve_screen(service, req: ScreenRequest, call) -> ScreenResult:
     gpus = tuple(gpu_rows(state, snap, call.policy, now)) if state is not None and snap is not None else ()
     live = snap.describe() if snap is not None else "live: unknown (reading the GPUs)"
     usable: frozenset = frozenset()
+    activity: dict = {}
     if state is not None:
+        from bk.service.activity import rows
         from bk.service.fairview import shared_with_me
 
         usable = frozenset(r.id for r in shared_with_me(state, call))
+        activity = rows(service.settings, [r for r in state.reservations if r.cancelled_at is None], now)
     return ScreenResult(now, state, tuple(current_notices(state, call)) if state is not None else (), gpus, snap,
                         inv, live, monitor_json(call.telemetry), worker, warnings, error, ident, service.shared,
-                        usable)
+                        usable, activity)

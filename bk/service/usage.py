@@ -58,10 +58,38 @@ def _store_of(svc):
     return _Guarded(UsageStore.for_settings(svc.settings), svc)
 
 
-def totals_json(t: core.Totals) -> dict:
+def totals_json(t: core.Totals, prices: Prices | None = None) -> dict:
     d = t.to_dict()
     d["first"], d["last"] = iso(d["first"]), iso(d["last"])
+    d.update((prices or NO_PRICES).of(t.energy_mj))
     return d
+
+
+@dataclass(frozen=True)
+class Prices:
+    """The administrator's ``price_per_kwh``, ``gco2_per_kwh`` and ``pue``
+    (gpubk-config(5)), applied to a known energy; an unknown energy (no
+    counter, a reset, N/A) stays unknown: None, never 0."""
+
+    price_per_kwh: float | None = None
+    gco2_per_kwh: float | None = None
+    pue: float = 1.0
+
+    @classmethod
+    def of_settings(cls, settings) -> Prices:
+        return cls(settings["price_per_kwh"], settings["gco2_per_kwh"], settings["pue"] or 1.0)
+
+    def of(self, energy_mj: int | None) -> dict:
+        kwh = None if energy_mj is None else energy_mj / 3.6e9
+        out = {"energy_kwh": None if kwh is None else round(kwh, 6)}
+        if self.price_per_kwh is not None:
+            out["cost"] = None if kwh is None else round(kwh * self.pue * self.price_per_kwh, 4)
+        if self.gco2_per_kwh is not None:
+            out["co2e_kg"] = None if kwh is None else round(kwh * self.pue * self.gco2_per_kwh / 1000, 4)
+        return out
+
+
+NO_PRICES = Prices()
 
 
 def _user_name(uid: int) -> str:
@@ -97,9 +125,10 @@ class Bin:
     start: int
     end: int
     totals: core.Totals
+    prices: Prices = NO_PRICES
 
     def to_json(self) -> dict:
-        return {"start": iso(self.start), "end": iso(self.end), **totals_json(self.totals)}
+        return {"start": iso(self.start), "end": iso(self.end), **totals_json(self.totals, self.prices)}
 
 
 @dataclass(frozen=True)
@@ -110,10 +139,11 @@ class BookingUse:
     end: int | None
     status: str | None
     totals: core.Totals
+    prices: Prices = NO_PRICES
 
     def to_json(self) -> dict:
         return {"reservation": self.reservation, "gpus": list(self.gpus), "start": iso(self.start),
-                "end": iso(self.end), "status": self.status, **totals_json(self.totals)}
+                "end": iso(self.end), "status": self.status, **totals_json(self.totals, self.prices)}
 
 
 @dataclass(frozen=True)
@@ -130,12 +160,14 @@ class Dashboard:
     weeks: tuple[Bin, ...] = ()
     bookings: tuple[BookingUse, ...] = ()
     hint: str | None = None
+    prices: Prices = NO_PRICES
 
     def to_json(self) -> dict:
         return {"uid": self.uid, "user": self.user, "at": iso(self.now), "history": self.history,
                 "span": None if self.span is None else {"first": iso(self.span[0]), "last": iso(self.span[1])},
-                "totals": {"today": totals_json(self.today), "7d": totals_json(self.week),
-                           "28d": totals_json(self.four_weeks)},
+                "totals": {"today": totals_json(self.today, self.prices),
+                           "7d": totals_json(self.week, self.prices),
+                           "28d": totals_json(self.four_weeks, self.prices)},
                 "days": [b.to_json() for b in self.days], "weeks": [b.to_json() for b in self.weeks],
                 "bookings": [b.to_json() for b in self.bookings], "hint": self.hint}
 
@@ -159,7 +191,8 @@ def _dashboard(svc, *, call, uid: int | None = None) -> Dashboard:
     span = store.span()
     empty = core.Totals()
     if span is None:
-        return Dashboard(uid, user, now, False, None, empty, empty, empty, hint=MONITOR_HINT)
+        return Dashboard(uid, user, now, False, None, empty, empty, empty, hint=MONITOR_HINT,
+                         prices=Prices.of_settings(svc.settings))
     days = core.local_days(now, tz, DASH_DAYS * DASH_WEEKS)
     lo = days[0][0]
     # One read of the caller's records for the whole window (lines without
@@ -173,8 +206,9 @@ def _dashboard(svc, *, call, uid: int | None = None) -> Dashboard:
             i += 1
         if day_bins[i][0] <= r.t < day_bins[i][1]:
             day_bins[i][2].add(r)
-    per_day = [Bin(a, b, _bin([s], uid)) for a, b, s in day_bins]
-    weeks = tuple(Bin(per_day[k].start, per_day[k + 6].end, _merged(per_day[k:k + 7]))
+    prices = Prices.of_settings(svc.settings)
+    per_day = [Bin(a, b, _bin([s], uid), prices) for a, b, s in day_bins]
+    weeks = tuple(Bin(per_day[k].start, per_day[k + 6].end, _merged(per_day[k:k + 7]), prices)
                   for k in range(0, len(per_day), 7))
     last7 = tuple(per_day[-DASH_DAYS:])
     today = per_day[-1].totals
@@ -190,8 +224,8 @@ def _dashboard(svc, *, call, uid: int | None = None) -> Dashboard:
         r = ledger.get(rid)
         bookings.append(BookingUse(rid, tuple(sorted(summ.booking_gpus.get(rid, ()))),
                                    r.start if r else None, r.end if r else None,
-                                   r.status(now) if r else None, mine[rid]))
-    return Dashboard(uid, user, now, True, span, today, week, four, last7, weeks, tuple(bookings))
+                                   r.status(now) if r else None, mine[rid], prices))
+    return Dashboard(uid, user, now, True, span, today, week, four, last7, weeks, tuple(bookings), prices=prices)
 
 
 def _merged(bins) -> core.Totals:
@@ -227,9 +261,10 @@ class UserRow:
     totals: core.Totals
     decayed_s: float = 0.0          # fair share: decayed GPU-seconds now (bk.core.fairshare)
     share: float | None = None      # their part of everyone's decayed usage
+    prices: Prices = NO_PRICES
 
     def to_json(self) -> dict:
-        return {"uid": self.uid, "user": self.user, **totals_json(self.totals),
+        return {"uid": self.uid, "user": self.user, **totals_json(self.totals, self.prices),
                 "fair_share": {"share": None if self.share is None else round(self.share, 4),
                                "decayed_gpu_hours": round(self.decayed_s / 3600, 3)}}
 
@@ -242,12 +277,13 @@ class UsersReport:
     gpus: dict = field(default_factory=dict)        # gpu -> Totals
     history: bool = True
     hint: str | None = None
+    prices: Prices = NO_PRICES
     half_life_days: float | None = None             # fair share's half-life, as configured (the SHARE column)
 
     def to_json(self) -> dict:
         return {"since": iso(self.since), "until": iso(self.until), "history": self.history,
                 "users": [r.to_json() for r in self.rows],
-                "gpus": [{"gpu": g, **totals_json(t)} for g, t in sorted(self.gpus.items())],
+                "gpus": [{"gpu": g, **totals_json(t, self.prices)} for g, t in sorted(self.gpus.items())],
                 "hint": self.hint}
 
 
@@ -265,10 +301,12 @@ def _users(svc, *, call, since: int, until: int) -> UsersReport:
     decayed = decayed_usage(svc, call.now, half)
     part = shares(decayed)
     names = _names(svc, call, set(s.by_uid) | set(decayed))
-    rows = [UserRow(uid, names[uid], s.by_uid.get(uid) or core.Totals(), decayed.get(uid, 0.0), part.get(uid))
+    prices = Prices.of_settings(svc.settings)
+    rows = [UserRow(uid, names[uid], s.by_uid.get(uid) or core.Totals(), decayed.get(uid, 0.0), part.get(uid),
+                    prices)
             for uid in sorted(set(s.by_uid) | {u for u, v in decayed.items() if v})]
     rows.sort(key=lambda r: (-r.totals.booked_s, -r.totals.unreserved_s, r.user))
-    return UsersReport(since, until, tuple(rows), dict(s.by_gpu),
+    return UsersReport(since, until, tuple(rows), dict(s.by_gpu), prices=prices,
                        half_life_days=svc.settings["fair_share_half_life_days"])
 
 
@@ -295,11 +333,17 @@ class SamplesReport:
                 "total": self.total, "records": [record_json(r) for r in self.records], "hint": self.hint}
 
 
-def _samples(svc, *, call, since: int, until: int, gpus=None, limit: int | None = None) -> SamplesReport:
+def _samples(svc, *, call, since: int, until: int, gpus=None, limit: int | None = None,
+            reservation: str | None = None) -> SamplesReport:
+    """The stored records of the period; ``reservation`` (a full ID or a
+    prefix): only those that credit that booking (its evidence: when it was
+    seen active or idle, its SM, memory and energy)."""
     store = _store_of(svc)
     if store.span() is None:
         return SamplesReport(since, until, (), 0, False, MONITOR_HINT)
     recs = store.records(since, until, gpus=gpus)
+    if reservation:
+        recs = [r for r in recs if any((u.reservation or "").startswith(reservation) for u in r.uses)]
     _warn_problems(call, store)
     total = len(recs)
     if limit is not None:
@@ -439,6 +483,7 @@ class SamplesRequest:
     until: int
     gpus: tuple[int, ...] | None = None
     limit: int | None = None          # the last this many records
+    reservation: str | None = None    # a booking's ID or prefix: only the records that credit it
 
 
 @dataclass(frozen=True)
@@ -453,7 +498,8 @@ def _serve_users(svc, req: SpanRequest, call) -> UsersReport:
 
 
 def _serve_samples(svc, req: SamplesRequest, call) -> SamplesReport:
-    return _samples(svc, call=call, since=req.since, until=req.until, gpus=req.gpus, limit=req.limit)
+    return _samples(svc, call=call, since=req.since, until=req.until, gpus=req.gpus, limit=req.limit,
+                    reservation=req.reservation)
 
 
 def _serve_events(svc, req: EventsRequest, call) -> EventsReport:

@@ -9,7 +9,7 @@ from bk.core.record import dataclass, field, replace
 
 def reservation_json(r: Reservation, *, now: int, actor_uid: int, policy: Policy,
                      gpu_mem: dict | None = None, number: int | None = None, position: int | None = None,
-                     usable: bool = False) -> dict:
+                     usable: bool = False, activity: dict | None = None) -> dict:
     eff = None
     if r.mode != EXCLUSIVE:
         totals = [(gpu_mem or {}).get(g) for g in r.gpus]
@@ -35,7 +35,27 @@ def reservation_json(r: Reservation, *, now: int, actor_uid: int, policy: Policy
             "position": position, "latest_start": iso(r.start), "after": iso(r.advance.after),
             "since": iso(r.advance.since)},
         "shared_with": list(r.shared_with), "shared_with_you": usable and r.uid != actor_uid,
+        # Issue 25: the monitor's state of a running booking (None: not
+        # running, or no monitor says), its opt-in, keep and adopted processes.
+        "activity": _activity_json(activity),
+        **_follow_json(r),
     }
+
+
+def _activity_json(row):
+    if row is None:
+        return None
+    from bk.service.activity import row_json
+
+    return row_json(row)
+
+
+def _follow_json(r: Reservation) -> dict:
+    if not r.extra or not any(k in r.extra for k in ("idle_release_minutes", "idle_keep_until", "adopt")):
+        return {"idle_release_minutes": None, "keep_until": None, "adopted": None}
+    from bk.service.follow import json_fields
+
+    return json_fields(r)
 
 
 def notice_json(n: Notice) -> dict:
@@ -92,16 +112,28 @@ class View:
     numbers: dict = field(default_factory=dict)
     positions: dict = field(default_factory=dict)     # advancing booking -> place in line
     usable: frozenset = frozenset()                  # others' bookings shared with the caller
+    activity: dict = field(default_factory=dict)     # booking id -> the monitor's activity row
     tz: object = None
 
     @classmethod
-    def of(cls, call, numbers: dict | None = None) -> View:
-        return cls(call.now, call.actor.uid, call.policy, call.gpu_mem(), numbers or {}, tz=call.tz)
+    def of(cls, call, numbers: dict | None = None, activity: dict | None = None) -> View:
+        return cls(call.now, call.actor.uid, call.policy, call.gpu_mem(), numbers or {}, activity=activity or {},
+                   tz=call.tz)
 
     def reservation(self, r: Reservation) -> dict:
         return reservation_json(r, now=self.now, actor_uid=self.actor_uid, policy=self.policy,
                                 gpu_mem=self.gpu_mem, number=self.numbers.get(r.id),
-                                position=self.positions.get(r.id), usable=r.id in self.usable)
+                                position=self.positions.get(r.id), usable=r.id in self.usable,
+                                activity=self.activity.get(r.id) if r.start <= self.now < r.end else None)
+
+    def activity_text(self, r: Reservation) -> str | None:
+        """``idle 35m``, ``in use``, or None (bk.core.activity.short_text)."""
+        row = self.activity.get(r.id) if r.start <= self.now < r.end and r.cancelled_at is None else None
+        if row is None:
+            return None
+        from bk.core.activity import short_text
+
+        return short_text(row.get("state"), row.get("idle_s"))
 
 
 # ------------------------------------------------------------ the everyday reads
@@ -215,6 +247,11 @@ def _serve_list(service, req: ListRequest, call) -> ListResult:
         view = replace(view, positions=positions(state, call, service))
     if theirs:
         view = replace(view, usable=frozenset(r.id for r in theirs))
+    if any(r.cancelled_at is None and r.start <= now < r.end for r in shown):
+        # The monitor's activity states of the running ones (issue 25).
+        from bk.service.activity import rows
+
+        view = replace(view, activity=rows(service.settings, shown, now))
     return ListResult(scope, tuple(shown), len(every), view)
 
 

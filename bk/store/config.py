@@ -94,6 +94,13 @@ KEYS: dict[str, Key] = {k.name: k for k in (
         "order of their owners' decayed past usage (least first) instead of first come, first served."),
     Key("fair_share_half_life_days", "float", 7.0, "How fast past usage is forgotten for fair share: "
         "usage this many days old counts half.", 0.1, 365),
+    Key("price_per_kwh", "float", None, "Energy price per kWh (in your currency) for bk u's cost column: "
+        "the GPUs' energy (the driver's counter) times pue times this; unset: no cost shown.", 0, 1e6,
+        nullable=True),
+    Key("gco2_per_kwh", "float", None, "Grams of CO2-equivalent per kWh of the supply, for bk u's CO2e "
+        "column (times pue); unset: no CO2e shown.", 0, 1e5, nullable=True),
+    Key("pue", "float", 1.0, "Power usage effectiveness of the machine room: the facility's energy per "
+        "unit of IT energy, applied to cost and CO2e (1.0: the GPUs' energy alone).", 1.0, 5.0),
     Key("ledger_bookings_per_user", "int", 200, "Shared mode: the most bookings one user may have live "
         "or cancelled within archive_after_hours; more are refused (ledger_limit, exit 3). 0: no limit. "
         "The administrator is exempt.", 0, 1_000_000),
@@ -139,6 +146,8 @@ KEYS: dict[str, Key] = {k.name: k for k in (
         "private addresses (a lab's own chat server); by default only public addresses."),
     Key("notify_timeout_seconds", "float", 10.0, "How long one email or webhook delivery may take "
         "before it counts as failed (and is retried, at most three times).", 1, 120),
+    Key("cluster_parallel", "int", 64, "bk c: the most nodes asked at once (ssh processes running "
+        "together); the others wait for a free place, each node within its own timeout_s.", 1, 1024),
     Key("admin_contact", "str", None, "Who to ask about this server (shown by bk info).", nullable=True),
     Key("data_dir", "path", None, "Data directory (shared mode). Default /var/lib/gpubk.",
         security=True, nullable=True),

@@ -125,6 +125,26 @@ def cancel(app, ref: str, snapshot=None) -> Outcome:
     return Outcome(f"cancelled {res.reservation.id[:8]}", done=True, reservation=res.reservation.id)
 
 
+KEEP_FOR = "4h"
+
+
+def keep(app, ref: str, snapshot=None) -> Outcome:
+    """``K``: keep the booking ``KEEP_FOR`` (``bk e ID --keep-for 4h``)."""
+    from bk.service import ResolveRequest, builders
+
+    call = _call(app, snapshot)
+    try:
+        old = app.run("resolve", ResolveRequest(ref), call=call).reservation
+        req = builders.edit_request(old, policy=call.policy, now=call.now, tz=call.tz, keep_for_=KEEP_FOR)
+        res = app.run("edit", req, call=call)
+    except BkError as e:
+        return failed(e)
+    r = res.reservation
+    until = timegrid.format_local_short(min(r.end, call.now + 4 * 3600), call.tz, call.now)
+    return Outcome(f"kept {r.id[:8]} until {until}: no idle nudge or release before then", done=True,
+                   reservation=r.id)
+
+
 def find(app, d, snapshot=None) -> Outcome:
     """The earliest start at or after the draft's for as many GPUs (any of
     them), with the draft moved there; books nothing."""
@@ -154,4 +174,6 @@ def perform(app, action, snapshot=None) -> Outcome | None:
         return cancel(app, action.ref, snapshot)
     if action.kind == "find":
         return find(app, action.draft, snapshot)
+    if action.kind == "keep":
+        return keep(app, action.ref, snapshot)
     return None

@@ -286,7 +286,7 @@ def _main(win, app, env, loader, cs, theme_name, first_tour, done) -> None:
             loader.wake()
             continue
         busy = {"book": "booking...", "edit": "saving...", "cancel": "cancelling...",
-                "find": "looking for the earliest start..."}[action.kind]
+                "find": "looking for the earliest start...", "keep": "keeping..."}[action.kind]
         screen.draw(render.render(keys.say(state, busy), world, (state.width, state.height),
                                   theme.theme_for(state.theme, env), cs))
         state = apply_outcome(state, action, actions.perform(app, action, loader.snapshot), world, done)

@@ -52,7 +52,7 @@ class Draft:
 
 @dataclass(frozen=True)
 class Action:
-    kind: str                          # quit | refresh | book | edit | cancel | find
+    kind: str                          # quit | refresh | book | edit | cancel | find | keep
     draft: Draft | None = None
     ref: str | None = None
 
@@ -384,6 +384,16 @@ def _browse_key(state: ViewState, key: str, world) -> tuple[ViewState, Action | 
         st = replace(state, mode="form", draft=d,
                      message="new booking: arrows change the field, Enter books, Esc leaves", error=False)
         return show_time(st, world, d.start), None
+    if key == "K":
+        # Keep: no idle nudge and no idle release for KEEP_S (issue 25).
+        r = selected(state, world)
+        if r is None:
+            return say(state, "select a booking first (Tab, then up and down)", True), None
+        if r.uid != world.actor_uid:
+            return say(state, f"{r.id[:8]} is {r.user}'s booking: you can keep only your own", True), None
+        if not r.start <= world.now < r.end:
+            return say(state, f"{r.id[:8]} is not running: only a running booking is kept", True), None
+        return state, Action("keep", ref=r.id)
     if key in ("e", "d", "DEL", "ENTER"):
         r = selected(state, world)
         if r is None:

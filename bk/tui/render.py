@@ -138,6 +138,18 @@ def _state_word(d: dict) -> str:
     return str(d.get("state") or "absent")
 
 
+def _activity(r, now: int, activity: dict | None) -> str:
+    """`` · idle 35m``: the monitor's state of a running booking (issue 25),
+    as ``bk l`` adds it to the status."""
+    row = (activity or {}).get(r.id) if r.cancelled_at is None and r.start <= now < r.end else None
+    if not row:
+        return ""
+    from bk.core.activity import short_text
+
+    words = short_text(row.get("state"), row.get("idle_s"))
+    return f" · {words}" if words else ""
+
+
 def _gpus(gs) -> str:
     return ",".join(map(str, gs)) if gs else "-"
 
@@ -394,7 +406,7 @@ def _main(state, world, width: int, height: int, theme: Theme, cs: Charset) -> F
              f"{timegrid.gpus_text(r.gpus)[:5]:<6}{timegrid.mode_text(r, cap):<11}"
              f"{timegrid.mem_text(r.mem_mib):<6}"
              f"{timegrid.when_text(r.start, r.end, world.tz, now, dash=cs.dash):<18}"
-             f"{timegrid.status_text(r, now):<13}{tail}")
+             f"{timegrid.status_text(r, now) + _activity(r, now, world.activity):<13}{tail}")
         out.append(Line(width, theme).add(s, kind).fill(kind))
     for _ in range(table_n - len(shown)):
         out.append(Line(width, theme).add("   (no bookings in view: press a to add one)" if not rows and _ == 0

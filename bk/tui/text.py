@@ -19,6 +19,7 @@ HELP = (
         ("a", "add a booking at the cursor (on the cursor's GPU)"),
         ("e", "edit the chosen booking (yours)"),
         ("d  Del", "cancel the chosen booking (asks first)"),
+        ("K", "keep the chosen running booking 4 hours: no idle nudge, no idle release"),
         ("in a form: Up Down Tab", "choose a field: start, duration, GPUs, mode, share, memory"),
         ("in a form: Left Right", "change it (one column step; GPUs: choose one)"),
         ("in a form: Space 0-9", "toggle a GPU; Space also switches mode and share"),

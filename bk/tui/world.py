@@ -44,6 +44,7 @@ class World:
     warnings: tuple = ()
     error: str | None = None           # the ledger could not be read: why
     seq: int = 0                       # loads so far: lets the screen tell a new world
+    activity: dict = field(default_factory=dict)   # booking id -> the monitor's activity row (issue 25)
 
     @property
     def gpu_indices(self) -> list[int]:
@@ -59,8 +60,8 @@ def world_of(got, call, *, seq: int = 0, worker: dict | None = None) -> World:
     if got.state is None:
         return World(**base, error=got.error)
     return World(**base, reservations=tuple(r for r in got.state.reservations if r.cancelled_at is None),
-                 usable=got.usable, blackouts=tuple(got.state.blackouts), notices=got.notices, gpus=got.gpus,
-                 live=got.live,
+                 usable=got.usable, activity=got.activity, blackouts=tuple(got.state.blackouts),
+                 notices=got.notices, gpus=got.gpus, live=got.live,
                  monitor=got.monitor, worker=worker or got.worker or {"state": "absent"},
                  warnings=tuple(call.warnings))
 

@@ -196,10 +196,17 @@ _WRITE = _PLACE | {"bk.core.policy", "bk.service.gateway",
 _SLOTS = _PLACE | {"bk.cli.cmd_slots", "bk.service.advice", "bk.service.status", "bk.store.snapshot",
                    "shlex"}
 
+# Issue 27 (bookings shared with the caller, advances in line, the limits a
+# write must keep) and issue 25 (the monitor's idle state of running bookings)
+# are on the everyday paths: a list shows them, a write keeps them.
+_SHARED = {"bk.service.fairview", "bk.core.sharing", "bk.core.limits"}
+_FAIR = _SHARED | {"bk.service.advancing", "bk.core.advance", "bk.core.fairshare"}
+_WRITE |= _FAIR | {"bk.service.follow"}
+
 EVERYDAY: dict[str, frozenset[str]] = {
-    "l": frozenset({"bk.cli.cmd_list"}),
-    "st": frozenset(_STATUS | {"textwrap"}),
-    "g": frozenset(_SLOTS | {"textwrap"}),
+    "l": frozenset({"bk.cli.cmd_list", "bk.service.activity"} | _FAIR),
+    "st": frozenset(_STATUS | {"textwrap", "bk.service.activity"} | _SHARED),
+    "g": frozenset(_SLOTS | {"textwrap"} | _SHARED),
     "n": frozenset({"bk.cli.cmd_notices", "bk.cli.cmd_status", "bk.service.status"}),
     "1 30m": frozenset(_WRITE | {"bk.cli.cmd_book", "bk.service.presets", "bk.store.snapshot", "shlex"}),
     "e 1 -d +30m": frozenset(_WRITE | {"bk.cli.cmd_edit", "importlib._abc", "importlib.util"}),

@@ -65,9 +65,10 @@ def section(title: str) -> str:
 def test_the_readme_gives_the_fast_lane_and_the_full_run_with_their_times():
     text = section("Running the tests")
     lanes = {m.group(1): m.group(2) for m in
-             re.finditer(r'^(python3 -m pytest tests(?: -m "not slow")?)\s+#.*?about (\d+) min', text, re.M)}
-    assert set(lanes) == {"python3 -m pytest tests", 'python3 -m pytest tests -m "not slow"'}, lanes
-    assert int(lanes['python3 -m pytest tests -m "not slow"']) < int(lanes["python3 -m pytest tests"])
+             re.finditer(r'^(python3 -m pytest tests -n auto(?: -m "not slow")?)\s+#.*?about (\d+) min', text, re.M)}
+    full, fast = "python3 -m pytest tests -n auto", 'python3 -m pytest tests -n auto -m "not slow"'
+    assert set(lanes) == {full, fast}, lanes
+    assert int(lanes[fast]) < int(lanes[full])
     assert "slow:" in (ROOT / "pyproject.toml").read_text()          # the marker is declared
     assert "](tests/README.md)" in text and (ROOT / "tests" / "README.md").exists()
 

@@ -8,11 +8,13 @@
 #   bk/gpu/      the one GPU gateway: backend protocol, simulated backend
 #                (NVML comes later).  Nothing else looks at GPUs.
 #   bk/ipc/      the broker's wire: frames and the client, shared by both ends.
-#   bk/service/  the application API every front end calls: the operation
-#                table, the per-call context, typed results; never prints.
+#   bk/service/  the application API: its one face (bk.service) is the
+#                operation table every front end runs rows of, with typed
+#                requests and results that own their JSON; never prints.
 #   bk/export/   pure renderers of the exports: Prometheus, iCalendar, the
 #                page of the week.
-#   bk/cli/      the command-line front end (argparse, rendering).
+#   bk/cli/, bk/tui/, bk/agent/ (bk mcp, bk agent): the front ends, rows
+#                plus renderers; bk/core/timegrid words a booking for both.
 #   bk/broker/   the shared-server daemon: Unix socket, SO_PEERCRED identity.
 #   bk/admin/    server set-up (bk admin init).
 #

@@ -260,7 +260,7 @@ def test_guided_maintain_asks_one_question_at_a_time_with_the_defaults(inproc):
     bob = inproc.service()
     from bk.service.requests import BookRequest
 
-    booked = bob.book(BookRequest(1, 3600, start=inproc_start("11:30"))).reservation
+    booked = bob.run("book", BookRequest(1, 3600, start=inproc_start("11:30"))).reservation
     # reason, start (Enter: now), length, level (Enter: warning), block (Enter: yes),
     # cancel the overlapping booking? (y), confirm (y)
     code, out = _guided(inproc, ["firmware update", "11:00", "2h", "", "", "y", "y"], "admin", "maintain")

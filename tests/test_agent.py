@@ -1,4 +1,4 @@
-"""``bk agent`` and the agent surface (``bk.service.agent``): compact JSON
+"""``bk agent`` and the agent surface (``bk.agent``): compact JSON
 in and out, the same rows as ``bk mcp``, the same results as the CLI, and
 the table's local reads kept off the broker."""
 
@@ -12,8 +12,10 @@ import sys
 import pytest
 from helpers_cli import ME, NOW_ISO, SLICE, bk_fixture
 
+from bk import agent
+from bk.agent import surface as agent_tools
 from bk.core.models import iso
-from bk.service import agent, ops
+from bk.service import ops
 
 
 @pytest.fixture
@@ -122,7 +124,7 @@ def test_cleanup_cancels_only_the_tagged_bookings_once(bk):
 def test_cleanup_never_touches_another_users_booking(bk):
     from bk.service.requests import BookRequest
 
-    bk.service().book(BookRequest(1, 3600, op_id="sess-a-bob"))
+    bk.service().run("book", BookRequest(1, 3600, op_id="sess-a-bob"))
     _, done = agent_call(bk, "cleanup", {"all": True})
     assert done["data"]["status"] == "nothing"
     assert len(bk.data("l", "--all")["reservations"]) == 1
@@ -199,12 +201,12 @@ def test_local_reads_are_not_broker_operations(tmp_path):
         reply = d.dispatch({"op": name, "fields": {}}, me)
         assert reply["error"]["code"] == "invalid_input" and "unknown operation" in reply["error"]["message"]
     assert "list" not in reply["error"]["hint"] and "cleanup" in reply["error"]["hint"]
-    app.book(BookRequest(1, 3600, op_id="t-1"))
+    app.run("book", BookRequest(1, 3600, op_id="t-1"))
     other = Peer(2, 4242, 4242)
     assert d.dispatch({"op": "cleanup", "fields": {"all": True}}, other)["data"]["status"] == "nothing"
     reply = d.dispatch({"op": "cleanup", "fields": {"op_id_prefix": "t-"}}, me)
     assert reply["ok"] and reply["data"]["status"] == "cancelled" and reply["data"]["count"] == 1
-    from bk.service.agent import CleanupResult
+    from bk.service import CleanupResult
 
     assert CleanupResult.from_wire(reply["data"]).cancelled[0].op_id == "t-1"
 
@@ -220,7 +222,7 @@ def test_a_tool_provider_adds_tools(bk):
         assert env["data"] == {"hello": True}
         assert "cluster_ping" in line(bk("agent", "context"))["data"]["tools"]
     finally:
-        agent._PROVIDERS.remove(provider)
+        agent_tools._PROVIDERS.remove(provider)
 
 
 @pytest.mark.slow
@@ -305,4 +307,51 @@ def test_a_failing_provider_leaves_the_builtin_tools(bk):
         r = bk("agent", "context")
         assert r.code == 0 and line(r)["data"]["tools"][:9] == [t.name for t in agent.builtin_tools()]
     finally:
-        agent._PROVIDERS.remove(broken)
+        agent_tools._PROVIDERS.remove(broken)
+
+
+def test_bk_agent_takes_times_and_durations_as_a_person_writes_them(bk):
+    """Issue 24 item 5, ``bk agent``'s side: the CLI's grammar for durations,
+    starts, an edit's ``-d`` and a usage period, and the CLI's refusals."""
+    r, env = agent_call(bk, "create", {"count": 1, "duration": "1h30m", "start": "+1h", "operation_id": "w-1"})
+    assert r.code == 0 and env["data"]["status"] == "created", env
+    res = env["data"]["reservation"]
+    assert res["start"] == iso(SLICE + 3600) and res["end"] == iso(SLICE + 3600 + 5400)
+    r, env = agent_call(bk, "edit", {"ref": "1", "duration": "-15m", "operation_id": "w-2"})
+    assert r.code == 0 and env["data"]["reservation"]["end"] == iso(SLICE + 3600 + 4500), env
+    r, env = agent_call(bk, "edit", {"ref": "1", "end": "+15m", "operation_id": "w-3"})
+    assert r.code == 0 and env["data"]["reservation"]["end"] == iso(SLICE + 3600 + 5400), env
+    r, env = agent_call(bk, "recommend", {"count": 1, "duration": 1800, "start": "2026-07-13T13:00+02:00"})
+    assert r.code == 0 and env["data"]["request"]["start"] == "2026-07-13T11:00:00Z", env
+    cli = bk.json("1", "30m", "-t", "tomorrow 25:00")
+    r, env = agent_call(bk, "create", {"count": 1, "duration": "30m", "start": "tomorrow 25:00"})
+    assert r.code == cli.code == 2
+    assert (env["error"]["message"], env["error"]["hint"]) == (cli.error["message"], cli.error["hint"])
+    r, env = agent_call(bk, "usage", {"since": "today"})
+    assert r.code == 0 and env["data"]["period"]["since"] == "2026-07-13T00:00:00Z", env
+
+
+def test_each_tools_output_schema_is_its_rows_result_and_holds_what_it_returns(bk):
+    """Issue 24 item 5: a tool's output schema describes its own data (the
+    row's result type's json_schema, plus what the tool adds), not just "an
+    object"; every tool's real answer validates against it."""
+    jsonschema = pytest.importorskip("jsonschema")
+    listed = {o["name"]: o for o in line(bk("agent", "operation"))["data"]["operations"]}
+    for tool in agent.builtin_tools():
+        out = listed[tool.name]["output_schema"]
+        base = ops.get(tool.row).result.json_schema()
+        assert out.get("properties", {}).keys() >= base.get("properties", {}).keys(), tool.name
+        assert out != {"type": "object"}, tool.name
+    assert set(listed["recommend"]["output_schema"]["properties"]) == {"request", "options", "free_now"}
+    answers = {
+        "context": {}, "recommend": {"count": 1, "duration": "30m"},
+        "create": {"count": 1, "duration": "30m", "operation_id": "o-1"}, "list": {"scope": "all"},
+        "edit": {"ref": "1", "duration": "+30m"}, "usage": {}, "cancel": {"ref": "1", "dry_run": True},
+        "cleanup": {"op_id_prefix": "o-", "dry_run": True},
+    }
+    for name, arguments in answers.items():
+        r, env = agent_call(bk, name, arguments)
+        assert r.code == 0, env
+        jsonschema.validate(env["data"], listed[name]["output_schema"])
+    r, env = agent_call(bk, "usage", {"reservation": env["data"]["reservations"][0]["id"]})
+    jsonschema.validate(env["data"], listed["usage"]["output_schema"])

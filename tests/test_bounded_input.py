@@ -201,7 +201,7 @@ def _fill(req, field: str, value: str):
 def test_private_mode_refuses_bad_text_in_every_field_of_every_operation(bk, kind):
     app = bk.service(ROOT_ACTOR)             # the administrator: notices too
     call = app.call()
-    booked = app.book(BookRequest(1, 1800, note="ok"), call=call).reservation
+    booked = app.run("book", BookRequest(1, 1800, note="ok"), call=call).reservation
     ledger = Path(os.environ["BK_DATA_DIR"]) / "ledger.json"
     before = ledger.read_bytes()
     for name, req, field in _write_requests(booked.id):
@@ -252,4 +252,4 @@ def test_readers_survive_a_ledger_that_already_holds_bad_text(bk):
         assert r.code == 0, (argv, r.out, r.err)
         json.loads(r.out)                                # the JSON envelope was written whole
     # and a new booking by another user still works next to it
-    assert bk.service().book(BookRequest(1, 1800, note="fine"), call=bk.service().call()).status == "created"
+    assert bk.service().run("book", BookRequest(1, 1800, note="fine"), call=bk.service().call()).status == "created"

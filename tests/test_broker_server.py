@@ -23,11 +23,16 @@ from bk.core.errors import Busy, ConfigError, PermissionDenied, Unavailable
 from bk.gpu.sim import CountBackend
 from bk.ipc import protocol
 from bk.ipc.client import BrokerClient
+from bk.service import Empty, ListRequest, RecoverRequest
 from bk.service.app import Service
 from bk.service.requests import BookRequest, CancelRequest, EditRequest
 from bk.service.telemetry import Telemetry
 from bk.store.config import KEYS, Settings
 from bk.store.paths import Locations
+
+
+def listed(app, scope: str) -> tuple:
+    return app.run("list", ListRequest(scope)).reservations
 
 
 def wait_for(predicate, timeout=10.0, what="condition"):
@@ -115,19 +120,19 @@ def ask(s: socket.socket, obj) -> dict | None:
 def test_remote_service_round_trip_matches_local_results(base):
     with Running(base) as r:
         remote = r.remote()
-        made = remote.book(BookRequest(count=2, duration=1800, note="n"))
+        made = remote.run("book", BookRequest(count=2, duration=1800, note="n"))
         assert made.status == "created" and made.reservation.uid == os.geteuid()
         local = r.service.ledger().find(made.reservation.id)
         assert local == made.reservation               # the same object, field for field
-        assert remote.list("all")[0].id == made.reservation.id   # reads come from the file
-        edited = remote.edit(EditRequest(ref=made.reservation.id, note="m"))
+        assert listed(remote, "all")[0].id == made.reservation.id   # reads come from the file
+        edited = remote.run("edit", EditRequest(ref=made.reservation.id, note="m"))
         assert edited.status == "updated" and edited.reservation.note == "m"
-        dry = remote.book(BookRequest(count=1, duration=600, dry_run=True))
+        dry = remote.run("book", BookRequest(count=1, duration=600, dry_run=True))
         assert dry.dry_run and r.service.ledger().find(dry.reservation.id) is None
-        gone = remote.cancel(CancelRequest(ref=made.reservation.id))
+        gone = remote.run("cancel", CancelRequest(ref=made.reservation.id))
         assert gone.status == "cancelled" and gone.reservation.cancelled_at is not None
-        again = remote.book(BookRequest(count=1, duration=600, op_id="k"))
-        assert remote.book(BookRequest(count=1, duration=600, op_id="k")).status == "exists"
+        again = remote.run("book", BookRequest(count=1, duration=600, op_id="k"))
+        assert remote.run("book", BookRequest(count=1, duration=600, op_id="k")).status == "exists"
         assert again.reservation.op_id == "k"
 
 
@@ -351,7 +356,7 @@ def test_fuzzed_frames_in_process_leave_the_ledger_alone(base):
 
     seed = 7
     with Running(base) as r:
-        r.remote().book(BookRequest(count=1, duration=1800))
+        r.remote().run("book", BookRequest(count=1, duration=1800))
         ledger = os.path.join(r.settings.data_dir, "ledger.json")
         before = open(ledger, "rb").read()
         s = raw(r.path)
@@ -393,14 +398,14 @@ def test_the_broker_replies_with_the_json_the_private_service_returns(base, tmp_
     with r:
         remote = r.remote()
         steps = [
-            lambda app, rid: app.book(BookRequest(count=2, duration=1800, note="n", op_id="k1")),
-            lambda app, rid: app.book(BookRequest(count=1, duration=600, start=t0 + 3600, mem_mib=4096)),
-            lambda app, rid: app.book(BookRequest(count=2, duration=1800, note="n", op_id="k1")),  # a replay
-            lambda app, rid: app.edit(EditRequest(ref=rid, duration=3600, note="m")),
-            lambda app, rid: app.edit(EditRequest(ref=rid, note="m")),                           # unchanged
-            lambda app, rid: app.book(BookRequest(count=1, duration=600, dry_run=True)),
-            lambda app, rid: app.cancel(CancelRequest(ref=rid, dry_run=True)),
-            lambda app, rid: app.cancel(CancelRequest(ref=rid)),
+            lambda app, rid: app.run("book", BookRequest(count=2, duration=1800, note="n", op_id="k1")),
+            lambda app, rid: app.run("book", BookRequest(count=1, duration=600, start=t0 + 3600, mem_mib=4096)),
+            lambda app, rid: app.run("book", BookRequest(count=2, duration=1800, note="n", op_id="k1")),  # a replay
+            lambda app, rid: app.run("edit", EditRequest(ref=rid, duration=3600, note="m")),
+            lambda app, rid: app.run("edit", EditRequest(ref=rid, note="m")),                           # unchanged
+            lambda app, rid: app.run("book", BookRequest(count=1, duration=600, dry_run=True)),
+            lambda app, rid: app.run("cancel", CancelRequest(ref=rid, dry_run=True)),
+            lambda app, rid: app.run("cancel", CancelRequest(ref=rid)),
         ]
         rid = {}
         for i, step in enumerate(steps):
@@ -410,7 +415,7 @@ def test_the_broker_replies_with_the_json_the_private_service_returns(base, tmp_
                 got[name] = result.to_json()
                 rid.setdefault(name, result.reservation.id)
             assert got["broker"] == got["private"], f"step {i}"
-        assert remote.list("mine") == private.list("mine") != []
+        assert listed(remote, "mine") == listed(private, "mine") != ()
 
 
 def test_lost_commits_through_the_broker_refuse_writes_until_the_administrator_recovers(base):
@@ -419,15 +424,15 @@ def test_lost_commits_through_the_broker_refuse_writes_until_the_administrator_r
 
     with Running(base) as r:
         remote = r.remote()
-        first = remote.book(BookRequest(count=1, duration=1800)).reservation
-        second = remote.book(BookRequest(count=1, duration=1800, note="lost")).reservation
+        first = remote.run("book", BookRequest(count=1, duration=1800)).reservation
+        second = remote.run("book", BookRequest(count=1, duration=1800, note="lost")).reservation
         data = r.settings.data_dir
         backups = os.path.join(data, "backups")
         with open(os.path.join(data, "ledger.json"), "w") as f:
             f.write("{")
         os.unlink(os.path.join(backups, sorted(os.listdir(backups))[-1]))
         with pytest.raises(LostCommits) as e:
-            remote.book(BookRequest(count=1, duration=600))
+            remote.run("book", BookRequest(count=1, duration=600))
         assert second.id in e.value.details["reservations"] and e.value.exit_code == 74
         # Only the administrator (a HOST row on a shared server) may look or accept.
         nobody = Peer(pid=1, uid=4242, gid=4242)
@@ -435,9 +440,9 @@ def test_lost_commits_through_the_broker_refuse_writes_until_the_administrator_r
             fields = {} if op == "data_lost" else {"ledger_seq": 1, "audit_seq": 2}
             reply = r.broker.dispatcher.dispatch({"op": op, "fields": fields}, nobody)
             assert reply["error"]["code"] == "permission_denied", op
-        lost = remote.lost_data()
+        lost = remote.run("data_lost", Empty())
         assert (lost.ledger_seq, lost.audit_seq) == (1, 2)
-        done = remote.recover_data(replay=True)
+        done = remote.run("data_recover", RecoverRequest(lost.ledger_seq, lost.audit_seq, replay=True))
         assert done.status == "recovered" and done.replayed == (second.id,)
-        assert {x.id for x in remote.list("all")} == {first.id, second.id}
-        assert remote.book(BookRequest(count=1, duration=600)).status == "created"
+        assert {x.id for x in listed(remote, "all")} == {first.id, second.id}
+        assert remote.run("book", BookRequest(count=1, duration=600)).status == "created"

@@ -99,7 +99,7 @@ def test_book_usage_errors(bk):
 def test_list_numbers_all_and_history(bk):
     bk.ok("1", "1h", "-t", "12:00")
     bk.ok("1", "1h")
-    bk.service(BOB).book(BookRequest(count=1, duration=H))
+    bk.service(BOB).run("book", BookRequest(count=1, duration=H))
     mine = bk.data("l")["reservations"]
     assert [r["number"] for r in mine] == [1, 2] and mine[0]["start"] == iso(SLICE)
     everyone = bk.data("ls", "--all")["reservations"]
@@ -115,7 +115,7 @@ def test_list_numbers_all_and_history(bk):
 def test_a_cut_list_says_how_much_it_left_out(bk):
     for at in ("12:00", "13:00", "14:00"):
         bk.ok("1", "1h", "-t", at)
-    bk.service(BOB).book(BookRequest(count=1, duration=H))
+    bk.service(BOB).run("book", BookRequest(count=1, duration=H))
     d = bk.data("l", "-n", "2")
     assert d["total"] == 3 and len(d["reservations"]) == 2
     assert "showing 2 of 3 (bk l -n 0 for all)" in bk.ok("l", "-n", "2").out
@@ -209,7 +209,7 @@ def test_cancel_without_a_terminal_proceeds(bk):
 def test_status_table_and_json(bk):
     bk.sim()
     bk.ok("2", "1h", "-g", "0,1")
-    bk.service(BOB).book(BookRequest(count=1, duration=2 * H, pinned=(0,)))
+    bk.service(BOB).run("book", BookRequest(count=1, duration=2 * H, pinned=(0,)))
     d = bk.data("st")
     g0 = d["gpus"][0]
     assert (g0["name"], g0["util"], g0["mem_total_mib"], g0["share_used"], g0["capacity"]) == \
@@ -229,7 +229,7 @@ def test_status_table_and_json(bk):
 
 def test_status_disabled_gpu_and_notices(bk):
     bk.config(disabled_gpus=[3])
-    bk.service(ROOT).publish_notice(NoticeRequest("maintenance on Friday", level="warning"))
+    bk.service(ROOT).run("notice_publish", NoticeRequest("maintenance on Friday", level="warning"))
     d = bk.data("st")
     assert d["gpus"][3]["state"] == "disabled" and d["gpus"][3]["next_free"] is None
     assert d["notices"][0]["text"] == "maintenance on Friday"
@@ -247,8 +247,8 @@ def test_bare_bk_shows_status_and_a_hint(bk):
 
 def test_timeline_marks_own_others_full_and_now(bk):
     bk.ok("1", "1h", "-g", "0")
-    bk.service(BOB).book(BookRequest(count=1, duration=H, pinned=(1,)))
-    bk.service(BOB).book(BookRequest(count=1, duration=H, mode="exclusive", pinned=(2,)))
+    bk.service(BOB).run("book", BookRequest(count=1, duration=H, pinned=(1,)))
+    bk.service(BOB).run("book", BookRequest(count=1, duration=H, mode="exclusive", pinned=(2,)))
     d = bk.data("tl", "--from", "now", "--window", "2h", "--step", "10m")
     assert (d["from"], d["to"], d["step"]) == ("2026-07-13T10:40:00Z", "2026-07-13T12:40:00Z", 600)
     cells = {g["index"]: g["cells"] for g in d["gpus"]}
@@ -347,14 +347,14 @@ def test_gpu_exits_3_only_when_nothing_fits_within_the_search_window(bk):
 
 def test_notices(bk):
     assert bk.data("n")["notices"] == [] and bk.ok("notices").out.strip() == "no notices"
-    bk.service(ROOT).publish_notice(NoticeRequest("new drivers tonight"))
+    bk.service(ROOT).run("notice_publish", NoticeRequest("new drivers tonight"))
     n = bk.data("n")["notices"]
     assert [x["text"] for x in n] == ["new drivers tonight"] and n[0]["scope"] == "everyone"
 
 
 def test_admin_cancel_notice_reaches_the_owner(bk):
     rid = _book(bk, "1", "1h", "-t", "20:00")["id"]
-    bk.service(ROOT).cancel(CancelRequest(ref=rid, reason="maintenance"))
+    bk.service(ROOT).run("cancel", CancelRequest(ref=rid, reason="maintenance"))
     n = bk.data("n")["notices"]
     assert n[0]["scope"] == "you" and "maintenance" in n[0]["text"]
 
@@ -373,7 +373,7 @@ def test_history_shows_the_lifecycle(bk):
 def test_log_is_my_trail(bk):
     bk.ok("1", "1h")
     bk.ok("1", "1h", "--op-id", "x")
-    bk.service(BOB).book(BookRequest(count=1, duration=H))
+    bk.service(BOB).run("book", BookRequest(count=1, duration=H))
     d = bk.data("lg")
     assert [e["action"] for e in d["entries"]] == ["create", "create"] and d["complete"]
     assert len(bk.data("log", "-n", "1")["entries"]) == 1
@@ -443,7 +443,7 @@ def test_help_and_unknown_commands(bk):
 
 
 def test_other_users_bookings_are_theirs(bk):
-    other = bk.service(BOB).book(BookRequest(count=1, duration=H)).reservation
+    other = bk.service(BOB).run("book", BookRequest(count=1, duration=H)).reservation
     r = bk.json("e", other.id[:8], "-d", "2h")
     assert r.code == 5 and r.error["code"] == "permission_denied"
     assert ME.uid != other.uid
@@ -485,7 +485,7 @@ def test_a_cancellation_notice_is_shown_for_a_week_then_expires(bk):
     from bk.service.requests import Actor
 
     booked = bk.data("1", "30m")["reservation"]
-    bk.service(actor=Actor(0, "root")).cancel(CancelRequest(ref=booked["id"], reason="node reboot"))
+    bk.service(actor=Actor(0, "root")).run("cancel", CancelRequest(ref=booked["id"], reason="node reboot"))
     mine = bk.data("n")["notices"]
     assert [n["text"] for n in mine] == [f"Your booking {booked['short_id']} was cancelled by the "
                                          "administrator: node reboot"]
@@ -509,7 +509,7 @@ def test_booking_a_gpu_someone_uses_without_a_booking_warns(bk):
     r = bk.json("x", "1", "1h", "-g", "2")
     assert r.envelope["warnings"] == ["GPU 2 is in use right now by a process of bob without a "
                                       "booking there (2048 MiB)"]
-    bk.service().book(BookRequest(count=1, duration=3600, pinned=(1,)))        # bob books GPU 1 ...
+    bk.service().run("book", BookRequest(count=1, duration=3600, pinned=(1,)))        # bob books GPU 1 ...
     assert bk.json("1", "1h", "-g", "1").envelope["warnings"] == []           # ... no process there
 
 
@@ -534,10 +534,12 @@ def test_the_administrators_all_view_lists_notices_to_users(bk):
 
     booked = bk.data("1", "30m")["reservation"]
     root = bk.service(actor=ROOT_ACTOR)
-    root.cancel(CancelRequest(ref=booked["id"], reason="reboot"))
-    assert [n.uid for n in root.notices()] == []                        # not addressed to root
-    assert [n.uid for n in root.notices(include_archived=True)] == [ME.uid]
-    assert [n.uid for n in bk.service().notices(include_archived=True)] == []   # bob: not his
+    root.run("cancel", CancelRequest(ref=booked["id"], reason="reboot"))
+    from bk.service import NoticesRequest
+
+    assert [n.uid for n in root.run("notices", NoticesRequest()).notices] == []     # not addressed to root
+    assert [n.uid for n in root.run("notices", NoticesRequest(all=True)).notices] == [ME.uid]
+    assert [n.uid for n in bk.service().run("notices", NoticesRequest(all=True)).notices] == []   # bob: not his
 
 
 def test_a_machine_with_fewer_gpus_than_the_ledger_warns_and_shows_every_booked_gpu(bk):

@@ -86,7 +86,7 @@ def test_4_not_found(bk):
 
 
 def test_5_another_users_booking(bk):
-    theirs = bk.service(BOB).book(BookRequest(count=1, duration=3600)).reservation
+    theirs = bk.service(BOB).run("book", BookRequest(count=1, duration=3600)).reservation
     for argv in (["d", theirs.id[:8]], ["e", theirs.id[:8], "-d", "2h"]):
         r = bk.json(*argv)
         assert (r.code, r.error["code"]) == (errors.EXIT_PERMISSION, "permission_denied")

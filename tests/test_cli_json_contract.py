@@ -64,8 +64,8 @@ def bk(monkeypatch, capsys):
     # your running booking (number 1), someone else's, a notice.
     b.sim()
     b.ok("1", "1h", "-g", "0")
-    b.service(BOB).book(BookRequest(count=1, duration=3600, pinned=(2,)))
-    b.service(ROOT).publish_notice(NoticeRequest("hello"))
+    b.service(BOB).run("book", BookRequest(count=1, duration=3600, pinned=(2,)))
+    b.service(ROOT).run("notice_publish", NoticeRequest("hello"))
     yield b
     next(gen, None)
 

@@ -42,9 +42,9 @@ def bk(monkeypatch, capsys):
     b.ok("1", "30m", "-t", "13:00")
     b.ok("d", "3")
     other = b.service(LONG_USER)
-    other.book(BookRequest(count=3, duration=5 * 3600, note="x" * 80))
-    other.book(BookRequest(count=8, duration=86400, mode="exclusive", start=None, queue=False))
-    b.service(ROOT).publish_notice(NoticeRequest("Scheduled maintenance of the whole cluster on Friday from "
+    other.run("book", BookRequest(count=3, duration=5 * 3600, note="x" * 80))
+    other.run("book", BookRequest(count=8, duration=86400, mode="exclusive", start=None, queue=False))
+    b.service(ROOT).run("notice_publish", NoticeRequest("Scheduled maintenance of the whole cluster on Friday from "
                                                  "18:00 to 22:00; running jobs will be stopped " * 2,
                                                  level="critical"))
     yield b

@@ -110,13 +110,13 @@ def _world(bk) -> dict:
     bk.data("1", "30m", "--note", TOKEN)
     bk.ok("e", mine["id"][:8], "--note", TOKEN + "2")
     bk.data("p", "save", "train", "1", "1h", "--note", TOKEN)
-    theirs = bk.service(MALLORY).book(BookRequest(count=1, duration=3600, note=TOKEN)).reservation
+    theirs = bk.service(MALLORY).run("book", BookRequest(count=1, duration=3600, note=TOKEN)).reservation
     root = bk.service(ROOT)
-    root.publish_notice(NoticeRequest(TOKEN, level="warning"))
+    root.run("notice_publish", NoticeRequest(TOKEN, level="warning"))
     # Started before it is cancelled: a booking cancelled before it starts
     # leaves no note behind in the history (issue 22, item 4).
     cancelled = bk.data("1", "2h", "--note", TOKEN)["reservation"]
-    root.cancel(CancelRequest(ref=cancelled["id"], reason=TOKEN))
+    root.run("cancel", CancelRequest(ref=cancelled["id"], reason=TOKEN))
     _plant(bk.root)
     return {"mine": mine["id"], "theirs": theirs.id, "cancelled": cancelled["id"]}
 
@@ -205,7 +205,7 @@ def test_the_guided_dialog_shows_typed_words_escaped(bk):
 
 
 def test_a_name_from_the_ledger_is_escaped_in_every_table(bk):
-    bk.service(MALLORY).book(BookRequest(count=1, duration=1800))
+    bk.service(MALLORY).run("book", BookRequest(count=1, duration=1800))
     _plant(bk.root)
     for argv in (["l", "--all"], ["st", "-v"]):
         out = bk.ok(*argv).out

@@ -414,7 +414,7 @@ def test_a_given_op_id_books_nothing_while_a_node_cannot_say(monkeypatch):
 
 
 def test_the_cluster_tools_appear_only_with_a_catalog(monkeypatch, tmp_path):
-    from bk.service import agent
+    from bk import agent
 
     monkeypatch.setenv("BK_CLUSTER_FILE", str(tmp_path / "none.json"))
     assert not [t for t in agent.tools(None) if t.name.startswith("cluster_")]

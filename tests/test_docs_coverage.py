@@ -267,7 +267,7 @@ COMMANDS = [
 EXPECTED_ERRORS = ("1 7m", "d 99")              # for the error envelope's fields
 # Maps whose keys are data, not field names: JSON Schema (documented as such),
 # GPU indices, config keys (gpubk-config(5)), environment variable names.
-SKIP_UNDER = {"input_schema", "reasons", "gpus", "settings", "env", "units"}
+SKIP_UNDER = {"input_schema", "output_schema", "reasons", "gpus", "settings", "env", "units"}
 
 
 def _keys(value, out: set[str], parent: str = "") -> None:

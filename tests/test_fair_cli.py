@@ -68,12 +68,12 @@ def run_as(bk, actor: Actor, *argv: str) -> Result:
 
 def book_as(bk, actor: Actor, req: BookRequest):
     app = bk.service(actor)
-    return app.book(req, call=app.call()).reservation
+    return app.run("book", req).reservation
 
 
 def cancel_as(bk, actor: Actor, rid: str):
     app = bk.service(actor)
-    return app.cancel(CancelRequest(rid), call=app.call())
+    return app.run("cancel", CancelRequest(rid))
 
 
 # ------------------------------------------------------------ limits
@@ -205,7 +205,7 @@ def test_the_owner_hears_moved_earlier_from_their_deliverer_even_after_their_own
     d = w.deliverer()
     assert not any("earlier" in x for x in w.at(T0 + 60, d))
     app = w.app()
-    app.cancel(Cancel(wall.id), call=app.call())                        # ada's own write makes the room
+    app.run("cancel", Cancel(wall.id))                   # ada's own write makes the room
     assert app.ledger().find(mine.id).start == T0
     lines = [x for x in w.at(T0 + 120, d) if "earlier" in x]
     assert lines == [f"booking {mine.short_id} moved earlier: it now starts 08:00 (was 10:00) on GPU 0"], lines
@@ -293,18 +293,18 @@ def test_a_shared_booking_is_usable_by_the_named_users_and_changed_only_by_its_o
     rows = json.loads(seen.out)["data"]["reservations"]
     assert [(x["id"], x["number"], x["mine"], x["shared_with_you"]) for x in rows] == [(r["id"], None, False, True)]
     assert f"ada's, shared with you: run on it with bk run -r {r['short_id']}" in run_as(bk, BOB, "l").out
-    from bk.service import jobs
+    from bk.service import RunTargetRequest
 
     app_bob = bk.service(BOB)
-    res, _ = jobs.run_target(app_bob, app_bob.call(), r["short_id"])
+    res = app_bob.run("run_target", RunTargetRequest(r["short_id"])).reservation
     assert res.id == r["id"]
     app_carol = bk.service(CAROL)
     with pytest.raises(PermissionDenied):
-        jobs.run_target(app_carol, app_carol.call(), r["short_id"])
+        app_carol.run("run_target", RunTargetRequest(r["short_id"]))
     with pytest.raises(PermissionDenied):
-        app_bob.edit(EditRequest(r["id"], duration=H), call=app_bob.call())
+        app_bob.run("edit", EditRequest(r["id"], duration=H))
     with pytest.raises(PermissionDenied):
-        app_bob.cancel(CancelRequest(r["id"]), call=app_bob.call())
+        app_bob.run("cancel", CancelRequest(r["id"]))
     assert bk.data("e", "1", "--with", "none")["reservation"]["shared_with"] == []
     procs = {p["pid"]: p for g in bk.data("st")["gpus"] for p in g["processes"] or ()}
     assert procs[5151]["state"] == "unreserved"

@@ -30,7 +30,7 @@ def svc(tmp_path):
 def test_a_refused_write_is_rolled_back_alone(svc):
     start = T0 + 3600
     full = BookRequest(count=2, duration=3600, mode="exclusive", start=start)
-    first = svc.book(full, call=svc.call(BOB))
+    first = svc.run("book", full, call=svc.call(BOB))
     items = [
         ("book", BookRequest(count=1, duration=1800, op_id="a1"), svc.call(ALICE)),
         ("book", BookRequest(count=1, duration=1800, start=start), svc.call(ALICE)),      # conflicts

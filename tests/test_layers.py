@@ -4,6 +4,12 @@ still dependencies) and held against the dependency matrix below, the same
 table that the "Layers" section of docs/ARCHITECTURE.md writes down
 (``test_docs_table_is_the_matrix`` keeps the two equal).
 
+Imports written as strings are imports too: a ``"bk.x.y:attr"`` reference
+(the operation table's lazy rows), a string that names a module of bk
+(``"bk.cli.cmd_book"``, imported later by name), and the argument of
+``import_module("bk...")`` or ``__import__("bk...")``.  An arrow hidden in a
+string is still an arrow.
+
 A *unit* is a top-level package of bk (``bk.core``, ``bk.cli``, ...), one of
 the top-level modules ``bk.clock`` and ``bk.buildinfo``, the entry point
 ``bk.__main__``, or ``bk`` itself (``bk/__init__.py``: the version).  A unit
@@ -51,7 +57,10 @@ LAYERS: dict[str, frozenset[str]] = {
     # The packages to come.
     "bk.monitor": BASE | {"bk.store", "bk.gpu", "bk.service", "bk.export"},
     "bk.tui": BASE | {"bk.service"},
-    "bk.mcp": BASE | {"bk.service"},
+    # The agent surface is a front end: rows in, envelopes out; the cluster's
+    # tools are composed with the built-in ones by a plain import.
+    "bk.agent": BASE | {"bk", "bk.service", "bk.cluster"},
+    "bk.mcp": BASE | {"bk.service", "bk.agent"},
     # The catalog is a trusted file (the store's trust check and atomic
     # replace); nodes are reached through the one ssh module.
     "bk.cluster": BASE | {"bk.ipc", "bk.service", "bk.store", "bk.remote"},
@@ -80,6 +89,10 @@ EXCEPTIONS: dict[str, dict[str, str]] = {
     },
     "bk.cli.cmd_mcp": {
         "bk.mcp": "`bk mcp` runs the MCP server in this process; imported only when that command runs",
+    },
+    "bk.cli.cmd_agent": {
+        "bk.agent": "`bk agent` runs the agent surface's tools in this process; imported only when that "
+                    "command runs",
     },
     "bk.cli.cmd_cluster": {
         "bk.cluster": "`bk c` and `bk @NODE` are the cluster client, and `bk c node` its node half",
@@ -186,11 +199,45 @@ def bk_dependencies(source: str, mod: str, *, is_package: bool = False) -> list[
                     out.append((sub if sub in UNITS else "bk", sub, node.lineno))
             elif _is_bk(name):
                 out.append((unit_of(name), name, node.lineno))
+    out.extend((unit_of(name), name, line) for name, line in string_imports(source, mod))
     return out
 
 
 def _is_bk(name: str) -> bool:
     return name == "bk" or name.startswith("bk.")
+
+
+# "bk.x.y" or "bk.x.y:attr": a module named in a string, imported later by name.
+_STRING_REF = re.compile(r"bk(?:\.[A-Za-z_]\w*)+(?::[A-Za-z_]\w*)?")
+_IMPORT_CALLS = ("import_module", "__import__")
+
+
+def _on_disk(name: str) -> bool:
+    path = ROOT / name.replace(".", "/")
+    return path.with_suffix(".py").exists() or (path / "__init__.py").exists()
+
+
+def string_imports(source: str, mod: str) -> list[tuple[str, int]]:
+    """The modules of bk that ``source`` imports by a name written as a
+    string: ``(module, line)``."""
+    tree = ast.parse(source, filename=mod)
+    called = set()
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+            fn = node.func
+            name = fn.attr if isinstance(fn, ast.Attribute) else fn.id if isinstance(fn, ast.Name) else None
+            arg = node.args[0].value
+            if name in _IMPORT_CALLS and isinstance(arg, str) and _is_bk(arg):
+                out.append((arg, node.lineno))
+                called.add(id(node.args[0]))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in called:
+            if _STRING_REF.fullmatch(node.value):
+                name, colon, _ = node.value.partition(":")
+                if colon or _on_disk(name):
+                    out.append((name, node.lineno))
+    return out
 
 
 def problems_of(mod: str, source: str, *, is_package: bool = False) -> list[str]:
@@ -261,6 +308,8 @@ def _check(mod: str, source: str, *, is_package: bool = False) -> str:
     ("bk.__main__", "from bk.service import open_app\n", "imports bk.service, but bk.__main__ may import only bk.cli"),
     ("bk.tui.app", "from bk.store.ledger import Store\n", "imports bk.store.ledger, but bk.tui"),
     ("bk.mcp.server", "from bk.ipc import client\n", "imports bk.ipc"),
+    ("bk.cluster.client", "from bk.agent import tools\n", "imports bk.agent, but bk.cluster"),
+    ("bk.service.status", "from bk.agent import tools\n", "imports bk.agent, but bk.service"),
     ("bk.monitor.daemon", "from bk.cli import render\n", "imports bk.cli"),
     ("bk.jobs.worker", "from bk.service import app\n", "imports bk.service"),
     ("bk.cluster.ssh", "from bk.gpu import open_backend\n", "imports bk.gpu"),
@@ -268,6 +317,15 @@ def _check(mod: str, source: str, *, is_package: bool = False) -> str:
     ("bk.foo", "import json\n", "bk.foo has no row in LAYERS"),
     ("bk.service.app", "from bk.foo import bar\n", "imports bk.foo, but bk.service"),
     ("bk.cli.x", "def f():\n    import numpy\n", "imports third-party numpy"),
+    # Imports written as strings.
+    ("bk.service.agent", 'PROVIDERS = ["bk.cluster.agent:tools"]\n', "imports bk.cluster.agent, but bk.service"),
+    ("bk.service.x", 'ROW = ("list", "bk.cli.render:safe")\n', "line 1: imports bk.cli.render"),
+    ("bk.service.x", 'import importlib\nm = importlib.import_module("bk.broker.handlers")\n',
+     "line 2: imports bk.broker.handlers"),
+    ("bk.service.x", 'from importlib import import_module\nm = import_module("bk.tui.world")\n',
+     "imports bk.tui.world"),
+    ("bk.core.x", 'm = __import__("bk.store.ledger", fromlist=("Store",))\n', "imports bk.store.ledger"),
+    ("bk.core.x", 'WHERE = "bk.store.ledger"\n', "imports bk.store.ledger"),
     ("bk.gpu.sim", "import pynvml\n", "imports third-party pynvml"),
 ])
 def test_checker_catches_violations(mod, source, message):
@@ -284,8 +342,14 @@ def test_checker_catches_violations(mod, source, message):
     ("bk.cli.version", "from bk import __version__\nfrom bk.buildinfo import build_info\n"),
     ("bk.ipc.client", "from . import protocol\nfrom bk.core import errors\n"),
     ("bk.tui.app", "from bk.service import open_app\nfrom bk import clock\n"),
+    ("bk.agent.surface", "from bk import service\ndef f():\n    from bk.agent import cluster\n"),
+    ("bk.agent.cluster", "from bk.cluster.client import Cluster\n"),
     ("bk.gpu.nvml", "import pynvml\n"),
     ("bk.core.models", "from bk.core.record import dataclass\nimport re\n"),
+    ("bk.service.x", 'ROW = "bk.service.booking:apply_book"\n'),
+    ("bk.cli.app", 'MODULES = ("bk.cli.cmd_book", "bk.cli.cmd_list")\n'),
+    ("bk.cli.x", '"""Rows live in bk.service.booking, see bk.store.ledger."""\nHINT = "run bk.x by hand"\n'),
+    ("bk.core.x", 'DATA = "bk.resources"\n'),          # made by build.py: not a module of the tree
 ])
 def test_checker_allows_the_matrix(mod, source):
     """...and must let through what the matrix and the exceptions allow."""
@@ -364,3 +428,80 @@ def test_docs_table_is_the_matrix():
     for r in tables["module"]:
         extra.setdefault(_doc_unit(r[0]), set()).update(_doc_names(r[1]))
     assert extra == {m: set(e) for m, e in EXCEPTIONS.items()}
+
+
+# --- front ends reach the service through its face ---------------------------------------
+#
+# The service layer has one face (``bk.service``: the operation table, open_app, the request and
+# result types in its ``__all__``), the request builders for words a person typed, and the
+# result types.  A front end imports nothing else of it, by name or by string, so that no rule
+# lives in a front end that another front end copies (issue 24).
+
+FACE = frozenset({"bk.service", "bk.service.builders", "bk.service.results"})
+FRONT_ENDS = sorted([*PKG.glob("cli/cmd_*.py"), *PKG.glob("tui/*.py"), *PKG.glob("mcp/*.py"),
+                     *PKG.glob("agent/*.py")])
+
+
+def service_imports(source: str, mod: str, *, is_package: bool = False) -> list[tuple[str, int]]:
+    """The modules of ``bk.service`` that ``source`` imports: ``from bk.service
+    import X`` names module ``bk.service.X`` only when X is one."""
+    out = []
+    for node in ast.walk(ast.parse(source, filename=mod)):
+        if isinstance(node, ast.Import):
+            out.extend((a.name, node.lineno) for a in node.names if a.name.startswith("bk.service"))
+        elif isinstance(node, ast.ImportFrom):
+            name = _from_name(node, mod, is_package)
+            if name == "bk":
+                out.extend((f"bk.{a.name}", node.lineno) for a in node.names if a.name == "service")
+            elif name == "bk.service":
+                out.append((name, node.lineno))
+                out.extend((f"bk.service.{a.name}", node.lineno) for a in node.names
+                           if _on_disk(f"bk.service.{a.name}"))
+            elif name.startswith("bk.service."):
+                out.append((name, node.lineno))
+    out.extend((n, line) for n, line in string_imports(source, mod) if n.startswith("bk.service"))
+    return out
+
+
+def face_problems(mod: str, source: str, *, is_package: bool = False) -> list[str]:
+    return [f"line {line}: imports {name}, not the face of bk.service ({', '.join(sorted(FACE))})"
+            for name, line in service_imports(source, mod, is_package=is_package) if name not in FACE]
+
+
+@pytest.mark.parametrize("path", FRONT_ENDS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_front_ends_import_only_the_face_of_the_service(path: Path):
+    mod = module_name(path)
+    problems = face_problems(mod, path.read_text(), is_package=path.name == "__init__.py")
+    assert not problems, f"{mod}: " + "; ".join(problems)
+
+
+@pytest.mark.parametrize(("source", "message"), [
+    ("from bk.service.status import live_gpus\n", "imports bk.service.status"),
+    ("from bk.service import jobs\n", "imports bk.service.jobs"),
+    ("def f():\n    import bk.service.usage\n", "line 2: imports bk.service.usage"),
+    ('ROW = "bk.service.agent:tools"\n', "imports bk.service.agent"),
+    ('import importlib\nm = importlib.import_module("bk.service.presets")\n', "imports bk.service.presets"),
+])
+def test_the_face_check_catches_an_inner_import(source, message):
+    assert message in "; ".join(face_problems("bk.cli.cmd_x", source))
+
+
+def test_the_face_check_allows_the_face():
+    source = ("from bk.service import ListRequest, open_app\nfrom bk.service import builders\n"
+              "from bk import service\nfrom bk.service.results import BookResult\n")
+    assert face_problems("bk.cli.cmd_x", source) == []
+
+
+def test_the_face_names_what_front_ends_import():
+    """Every name a front end imports from ``bk.service`` is in its
+    ``__all__`` (or is ``builders``): the face is written down."""
+    import bk.service as face
+
+    for path in FRONT_ENDS:
+        mod = module_name(path)
+        for node in ast.walk(ast.parse(path.read_text(), filename=mod)):
+            if isinstance(node, ast.ImportFrom) and _from_name(node, mod, False) == "bk.service":
+                for a in node.names:
+                    if a.name != "builders":
+                        assert a.name in face.__all__, f"{mod}: {a.name} is not in bk.service.__all__"
+                        assert getattr(face, a.name) is not None

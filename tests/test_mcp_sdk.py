@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -117,3 +118,85 @@ def test_official_client_plans_books_retries_and_cancels(pyz, tmp_path, mode, ve
     err, bad = seen["bad"]
     assert err and bad["error"]["code"] == "invalid_input"
     assert seen["context"]["data"]["now"] == NOW_ISO and len(seen["context"]["data"]["gpus"]) == 4
+
+
+async def words_round(params: StdioServerParameters) -> dict:
+    seen: dict = {}
+    async with connected(params, "auto") as c:
+        seen["tools"] = {t.name: t for t in (await c.list_tools()).tools}
+
+        async def call(name: str, arguments: dict) -> tuple[bool, dict]:
+            r = await c.call_tool(name, arguments)
+            return bool(r.is_error), r.structured_content
+
+        seen["30m"] = await call("create", {"count": 1, "duration": "30m", "operation_id": "words-1"})
+        seen["later"] = await call("create", {"count": 1, "duration": "1h30m", "start": "+2h",
+                                              "mem_mib": "12g", "operation_id": "words-2"})
+        seen["tomorrow"] = await call("recommend", {"count": 2, "duration": "2h", "start": "tomorrow 09:00"})
+        seen["iso"] = await call("recommend", {"count": 1, "duration": 1800, "start": "2026-07-13T18:00Z"})
+        seen["off_grid"] = await call("create", {"count": 1, "duration": "30m", "start": "10:43",
+                                                 "operation_id": "words-3"})
+        seen["bad_words"] = await call("create", {"count": 1, "duration": "half an hour",
+                                                  "operation_id": "words-4"})
+        seen["extend"] = await call("edit", {"ref": "2", "duration": "+30m", "operation_id": "words-5"})
+        seen["usage"] = await call("usage", {"since": "7d"})
+    return seen
+
+
+def test_the_official_client_books_30m_as_a_person_writes_it(pyz, tmp_path):
+    """Issue 24 item 5: an agent passes the words its person used.  The
+    official SDK client sends "30m", "+2h", "12g", "tomorrow 09:00" and ISO
+    8601; bk reads them with the CLI's grammar, refuses what the CLI refuses
+    with the CLI's message and hint, and every structuredContent validates
+    against the tool's own outputSchema (the SDK checks it)."""
+    from bk.core.models import parse_iso
+
+    params = server_params(pyz, tmp_path)
+    seen = anyio.run(words_round, params)
+    slice_ = parse_iso(NOW_ISO) - parse_iso(NOW_ISO) % 300
+
+    duration = seen["tools"]["create"].input_schema["properties"]["duration"]
+    assert {s["type"] for s in duration["anyOf"]} == {"integer", "string"} and "30m" in duration["description"]
+    data = seen["tools"]["create"].output_schema["properties"]["data"]
+    assert {"status", "reservation", "placement", "dry_run"} <= set(data["properties"])
+    assert "mem_mib_effective" in data["properties"]["reservation"]["properties"]
+
+    err, made = seen["30m"]
+    assert not err and made["data"]["status"] == "created", made
+    r = made["data"]["reservation"]
+    assert parse_iso(r["end"]) - parse_iso(r["start"]) == 1800 and parse_iso(r["start"]) == slice_
+
+    err, later = seen["later"]
+    assert not err, later
+    r = later["data"]["reservation"]
+    assert (parse_iso(r["start"]), parse_iso(r["end"]) - parse_iso(r["start"]), r["mem_mib"]) == \
+        (slice_ + 7200, 5400, 12288)
+
+    err, rec = seen["tomorrow"]
+    assert not err and rec["data"]["request"]["start"] == "2026-07-14T09:00:00Z", rec      # TZ=UTC
+    assert rec["data"]["request"]["duration"] == 7200
+    err, rec = seen["iso"]
+    assert not err and rec["data"]["request"]["start"] == "2026-07-13T18:00:00Z"
+
+    # The same refusals as the command line, word for word.
+    env = {**params.env, "PYTHONPATH": ""}
+    cli = subprocess.run([sys.executable, str(pyz), "--json", "1", "30m", "-t", "10:43"], capture_output=True,
+                         text=True, env=env, cwd=tmp_path, timeout=60)
+    want = json.loads(cli.stdout)["error"]
+    err, refused = seen["off_grid"]
+    assert err and refused["error"]["code"] == want["code"] == "invalid_input"
+    assert (refused["error"]["message"], refused["error"].get("hint")) == (want["message"], want.get("hint"))
+    assert "10:40" in want["message"] and "10:45" in want["message"]
+    cli = subprocess.run([sys.executable, str(pyz), "--json", "1", "half an hour"], capture_output=True,
+                         text=True, env=env, cwd=tmp_path, timeout=60)
+    want = json.loads(cli.stdout)["error"]
+    err, refused = seen["bad_words"]
+    assert err and (refused["error"]["message"], refused["error"].get("hint")) == (want["message"], want.get("hint"))
+
+    # edit's duration takes what bk e -d takes: +30m moves the end.
+    err, extended = seen["extend"]
+    assert not err and extended["data"]["status"] == "updated", extended
+    before, after = extended["data"]["before"], extended["data"]["reservation"]
+    assert parse_iso(after["end"]) - parse_iso(before["end"]) == 1800 and after["start"] == before["start"]
+    err, usage = seen["usage"]
+    assert not err and usage["data"]["period"]["since"] == "2026-07-06T10:41:30Z", usage

@@ -228,9 +228,9 @@ def _app(env, be, now=T):
 
 
 def _status(env, be, now=T):
-    from bk.service.status import status_view
+    from bk.service import StatusRequest
 
-    return status_view(_app(env, be, now), verbose=True)
+    return _app(env, be, now).run("status", StatusRequest(verbose=True))
 
 
 def _publish(directory: Path, be: FakeBackend, taken_at: int, fingerprint="fake:1"):

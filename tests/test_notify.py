@@ -225,7 +225,7 @@ class World:
         from bk.service.requests import BookRequest
 
         a = self.app(actor)
-        return a.book(BookRequest(**kw), call=a.call()).reservation
+        return a.run("book", BookRequest(**kw)).reservation
 
     def local(self, uid, text, title, **kw):
         from bk.notify.terminals import Outcome
@@ -291,10 +291,10 @@ def test_nothing_for_a_cancelled_or_moved_window(world):
     d = world.deliverer()
     world.at(T0 + 60, d)
     app = world.app()
-    app.edit(EditRequest(r.id, start=T0 + 7200), call=app.call())
+    app.run("edit", EditRequest(r.id, start=T0 + 7200))
     assert world.at(r.start - 600, d) == []                         # the old window's warning: gone
     assert f"starts in 10 min ({hm(T0 + 7200)})" in world.at(T0 + 7200 - 600, d)[0]
-    app.cancel(CancelRequest(r.id), call=app.call())
+    app.run("cancel", CancelRequest(r.id))
     assert world.at(T0 + 7200, d) == []
 
 
@@ -319,7 +319,7 @@ def test_a_queued_booking_hears_when_it_can_start_earlier_with_the_command_that_
     d = w.deliverer()
     assert not any("earlier" in x for x in w.at(T0 + 60, d))
     bob = w.app(BOB)
-    bob.cancel(CancelRequest(first.id), call=bob.call())
+    bob.run("cancel", CancelRequest(first.id))
     line = next(x for x in w.at(T0 + 120, d) if "can start earlier" in x)
     cmd = line.rsplit(": ", 1)[1]
     assert cmd == f"bk e {mine.short_id} -t now"
@@ -517,7 +517,7 @@ def test_bad_settings_are_refused_when_set_with_the_reason(tmp_path):
 
         def refused(req, match):
             with pytest.raises(InvalidInput, match=match):
-                notify.perform(app, "notify_set", req, call)
+                app.run("notify_set", req, call=call)
         refused(S(events="ends_soon,endd"), "unknown event 'endd'")
         refused(S(channels="pager"), "unknown channel")
         refused(S(email="ada at lab"), "not an email address")
@@ -530,8 +530,8 @@ def test_bad_settings_are_refused_when_set_with_the_reason(tmp_path):
         refused(S(), "nothing to set")
         assert not os.path.exists(notify.prefs_path(app.settings))          # nothing kept
         assert sink.messages == []                                           # checking sends nothing
-        got = notify.perform(app, "notify_set", S(email="ada@lab.example", channels="terminal,email",
-                                                   end_minutes="15,5"), call).to_json()
+        got = app.run("notify_set", S(email="ada@lab.example", channels="terminal,email", end_minutes="15,5"),
+                      call=call).to_json()
         assert got["settings"]["channels"] == ["terminal", "email"] and got["settings"]["end_minutes"] == [15, 5]
         assert sink.rcpt_checks[-1] == "ada@lab.example" and sink.messages == []
         path = notify.prefs_path(app.settings)
@@ -544,27 +544,26 @@ def test_bad_settings_are_refused_when_set_with_the_reason(tmp_path):
         # A file edited by hand into something bk would not write is refused, naming it.
         Path(path).write_text(json.dumps({"schema": "gpubk.notify-prefs.v1", "events": ["nope"]}))
         with pytest.raises(Exception, match="unknown event"):
-            notify.perform(app, "notify_show", __import__("bk.service.requests", fromlist=["Empty"]).Empty(), call)
+            app.run("notify_show", __import__("bk.service.requests", fromlist=["Empty"]).Empty(), call=call)
     finally:
         sink.close()
 
 
 def test_the_administrators_defaults_apply_until_a_user_chooses(tmp_path):
-    from bk.service import notify
     from bk.service.notify import NotifySetRequest as S
     from bk.service.requests import Empty
 
     w = World(tmp_path, config={"notify_end_minutes": [10], "notify_channels": ["terminal"],
                                 "notify_quiet_hours": "23:00-06:00"})
     app = w.app()
-    s = notify.perform(app, "notify_show", Empty(), app.call()).to_json()["settings"]
+    s = app.run("notify_show", Empty()).to_json()["settings"]
     assert s["end_minutes"] == [10] and s["channels"] == ["terminal"] and s["quiet"] == "23:00-06:00"
     assert s["source"]["end_minutes"] == "administrator"
-    notify.perform(app, "notify_set", S(end_minutes="20", quiet="off"), app.call())
-    s = notify.perform(app, "notify_show", Empty(), app.call()).to_json()["settings"]
+    app.run("notify_set", S(end_minutes="20", quiet="off"))
+    s = app.run("notify_show", Empty()).to_json()["settings"]
     assert s["end_minutes"] == [20] and s["quiet"] is None and s["source"]["end_minutes"] == "you"
-    notify.perform(app, "notify_set", S(end_minutes="default"), app.call())
-    assert notify.perform(app, "notify_show", Empty(), app.call()).to_json()["settings"]["end_minutes"] == [10]
+    app.run("notify_set", S(end_minutes="default"))
+    assert app.run("notify_show", Empty()).to_json()["settings"]["end_minutes"] == [10]
 
 
 def test_the_configuration_knows_the_same_names_and_defaults_as_the_rules():

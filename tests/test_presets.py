@@ -14,8 +14,7 @@ import pytest
 from bk import clock
 from bk.cli.app import run
 from bk.core.errors import IOFailure
-from bk.service import open_app
-from bk.service import presets as svc
+from bk.service import Empty, Preset, PresetHintRequest, PresetSaveRequest, open_app
 from bk.service.requests import BookRequest
 from bk.store.presets import HistoryFile, PresetFile
 
@@ -191,7 +190,7 @@ def test_concurrent_saves_lose_nothing(env):
     def save(i: int) -> None:
         try:
             app = open_app(env)
-            svc.save_preset(app, svc.Preset(f"p{i}", 1, 3600), call=app.call())
+            app.run("preset_save", PresetSaveRequest(Preset(f"p{i}", 1, 3600)))
         except Exception as e:  # noqa: BLE001 - reported below
             errors.append(e)
     threads = [threading.Thread(target=save, args=(i,)) for i in range(8)]
@@ -220,56 +219,60 @@ def test_damaged_preset_record(env, capsys):
                              "presets": {"t": {"count": "two", "duration": 3600}}}).encode())
     os.close(fd)
     with pytest.raises(IOFailure, match="count"):
-        svc.list_presets(open_app(env))
+        open_app(env).run("presets", Empty())
 
 
 # ------------------------------------------------------------- learning
 
+def hint(app, booked=None):
+    return app.run("preset_hint", PresetHintRequest(booked)).suggestion
+
+
 def _book(app, count, dur, **kw):
     # again: the same shape booked in one instant on purpose, not a repeat.
-    return app.book(BookRequest(count=count, duration=dur, again=True, **kw)).reservation
+    return app.run("book", BookRequest(count=count, duration=dur, again=True, **kw)).reservation
 
 
 def test_suggest_after_the_third_matching_booking(env, capsys):
     app = open_app(env)
     r1 = _book(app, 2, 3600)
-    assert svc.suggest_preset(app, r1, call=app.call()) is None
+    assert hint(app, r1) is None
     _book(app, 1, 1800)                                   # another shape does not count
     r2 = _book(app, 2, 3600)
-    assert svc.suggest_preset(app, r2, call=app.call()) is None
+    assert hint(app, r2) is None
     r3 = _book(app, 2, 3600)
-    s = svc.suggest_preset(app, r3, call=app.call())
+    s = hint(app, r3)
     assert s == {"times": 3, "command": "bk p save NAME 2 1h",
                  "hint": "you booked this 3 times; save it: bk p save NAME 2 1h"}
     r4 = _book(app, 2, 3600)
-    assert svc.suggest_preset(app, r4, call=app.call()) is None            # said once, not after every booking
+    assert hint(app, r4) is None            # said once, not after every booking
     # Without an argument it looks at the latest booking.
-    assert svc.suggest_preset(app, call=app.call()) is None
+    assert hint(app) is None
 
 
 def test_no_suggestion_when_a_preset_has_that_shape(env, capsys):
     app = open_app(env)
-    svc.save_preset(app, svc.Preset("x2", 1, 7200, mode="exclusive"), call=app.call())
+    app.run("preset_save", PresetSaveRequest(Preset("x2", 1, 7200, mode="exclusive")))
     for _ in range(2):
         _book(app, 1, 7200, mode="exclusive")
-    assert svc.suggest_preset(app, _book(app, 1, 7200, mode="exclusive"), call=app.call()) is None
+    assert hint(app, _book(app, 1, 7200, mode="exclusive")) is None
 
 
 def test_exclusive_suggestion_command(env):
     app = open_app(env)
     for _ in range(2):
         _book(app, 1, 7200, mode="exclusive")
-    s = svc.suggest_preset(app, _book(app, 1, 7200, mode="exclusive"), call=app.call())
+    s = hint(app, _book(app, 1, 7200, mode="exclusive"))
     assert s["command"] == "bk p save NAME 1 2h -x"
 
 
 def test_learned_defaults(env):
     app = open_app(env)
-    assert svc.learned_defaults(app, call=app.call()) == {"count": 1, "duration": 3600, "mode": "shared",
+    assert app.run("defaults", Empty()).to_json() == {"count": 1, "duration": 3600, "mode": "shared",
                                          "mem_mib": None, "learned": 0}
     _book(app, 2, 1800, mem_mib=4096)
     _book(app, 2, 1800, mem_mib=4096)
     _book(app, 1, 3600)
-    d = svc.learned_defaults(app, call=app.call())
+    d = app.run("defaults", Empty()).to_json()
     assert (d["count"], d["duration"], d["mode"], d["mem_mib"], d["learned"]) == \
         (2, 1800, "shared", 4096, 3)

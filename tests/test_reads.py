@@ -36,7 +36,7 @@ def loads(monkeypatch):
 def _fill(bk, n: int) -> None:
     svc = bk.service(ME)
     for i in range(n):
-        svc.book(BookRequest(count=1, duration=H, start=SLICE + 3600 * (i + 1)))
+        svc.run("book", BookRequest(count=1, duration=H, start=SLICE + 3600 * (i + 1)))
 
 
 def test_list_shows_twenty_by_default_and_says_how_many_there_are(bk):
@@ -58,7 +58,7 @@ def test_list_all_is_cut_the_same_way(bk):
     _fill(bk, 12)
     bob = bk.service(BOB)
     for i in range(12):
-        bob.book(BookRequest(count=1, duration=H, start=SLICE + 3600 * (i + 1)))
+        bob.run("book", BookRequest(count=1, duration=H, start=SLICE + 3600 * (i + 1)))
     out = bk.ok("l", "--all").out
     assert "showing 20 of 24 (bk l --all -n 0 for all)" in out
     assert bk.data("l", "--all")["total"] == 24
@@ -83,11 +83,11 @@ def test_a_booking_reads_the_ledger_once_and_still_suggests_a_preset(bk, loads):
 
 def test_the_transaction_counts_the_shape_and_the_wire_carries_it(bk):
     svc = bk.service(ME)
-    counts = [svc.book(BookRequest(count=1, duration=H, again=True)).same_shape for _ in range(2)]
-    counts.append(svc.book(BookRequest(count=2, duration=H, again=True)).same_shape)
+    counts = [svc.run("book", BookRequest(count=1, duration=H, again=True)).same_shape for _ in range(2)]
+    counts.append(svc.run("book", BookRequest(count=2, duration=H, again=True)).same_shape)
     assert counts == [1, 2, 1]
-    assert svc.book(BookRequest(count=1, duration=H, again=True, dry_run=True)).same_shape is None
-    r = svc.book(BookRequest(count=1, duration=H, again=True))
+    assert svc.run("book", BookRequest(count=1, duration=H, again=True, dry_run=True)).same_shape is None
+    r = svc.run("book", BookRequest(count=1, duration=H, again=True))
     wire = r.to_wire()
     back = BookResult.from_wire(wire)
     assert back.same_shape == 3 and "same_shape" not in back.to_json()
@@ -108,12 +108,12 @@ def _world(bk, seed: int) -> None:
         svc = me if rng.random() < 0.4 else bob
         start = SLICE + 300 * rng.randrange(0, 48 * 12)
         try:
-            r = svc.book(BookRequest(count=rng.choice((1, 1, 2)), duration=300 * rng.randrange(1, 36),
+            r = svc.run("book", BookRequest(count=rng.choice((1, 1, 2)), duration=300 * rng.randrange(1, 36),
                                      start=start, again=True))
         except BkError:             # a full slot: this world just has one booking fewer
             continue
         if rng.random() < 0.15:
-            svc.cancel(CancelRequest(ref=r.reservation.id))
+            svc.run("cancel", CancelRequest(ref=r.reservation.id))
 
 
 VIEWS = [("st",), ("st", "-v"), ("login",),
@@ -142,7 +142,7 @@ def test_a_windowed_read_builds_only_the_window_and_yours(bk, monkeypatch):
     _fill(bk, 5)
     bob = bk.service(BOB)
     for i in range(30):
-        bob.book(BookRequest(count=1, duration=H, start=SLICE + 3600 * (i + 1), again=True))
+        bob.run("book", BookRequest(count=1, duration=H, start=SLICE + 3600 * (i + 1), again=True))
     from bk.service.app import Service
 
     seen = []
@@ -192,12 +192,12 @@ def test_notices_and_advice_from_a_partial_read_match_a_whole_read(bk, monkeypat
     _world(bk, seed)
     rng = random.Random(seed)
     admin = bk.service(ROOT)
-    admin.publish_notice(NoticeRequest("new drivers tonight"))
-    admin.publish_notice(NoticeRequest("later", level="warning", start=SLICE + 6 * H))
-    admin.publish_notice(NoticeRequest("gone by now", until=SLICE + H))
+    admin.run("notice_publish", NoticeRequest("new drivers tonight"))
+    admin.run("notice_publish", NoticeRequest("later", level="warning", start=SLICE + 6 * H))
+    admin.run("notice_publish", NoticeRequest("gone by now", until=SLICE + H))
     mine = [r for r in bk.service(ME).ledger().reservations if r.uid == ME.uid and r.cancelled_at is None]
     for r in rng.sample(mine, min(3, len(mine))):       # admin cancellations: notices to ada
-        admin.cancel(CancelRequest(ref=r.id, reason=f"maintenance {r.id[:4]}"))
+        admin.run("cancel", CancelRequest(ref=r.id, reason=f"maintenance {r.id[:4]}"))
     # Some ended, some running, some to come.  The clock reads os.environ, so
     # the later time is set there rather than passed to one command.
     monkeypatch.setenv("BK_NOW", "2026-07-14T09:02:10Z")
@@ -216,7 +216,7 @@ def test_notices_and_advice_build_only_what_they_look_at(bk, monkeypatch):
     _fill(bk, 5)
     bob = bk.service(BOB)
     for i in range(30):
-        bob.book(BookRequest(count=1, duration=H, start=SLICE + 3600 * (i + 1), again=True))
+        bob.run("book", BookRequest(count=1, duration=H, start=SLICE + 3600 * (i + 1), again=True))
     from bk.service.app import Service
 
     seen = []

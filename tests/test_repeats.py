@@ -98,14 +98,27 @@ def test_the_same_op_id_for_another_change_is_still_refused(bk):
     assert len(live(bk)) == 2
 
 
+def _by_op_id(app, op_id, action):
+    """The booking the resolve row names by ``op_id`` alone (``----``: an
+    ID prefix no booking has, so nothing else can be named)."""
+    from bk.core.errors import NotFound
+    from bk.service import ResolveRequest
+
+    try:
+        got = app.run("resolve", ResolveRequest("----", op_id, action))
+    except NotFound:
+        return None
+    return got.reservation if got.by_op_id else None
+
+
 def test_op_reservation_is_none_for_new_keys_and_other_users(bk):
     app = bk.service(BOB)
-    made = app.book(BookRequest(count=1, duration=1800, op_id="B"))
-    assert app.op_reservation("B", "book").id == made.reservation.id
-    assert app.op_reservation("B", "cancel") is None          # another action: the apply refuses it
-    assert app.op_reservation("new", "cancel") is None
-    assert app.op_reservation(None, "cancel") is None
-    assert bk.service(ME).op_reservation("B", "book") is None    # ada's keys are not bob's
+    made = app.run("book", BookRequest(count=1, duration=1800, op_id="B"))
+    assert _by_op_id(app, "B", "book").id == made.reservation.id
+    assert _by_op_id(app, "B", "cancel") is None          # another action: the apply refuses it
+    assert _by_op_id(app, "new", "cancel") is None
+    assert _by_op_id(app, None, "cancel") is None
+    assert _by_op_id(bk.service(ME), "B", "book") is None    # ada's keys are not bob's
 
 
 # ------------------------------------------------------------- repeats
@@ -174,7 +187,7 @@ def test_a_booking_made_with_an_op_id_is_not_repeated_by_hand(bk):
 
 
 def test_another_users_identical_booking_is_not_a_repeat(bk):
-    bk.service(BOB).book(BookRequest(count=1, duration=1800))
+    bk.service(BOB).run("book", BookRequest(count=1, duration=1800))
     assert bk.data("1", "30m")["status"] == "created"
 
 

@@ -50,7 +50,7 @@ def counted(bk, monkeypatch):
     import bk.gpu as gpu
 
     real = gpu.open_backend
-    monkeypatch.setattr(gpu, "open_backend", lambda env, fallback=None, **kw: Counting(real(env, fallback, **kw)))
+    monkeypatch.setattr(gpu, "open_backend", lambda env, *a, **kw: Counting(real(env, *a, **kw)))
     Counting.calls = []
     return Counting.calls
 
@@ -62,7 +62,7 @@ def test_reads_that_need_nothing_live_never_ask_the_backend(bk, counted, sim_fil
     bk.ok("1", "1h", "-m", "8g")          # a booking takes a snapshot (placement), and caches the inventory
     bk.ok("1", "30m", "-t", "+2h")
     assert "snapshot" in counted
-    bk.service(BOB).book(BookRequest(count=1, duration=3600))
+    bk.service(BOB).run("book", BookRequest(count=1, duration=3600))
     counted.clear()
     listed = bk.data("l")
     assert counted == [], "bk l asked the GPU backend"
@@ -93,29 +93,58 @@ def test_an_edited_simulation_is_a_new_inventory(bk, counted):
 
 # ----------------------------------------------------------- the operation table
 
+SERVED = {"book", "edit", "cancel", "notice_publish", "notice_archive", "job_state", "data_lost", "data_recover",
+          "audit", "probe", "ping",
+          # the administrator's (bk.cli.cmd_admin_day runs them with Service.run)
+          "blackout_add", "blackout_end", "notice_edit", "policy_bind",
+          # the agent's write (bk.agent's cleanup tool)
+          "cleanup"}
+# The reads every front end makes, and changes to the caller's own private
+# files: run in the caller's own process, never by the broker.
+LOCAL = {"list", "notices", "status", "login", "context", "timeline", "info", "config", "doctor", "resolve",
+         "op_lookup", "history", "recommend", "gpu", "usage", "usage_users", "usage_samples", "usage_events",
+         "usage_verify", "jobs", "job_log", "job_retry", "worker_status", "presets", "preset", "preset_delete",
+         "defaults", "prompt_history", "blackouts", "notice_list", "data_backup", "data_verify", "data_clear",
+         "data_restore",
+         # the caller's own notification settings, terminals and log (bk.service.notify)
+         "notify_show", "notify_set", "notify_test", "notify_log",
+         # bk export (bk.service.exports)
+         "export"}
+# Of those, the ones that change something: notify_set writes the caller's
+# own settings file, as preset_delete their presets (no ledger, no broker).
+LOCAL_WRITES = {"job_retry", "preset_delete", "data_backup", "data_clear", "data_restore", "notify_set"}
+# Rows that take this process's environment, run a program, or carry
+# in-process values: no field spec, never sent anywhere.
+IN_PROCESS = {"book_job", "run_target", "run_now", "worker", "worker_hint", "adopt", "screen", "export_page",
+              "preset_save", "preset_hint", "prompt_history_save", "policy", "policy_write", "policy_rebind"}
+
+
 def test_every_row_is_complete():
-    assert set(ops.OPERATIONS) == {"book", "edit", "cancel", "notice_publish", "notice_archive", "job_state",
-                                   "data_lost", "data_recover", "audit", "probe", "ping",
-                                   # the administrator's (bk.cli.cmd_admin_day runs them with Service.run)
-                                   "blackout_add", "blackout_end", "notice_edit", "policy_bind",
-                                   # the agent's (bk.service.agent): a write and local reads
-                                   "cleanup", "context", "list", "recommend", "usage", "job_log",
-                                   # the caller's own notification settings (bk.service.notify): local rows
-                                   "notify_show", "notify_set", "notify_test", "notify_log",
-                                   # bk export's (bk.service.exports): a local read
-                                   "export"}
+    from bk.core import record
+
+    assert set(ops.OPERATIONS) == SERVED | LOCAL | IN_PROCESS
+    assert {n for n, op in ops.OPERATIONS.items() if op.served} == SERVED
+    assert {n for n, op in ops.OPERATIONS.items() if op.fields is None} == IN_PROCESS
+    # A local row that changes something is a WRITE: the caller's own
+    # private files (a preset, the notification settings, a retried job's
+    # state through its own worker) or the data directory as a whole; every
+    # other local row only reads.
+    assert {n for n in LOCAL if ops.OPERATIONS[n].access == ops.WRITE} == LOCAL_WRITES
     for op in ops.OPERATIONS.values():
         assert op.access in (ops.READ, ops.WRITE) and op.who in (ops.ANYONE, ops.OWNER, ops.ADMIN, ops.HOST)
-        if op.access == ops.WRITE:
+        if op.served and op.access == ops.WRITE:
             assert op.apply is not None and op.serve is None, op.name
-        else:
+        else:        # a host's read, or a local row (read or write): served here or in the caller
             assert op.serve is not None and op.apply is None, op.name
         if op.who in (ops.ADMIN, ops.HOST):
             assert op.admin_hint, op.name
         assert not op.accepts_loss or op.access == ops.WRITE
+        assert op.result is not None and callable(getattr(op.result, "to_json", None)), op.name
+        if op.fields is None:
+            with pytest.raises(InvalidInput, match="runs only in the caller's own process"):
+                op.decode({})
+            continue
         spec = {f.name for f in op.fields}
-        from bk.core import record
-
         assert spec == {f.name for f in record.fields(op.request)}, f"{op.name}: spec and request differ"
         schema = op.schema()
         assert schema["type"] == "object" and schema["additionalProperties"] is False
@@ -126,7 +155,14 @@ def test_every_service_write_is_a_row(tmp_path):
     """The Service's write methods are nothing but rows: a recording gateway
     sees each one's operation by name."""
     from bk.service import open_app
-    from bk.service.requests import CancelRequest, EditRequest, NoticeArchiveRequest, NoticeRequest
+    from bk.service.requests import (
+        AuditRequest,
+        CancelRequest,
+        EditRequest,
+        Empty,
+        NoticeArchiveRequest,
+        NoticeRequest,
+    )
 
     env = {"BK_DATA_DIR": str(tmp_path / "d"), "HOME": str(tmp_path), "BK_GPU_COUNT": "2",
            "XDG_CACHE_HOME": str(tmp_path / "c")}
@@ -141,19 +177,19 @@ def test_every_service_write_is_a_row(tmp_path):
 
                 return LostResult(0, 0, (), "nothing_lost")
     app.gateway = Recorder()
-    app.book(BookRequest(1, 60))
-    app.edit(EditRequest("x" * 8))
-    app.cancel(CancelRequest("x" * 8))
-    app.publish_notice(NoticeRequest("hi"))
-    app.archive_notice(NoticeArchiveRequest("abcd"))
-    app.audit()
+    app.run("book", BookRequest(1, 60))
+    app.run("edit", EditRequest("x" * 8))
+    app.run("cancel", CancelRequest("x" * 8))
+    app.run("notice_publish", NoticeRequest("hi"))
+    app.run("notice_archive", NoticeArchiveRequest("abcd"))
+    app.run("audit", AuditRequest())
     assert [n for n, _ in seen] == ["book", "edit", "cancel", "notice_publish", "notice_archive", "audit"]
     assert all(ops.OPERATIONS[n].request is t for n, t in seen)
-    app.recover_data()
-    assert seen[-1][0] == "data_lost"                    # nothing lost here: it only looked
+    app.run("data_lost", Empty())
+    assert seen[-1][0] == "data_lost"
     # job_state: the worker's row, which bk.service.jobs runs with Service.run.
     # The administrator's maintenance, notice edit and policy binding rows, likewise.
-    assert {op.name for op in ops.writes()} == {n for n, _ in seen[:5]} | {"data_recover", "job_state"} \
+    assert {op.name for op in ops.writes() if op.served} == {n for n, _ in seen[:5]} | {"data_recover", "job_state"} \
         | {"blackout_add", "blackout_end", "notice_edit", "policy_bind", "cleanup"}
 
 
@@ -171,7 +207,7 @@ def test_a_write_without_a_row_cannot_be_dispatched(tmp_path, monkeypatch):
     reply = d.dispatch({"op": "book", "fields": {"count": 1, "duration": 1800}}, peer)
     assert reply["error"]["code"] == "invalid_input" and "unknown operation" in reply["error"]["message"]
     with pytest.raises(InvalidInput, match="unknown operation"):
-        app.book(BookRequest(1, 1800))
+        app.run("book", BookRequest(1, 1800))
     assert len(app.ledger().reservations) == 1
 
 
@@ -184,7 +220,7 @@ def test_admin_rows_are_refused_centrally_for_everyone_else(tmp_path):
            "XDG_CACHE_HOME": str(tmp_path / "c")}
     app = open_app(env, actor=BOB)
     with pytest.raises(PermissionDenied, match="only the administrator") as e:
-        app.publish_notice(NoticeRequest("hello"))
+        app.run("notice_publish", NoticeRequest("hello"))
     assert e.value.hint == ops.OPERATIONS["notice_publish"].admin_hint
 
 
@@ -207,8 +243,7 @@ def test_open_app_takes_injected_telemetry(tmp_path):
     """A fixed snapshot stands in for the GPUs: no backend is ever opened."""
     from bk.core.models import GpuInfo, GpuProcess
     from bk.core.telemetry import Inventory, Snapshot
-    from bk.service import open_app
-    from bk.service.status import status_view
+    from bk.service import StatusRequest, open_app
     from bk.service.telemetry import Fixed
 
     gpus = (GpuInfo(0, "GPU-a", "Test", mem_total_mib=1024, util=50,
@@ -219,12 +254,12 @@ def test_open_app_takes_injected_telemetry(tmp_path):
            "XDG_CACHE_HOME": str(tmp_path / "c")}
     app = open_app(env, telemetry=fixed, actor=BOB)
     call = app.call()
-    got = app.book(BookRequest(count=1, duration=1800, pinned=(0,)), call=call)
+    got = app.run("book", BookRequest(count=1, duration=1800, pinned=(0,)), call=call)
     assert got.reservation.gpus == (0,)
     # One attribution for both: the booking warns about eve's process, and
     # status calls it unreserved (eve has no booking).
     assert call.warnings == ["GPU 0 is in use right now by a process of eve without a booking there (100 MiB)"]
-    view = status_view(app).to_json()
+    view = app.run("status", StatusRequest()).to_json()
     assert view["backend"] == {"name": "test", "simulated": True}
     assert [p["state"] for p in view["gpus"][0]["processes"]] == ["unreserved"]
 

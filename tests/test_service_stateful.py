@@ -89,7 +89,7 @@ class BookingMachine(RuleBasedStateMachine):
                           mem_mib=None if exclusive else mem, start=start, queue=queue,
                           op_id=self._op())
         try:
-            res = self.svc.book(req, call=self.svc.call(user))
+            res = self.svc.run("book", req, call=self.svc.call(user))
         except BkError as e:
             assert e.exit_code in (2, 3), e
             return
@@ -111,7 +111,7 @@ class BookingMachine(RuleBasedStateMachine):
             req = EditRequest(ref=r.id, duration=slices * SLOT,
                               start=max(r.start + shift * SLOT, self.t - self.t % SLOT), op_id=self._op())
         try:
-            result = self.svc.edit(req, call=self.svc.call(owner))
+            result = self.svc.run("edit", req, call=self.svc.call(owner))
         except BkError as e:
             assert e.exit_code in (2, 3), e
             return
@@ -128,14 +128,14 @@ class BookingMachine(RuleBasedStateMachine):
         if wrong_user:
             before = self._state().reservations
             try:
-                self.svc.cancel(req, call=self.svc.call(other))
+                self.svc.run("cancel", req, call=self.svc.call(other))
             except BkError as e:
                 assert e.code == "permission_denied"
             else:
                 raise AssertionError("another user cancelled a booking")
             assert self._state().reservations == before
             return
-        self.svc.cancel(req, call=self.svc.call(owner))
+        self.svc.run("cancel", req, call=self.svc.call(owner))
         self.requests[req.op_id] = ("cancel", req, owner, r.id)
 
     @rule(slices=st.integers(1, 40))
@@ -148,8 +148,7 @@ class BookingMachine(RuleBasedStateMachine):
         op = data.draw(st.sampled_from(sorted(self.requests)))
         kind, req, actor, rid = self.requests[op]
         before = self._state()
-        call = {"book": self.svc.book, "edit": self.svc.edit, "cancel": self.svc.cancel}[kind]
-        result = call(req, call=self.svc.call(actor))
+        result = self.svc.run(kind, req, call=self.svc.call(actor))
         assert result.status == "exists" and result.reservation.id == rid
         after = self._state()
         assert after.reservations == before.reservations and after.seq == before.seq

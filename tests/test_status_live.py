@@ -72,7 +72,7 @@ def test_ambiguous_container_and_a_gpu_that_cannot_list_processes(bk):
     del world["gpus"][3]["processes"]                  # cannot tell, not "none"
     bk.sim(world)
     bk.ok("1", "1h", "-g", "1")
-    bk.service(BOB).book(BookRequest(count=1, duration=3600, pinned=(1,)))
+    bk.service(BOB).run("book", BookRequest(count=1, duration=3600, pinned=(1,)))
     d = bk.data("st")
     p = procs_of(d)[6001]
     assert (p["uid"], p["user"], p["state"], p["identity"]) == (None, None, "unknown", "ambiguous")
@@ -112,7 +112,7 @@ def test_bk_g_and_placement_avoid_a_gpu_used_without_a_booking(bk):
     world["gpus"] = world["gpus"][1:3]                 # GPU 0: root container; GPU 1: bob, unbooked
     world["gpus"][0]["util"] = 95                      # busier than bob's GPU...
     bk.sim(world)
-    bk.service(CAROL).book(BookRequest(count=1, duration=3600, pinned=(0,)))   # ...but carol booked it
+    bk.service(CAROL).run("book", BookRequest(count=1, duration=3600, pinned=(0,)))   # ...but carol booked it
     g = bk.data("g")
     assert [o["gpus"] for o in g["options"]] == [[0], [1]]
     assert {x["index"]: x["state"] for x in g["live"]} == {0: "busy", 1: "unreserved-use"}
@@ -122,7 +122,7 @@ def test_bk_g_and_placement_avoid_a_gpu_used_without_a_booking(bk):
     assert "GPU 1: unreserved-use, util 10%, 77.6G VRAM free, 1 process" in out
     assert bk.data("1", "1h", "--dry-run")["reservation"]["gpus"] == [0]
     # bob himself books: his own unbooked process is why, so his GPU is not held against him
-    bob = bk.service(BOB).book(BookRequest(count=1, duration=3600))
+    bob = bk.service(BOB).run("book", BookRequest(count=1, duration=3600))
     assert bob.reservation.gpus == (1,)
 
 

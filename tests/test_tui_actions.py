@@ -78,7 +78,7 @@ def test_a_booking_made_impossible_after_the_preview_writes_nothing(bk):
     call = bob.call()
     req, _ = builders.book_request(count_=1, duration_="2h", policy=call.policy, now=call.now, tz=call.tz,
                                    mode="exclusive", gpus="0", at="now")
-    taken = bob.book(req, call=call).reservation
+    taken = bob.run("book", req, call=call).reservation
     before = live_ids(bk)
     out = actions.book(app, s.draft)
     assert out.error and not out.done
@@ -92,7 +92,7 @@ def test_find_the_earliest_slot(bk):
     call = bob.call()
     req, _ = builders.book_request(count_=4, duration_="1h", policy=call.policy, now=call.now, tz=call.tz,
                                    mode="exclusive", at="now")
-    bob.book(req, call=call)
+    bob.run("book", req, call=call)
     w = load_world(app)
     s, _ = keys.handle(keys.ViewState(), "a", w)
     s, _ = keys.handle(s, "DOWN", w)

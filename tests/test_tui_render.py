@@ -141,6 +141,36 @@ def test_world_not_read_yet():
     assert "reading the bookings" in f.text()
 
 
+def test_a_booking_reads_the_same_in_bk_l_and_in_the_table_of_bk_t():
+    """One module of words (bk.core.timegrid) for the CLI and the screen: each
+    booking's GPUs, mode, memory, window and status are the same cells in
+    ``bk l --all``'s table and in the table of ``bk t``.  (They were two copies
+    that disagreed: the screen said ``shared 1/2``, ``auto`` and ``10:00-11:30``
+    where ``bk l`` said ``shared``, ``-`` and ``07-13 10:00-11:30``.)"""
+    from datetime import timezone
+
+    from bk.cli import common
+    from bk.cli.render import Term
+    from bk.service.views import View
+
+    f = frame(st(), size=(160, 48))
+    screen = f.text().splitlines()
+    term = Term(width=160, color=False, unicode=True, tty=False)
+    view = View(NOW, tui_world.ME, tui_world.POLICY, {}, {})
+    live = [r for r in tui_world.RESERVATIONS if r.end > NOW]
+    cli = common.reservations_table(live, view, term, tz=timezone.utc, show_user=True).splitlines()
+    head = cli[0]
+    cols = {name: head.index(name) for name in ("GPUS", "MODE", "MEM", "WHEN", "STATUS", "NOTE")}
+    for r, line in zip(live, cli[1:], strict=True):
+        cells = {name: line[cols[a]:cols[b]].strip() for name, a, b in
+                 (("gpus", "GPUS", "MODE"), ("mode", "MODE", "MEM"), ("mem", "MEM", "WHEN"),
+                  ("when", "WHEN", "STATUS"), ("status", "STATUS", "NOTE"))}
+        row = next(s for s in screen if r.id[:8] in s)
+        at = row.index(r.id[:8])
+        for name, text in cells.items():
+            assert text and text in row[at:], f"{r.id[:8]}: bk l's {name} {text!r} is not in bk t's {row!r}"
+
+
 # ------------------------------------------------------------- letters and the full mark (issue 30, item 20)
 
 def _lane(f, gpu: int) -> str:

@@ -35,10 +35,10 @@ def history(bk) -> tuple[str, str]:
     call = app_me.call()
     # Bookings in the past cannot be made; write the history against
     # reservations shaped like them, then book ada's real one for the ledger.
-    mine = app_me.book(BookRequest(count=1, duration=H, start=NOW - NOW % 300 + 300, pinned=(0,)),
+    mine = app_me.run("book", BookRequest(count=1, duration=H, start=NOW - NOW % 300 + 300, pinned=(0,)),
                        call=call).reservation
     ada = mine.replace(start=TODAY + 9 * H, end=TODAY + 10 * H + 30 * 60)
-    bobs = app_bob.book(BookRequest(count=1, duration=H, start=NOW - NOW % 300 + 300, pinned=(1,)),
+    bobs = app_bob.run("book", BookRequest(count=1, duration=H, start=NOW - NOW % 300 + 300, pinned=(1,)),
                         call=app_bob.call()).reservation
     bob = bobs.replace(start=TODAY - DAY + 12 * H, end=TODAY - DAY + 14 * H, gpus=(1,))
     folder = Folder(60, 10)
@@ -249,7 +249,7 @@ def test_an_empty_week_is_one_line(bk):
 
 def test_recent_bookings_keep_their_span_after_archiving(bk, monkeypatch):
     app = bk.service(ME)
-    r = app.book(BookRequest(count=1, duration=H, pinned=(0,)), call=app.call()).reservation
+    r = app.run("book", BookRequest(count=1, duration=H, pinned=(0,)), call=app.call()).reservation
     folder = Folder(60, 30)
     recs = []
     for t in range(r.start, r.end, 30):
@@ -258,7 +258,7 @@ def test_recent_bookings_keep_their_span_after_archiving(bk, monkeypatch):
     UsageStore(str(bk.data_dir / "usage")).append(recs + folder.flush(), now=r.end)
     monkeypatch.setenv("BK_NOW", iso(NOW + 2 * DAY))
     app = bk.service(ME)
-    app.book(BookRequest(count=1, duration=H), call=app.call())          # a commit archives the old one
+    app.run("book", BookRequest(count=1, duration=H), call=app.call())          # a commit archives the old one
     assert r.id not in {x.id for x in app.ledger().reservations}
     (b,) = bk.data("u")["bookings"]
     assert (b["reservation"], b["status"], b["start"], b["end"]) == (r.id, "ended", iso(r.start), iso(r.end))

@@ -60,9 +60,9 @@ NOUNS = ("seconds|minutes|hours|days|GPUs|bookings|slots|share slots|samples|fil
          "connections|clients|reservations|processes|checks|warnings|lines|jobs|users|columns|problems")
 PLURAL_AFTER_COUNT = re.compile(r"(?<!/)\{([^{}]+)\} (?:" + NOUNS + r")\b")
 # Counts that cannot be 1 where they are printed (a message about two or more).
-CANNOT_BE_ONE = {("bk/service/app.py", "len(hits)"), ("bk/store/ledger.py", "len(bad)"),
+CANNOT_BE_ONE = {("bk/service/booking.py", "len(hits)"), ("bk/store/ledger.py", "len(bad)"),
                  ("bk/core/telemetry.py", "len(gpus)"), ("bk/cli/guided.py", "n"),
-                 ("bk/cli/cmd_timeline.py", "ncols"), ("bk/cli/cmd_cluster.py", "mode"),
+                 ("bk/service/timeline.py", "ncols"), ("bk/cli/cmd_cluster.py", "mode"),
                  ("bk/cli/cmd_cluster.py", "res.get('short_id')"), ("bk/cli/cmd_cluster.py", "short"),
                  ("bk/cli/cmd_export.py", "req.gpu")}              # "GPU 3 bookings": an index, not a count
 
@@ -173,7 +173,7 @@ def _bob_books(run, **req) -> None:
     from bk.service.requests import Actor, BookRequest
 
     app = open_app({**run.env}, actor=Actor(2000, "bob"), clock_fn=lambda: parse_iso(NOW_ISO))
-    app.book(BookRequest(**req), call=app.call())
+    app.run("book", BookRequest(**req))
 
 
 def test_pyz_timeline_upper_case_only_while_the_booking_holds_a_full_gpu(run):

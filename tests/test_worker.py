@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from bk.core.errors import Busy, Conflict, InvalidInput
-from bk.service import jobs, open_app
+from bk.service import BookJobRequest, Empty, JobLogRequest, JobRetryRequest, jobs, open_app
 from bk.service.requests import BookRequest, CancelRequest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,6 +32,11 @@ mv "$out/env.$$" "$out/env"
 echo "started $$"
 while :; do sleep 0.05; done
 """
+
+
+def jobs_dir(app) -> str:
+    """Where the private specs and the logs are (what bk w says)."""
+    return app.run("worker_status", Empty()).jobs_dir
 
 
 class Clock:
@@ -85,8 +90,9 @@ class World:
     def book(self, argv=None, *, start: int | None = None, minutes: int = 2, **kw):
         call = self.app.call()
         req = BookRequest(count=1, duration=minutes * 60, start=start, **kw)
-        return jobs.attach_command(self.app, call, req, argv or [str(self.script), str(self.out)],
-                                   cwd=str(self.root), env=self.env).reservation
+        argv = argv or [str(self.script), str(self.out)]
+        return self.app.run("book_job", BookJobRequest(req, tuple(argv), str(self.root), self.env),
+                            call=call).reservation
 
     def job(self, res):
         return next(r for r in self.app.ledger().reservations if r.id == res.id).job
@@ -151,7 +157,7 @@ def test_a_cancelled_booking_stops_its_job(world):
     world.worker.tick()
     ch = next(iter(world.worker.children.values()))
     poll(lambda: (world.out / "env").exists(), what="the job to start")
-    world.app.cancel(CancelRequest(res.id))
+    world.app.run("cancel", CancelRequest(res.id))
     world.worker.tick()                              # TERM now, KILL after the grace
     poll(lambda: (world.out / "signals").exists(), what="TERM")
     world.clock.t += 2
@@ -163,7 +169,7 @@ def test_a_cancelled_booking_stops_its_job(world):
 
 def test_a_pending_job_of_a_cancelled_booking_never_starts(world):
     res = world.book(start=world.clock.t - world.clock.t % 60 + 60)
-    world.app.cancel(CancelRequest(res.id))
+    world.app.run("cancel", CancelRequest(res.id))
     assert world.job(res).status == "cancelled"
     world.clock.t = res.start
     world.worker.tick()
@@ -207,8 +213,7 @@ def test_exit_status_is_recorded(world):
     world.worker.tick()
     job = world.job(res)
     assert job.status == "failed" and job.extra["exit_code"] == 3
-    _, data, _ = jobs.job_log(world.app, world.app.call(), res.short_id)
-    assert data == b"out\nerr\n"
+    assert world.app.run("job_log", JobLogRequest(res.short_id)).log == b"out\nerr\n"
 
 
 def booking_now(world, res):
@@ -238,16 +243,15 @@ def test_a_booking_ends_when_its_command_exits(world):
     last = audit[-1]
     assert (last["action"], last["reservation"], last["uid"], last["reason"]) == ("cancel", res.id, os.getuid(), why)
     # the GPU is free for the rest of the window: the same GPU books at once
-    again = world.app.book(BookRequest(count=1, duration=300, pinned=tuple(res.gpus)), call=world.app.call())
+    again = world.app.run("book", BookRequest(count=1, duration=300, pinned=tuple(res.gpus)))
     assert again.reservation.gpus == res.gpus
     world.worker.tick()                                   # nothing more to do
     assert world.worker.ending == {} and booking_now(world, res).cancelled_at == done.cancelled_at
 
 
 def test_keep_leaves_the_booking_to_its_end(world):
-    call = world.app.call()
-    res = jobs.attach_command(world.app, call, BookRequest(count=1, duration=600), ["/bin/true"],
-                              cwd=str(world.root), env=world.env, keep=True).reservation
+    res = world.app.run("book_job", BookJobRequest(BookRequest(count=1, duration=600), ("/bin/true",),
+                                                   str(world.root), world.env, keep=True)).reservation
     world.worker.tick()
     ch = next(iter(world.worker.children.values()))
     poll(lambda: ch.proc.poll() is not None, what="the job to exit")
@@ -293,7 +297,7 @@ def test_ending_the_booking_is_retried_when_the_ledger_is_busy(world, monkeypatc
 
 def test_a_tampered_spec_is_refused_and_never_run(world):
     res = world.book(["/bin/sh", "-c", f"touch {world.out}/ran"])
-    path = Path(jobs.jobs_path(world.app)) / "specs" / f"{res.job.extra['id']}.json"
+    path = Path(jobs_dir(world.app)) / "specs" / f"{res.job.extra['id']}.json"
     path.write_bytes(path.read_bytes().replace(b"/ran", b"/pwn"))
     world.worker.tick()
     job = world.job(res)
@@ -304,7 +308,7 @@ def test_a_tampered_spec_is_refused_and_never_run(world):
 
 
 def test_bad_input_leaves_nothing_half_made(world):
-    specs_dir = Path(jobs.jobs_path(world.app)) / "specs"
+    specs_dir = Path(jobs_dir(world.app)) / "specs"
     with pytest.raises(InvalidInput, match="not executable"):
         (world.root / "plain.sh").write_text("echo hi\n")
         world.book(["./plain.sh"])
@@ -312,8 +316,8 @@ def test_bad_input_leaves_nothing_half_made(world):
         world.book(["no-such-program-bk"])
     call = world.app.call()
     with pytest.raises(InvalidInput, match="working directory"):
-        jobs.attach_command(world.app, call, BookRequest(1, 60), ["true"], cwd=str(world.root / "gone"),
-                            env=world.env)
+        world.app.run("book_job", BookJobRequest(BookRequest(1, 60), ("true",), str(world.root / "gone"),
+                                                 world.env), call=call)
     assert not specs_dir.exists() or not list(specs_dir.iterdir())
     world.book(["true"], pinned=(0,), mode="exclusive")
     start = world.clock.t - world.clock.t % 60
@@ -343,11 +347,11 @@ def test_one_worker_per_user(world):
 
     state_dir = world.app.settings.locations.state_dir
     assert worker_status(state_dir)["state"] == "absent"
-    with Lease(jobs.jobs_path(world.app), data_dir="d", now=5):
+    with Lease(jobs_dir(world.app), data_dir="d", now=5):
         st = worker_status(state_dir)
         assert st["state"] == "running" and st["pid"] == os.getpid()
         with pytest.raises(Busy, match="already running"):
-            Lease(jobs.jobs_path(world.app), data_dir="d", now=5).__enter__()
+            Lease(jobs_dir(world.app), data_dir="d", now=5).__enter__()
     assert worker_status(state_dir)["state"] == "absent"
 
 
@@ -372,7 +376,7 @@ def test_a_new_worker_stops_the_orphan_of_a_killed_one_and_marks_it_uncertain(tm
         proc.kill()                                                # kill -9 the worker
         proc.wait()
         assert all(alive(p) for p in orphans)                       # its job runs on, orphaned
-        assert jobs.worker_status(w.app)["state"] == "absent"
+        assert w.app.run("worker_status", Empty()).worker["state"] == "absent"
         from bk.jobs.worker import Worker
 
         new = Worker(jobs.Host(w.app, w.env))
@@ -382,9 +386,9 @@ def test_a_new_worker_stops_the_orphan_of_a_killed_one_and_marks_it_uncertain(tm
         assert job.status == "uncertain" and "stopped processes" in job.extra["reason"]
         # A retry needs the acknowledgement that it may run twice.
         with pytest.raises(InvalidInput, match="duplicate its work") as refused:
-            jobs.retry(w.app, w.app.call(), res.short_id, accept_duplicate_risk=False)
+            w.app.run("job_retry", JobRetryRequest(res.short_id))
         assert "--accept-duplicate-risk" in refused.value.hint
-        jobs.retry(w.app, w.app.call(), res.short_id, accept_duplicate_risk=True)
+        w.app.run("job_retry", JobRetryRequest(res.short_id, accept_duplicate_risk=True))
         assert w.job(res).status == "pending"
     finally:
         if proc.poll() is None:

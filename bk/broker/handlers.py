@@ -27,7 +27,7 @@ cannot hold up anyone's booking.  A request still costs the broker CPU,
 and all its threads share one interpreter, so the work is shared out round
 the UIDs (``Turns``: a few reads at once, the next turn to the UID that
 has waited longest), and one user's reads are bounded three ways (``ReadSlots``, ``Shared``, and the scan budget of
-``bk.service.app.USER_AUDIT_SCAN``): at most ``READ_SLOTS_PER_UID`` of a
+``bk.service.hostreads.USER_AUDIT_SCAN``): at most ``READ_SLOTS_PER_UID`` of a
 UID's reads run at once (the rest wait their turn, at most
 ``READ_SLOT_WAIT`` seconds, then hear ``busy``); an ordinary user's probe
 shares the result of one made in the last ``SHARED_SECONDS`` seconds; and

@@ -16,7 +16,7 @@ from bk.cli import common
 from bk.cli.render import Output, safe, wrap
 from bk.core.errors import EXIT_PARTIAL, PermissionDenied, UsageError
 from bk.core.timegrid import counted
-from bk.service.requests import CancelRequest
+from bk.service import CancelRequest, ResolveRequest
 
 INIT_EPILOG = """Examples:
   sudo bk admin init --service-user gpubk --gpu-count 8 --dry-run
@@ -234,7 +234,8 @@ def run_cancel(args, ctx) -> Output:
     if not args.reason.strip():
         raise UsageError("--reason must say something; the owner reads it", hint="--reason 'maintenance'")
     app, call = ctx.app(), ctx.call()
-    res = app.resolve(args.ref, any_owner=True, call=call)
+    found = app.run("resolve", ResolveRequest(args.ref, any_owner=True), call=call)
+    res = found.reservation
     now, tz = call.now, call.tz
     who = safe(res.user)
     line = f"{who}'s " + common.summary_line(res, capacity=call.policy.max_shared_users, tz=tz, now=now)
@@ -242,10 +243,10 @@ def run_cancel(args, ctx) -> Output:
         if not ctx.interactive:
             raise UsageError(f"confirm cancelling {line} with --yes", hint="add --yes (or -y)")
         if not ctx.confirm(f"Cancel {line}? {who} will be told: {safe(args.reason.strip())}"):
-            data = {"status": "kept", "reservation": common.view(call).reservation(res), "dry_run": False}
+            data = {"status": "kept", "reservation": found.to_json()["reservation"], "dry_run": False}
             return Output("admin cancel", data, f"kept {line}", exit_code=EXIT_PARTIAL)
-    result = app.cancel(CancelRequest(ref=res.id, reason=args.reason.strip(), op_id=args.op_id,
-                                      dry_run=args.dry_run), call=call)
+    result = app.run("cancel", CancelRequest(ref=res.id, reason=args.reason.strip(), op_id=args.op_id,
+                                             dry_run=args.dry_run), call=call)
     got = result.to_json()
     data = {"status": got["status"], "reservation": got["reservation"], "reason": args.reason.strip(),
             "dry_run": got["dry_run"]}
@@ -263,7 +264,7 @@ def run_cancel(args, ctx) -> Output:
 
 def run_notice_publish(args, ctx) -> Output:
     from bk.core import timegrid
-    from bk.service.requests import NoticeRequest
+    from bk.service import NoticeRequest
 
     _need_root("notice publish")
     app, call = ctx.app(), ctx.call()
@@ -275,8 +276,8 @@ def run_notice_publish(args, ctx) -> Output:
         until = time_ahead(args.until, "--until", now, tz)
     if args.start is not None:
         start = timegrid.parse_start(args.start, now, tz, 1).t
-    result = app.publish_notice(NoticeRequest(args.text, level=args.level, until=until, dry_run=args.dry_run,
-                                              start=start), call=call)
+    result = app.run("notice_publish", NoticeRequest(args.text, level=args.level, until=until,
+                                                     dry_run=args.dry_run, start=start), call=call)
     notice = result.notice
     shown_until = f", until {timegrid.format_local(until, tz, now=now, compact=True)}" if until else ""
     if notice.at > now:
@@ -292,11 +293,11 @@ def run_notice_publish(args, ctx) -> Output:
 
 
 def run_notice_archive(args, ctx) -> Output:
-    from bk.service.requests import NoticeArchiveRequest
+    from bk.service import NoticeArchiveRequest
 
     _need_root("notice archive")
     app, call = ctx.app(), ctx.call()
-    result = app.archive_notice(NoticeArchiveRequest(args.ref, dry_run=args.dry_run), call=call)
+    result = app.run("notice_archive", NoticeArchiveRequest(args.ref, dry_run=args.dry_run), call=call)
     notice = result.notice
     verb = "would archive" if args.dry_run else "archived"
 
@@ -310,8 +311,10 @@ def run_notice_archive(args, ctx) -> Output:
 # ------------------------------------------------------------- data
 
 def run_data_recover(args, ctx) -> Output:
+    from bk.service import Empty, RecoverRequest
+
     app, call = ctx.app(), ctx.call()
-    lost = app.lost_data(call=call)
+    lost = app.run("data_lost", Empty(), call=call)
     what = _lost_text(lost)
     if lost.status == "nothing_lost" or args.dry_run:
         return Output("admin data recover", lost.to_json(), what)
@@ -321,7 +324,7 @@ def run_data_recover(args, ctx) -> Output:
         verb = "replay what the audit log holds and accept the rest" if args.replay else "accept this loss"
         if not ctx.confirm(f"{what}\n{verb}?"):
             return Output("admin data recover", lost.to_json(), "nothing changed", exit_code=EXIT_PARTIAL)
-    done = app.recover_data(replay=args.replay, call=call)
+    done = app.run("data_recover", RecoverRequest(lost.ledger_seq, lost.audit_seq, replay=args.replay), call=call)
 
     def human(term) -> str:
         head = f"recovered: writes go on from commit {done.audit_seq + 1}"

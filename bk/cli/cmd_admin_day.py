@@ -213,7 +213,7 @@ def run_maintain(args, ctx) -> Output:
         return _maintain_end(words[1], args, ctx)
     if words:
         raise UsageError(f"unknown action {words[0]!r}", hint="bk admin maintain [list | end ID]")
-    from bk.service.requests import MaintainRequest
+    from bk.service import MaintainRequest
 
     app, call = ctx.app(), ctx.call()
     guided = ctx.interactive and not args.yes and args.reason is None
@@ -315,12 +315,11 @@ def _maintain_dialog(args, ctx, call):
 
 
 def _maintain_list(args, ctx) -> Output:
-    from bk.service.results import blackout_json
+    from bk.service import BlackoutsRequest
 
-    app, call = ctx.app(), ctx.call()
-    state = app.ledger(call=call)
-    rows = [b for b in sorted(state.blackouts, key=lambda b: b.start) if args.all or b.end > call.now]
-    data = {"windows": [blackout_json(b) for b in rows]}
+    call = ctx.call()
+    got = ctx.app().run("blackouts", BlackoutsRequest(args.all), call=call)
+    rows = got.windows
 
     def human(term) -> str:
         if not rows:
@@ -328,11 +327,11 @@ def _maintain_list(args, ctx) -> Output:
         return "\n".join(f"{b.id[:8]}  {_when(b.start, call)} to {_when(b.end, call)}  {safe(b.reason)}"
                          for b in rows)
 
-    return Output("admin maintain list", data, human)
+    return Output("admin maintain list", got.to_json(), human)
 
 
 def _maintain_end(ref: str, args, ctx) -> Output:
-    from bk.service.requests import BlackoutEndRequest
+    from bk.service import BlackoutEndRequest
 
     app, call = ctx.app(), ctx.call()
     result = app.run("blackout_end", BlackoutEndRequest(ref, dry_run=args.dry_run), call=call)
@@ -356,7 +355,7 @@ def run_notice_guided(args, ctx) -> Output:
     from bk.cli.guided import Cancelled, Dialog, Question
     from bk.core import timegrid
     from bk.core.errors import InvalidInput
-    from bk.service.requests import NoticeRequest
+    from bk.service import NoticeRequest
 
     app, call = ctx.app(), ctx.call()
 
@@ -386,30 +385,19 @@ def run_notice_guided(args, ctx) -> Output:
         raise UsageError("cancelled, nothing published") from None
     if not ctx.confirm(f"Publish this {got['level']} announcement?"):
         return Output("admin notice", {"status": "declined"}, "nothing published", exit_code=EXIT_PARTIAL)
-    result = app.publish_notice(NoticeRequest(got["text"], level=got["level"], until=got["until"]),
-                                call=ctx.fresh_call())
+    result = app.run("notice_publish", NoticeRequest(got["text"], level=got["level"], until=got["until"]),
+                     call=ctx.fresh_call())
     return Output("admin notice", result.to_json(), f"published {result.notice.level} announcement "
                   f"{result.notice.id[:8]}", done=f"published notice {result.notice.id[:8]}")
 
 
 def run_notice_list(args, ctx) -> Output:
     need_root("notice list")
-    from bk.service.views import notice_json
+    from bk.service import Empty
 
-    app, call = ctx.app(), ctx.call()
-    state = app.ledger(call=call)
-    rows = sorted(state.notices, key=lambda n: n.at, reverse=True)
-
-    def state_word(n) -> str:
-        if n.archived:
-            return "archived"
-        if n.until is not None and n.until <= call.now:
-            return "expired"
-        return "scheduled" if n.at > call.now else "shown"
-
-    data = {"notices": [{**notice_json(n), "state": state_word(n), "uid": n.uid, "created_by": n.created_by,
-                         "archived_at": n.extra.get("archived_at"), "archived_by": n.extra.get("archived_by"),
-                         "edits": n.extra.get("edits", [])} for n in rows]}
+    call = ctx.call()
+    got = ctx.app().run("notice_list", Empty(), call=call)
+    rows, state_word, data = got.notices, got.state, got.to_json()
 
     def human(term) -> str:
         if not rows:
@@ -430,7 +418,7 @@ def run_notice_list(args, ctx) -> Output:
 
 def run_notice_edit(args, ctx) -> Output:
     need_root("notice edit")
-    from bk.service.requests import NoticeEditRequest
+    from bk.service import NoticeEditRequest
 
     app, call = ctx.app(), ctx.call()
     until = None
@@ -454,30 +442,19 @@ def run_notice_edit(args, ctx) -> Output:
 
 def run_policy(args, ctx) -> Output:
     need_root("gpu-policy")
-    from bk.service import policyedit
+    from bk.service import builders
 
     app, call = ctx.app(), ctx.call()
-    count = call.policy.gpu_count
-    change = policyedit.PolicyChange(
-        disable=policyedit.parse_gpus(args.disable, count) if args.disable else (),
-        enable=policyedit.parse_gpus(args.enable, count) if args.enable else (),
-        priority=policyedit.parse_priority(args.priority, count) if args.priority else (),
+    change = builders.policy_change(
+        gpu_count=call.policy.gpu_count, disable=args.disable, enable=args.enable, priority=args.priority,
         horizon_days=args.horizon_days, max_hours=args.max_hours, require_memory=args.require_memory,
-        reserve_mb=args.reserve_mb, limits=tuple(policyedit.parse_limit(t) for t in args.limit),
-        tiers=tuple(policyedit.parse_tier(t) for t in args.tier),
-        exempt=tuple(w.strip() for w in args.exempt.split(",") if w.strip()) if args.exempt is not None else None,
-        advance_default=None if args.advance_default is None else args.advance_default == "on",
-        fair_share=None if args.fair_share is None else args.fair_share == "on",
-        half_life_days=args.half_life_days)
-    touched = change.touched()
-    plan = policyedit.plan(app, change, call=call)
-    view = _view(call)
-    data = {"config_file": plan.config_file, "changes": [{"key": k, "before": b, "after": a} for k, b, a in plan.diff],
-            "bound": plan.bound_before, "binding_after": plan.bound_after,
-            "rebind": plan.rebind(touched), "violations": [v.to_json(view) for v in plan.violations],
-            "invalid": list(plan.invalid), "dry_run": args.dry_run, "status": "shown"}
+        reserve_mb=args.reserve_mb, limits=args.limit, tiers=args.tier, exempt=args.exempt,
+        advance_default=args.advance_default, fair_share=args.fair_share, half_life_days=args.half_life_days)
+    seen = app.run("policy", change, call=call)
+    touched, plan = seen.touched, seen.plan
+    data = {**seen.plan_json(), "dry_run": args.dry_run, "status": "shown"}
     if not touched:
-        return _policy_show(app, call, data)
+        return _policy_show(seen, {**data, **seen.shown_json()})
     diff_text = "\n".join(f"  {k}: {_js(b)} -> {_js(a)}" for k, b, a in plan.diff) \
         or "  (the configuration already says so)"
     if args.dry_run:
@@ -503,20 +480,21 @@ def run_policy(args, ctx) -> Output:
                             hint="add --force to keep them as they are, or cancel them first",
                             details={"violations": [v.reservation.id for v in plan.violations]})
     if plan.config_changes:
-        policyedit.write_config(plan)
+        from bk.service import PolicyWriteRequest
+
+        app.run("policy_write", PolicyWriteRequest(plan), call=call)
     bound = None
     if data["rebind"]:
         # A fresh service: its call carries the policy the file now says,
         # which is what the bind row checks the request against.
-        from bk.service import open_app
-        from bk.service.requests import PolicyBindRequest
+        from bk.service import PolicyBindRequest, open_app
 
         opener = ctx.opener or open_app
         fresh = opener(ctx.env)
         fcall = fresh.call()
         req = PolicyBindRequest(**fcall.policy.bound(), force=args.force)
         try:
-            bound = policyedit.bind(fresh, req, fcall).to_json()
+            bound = fresh.run("policy_rebind", req, call=fcall).to_json()
         except BkError as e:
             if not plan.config_changes:
                 raise
@@ -547,35 +525,15 @@ def _js(v) -> str:
     return json.dumps(v, sort_keys=True)
 
 
-def _view(call):
-    from bk.service.views import View
-
-    return View.of(call)
-
-
-def _policy_show(app, call, data) -> Output:
-    from bk.core.policy import policy_diff
-
-    p = call.policy
-    shown = {"gpu_count": p.gpu_count, "disabled_gpus": sorted(p.disabled_gpus),
-             "gpu_priority": {str(g): v for g, v in p.gpu_priority}, "booking_horizon_days": p.booking_horizon_days,
-             "max_booking_hours": p.max_booking_hours, "require_shared_memory": p.require_shared_memory,
-             "shared_memory_reserve_mb": p.shared_memory_reserve_mb, "max_shared_users": p.max_shared_users,
-             "slot_minutes": p.slot_minutes,
-             **(p.limits.to_json() if p.limits else {"limits": {}, "limit_tiers": {}, "limit_exempt": []}),
-             "advance_default": p.advance_default, "fair_share": p.fair_share_half_life_s is not None,
-             "fair_share_half_life_days": app.settings["fair_share_half_life_days"]}
-    state = app.ledger(call=call)
-    diff = policy_diff(state.policy, p.bound()) if state.policy is not None else None
-    data.update(policy=shown, blackouts=len([b for b in state.blackouts if b.end > call.now]),
-                mismatch=diff.conflicts if diff else {})
+def _policy_show(seen, data) -> Output:
+    shown, mismatch = seen.policy, seen.mismatch
 
     def human(term) -> str:
         lines = [f"{k}: {_js(v)}" for k, v in shown.items()]
-        if diff and diff.conflicts:
-            lines.append("MISMATCH: the ledger's binding disagrees with the configuration: " + diff.describe())
+        if mismatch:
+            lines.append("MISMATCH: the ledger's binding disagrees with the configuration: " + seen.mismatch_text)
             lines.append("hint: re-run the gpu-policy command that was interrupted, or set the previous values back")
-        elif state.policy is None:
+        elif not seen.bound:
             lines.append("ledger binding: none yet (the first write records it)")
         else:
             lines.append("ledger binding: agrees")
@@ -586,6 +544,12 @@ def _policy_show(app, call, data) -> Output:
 
 # ------------------------------------------------------------- data
 
+def _data_dir(app, call) -> str:
+    from bk.service import Empty
+
+    return app.run("info", Empty(), call=call)["data_dir"]
+
+
 def _files_text(result) -> str:
     total = sum(e.size for e in result.files)
     return f"{counted(len(result.files), 'file')}, {counted(total, 'byte')}"
@@ -593,10 +557,9 @@ def _files_text(result) -> str:
 
 def run_data_backup(args, ctx) -> Output:
     need_root("data backup")
-    from bk.service import datacare
+    from bk.service import DataRequest
 
-    app, call = ctx.app(), ctx.call()
-    result = datacare.backup(app, args.dir, now=call.now, dry_run=args.dry_run)
+    result = ctx.app().run("data_backup", DataRequest(args.dir, args.dry_run), call=ctx.call())
     if result.status == "dry_run":
         return Output("admin data backup", result.to_json(), f"would back up {result.data_dir} to {result.backup_dir}")
     left = (f"\nleft out, not bk's: {', '.join(safe(p) for p in result.skipped)}" if result.skipped else "")
@@ -611,9 +574,9 @@ def _problems_text(result) -> str:
 
 def run_data_verify(args, ctx) -> Output:
     need_root("data verify")
-    from bk.service import datacare
+    from bk.service import DataRequest
 
-    result = datacare.verify(ctx.app(), args.dir)
+    result = ctx.app().run("data_verify", DataRequest(args.dir), call=ctx.call())
     if result.problems:
         return Output("admin data verify", result.to_json(),
                       f"{result.backup_dir} does NOT verify:\n{_problems_text(result)}", exit_code=EXIT_PARTIAL)
@@ -623,16 +586,17 @@ def run_data_verify(args, ctx) -> Output:
 
 def run_data_clear(args, ctx) -> Output:
     need_root("data clear")
-    from bk.service import datacare
+    from bk.service import DataRequest
 
     app, call = ctx.app(), ctx.call()
     if not args.yes and not args.dry_run:
+        data_dir = _data_dir(app, call)
         if not ctx.interactive:
-            raise UsageError(f"bk admin data clear empties {app.settings.data_dir}; confirm with --yes",
+            raise UsageError(f"bk admin data clear empties {data_dir}; confirm with --yes",
                              hint="it backs up first; look with --dry-run")
-        if not ctx.confirm(f"Back up, then empty {app.settings.data_dir}?"):
+        if not ctx.confirm(f"Back up, then empty {data_dir}?"):
             return Output("admin data clear", {"status": "declined"}, "nothing changed", exit_code=EXIT_PARTIAL)
-    result = datacare.clear(app, args.backup_dir, now=call.now, dry_run=args.dry_run)
+    result = app.run("data_clear", DataRequest(args.backup_dir, args.dry_run), call=call)
     if result.status == "dry_run":
         return Output("admin data clear", result.to_json(),
                       f"would back up to {result.backup_dir}, then remove from {result.data_dir}: "
@@ -646,16 +610,17 @@ def run_data_clear(args, ctx) -> Output:
 
 def run_data_restore(args, ctx) -> Output:
     need_root("data restore")
-    from bk.service import datacare
+    from bk.service import DataRequest
 
-    app = ctx.app()
+    app, call = ctx.app(), ctx.call()
     if not args.yes and not args.dry_run:
+        data_dir = _data_dir(app, call)
         if not ctx.interactive:
-            raise UsageError(f"confirm restoring {args.dir} into {app.settings.data_dir} with --yes",
+            raise UsageError(f"confirm restoring {args.dir} into {data_dir} with --yes",
                              hint="look first with --dry-run")
-        if not ctx.confirm(f"Restore {args.dir} into {app.settings.data_dir}?"):
+        if not ctx.confirm(f"Restore {args.dir} into {data_dir}?"):
             return Output("admin data restore", {"status": "declined"}, "nothing changed", exit_code=EXIT_PARTIAL)
-    result = datacare.restore(app, args.dir, dry_run=args.dry_run)
+    result = app.run("data_restore", DataRequest(args.dir, args.dry_run), call=call)
     if result.status == "tampered":
         return Output("admin data restore", result.to_json(),
                       f"{result.backup_dir} does NOT verify; nothing restored:\n{_problems_text(result)}",

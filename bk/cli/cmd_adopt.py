@@ -49,29 +49,30 @@ def register(sub) -> None:
 def run(args, ctx) -> Output:
     if (args.pid is None) == (args.gpu is None):
         raise UsageError("name a process or a GPU", hint="bk adopt PID, or bk adopt --gpu N")
-    from bk.service import adopt, builders
+    from bk.service import AdoptRequest, Empty, builders
 
     app, call = ctx.app(), ctx.call()
     until = common.time_ahead(args.until, "--until", call.now, call.tz) if args.until else None
-    req, cut = adopt.plan(app, call, pid=args.pid, gpu=args.gpu, until=until,
-                          note=builders.note_text(args.note), op_id=builders.op_id_text(args.op_id),
-                          idle_release_minutes=builders.idle_release(args.idle_release) or None,
-                          dry_run=args.dry_run)
-    if cut:
-        call.warn(cut)
+    planned = app.run("adopt", AdoptRequest(pid=args.pid, gpu=args.gpu, until=until,
+                                            note=builders.note_text(args.note),
+                                            idle_release_minutes=builders.idle_release(args.idle_release) or None,
+                                            op_id=builders.op_id_text(args.op_id), dry_run=args.dry_run),
+                      call=call)
+    req = planned.request
+    if planned.cut:
+        call.warn(planned.cut)
     from bk.cli.cmd_book import book_output
 
-    result = app.book(req, call=call)
+    result = app.run("book", req, call=call)
     out = book_output(result, call, req=req, command="adopt", quiet=args.quiet)
     if args.quiet or result.dry_run:
         return out
-    from bk.service import jobs
-
     base = out.human
     pids = ", ".join(p.split(":")[0] for p in (req.adopt or "").split(","))
+    running = app.run("worker_status", Empty(), call=call).worker["state"] == "running"
 
     def human(term) -> str:
-        line = f"it ends when process {pids} exits" + ("" if jobs.worker_status(app)["state"] == "running" else
+        line = f"it ends when process {pids} exits" + ("" if running else
                                                         ": your worker ends it, and none runs (bk w start)")
         return base(term) + "\n" + line
     out.human = human

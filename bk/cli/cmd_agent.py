@@ -1,4 +1,4 @@
-"""``bk agent``: the agent surface (``bk.service.agent``) as one command, for
+"""``bk agent``: the agent surface (``bk.agent``) as one command, for
 programs that would rather run a process than speak MCP.
 
 Each sub-command takes the same JSON object the MCP tool of that name
@@ -23,11 +23,14 @@ read it from stdin), exactly as the MCP tool of that name takes them, and
 prints one gpubk.v1 envelope on one line: {"schema": "gpubk.v1", "command":
 TOOL, "ok": true, "data": {...}, "warnings": [...]}, or "ok": false with
 "error": {code, message, hint}; the exit status is the error's (bk help).
-Times in arguments are epoch seconds (UTC), durations seconds, memory MiB.
+Times in arguments are epoch seconds (UTC) or as you would type them to bk
+(now, +2h, 20:00, tomorrow 09:00, 2026-07-13T18:00Z), durations seconds or
+30m, 1h30m, memory MiB or 12g.
 
 Examples:
   bk agent context
   bk agent recommend '{"count": 2, "duration": 7200}'
+  bk agent recommend '{"count": 1, "duration": "30m", "start": "tomorrow 09:00"}'
   bk agent operation create '{"count": 1, "duration": 3600, "operation_id": "run-7"}'
   bk agent edit '{"ref": "1", "duration": 10800, "operation_id": "run-7-extend"}'
   bk agent cancel '{"ref": "1", "operation_id": "run-7-cancel"}'
@@ -80,8 +83,8 @@ def _line(envelope: dict) -> str:
 
 
 def run(args, ctx) -> Output:
+    from bk import agent
     from bk.core.envelope import success
-    from bk.service import agent
 
     app = ctx.app()
     name = args.tool

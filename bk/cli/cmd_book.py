@@ -102,13 +102,14 @@ def book_and_show(app, call, ctx, req, spec=None, *, command: str, quiet: bool =
                   verbose: bool = False) -> Output:
     """Book ``req`` and show the result as ``bk N DUR`` does, with its
     "save it as a preset" hint.  ``spec``: the StartSpec of a ``-t`` word."""
-    result = app.book(req, call=call)
+    result = app.run("book", req, call=call)
     suggestion = None
     if not (ctx.json or quiet or result.dry_run) and result.status in ("created", "queued"):
         # Learned defaults: the third booking of one shape suggests a preset.
-        from bk.service.presets import suggest_preset
+        from bk.service import PresetHintRequest
 
-        suggestion = suggest_preset(app, result.reservation, call=call, times=result.same_shape)
+        suggestion = app.run("preset_hint", PresetHintRequest(result.reservation, result.same_shape),
+                             call=call).suggestion
     return book_output(result, call, req=req, spec=spec, command=command, quiet=quiet, verbose=verbose,
                        suggestion=suggestion)
 

@@ -13,7 +13,7 @@ import argparse
 from bk.cli import common
 from bk.cli.render import Output, wrap
 from bk.core.errors import EXIT_PARTIAL
-from bk.service.requests import CancelRequest
+from bk.service import CancelRequest, ResolveRequest
 
 
 def register(sub) -> None:
@@ -34,15 +34,16 @@ def register(sub) -> None:
 def run(args, ctx) -> Output:
     app, call = ctx.app(), ctx.call()
     # An op-id used before names its booking, whatever "1" means by now.
-    res = app.op_reservation(args.op_id, "cancel", call=call) or app.resolve(args.ref, call=call)
+    found = app.run("resolve", ResolveRequest(args.ref, args.op_id, "cancel"), call=call)
+    res = found.reservation
     now, tz = call.now, call.tz
     capacity = call.policy.max_shared_users
     line = common.summary_line(res, capacity=capacity, tz=tz, now=now)
     if (res.status(now) == "active" and ctx.interactive and not args.yes and not args.dry_run
             and not ctx.confirm(f"{line} is running; stop it now and free its GPUs?")):
-        data = {"status": "kept", "reservation": common.view(call).reservation(res), "dry_run": False}
+        data = {"status": "kept", "reservation": found.to_json()["reservation"], "dry_run": False}
         return Output("cancel", data, f"kept {line}", exit_code=EXIT_PARTIAL)
-    result = app.cancel(CancelRequest(ref=res.id, op_id=args.op_id, dry_run=args.dry_run), call=call)
+    result = app.run("cancel", CancelRequest(ref=res.id, op_id=args.op_id, dry_run=args.dry_run), call=call)
     data = result.to_json()
 
     def human(term) -> str:

@@ -598,17 +598,12 @@ def _capture(argv: list[str], env: dict) -> tuple[int, str, str]:
 
 
 def run_op(args, ctx) -> Output:
-    from bk.service.views import View
+    from bk.service import OpLookupRequest
 
-    app = ctx.app()
-    call = ctx.call()
-    state = app.ledger(call=call)
-    op = next((o for o in state.ops if o.op_id == args.op_id and o.uid == call.actor.uid), None)
-    res = state.find(op.reservation) if op is not None else None
-    data = {"op_id": args.op_id, "found": op is not None, "action": op.action if op else None,
-            "reservation": View.of(call).reservation(res) if res is not None else None}
-    human = (f"op {args.op_id}: {op.action} of {op.reservation[:8]}" if op else f"op {args.op_id}: not used here")
-    return Output("cluster op", data, human)
+    got = ctx.app().run("op_lookup", OpLookupRequest(args.op_id), call=ctx.call())
+    human = (f"op {args.op_id}: {got.action} of {got.reservation_id[:8]}"
+             if got.found else f"op {args.op_id}: not used here")
+    return Output("cluster op", got.to_json(), human)
 
 
 def run_export(args, ctx) -> Output:

@@ -8,7 +8,6 @@ import argparse
 from bk.cli.render import Output, table, wrap
 from bk.core.errors import EXIT_PARTIAL, ConfigError
 from bk.core.timegrid import counted
-from bk.service.doctor import doctor, unusable
 
 EPILOG = """Examples:
   bk doctor
@@ -48,6 +47,8 @@ def register(sub) -> None:
 
 
 def run(args, ctx) -> Output:
+    from bk.service import DoctorRequest, DoctorResult
+
     flags = {"probe": args.probe, "strict": args.strict, "require_monitor": args.require_monitor,
              "require_worker": args.require_worker}
     try:
@@ -55,9 +56,9 @@ def run(args, ctx) -> Output:
     except ConfigError as e:
         # Every other command refuses an unusable configuration (exit 78);
         # the doctor reports it as its failed check, with the fix.
-        report = unusable(e, **flags)
+        report = DoctorResult.unusable(e, **flags)
     else:
-        report = doctor(app, call=call, **flags)
+        report = app.run("doctor", DoctorRequest(**flags), call=call)
 
     def human(term) -> str:
         def result(c) -> str:
@@ -84,7 +85,7 @@ def run(args, ctx) -> Output:
         return body + "\n" + verdict(report)
 
     code = EXIT_PARTIAL if args.strict and not report["ok"] else 0
-    return Output("doctor", report, human, exit_code=code)
+    return Output("doctor", report.to_json(), human, exit_code=code)
 
 
 def verdict(report: dict) -> str:

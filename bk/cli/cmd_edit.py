@@ -70,14 +70,16 @@ def run(args, ctx) -> Output:
     app, call = ctx.app(), ctx.call()
     # An op-id used before names its booking as that edit found it, so the
     # retry builds the same request (and gets "exists"), whatever "1" means now.
-    old = app.op_reservation(args.op_id, "edit", call=call) or app.resolve(args.ref, call=call)
+    from bk.service import ResolveRequest
+
+    old = app.run("resolve", ResolveRequest(args.ref, args.op_id, "edit"), call=call).reservation
     req = builders.edit_request(
         old, length=args.duration, at=args.at, start_iso=args.start, gpus=args.gpu, exclude=args.exclude,
         mem=args.mem, share=args.share, mode=args.mode, queue=args.queue, note=args.note,
         op_id=args.op_id, dry_run=args.dry_run, advance=args.advance, no_advance=args.no_advance,
         shared_with=args.shared_with, policy=call.policy, now=call.now, tz=call.tz,
         idle_release_=args.idle_release, keep_for_=args.keep_for)
-    result = app.edit(req, call=call)
+    result = app.run("edit", req, call=call)
     return edit_output(result, call, quiet=args.quiet)
 
 

@@ -75,7 +75,7 @@ def _gpu(text: str) -> int:
 
 
 def _request(args):
-    from bk.service.exports import ExportRequest
+    from bk.service import ExportRequest
 
     kind = args.export_kind
     if kind == "ics":
@@ -111,13 +111,13 @@ def run(args, ctx) -> Output:
     else:
         from bk.clock import describe_zone
         from bk.export import html
-        from bk.service.exports import week_start, write_page
+        from bk.service import PageRequest
 
+        # The week's page shows the period the row read: it starts at ``since``.
         page = html.render(got.data, tz=call.tz, zone_name=describe_zone(call.tz)["name"],
-                           week_start=week_start(call.now, call.tz), generator=_generator())
-        data["path"] = write_page(args.directory, page)
-        data["bytes"] = len(page)
-        return Output(args.command, data, f"wrote {data['path']} ({len(page)} bytes)")
+                           week_start=got.since, generator=_generator())
+        data.update(app.run("export_page", PageRequest(args.directory, page), call=call).to_json())
+        return Output(args.command, data, f"wrote {data['path']} ({data['bytes']} bytes)")
     if ctx.json:
         data["text"] = body.decode()
         return Output(args.command, data)

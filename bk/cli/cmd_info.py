@@ -10,8 +10,6 @@ from bk.cli import common
 from bk.cli.cmd_status import notice_lines
 from bk.cli.render import Output, safe, table, wrap
 from bk.core.timegrid import counted
-from bk.service.doctor import config_view, info_view
-from bk.service.status import login_view
 
 
 def register(sub) -> None:
@@ -42,8 +40,9 @@ def register(sub) -> None:
 
 
 def run_info(args, ctx) -> Output:
-    app = ctx.app()
-    data = info_view(app, call=ctx.call())
+    from bk.service import Empty
+
+    data = ctx.app().run("info", Empty(), call=ctx.call()).to_json()
 
     def human(term) -> str:
         a, pol = data["admin"], data["policy"]
@@ -111,8 +110,10 @@ def _zone_text(zone: dict) -> str:
 
 
 def run_login(args, ctx) -> Output:
-    app, call = ctx.app(), ctx.call()
-    lv = login_view(app, call=call)
+    from bk.service import LoginRequest
+
+    call = ctx.call()
+    lv = ctx.app().run("login", LoginRequest(), call=call)
     now, tz = call.now, call.tz
 
     def human(term) -> str:
@@ -135,8 +136,9 @@ def _value(v) -> str:
 
 
 def run_config(args, ctx) -> Output:
-    app = ctx.app()
-    data = config_view(app, call=ctx.call())
+    from bk.service import Empty
+
+    data = ctx.app().run("config", Empty(), call=ctx.call()).to_json()
 
     def human(term) -> str:
         head = [f"mode: {data['mode']}",

@@ -65,7 +65,7 @@ def register(sub) -> None:
 # ------------------------------------------------------------------ bk j
 
 def run_jobs(args, ctx) -> Output:
-    from bk.service import jobs
+    from bk.service import JobLogRequest, JobRetryRequest, WorkerHintRequest
 
     app, call = ctx.app(), ctx.call()
     if args.action == "list":
@@ -75,33 +75,35 @@ def run_jobs(args, ctx) -> Output:
     if not args.ref:
         raise UsageError(f"bk j {args.action} needs the job's ID", hint=f"e.g. bk j {args.action} 1 (see bk j)")
     if args.action == "log":
-        res, data, cut = jobs.job_log(app, call, args.ref, everything=args.all)
+        got = app.run("job_log", JobLogRequest(args.ref, all=args.all), call=call)
+        res, data, cut = got.reservation, got.log, got.truncated
         text = data.decode("utf-8", "replace")
-        payload = {"job": jobs.job_json(res), "log": text, "truncated": cut}
 
         def human(term) -> str:
             if not data:
-                why = _never_started(app, call, res)
+                why = _never_started(got, call)
                 return wrap(why, term.width, "", "  ") if why else f"(no output from the job of {res.short_id})"
             head = "(older output left out: bk j log ID --all)\n" if cut else ""
             # Output is the user's own program's: shown as written, but never
             # able to drive the terminal with escape sequences.
             return head + "\n".join(safe(line) for line in text.splitlines())
-        return Output("jobs", payload, human)
-    result = jobs.retry(app, call, args.ref, accept_duplicate_risk=args.accept_duplicate_risk)
+        return Output("jobs", got.to_json(), human)
+    result = app.run("job_retry", JobRetryRequest(args.ref, args.accept_duplicate_risk), call=call)
     r = result.reservation
     out = Output("jobs", result.to_json(), f"job of {r.short_id} requeued: pending; your worker starts it "
                  "when its GPUs are clear", done=f"requeued the job of {r.short_id}")
-    if jobs.worker_status(app)["state"] != "running":
-        out.warnings.append(jobs.no_worker_warning(app, ctx.env, again=True))
+    hint = app.run("worker_hint", WorkerHintRequest(ctx.env, again=True), call=call).line
+    if hint:
+        out.warnings.append(hint)
     return out
 
 
-def _never_started(app, call, res) -> str | None:
+def _never_started(got, call) -> str | None:
     """Why a job has no output because it never ran, or None when it ran
     (its state, or an exit status recorded, says so)."""
-    from bk.service import jobs
+    from bk.service import NO_WORKER
 
+    res = got.reservation
     job = res.job
     x = job.extra
     ran = x.get("started") or x.get("exit_code") is not None
@@ -116,22 +118,19 @@ def _never_started(app, call, res) -> str | None:
     if res.start > call.now:
         when = timegrid.format_local_short(res.start, call.tz, call.now)
         return f"the job of {res.short_id} has not started yet: its booking starts {when}"
-    if jobs.worker_status(app)["state"] != "running":
-        return f"the job of {res.short_id} has not started yet: {jobs.NO_WORKER}"
+    if got.worker["state"] != "running":
+        return f"the job of {res.short_id} has not started yet: {NO_WORKER}"
     return f"the job of {res.short_id} has not started yet: your worker starts it at its next tick"
 
 
 def _list(app, call, limit, *, env: dict | None = None) -> Output:
-    from bk.service import jobs
+    from bk.service import JobsRequest, WorkerHintRequest
 
-    mine = jobs.my_jobs(app, call)
-    rows = mine[:limit] if limit else mine
-    data = {"jobs": [jobs.job_json(r) for r in rows], "total": len(mine),
-            "worker": jobs.worker_status(app)}
-    numbers = app.numbers(app.ledger(call=call), call=call)
+    got = app.run("jobs", JobsRequest(limit), call=call)
+    rows, numbers, worker = got.jobs, got.numbers, got.worker
     nag = None
-    if env is not None and data["worker"]["state"] != "running" and any(r.job.status == "pending" for r in rows):
-        nag = jobs.no_worker_warning(app, env)
+    if env is not None and worker["state"] != "running" and any(r.job.status == "pending" for r in rows):
+        nag = app.run("worker_hint", WorkerHintRequest(env), call=call).line
 
     def human(term) -> str:
         if not rows:
@@ -149,21 +148,21 @@ def _list(app, call, limit, *, env: dict | None = None) -> Output:
         if nag:
             text += "\n" + nag
         return text
-    return Output("jobs", data, human)
+    return Output("jobs", got.to_json(), human)
 
 
 # ------------------------------------------------------------------ bk w
 
 def run_worker(args, ctx) -> Output:
-    from bk.service import jobs
+    from bk.service import Empty, WorkerHintRequest, WorkerRunRequest
 
     app, call = ctx.app(), ctx.call()
     if args.action == "status":
-        st = jobs.worker_status(app)
-        mine = jobs.my_jobs(app, call)
-        counts = {s: sum(1 for r in mine if r.job.status == s) for s in ("pending", "running")}
-        data = {"worker": st, "jobs": counts, "jobs_dir": jobs.jobs_path(app)}
-        nag = jobs.no_worker_warning(app, ctx.env) if st["state"] != "running" and not ctx.json else None
+        got = app.run("worker_status", Empty(), call=call)
+        st, counts = got.worker, got.jobs
+        nag = None
+        if st["state"] != "running" and not ctx.json:
+            nag = app.run("worker_hint", WorkerHintRequest(ctx.env), call=call).line
 
         def human(term) -> str:
             if st["state"] == "running":
@@ -175,7 +174,7 @@ def run_worker(args, ctx) -> Output:
             if nag:
                 text += "\n" + nag
             return text
-        return Output("worker", data, human)
+        return Output("worker", got.to_json(), human)
 
     def log(line: str) -> None:
         import os
@@ -184,8 +183,9 @@ def run_worker(args, ctx) -> Output:
 
         journal.write(sys.stderr, "bk worker", line, os.environ, os.fstat)
 
-    started = jobs.serve_worker(app, ctx.env, once=args.action == "once", log=log)
-    return Output("worker", {"action": args.action, "started": started},
+    done = app.run("worker", WorkerRunRequest(ctx.env, once=args.action == "once", log=log), call=call)
+    started = done.started
+    return Output("worker", done.to_json(),
                   f"worker {'stopped' if args.action == 'start' else 'done'}: started {started} job(s)"
                   if args.action == "once" else "worker stopped")
 

@@ -7,7 +7,6 @@ import argparse
 from bk.cli import common
 from bk.cli.render import Output
 from bk.core.errors import InvalidInput
-from bk.service import activity
 
 DEFAULT_LIMIT = 20
 
@@ -31,25 +30,12 @@ def register(sub) -> None:
 
 
 def run(args, ctx) -> Output:
-    app, call = ctx.app(), ctx.call()
+    from bk.service import ListRequest
+
+    call = ctx.call()
     scope = "all" if args.all else "history" if args.history else "mine"
-    from bk.core.ledgerdoc import DocKeep
-
-    # One read: the list and the numbering.  Only the bookings it can show
-    # are built: yours (mine, history), or every live one (--all).
-    keep = DocKeep(uid=call.actor.uid, lo=call.now if scope == "all" else None, shared=scope == "mine")
-    state = app.ledger(call=call, keep=keep)
-    from bk.service.fairview import listing
-
-    # The list *is* the numbering (one ledger read, not two); bookings
-    # others shared with you follow yours, unnumbered.
-    every, view = listing(app, scope, call, state)
-    total = len(every)
-    items = every[:args.limit] if args.limit else every
-    from bk.core.record import replace
-
-    view = replace(view, activity=activity.rows(app.settings, items, call.now))
-    rows = [view.reservation(r) for r in items]
+    listed = ctx.app().run("list", ListRequest(scope, args.limit or None), call=call)
+    items, total, view = listed.reservations, listed.total, listed.view
 
     def human(term) -> str:
         if not items:
@@ -61,7 +47,7 @@ def run(args, ctx) -> Output:
             table += f"\nshowing {len(items)} of {total} (bk l{_flag(scope)} -n 0 for all)"
         return table + common.fair_table_lines(items, view) + common.job_lines(items, view, call.actor.uid)
 
-    return Output("list", {"scope": scope, "reservations": rows, "total": total}, human)
+    return Output("list", listed.to_json(), human)
 
 
 def _limit(text: str) -> int:

@@ -8,7 +8,7 @@ from bk.cli import common
 from bk.cli.render import Output, safe, wrap
 from bk.core import timegrid
 from bk.core.errors import PermissionDenied
-from bk.core.models import iso, parse_iso
+from bk.core.models import parse_iso
 
 DEFAULT_LOG_LIMIT = 20
 
@@ -130,33 +130,15 @@ def describe(e: dict, tz, now: int) -> str:
     return text
 
 
-def events_from_record(r) -> list[dict]:
-    """The lifecycle from the reservation itself, for when the audit log no
-    longer holds it (rotated, or another host's copy)."""
-    first = r.edits[0].before if r.edits else {}
-    created = {"gpus": first.get("gpus", list(r.gpus)), "mode": first.get("mode", r.mode),
-               "start": first.get("start", r.start), "end": first.get("end", r.end)}
-    out = [{"time": iso(r.created), "action": "create", "uid": r.uid, "user": r.user,
-            "before": None, "after": created, "result": "created", "op_id": r.op_id}]
-    for ed in r.edits:
-        out.append({"time": iso(ed.at), "action": "edit", "uid": ed.actor_uid, "user": ed.actor,
-                    "before": ed.before, "after": ed.after, "result": "updated"})
-    if r.cancelled_at is not None:
-        out.append({"time": iso(r.cancelled_at), "action": "cancel" if r.cancelled_by == r.uid
-                    else "admin_cancel", "uid": r.cancelled_by, "user": None, "before": None,
-                    "after": None, "result": "cancelled", "reason": r.cancel_reason})
-    return out
-
-
 # ------------------------------------------------------------ commands
 
 def run_history(args, ctx) -> Output:
-    app, call = ctx.app(), ctx.call()
-    res, entries = app.history(args.ref, call=call)
+    from bk.service import HistoryRequest
+
+    call = ctx.call()
+    got = ctx.app().run("history", HistoryRequest(args.ref), call=call)
+    res, events, source = got.reservation, got.events, got.source
     now, tz = call.now, call.tz
-    source = "audit" if entries else "record"
-    events = entries or events_from_record(res)
-    data = {"reservation": common.view(call).reservation(res), "events": events, "source": source}
 
     def human(term) -> str:
         head = (f"{common.summary_line(res, capacity=call.policy.max_shared_users, tz=tz, now=now)}, "
@@ -169,15 +151,17 @@ def run_history(args, ctx) -> Output:
             lines.append("(from the booking's own record; the audit log no longer has it)")
         return "\n".join(lines)
 
-    return Output("history", data, human)
+    return Output("history", got.to_json(), human)
 
 
 def run_log(args, ctx) -> Output:
-    app, call = ctx.app(), ctx.call()
+    from bk.service import AuditRequest
+
+    call = ctx.call()
     if args.all and not call.actor.is_admin:
         raise PermissionDenied("only the administrator (root) may read everyone's audit trail",
                                hint="sudo bk lg --all; your own: bk lg")
-    tail = app.audit(limit=args.limit, all_users=args.all, call=call)
+    tail = ctx.app().run("audit", AuditRequest(args.limit, args.all), call=call)
     now, tz = call.now, call.tz
     warnings = [f"audit log: {p}" for p in tail.problems]
     data = {"entries": list(tail.entries), "complete": tail.complete}

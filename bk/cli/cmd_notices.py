@@ -6,7 +6,6 @@ import argparse
 
 from bk.cli.cmd_status import notice_lines
 from bk.cli.render import Output
-from bk.service.views import notice_json
 
 
 def register(sub) -> None:
@@ -21,12 +20,15 @@ def register(sub) -> None:
 
 
 def run(args, ctx) -> Output:
-    app, call = ctx.app(), ctx.call()
-    notices = app.notices(include_archived=args.all, call=call)
+    from bk.service import NoticesRequest
+
+    call = ctx.call()
+    got = ctx.app().run("notices", NoticesRequest(all=args.all), call=call)
+    notices = got.notices
 
     def human(term) -> str:
         if not notices:
             return "no notices"
         return notice_lines(notices, term, tz=call.tz, now=call.now, ids=args.all)
 
-    return Output("notices", {"notices": [notice_json(n) for n in notices]}, human)
+    return Output("notices", got.to_json(), human)

@@ -93,10 +93,8 @@ def register(sub) -> None:
 
 
 def _perform(ctx, name: str, req):
-    from bk.service import notify
-
     app, call = ctx.app(), ctx.call()
-    return notify.perform(app, name, req, call), call
+    return app.run(name, req, call=call), call
 
 
 def _settings_lines(s: dict) -> list[str]:
@@ -116,7 +114,7 @@ def _settings_lines(s: dict) -> list[str]:
 
 
 def run_show(args, ctx) -> Output:
-    from bk.service.requests import Empty
+    from bk.service import Empty
 
     result, _call = _perform(ctx, "notify_show", Empty())
     data = result.to_json()
@@ -143,7 +141,7 @@ def run_show(args, ctx) -> Output:
 
 
 def run_set(args, ctx) -> Output:
-    from bk.service.notify import NotifySetRequest
+    from bk.service import NotifySetRequest
 
     req = NotifySetRequest(events=args.events, channels=args.channels, quiet=args.quiet, email=args.email,
                            webhook=args.webhook, preset=args.preset, start_minutes=args.start_minutes,
@@ -161,7 +159,7 @@ def run_set(args, ctx) -> Output:
 
 
 def run_test(args, ctx) -> Output:
-    from bk.service.notify import NotifyTestRequest
+    from bk.service import NotifyTestRequest
 
     req = NotifyTestRequest(channels=",".join(args.channel) if args.channel else None)
     result, _call = _perform(ctx, "notify_test", req)
@@ -177,7 +175,7 @@ def run_test(args, ctx) -> Output:
 
 def run_log(args, ctx) -> Output:
     from bk.core.errors import UsageError
-    from bk.service.notify import NotifyLogRequest
+    from bk.service import NotifyLogRequest
 
     if not 1 <= args.limit <= 1000:
         raise UsageError("--limit must be between 1 and 1000")

@@ -3,9 +3,9 @@
 ``bk p save NAME N DUR [MEM] [flags]`` saves, ``bk p NAME`` books it (short
 for ``bk p use NAME``), ``bk p`` lists, ``show`` and ``delete`` do what they
 say.  Presets live in the user's own state directory, through
-``bk.service.presets``; booking one sends the preset's typed request (from
+the ``presets`` rows; booking one sends the preset's typed request (from
 ``bk.service.builders``, as ``bk N DUR`` builds its own) to the ordinary
-``book`` and shows the result as ``bk N DUR`` does, so it obeys and reports
+``book`` row and shows the result as ``bk N DUR`` does, so it obeys and reports
 exactly like a typed booking.
 """
 
@@ -107,10 +107,10 @@ def _accept_bare_names(p) -> None:
 # ------------------------------------------------------------------ handlers
 
 def run_list(args, ctx) -> Output:
-    from bk.service.presets import list_presets, preset_json
+    from bk.service import Empty
 
-    presets = list_presets(ctx.app())
-    data = {"presets": [preset_json(x) for x in presets]}
+    got = ctx.app().run("presets", Empty(), call=ctx.call())
+    presets = got.presets
 
     def human(term) -> str:
         if not presets:
@@ -121,13 +121,14 @@ def run_list(args, ctx) -> Output:
             headers.pop()
             rows = [r[:-1] for r in rows]
         return table(rows, headers, term, shrink=[len(headers) - 1]) + "\nbook one with: bk p NAME"
-    return Output("preset", data, human)
+    return Output("preset", got.to_json(), human)
 
 
 def run_show(args, ctx) -> Output:
-    from bk.service.presets import get_preset, preset_json
+    from bk.service import PresetRequest
 
-    x = get_preset(ctx.app(), args.name)
+    got = ctx.app().run("preset", PresetRequest(args.name), call=ctx.call())
+    x = got.preset
     mem = timegrid.format_memory(x.mem_mib) if x.mem_mib else "not given"
     name = safe(x.name)
     lines = [f"preset {name}: {timegrid.counted(x.count, 'GPU')}, {x.mode}, "
@@ -142,14 +143,14 @@ def run_show(args, ctx) -> Output:
         lines.append(f"  note: {safe(x.note)}")
     lines.append(f"  the same as: {safe(x.book_command())}")
     lines.append(f"  book it: bk p {name}")
-    return Output("preset", {"preset": preset_json(x)}, "\n".join(lines))
+    return Output("preset", got.to_json(), "\n".join(lines))
 
 
 def run_save(args, ctx) -> Output:
-    from bk.service.presets import Preset, check_name, preset_json, save_preset
+    from bk.service import Preset, PresetSaveRequest
 
     app, call = ctx.app(), ctx.call()
-    check_name(args.name)
+    Preset.check_name(args.name)
     dur_text, mem_text = common.split_words(args.words, args.duration, args.mem)
     preset = Preset(
         name=args.name, count=builders.count(args.count),
@@ -157,33 +158,34 @@ def run_save(args, ctx) -> Output:
         mode=EXCLUSIVE if args.exclusive else SHARED, share=args.share or 1,
         mem_mib=builders.memory(mem_text), pinned=builders.gpu_list(args.gpu, "-g"),
         excluded=builders.gpu_list(args.exclude, "-e") or (), note=args.note)
-    status, saved = save_preset(app, preset, call=call, dry_run=args.dry_run)
+    done = app.run("preset_save", PresetSaveRequest(preset, args.dry_run), call=call)
+    status, saved = done.status, done.preset
     verb = {"created": "saved", "replaced": "replaced", "unchanged": "unchanged:"}[status]
     if args.dry_run:
         verb = f"would be {status}:"
     name = safe(saved.name)
     text = f"{verb} preset {name} ({safe(saved.book_command())})\nbook it with: bk p {name}"
-    done = None if args.dry_run or status == "unchanged" else f"saved preset {name}"
-    return Output("preset", {"status": status, "preset": preset_json(saved), "dry_run": args.dry_run},
-                  text, done=done)
+    said = None if args.dry_run or status == "unchanged" else f"saved preset {name}"
+    return Output("preset", done.to_json(), text, done=said)
 
 
 def run_delete(args, ctx) -> Output:
-    from bk.service.presets import delete_preset, preset_json
+    from bk.service import PresetDeleteRequest
 
-    gone = delete_preset(ctx.app(), args.name, dry_run=args.dry_run)
+    done = ctx.app().run("preset_delete", PresetDeleteRequest(args.name, args.dry_run), call=ctx.call())
+    gone = done.preset
     verb = "would delete" if args.dry_run else "deleted"
-    return Output("preset", {"status": "deleted", "preset": preset_json(gone), "dry_run": args.dry_run},
+    return Output("preset", done.to_json(),
                   f"{verb} preset {safe(gone.name)} ({safe(gone.book_command())})",
                   done=None if args.dry_run else f"deleted preset {safe(gone.name)}")
 
 
 def run_use(args, ctx) -> Output:
     from bk.cli.cmd_book import book_and_show, refuse_attached_command
-    from bk.service.presets import get_preset
+    from bk.service import PresetRequest
 
     app, call = ctx.app(), ctx.call()
-    x = get_preset(app, args.name)
+    x = app.run("preset", PresetRequest(args.name), call=call).preset
     refuse_attached_command(ctx)
     req, spec = x.request(call=call, at=args.at, start_iso=args.start, queue=args.queue,
                           op_id=args.op_id, dry_run=args.dry_run)

@@ -104,9 +104,9 @@ def book_command(app, call, ctx, req, spec, cmd: list[str], *, command: str, qui
     """``bk N DUR -- CMD`` and ``bk run N DUR -- CMD``: book with the
     command attached, shown like any booking plus the job's line."""
     from bk.cli.cmd_book import book_output
-    from bk.service import jobs
+    from bk.service import BookJobRequest
 
-    result = jobs.attach_command(app, call, req, cmd, cwd=_cwd(), env=ctx.env, keep=keep)
+    result = app.run("book_job", BookJobRequest(req, tuple(cmd), _cwd(), ctx.env, keep=keep), call=call)
     out = book_output(result, call, req=req, spec=spec, command=command, quiet=quiet, verbose=verbose)
     if quiet or result.dry_run:
         return out
@@ -147,13 +147,10 @@ def _stderr_fd() -> int:
 
 def show(app, call, ref: str | None) -> Output:
     """``bk run`` alone: the booking a command would run on, and its environment."""
-    from bk.service import jobs
+    from bk.service import RunTargetRequest
 
-    res, active = jobs.run_target(app, call, ref)
-    env = jobs.bk_vars(jobs.env_for(app, res, {}))
-    view = common.view(call, app.numbers(app.ledger(call=call), call=call))
-    data = {"reservation": view.reservation(res), "env": env,
-            "active": [view.reservation(r) for r in active]}
+    target = app.run("run_target", RunTargetRequest(ref), call=call)
+    res, active, env, view = target.reservation, target.active, target.env, target.view
 
     def human(term) -> str:
         capacity = call.policy.max_shared_users
@@ -165,15 +162,15 @@ def show(app, call, ref: str | None) -> Output:
             lines.append(f"other active bookings: {others} (choose with: bk run -r N -- CMD)")
         lines.append("run a command: bk run -- CMD")
         return "\n".join(lines)
-    return Output("run", data, human)
+    return Output("run", target.to_json(), human)
 
 
 def foreground(app, call, ctx, ref: str | None, cmd: list[str]) -> Output:
     """``bk run -- CMD``: run now, on this terminal, until it exits or the booking ends."""
-    from bk.service import jobs
+    from bk.service import RunNowRequest, RunTargetRequest
 
-    res, active = jobs.run_target(app, call, ref)
-    numbers = app.numbers(app.ledger(call=call), call=call)
+    target = app.run("run_target", RunTargetRequest(ref), call=call)
+    res, active, numbers = target.reservation, target.active, target.view.numbers
     if len(active) > 1 and ref is None and not ctx.json:
         # Say which one before the command takes the terminal.
         sys.stderr.write(f"bk: running on booking {numbers.get(res.id)} [{res.short_id}], GPUs "
@@ -181,12 +178,10 @@ def foreground(app, call, ctx, ref: str | None, cmd: list[str]) -> Output:
         sys.stderr.flush()
     # With --json stdout is the envelope's alone (docs/JSON.md): the
     # command writes its own standard output to our stderr.
-    outcome = jobs.run_now(app, call, res, cmd, cwd=_cwd(), env=ctx.env,
-                           stdout=_stderr_fd() if ctx.json else None)
-    view = common.view(call, numbers)
-    data = {"reservation": view.reservation(res), "exit_code": outcome.exit_code,
-            "returncode": outcome.returncode, "stopped": outcome.stopped}
-    out = Output("run", data, "", exit_code=outcome.exit_code)
+    done = app.run("run_now", RunNowRequest(res.id, tuple(cmd), _cwd(), ctx.env,
+                                            stdout=_stderr_fd() if ctx.json else None), call=call)
+    outcome = done.outcome
+    out = Output("run", done.to_json(), "", exit_code=outcome.exit_code)
     if outcome.stopped == "end":
         out.warnings.append(f"booking {res.short_id} ended at {timegrid.format_local_short(res.end, call.tz, call.now)}; "
                             "the command was stopped (exit 124)")

@@ -2,7 +2,7 @@
 
 Both ask the service for options and book nothing; the typed results and
 their JSON (each option with the command that books it) are
-``bk.service.advice``'s.  ``bk g`` also shows the live state of the GPUs it
+the ``recommend`` and ``gpu`` rows'.  ``bk g`` also shows the live state of the GPUs it
 recommends now (the snapshot placement ranked them by: idle before busy,
 GPUs used without a booking last), and says what the telemetry misses.
 """
@@ -16,8 +16,7 @@ from bk.cli.render import Output, fit, safe, wrap
 from bk.core import timegrid
 from bk.core.errors import Conflict
 from bk.core.models import EXCLUSIVE, SHARED
-from bk.service import advice
-from bk.service.status import live_gpus
+from bk.service import builders
 
 DEFAULT_ALTERNATIVES = 3
 
@@ -69,88 +68,56 @@ def _option_lines(rec, term, tz, now: int, *, local: bool = False) -> list[str]:
 
 
 def run_slots(args, ctx) -> Output:
-    app, call = ctx.app(), ctx.call()
+    call = ctx.call()
     req, _ = common.book_request(call, args, mode=args.mode, count=common.parse_count(args.count),
                                  words=args.words, write=False)
-    rec = app.recommend(req, alternatives=args.limit, call=call)
+    rec = ctx.app().run("recommend", builders.recommend_request(req, args.limit), call=call)
     if not rec.options:
-        raise Conflict(f"no option for {advice.describe(req)}", hint="ask for fewer GPUs or a shorter time")
+        raise Conflict(f"no option for {rec.describe()}", hint="ask for fewer GPUs or a shorter time")
     data = rec.to_json()
 
     def human(term) -> str:
-        return "\n".join([fit(f"options for {advice.describe(req)}:", term.width),
+        return "\n".join([fit(f"options for {rec.describe()}:", term.width),
                           *_option_lines(rec, term, call.tz, call.now)])
 
     return Output("slots", data, human)
 
 
 def run_gpu(args, ctx) -> Output:
-    app, call = ctx.app(), ctx.call()
+    call = ctx.call()
     now, tz = call.now, call.tz
-    # One read serves both the current bookings and the recommendation: yours
-    # and the live ones, all either looks at.
-    from bk.service.app import live_keep
-
-    state = app.ledger(call=call, keep=live_keep(call))
-    mine = app.own_current(state, call=call)
-    view = common.view(call, {r.id: i for i, r in enumerate(mine, 1)})
-    active = tuple(r for r in mine if r.status(now) == "active")
-    current = tuple(view.reservation(r) for r in active)
-    if args.count is None and active:
-        booked = {g for r in active for g in r.gpus}
-        here = advice.present_gpus(booked, call.telemetry.inventory())
-        if here != booked:
-            gone = sorted(booked - here)
-            call.warn(f"{'GPU' if len(gone) == 1 else 'GPUs'} {common.gpus_text(gone)} of your booking "
-                      f"{'is' if len(gone) == 1 else 'are'} not on this machine now: "
-                      + ("CUDA_VISIBLE_DEVICES names only the GPUs present" if here else
-                         "there is no GPU of it to use (bk doctor says more)"))
-        found = advice.GpuAdvice(active, current, advice.export_line(here) if here else None)
-
+    count = common.parse_count(args.count) if args.count is not None else 1
+    req, _ = common.book_request(call, args, mode=args.mode, count=count, words=[], write=False)
+    found = ctx.app().run("gpu", builders.gpu_request(req, count_given=args.count is not None), call=call)
+    if found.request is None:            # your running bookings' GPUs
         def human_current(term) -> str:
             lines = [wrap(f"yours now: {common.summary_line(r, capacity=call.policy.max_shared_users, tz=tz, now=now)}"
                           f", {timegrid.format_duration(r.end - now)} left", term.width, "", "  ")
-                     for r in active]
+                     for r in found.current]
             return "\n".join([*lines, *([found.export] if found.export else [])])
         return Output("gpu", found.to_json(), human_current)
-
-    count = common.parse_count(args.count) if args.count is not None else 1
-    req, _ = common.book_request(call, args, mode=args.mode, count=count, words=[], write=False)
-    rec = app.recommend(req, alternatives=DEFAULT_ALTERNATIVES, state=state, call=call)
-    ready = rec.ready()
-    if not rec.options:
-        raise Conflict(f"nothing fits {advice.describe(req)} within the next "
-                       f"{timegrid.counted(call.policy.queue_search_hours, 'hour')} (queue_search_hours)",
-                       hint="ask for fewer GPUs, less memory or a shorter time")
-    if not ready.options:
-        # Not an error: the question was where to run, and the answer is
-        # "not now, but here is the earliest", with the command that books it.
-        found = advice.GpuAdvice(active, current, None, rec, free_now=False)
-
+    rec = found.options
+    if not found.free_now:
         def human_later(term) -> str:
             first = rec.options[0]
-            head = (f"nothing free now for {advice.describe(req)}; the earliest is "
+            head = (f"nothing free now for {rec.describe()}; the earliest is "
                     f"{timegrid.format_local_short(first.start, tz, now)}:")
             return "\n".join([wrap(head, term.width, "", "  "), *_option_lines(rec, term, tz, now, local=True)])
         return Output("gpu", found.to_json(), human_later)
-    found = advice.GpuAdvice(active, current, None, ready)
-    live, missing = live_gpus(app, state=state, call=call)
-    shown = sorted({g for p in ready.options for g in p.gpus})
-    data = found.to_json()
-    data["live"] = [live[g].to_json() for g in shown if g in live]
+    live, missing = found.live, found.missing
 
     def human(term) -> str:
-        head = f"free now for {advice.describe(req)}:"
+        head = f"free now for {rec.describe()}:"
         lines = [fit(head, term.width)]
-        options = _option_lines(ready, term, tz, now)
-        for i, p in enumerate(ready.options):
+        options = _option_lines(rec, term, tz, now)
+        for i, p in enumerate(rec.options):
             lines.extend(options[2 * i:2 * i + 2])
             lines.extend(fit("   " + live_line(live[g]), term.width) for g in p.gpus if g in live)
         if missing:
             lines.append(wrap(safe(missing), term.width, "", "  "))
         return "\n".join(lines)
 
-    return Output("gpu", data, human)
+    return Output("gpu", found.to_json(), human)
 
 
 def live_line(g) -> str:

@@ -6,8 +6,8 @@ import argparse
 
 from bk.cli import common
 from bk.cli.render import Output, safe, table, wrap
+from bk.core import timegrid
 from bk.core.timegrid import format_duration, format_local_short
-from bk.service.status import status_view
 
 
 def register(sub) -> None:
@@ -32,8 +32,10 @@ def run(args, ctx) -> Output:
 
 
 def status_output(ctx, *, verbose: bool) -> Output:
-    app, call = ctx.app(), ctx.call()
-    st = status_view(app, verbose, call=call)
+    from bk.service import StatusRequest
+
+    call = ctx.call()
+    st = ctx.app().run("status", StatusRequest(verbose), call=call)
     now, tz = call.now, call.tz
 
     def human(term) -> str:
@@ -82,7 +84,7 @@ def gpu_table(gpus, term, *, tz, now: int) -> str:
             free = "now" if g.next_free <= now else format_local_short(g.next_free, tz, now)
         state = term.style(g.state, "bold") if g.state == "unreserved-use" else g.state
         body.append([str(g.index), safe(g.name or "?"), util, vram, avail, procs, state,
-                     f"{g.share_used}/{g.capacity}", free])
+                     timegrid.share_text(g.share_used, g.capacity), free])
     return table(body, ["GPU", "MODEL", "UTIL", "VRAM", "AVAIL", "PROCS", "STATE", "SHARE", "NEXT FREE"],
                  term, shrink=1)
 

@@ -21,7 +21,7 @@ from bk.cli.render import Output, fit, wrap
 from bk.core import timegrid
 from bk.core.errors import InvalidInput, UsageError
 from bk.core.models import parse_iso
-from bk.service.timeline import MAX_COLUMNS, plan, time_labels, timeline_view
+from bk.core.timegrid import time_labels
 
 # Label spacing candidates, in minutes: the first that is a multiple of the
 # step and leaves room for a 5-character label is used.
@@ -81,8 +81,10 @@ def _from_time(text: str, now: int, tz, slot: int) -> int:
 
 
 def run(args, ctx) -> Output:
-    app, call = ctx.app(), ctx.call()
-    now, slot, tz, policy = call.now, call.policy.slot_minutes, call.tz, call.policy
+    from bk.service import TimelineRequest
+
+    call = ctx.call()
+    now, slot, tz = call.now, call.policy.slot_minutes, call.tz
     if args.window_word and args.window:
         raise UsageError("give the window once (WINDOW or --window)", hint="e.g. bk tl 12h")
     wtext = args.window or args.window_word
@@ -90,46 +92,11 @@ def run(args, ctx) -> Output:
     step = None if args.step == "auto" else timegrid.parse_duration(args.step, slot)
     frm = _from_time(args.frm, now, tz, slot) if args.frm else None
     gpus = common.parse_gpu_list(args.gpu, "-g")
-    if gpus is not None:
-        bad = [g for g in gpus if g >= policy.gpu_count]
-        if bad:
-            raise InvalidInput(f"no GPU {', '.join(map(str, bad))} here (GPUs 0 to {policy.gpu_count - 1})",
-                               hint="see the GPUs with: bk st")
-    from bk.core.ledgerdoc import DocKeep
-
-    asked_from, asked_step = frm, step
-
-    def window_for(shown: list[int]) -> tuple[int, int, int]:
-        label_w = len(f"GPU {max(shown)}") if shown else 5
-        return plan(max(10, ctx.term.width - label_w - 1), now, slot, frm=asked_from, window=window,
-                    step=asked_step)
-
-    # One read serves the GPU rows and the grid, and builds only the bookings
-    # the window shows (with yours, for the numbers, and any on a GPU this
-    # machine lacks, which adds a row).  Such a row widens the labels; if the
-    # window it gives is not the one read, the read is made again, whole.
-    guess = list(gpus) if gpus is not None else list(range(policy.gpu_count))
-    lo, hi, _ = window_for(guess)
-    state = app.ledger(call=call, keep=DocKeep(uid=call.actor.uid, lo=lo, hi=hi, gpu_count=policy.gpu_count))
-    if gpus is not None:
-        shown = list(gpus)
-    else:   # this machine's GPUs, and any other a live booking holds
-        from bk.service.status import shown_gpus
-
-        shown = shown_gpus(state.reservations, now, policy.gpu_count)
-    label_w = len(f"GPU {max(shown)}") if shown else 5
-    columns = max(10, ctx.term.width - label_w - 1)
-    frm, to, step = window_for(shown)
-    if frm < lo or to > hi:
-        state = app.ledger(call=call)
-    ncols = (to - frm) // step
-    if ncols > MAX_COLUMNS or (ncols > columns and not ctx.json):
-        raise InvalidInput(f"{ncols} columns do not fit a {ctx.term.width}-column terminal",
-                           hint="use a larger --step, a shorter --window, or --step auto")
-    tv = timeline_view(app, frm=frm, to=to, step=step, gpus=shown, call=call, state=state)
+    tv = ctx.app().run("timeline", TimelineRequest(ctx.term.width, frm, window, step, gpus, fit=not ctx.json),
+                       call=call)
 
     def human(term) -> str:
-        return render(tv, term, tz=tz, now=now, label_w=label_w)
+        return render(tv, term, tz=tz, now=now, label_w=tv.label_w)
 
     return Output("timeline", tv.to_json(), human)
 

@@ -11,7 +11,6 @@ import argparse
 
 from bk.cli.render import Output, wrap
 from bk.core.timegrid import counted
-from bk.service.status import policy_summary
 
 
 def register(sub) -> None:
@@ -79,7 +78,9 @@ def run(args, ctx) -> Output:
         from bk.cli.cmd_tui import tour
 
         return tour(ctx, args)
-    pol = policy_summary(ctx.call().policy)
+    from bk.service import Empty
+
+    pol = ctx.app().run("info", Empty(), call=ctx.call())["policy"]
     data = {"policy": pol, "steps": steps(pol)}
 
     def human(term) -> str:

@@ -3,7 +3,7 @@
 ``bk u`` is your own dashboard (totals, a chart of the last 7 days and 4
 weeks, recent bookings); ``users``, ``samples``, ``events`` and ``verify``
 look at everyone's history.  The numbers come from the monitor (``bk m``)
-through ``bk.service.usage``; this module only draws them.
+through the ``usage`` rows; this module only draws them.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from bk.cli.render import Output, safe, table
 from bk.core import timegrid
 from bk.core import usage as core
 from bk.core.errors import EXIT_PARTIAL
-from bk.service import usage as views
 
 EPILOG = """Examples:
   bk u                          your dashboard: today, 7 days, 4 weeks, recent bookings
@@ -223,25 +222,23 @@ def _day_label(start: int, tz) -> str:
 # ------------------------------------------------------------ commands
 
 def run_dashboard(args, ctx) -> Output:
-    app, call = ctx.app(), ctx.call()
+    from bk.service import UsageRequest
+
+    call = ctx.call()
     if args.dash_until is not None and args.dash_since is None:
         from bk.core.errors import UsageError
 
         raise UsageError("--until goes with --since", hint="e.g. bk u --since 2026-11-01 --until 2026-12-01")
-    period = None
+    since = until = None
     if args.dash_since is not None:
-        # bk u --since 10d, as people write it: the dashboard, and their own
-        # totals over that period (the row of bk u users that is theirs).
         since, until = _period(args.dash_since, args.dash_until, call)
-        rows = views.users(app, call=call, since=since, until=until).rows
-        mine = next((r.totals for r in rows if r.uid == call.actor.uid), core.Totals())
-        period = (since, until, mine)
-    d = views.dashboard(app, call=call)
+    got = ctx.app().run("usage", UsageRequest(since=since, until=until), call=call)
+    d, period = got.dashboard, got.period
     tz, now = call.tz, call.now
 
     def human(term) -> str:
         if not d.history:
-            return ("no usage recorded yet.\n" + views.MONITOR_HINT +
+            return ("no usage recorded yet.\n" + d.hint +
                     "\n(bk u then shows what you booked and what you used)")
         lines = [f"usage of {safe(d.user)} (GPU time; active = a process of yours on the booked GPU)",
                  f"  today     {totals_line(d.today, d.prices)}",
@@ -270,23 +267,20 @@ def run_dashboard(args, ctx) -> Output:
                                term, shrink=2))
         return "\n".join(lines)
 
-    data = d.to_json()
-    if period is not None:
-        from bk.core.models import iso
-
-        data["period"] = {"since": iso(period[0]), "until": iso(period[1]), "totals": views.totals_json(period[2])}
-    return Output("usage", data, human)
+    return Output("usage", got.to_json(), human)
 
 
 def run_users(args, ctx) -> Output:
-    app, call = ctx.app(), ctx.call()
+    from bk.service import SpanRequest
+
+    call = ctx.call()
     since, until = _span(args, call)
-    rep = views.users(app, call=call, since=since, until=until)
+    rep = ctx.app().run("usage_users", SpanRequest(since, until), call=call)
     tz, now = call.tz, call.now
 
     def human(term) -> str:
         if not rep.history:
-            return "no usage recorded yet.\n" + views.MONITOR_HINT
+            return "no usage recorded yet.\n" + rep.hint
         head = f"usage {timegrid.format_span(since, until, tz, now)}"
         if not rep.rows:
             return head + "\nnobody booked or used a GPU in this period"
@@ -304,7 +298,7 @@ def run_users(args, ctx) -> Output:
                                   *(["COST"] if priced else []), *(["KG CO2E"] if carbon else []), "SHARE"],
                            term, shrink=0),
                "SHARE: each user's part of everyone's decayed usage now (half-life "
-               f"{_days(app.settings['fair_share_half_life_days'])}; fair share orders contested advances "
+               f"{_days(rep.half_life_days)}; fair share orders contested advances "
                + ("and is on)" if call.policy.fair_share_half_life_s else "when on)")]
         if rep.gpus:
             grows = [[str(g), hours(t.covered_s), hours(t.booked_s), hours(t.active_s), hours(t.unreserved_s),
@@ -321,7 +315,9 @@ def _money(x: float | None) -> str:
 
 
 def run_samples(args, ctx) -> Output:
-    app, call = ctx.app(), ctx.call()
+    from bk.service import SamplesRequest
+
+    call = ctx.call()
     since, until = _span(args, call)
     gpus = common.parse_gpu_list(args.gpu, "-g") if args.gpu else None
     ref = None
@@ -329,9 +325,10 @@ def run_samples(args, ctx) -> Output:
         # A booking's evidence: its own span (unless --since/--until say
         # otherwise), the records that credit it.
         from bk.core.errors import NotFound
+        from bk.service import ResolveRequest
 
         try:
-            res = app.resolve(args.reservation, call=call)
+            res = ctx.app().run("resolve", ResolveRequest(args.reservation), call=call).reservation
             ref = res.id
             if args.since is None:
                 since = res.start
@@ -341,12 +338,12 @@ def run_samples(args, ctx) -> Output:
             if not all(c in "0123456789abcdef-" for c in args.reservation.lower()) or len(args.reservation) < 4:
                 raise
             ref = args.reservation.lower()      # an ended booking: its ID or a prefix of it
-    rep = views.samples(app, call=call, since=since, until=until, gpus=gpus, limit=args.limit, reservation=ref)
+    rep = ctx.app().run("usage_samples", SamplesRequest(since, until, gpus, args.limit, reservation=ref), call=call)
     tz, now = call.tz, call.now
 
     def human(term) -> str:
         if not rep.history:
-            return "no usage recorded yet.\n" + views.MONITOR_HINT
+            return "no usage recorded yet.\n" + rep.hint
         if not rep.records:
             return "no records in this period"
         rows = []
@@ -369,15 +366,17 @@ def run_samples(args, ctx) -> Output:
 
 
 def run_events(args, ctx) -> Output:
-    app, call = ctx.app(), ctx.call()
+    from bk.service import EventsRequest
+
+    call = ctx.call()
     since, until = _span(args, call)
     idle = timegrid.parse_duration(args.idle, 1)
-    rep = views.events(app, call=call, since=since, until=until, min_idle_s=idle)
+    rep = ctx.app().run("usage_events", EventsRequest(since, until, idle), call=call)
     tz, now = call.tz, call.now
 
     def human(term) -> str:
         if not rep.history:
-            return "no usage recorded yet.\n" + views.MONITOR_HINT
+            return "no usage recorded yet.\n" + rep.hint
         if not rep.events:
             return "no unreserved use and no idle bookings in this period"
         rows = [[timegrid.format_span(e.start, e.end, tz, now), e.kind, safe(rep.names.get(e.uid, e.uid)),
@@ -389,8 +388,9 @@ def run_events(args, ctx) -> Output:
 
 
 def run_verify(args, ctx) -> Output:
-    app, call = ctx.app(), ctx.call()
-    rep = views.verify(app, call=call)
+    from bk.service import Empty
+
+    rep = ctx.app().run("usage_verify", Empty(), call=ctx.call())
 
     def human(term) -> str:
         if not rep.checks:

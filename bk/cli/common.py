@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from bk.core import timegrid
 from bk.core.errors import InvalidInput, UsageError
-from bk.core.models import EXCLUSIVE, Reservation
+from bk.core.models import Reservation
 
 DEFAULT_DURATION = "1h"
 
@@ -173,61 +173,13 @@ def book_request(call, args, *, mode: str, count: int, words: list[str],
 
 # ------------------------------------------------------------ reservations
 
-def view(call, numbers: dict[str, int] | None = None, *, activity: dict | None = None):
-    """How this call renders reservations: its instant, identity, policy,
-    memory totals (the inventory: no live look), list numbers and the
-    monitor's activity states (``bk.service.activity.rows``)."""
-    from bk.service.views import View
-
-    return View.of(call, numbers, activity)
-
-
-def gpus_text(gpus) -> str:
-    """``0,1,2,3,6`` -> ``0-3,6``: GPU lists stay short in narrow tables."""
-    out, run = [], []
-    for g in sorted(gpus):
-        if run and g == run[-1] + 1:
-            run.append(g)
-            continue
-        if run:
-            out.append(_run_text(run))
-        run = [g]
-    if run:
-        out.append(_run_text(run))
-    return ",".join(out)
-
-
-def _run_text(run: list[int]) -> str:
-    if len(run) >= 3:
-        return f"{run[0]}-{run[-1]}"
-    return ",".join(map(str, run))
-
-
-def mode_text(r: Reservation, capacity: int) -> str:
-    if r.mode == EXCLUSIVE:
-        return "exclusive"
-    return "shared" if r.share == 1 else f"shared {r.share}/{capacity}"
-
-
-def summary_line(r: Reservation, *, capacity: int, tz, now: int, show_id: bool = True) -> str:
-    """``2 GPUs (0,1) shared 12g 07-13 20:00–21:30 [a1b2c3d4]``"""
-    n = len(r.gpus)
-    mem = f" {timegrid.format_memory(r.mem_mib)}" if r.mem_mib else ""
-    return (f"{timegrid.counted(n, 'GPU')} ({gpus_text(r.gpus)}) {mode_text(r, capacity)}{mem} "
-            f"{timegrid.format_span(r.start, r.end, tz, now)}" + (f" [{r.short_id}]" if show_id else ""))
+# How a booking reads (one module for the CLI and the TUI: bk.core.timegrid).
+gpus_text, mode_text, summary_line = timegrid.gpus_text, timegrid.mode_text, timegrid.summary_line
 
 
 def status_text(r: Reservation, *, now: int) -> str:
     """``1h20m left`` (active), ``in 2h05m`` (upcoming within a day), ``upcoming``, ``ended``."""
-    return _status_words(r.status(now), r.start, r.end, now)
-
-
-def _status_words(status: str, start: int, end: int, now: int) -> str:
-    if status == "active":
-        return f"{timegrid.format_duration(end - now)} left"
-    if status == "upcoming" and start - now < 86400:
-        return f"in {timegrid.format_duration(start - now)}"
-    return status
+    return timegrid.status_text(r, now)
 
 
 def reservations_table(items, view, term, *, tz, show_user: bool) -> str:
@@ -240,10 +192,9 @@ def reservations_table(items, view, term, *, tz, show_user: bool) -> str:
     headers = ["#", "ID", *(["USER"] if show_user else []), "GPUS", "MODE", "MEM", "WHEN", "STATUS", "NOTE"]
     body = []
     for r in items:
-        mem = timegrid.format_memory(r.mem_mib) if r.mem_mib else "-"
         body.append([str(view.numbers.get(r.id) or ""), r.short_id, *([safe(r.user)] if show_user else []),
-                     gpus_text(r.gpus), mode_text(r, capacity), mem, timegrid.format_span(r.start, r.end, tz, now),
-                     _with_activity(_status_words(r.status(now), r.start, r.end, now), view, r),
+                     gpus_text(r.gpus), mode_text(r, capacity), timegrid.mem_text(r.mem_mib),
+                     timegrid.when_text(r.start, r.end, tz, now), _with_activity(timegrid.status_text(r, now), view, r),
                      safe(r.note or "")])
     if not any(r.note for r in items):
         headers.pop()
@@ -258,7 +209,6 @@ def fair_lines(r, *, tz, now: int, position: int | None = None, theirs: bool = F
     """What issue 27 adds to a booking's picture: it advances (its place in
     line, the latest start it keeps), and who shares it."""
     from bk.cli.render import safe
-    from bk.core import sharing
 
     out = []
     if r.advance is not None and r.cancelled_at is None and r.start > now:
@@ -268,6 +218,9 @@ def fair_lines(r, *, tz, now: int, position: int | None = None, theirs: bool = F
     if theirs:
         out.append(f"{safe(r.user)}'s, shared with you: run on it with bk run -r {r.short_id} -- CMD")
     elif r.shared_with:
+        # Only for a shared booking: bk l loads nothing more otherwise.
+        from bk.core import sharing
+
         out.append(f"shared with {safe(sharing.describe(r.shared_with))}: they may run on it "
                    f"(bk run -r {r.short_id} -- CMD); only you edit or cancel it")
     return out

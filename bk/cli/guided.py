@@ -341,10 +341,10 @@ def run_add(args, ctx, dialog: Dialog | None = None) -> Output:
     require_terminal(ctx, args, "bk a", "book with flags instead: bk N DUR [MEM] [-t TIME], "
                                         "e.g. bk 2 1h 12g or bk x 1 2h -t 20:00")
     app, call = ctx.app(), ctx.call()
-    from bk.service.presets import learned_defaults
+    from bk.service import Empty
 
     dialog = dialog or Dialog.terminal()
-    defaults = learned_defaults(app, call=call)
+    defaults = app.run("defaults", Empty(), call=call).to_json()
     n = defaults["learned"]
     where = ("bk's defaults" if not n else "from your last booking" if n == 1
              else f"from your last {n} bookings")
@@ -384,7 +384,7 @@ def add_questions(app, call, defaults: dict) -> list[Question]:
 
     def preview(a: dict) -> str:
         req = add_request(a, call)
-        option = app.recommend(req, alternatives=1, call=call).options[0]
+        option = app.run("recommend", builders.recommend_request(req, 1), call=call).options[0]
         n = len(option.gpus)
         mem = f", {timegrid.format_memory(a['mem'])} per GPU" if a.get("mem") else ""
         lines = [f"Preview: {timegrid.counted(n, 'GPU')} ({common.gpus_text(option.gpus)}) "
@@ -471,7 +471,9 @@ def edit_flow(args, ctx, dialog: Dialog | None = None) -> Output:
     from bk.cli.cmd_edit import edit_output
 
     app, call = ctx.app(), ctx.call()
-    res = app.resolve(args.ref, call=call)
+    from bk.service import ResolveRequest
+
+    res = app.run("resolve", ResolveRequest(args.ref), call=call).reservation
     now, tz = call.now, call.tz
     status = res.status(now)
     if status in ("ended", "cancelled"):
@@ -490,7 +492,7 @@ def edit_flow(args, ctx, dialog: Dialog | None = None) -> Output:
         # The answers are instants the user was shown; the write itself
         # happens now, however long the dialog stayed open.
         write = ctx.fresh_call()
-        out = edit_output(app.edit(req, call=write), write)
+        out = edit_output(app.run("edit", req, call=write), write)
         return _with_footer(out, "next time: " + shlex.join(["bk", "e", res.short_id, *edit_typed(answers)]))
     try:
         return dialog.converse(edit_questions(app, call, res, ctx, active=status == "active"), submit)
@@ -528,7 +530,7 @@ def edit_questions(app, call, res, ctx, *, active: bool) -> list[Question]:
         # the confirmation will do.
         from bk.cli.cmd_edit import edit_output
 
-        result = app.edit(edit_request(res, a, call, dry_run=True), call=call)
+        result = app.run("edit", edit_request(res, a, call, dry_run=True), call=call)
         if result.status == "unchanged":
             raise InvalidInput("that changes nothing",
                                hint="type another value, back to pick another field, "
@@ -546,7 +548,7 @@ def edit_questions(app, call, res, ctx, *, active: bool) -> list[Question]:
             return fields[0] if fields else None
         for k in fields:
             try:
-                app.edit(edit_request(res, {k: a[k]}, call, dry_run=True), call=call)
+                app.run("edit", edit_request(res, {k: a[k]}, call, dry_run=True), call=call)
             except BkError:
                 return k
         return None

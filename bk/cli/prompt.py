@@ -14,7 +14,7 @@ the running command).
 
 Line editing and history come from ``readline`` when the interpreter has
 it.  The history is kept in the user's state directory (through
-``bk.service.presets``, bounded to 1000 lines); lines typed in this session
+the ``prompt_history`` rows, bounded to 1000 lines); lines typed in this session
 are appended to what is on disk when the prompt ends, so two prompts open
 at once do not erase each other's lines.
 """
@@ -105,10 +105,10 @@ class _History:
 
     def _disk(self) -> list[str]:
         from bk.core.errors import BkError
-        from bk.service.presets import load_history
+        from bk.service import Empty
 
         try:
-            return load_history(self.ctx.app())
+            return list(self.ctx.app().run("prompt_history", Empty()).lines)
         except BkError:
             return []
 
@@ -127,10 +127,10 @@ class _History:
         if not new:
             return
         from bk.core.errors import BkError
-        from bk.service.presets import save_history
+        from bk.service import PromptHistoryRequest
 
         try:
-            save_history(self.ctx.app(), self._disk() + new)
+            self.ctx.app().run("prompt_history_save", PromptHistoryRequest(tuple(self._disk() + new)))
         except BkError as err:       # history is a convenience; say so and go on
             sys.stderr.write(f"warning: prompt history not saved: {err.message}\n")
 

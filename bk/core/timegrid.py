@@ -1,4 +1,13 @@
-"""The time and unit grammar (SPEC section 3) and how times are shown to people.
+"""The time and unit grammar (SPEC section 3) and how times, and the
+bookings that hold them, are shown to people.
+
+The last part of this module is the one place where a booking's words are
+made for a person: its GPUs, mode and share, memory, time window and
+status (``summary_line``, ``mode_text``, ``status_text``, ``when_text``,
+``gpus_text``, ``mem_text``, ``share_text``).  The CLI's tables and lines
+and the TUI's table call these same functions, so a booking reads the same
+on the command line and on the screen.  Text someone else wrote (a note, a
+user name) is not made here: it passes ``bk.core.safetext.safe``.
 
 The facts that shape this module:
 
@@ -44,7 +53,7 @@ from datetime import date, datetime, timedelta, tzinfo
 
 from bk.core.errors import InvalidInput
 from bk.core.lazyre import Pattern
-from bk.core.models import iso
+from bk.core.models import EXCLUSIVE, iso
 from bk.core.record import dataclass
 
 _SECOND = timedelta(seconds=1)
@@ -557,3 +566,102 @@ def _check_aligned(s: str, t: int, step: int, slot_minutes: int, earliest: int, 
     near = [render(x) for x in (lo, lo + step) if x >= earliest] or [render(lo + step)]
     raise InvalidInput(f"{s!r} is not on a {slot_minutes}-minute boundary; try {' or '.join(near)}",
                        f"bookings start and end on the {slot_minutes}-minute grid, e.g. {near[-1]}")
+
+
+# The time ruler above a timeline's columns, shared by ``bk tl`` and ``bk t``:
+# a label (HH:MM, or MM-DD at midnight and for day-wide steps) every so many
+# minutes of local wall time, the first interval that leaves room for labels.
+LABEL_EVERY_MIN = (15, 30, 60, 120, 180, 240, 360, 720, 1440, 2880, 10080)
+LABEL_W = 5
+
+
+def time_labels(frm: int, n: int, step: int, tz) -> str:
+    """``n`` characters of labels for columns ``step`` seconds wide from ``frm``."""
+    every = next((m * 60 for m in LABEL_EVERY_MIN if (m * 60) % step == 0 and m * 60 // step > LABEL_W),
+                 None)
+    line = [" "] * n
+    last_end = -1
+    for i in range(n):
+        t = frm + i * step
+        dt = datetime.fromtimestamp(t, tz)
+        wall = t + int(dt.utcoffset().total_seconds())
+        due = (wall % every == 0) if every else (i % (LABEL_W + 1) == 0)
+        if not due or i <= last_end or i + LABEL_W > n:
+            continue
+        label = dt.strftime("%m-%d") if (dt.hour, dt.minute) == (0, 0) or (every or 0) >= 86400 \
+            else dt.strftime("%H:%M")
+        line[i:i + LABEL_W] = label
+        last_end = i + LABEL_W
+    return "".join(line)
+
+
+# ---------------------------------------------------------------- how a booking reads
+#
+# The CLI (bk l, st, login, d, e, history, run, slots...) and the TUI's table
+# read a booking in these words.  They were two copies once that disagreed
+# (the TUI said "shared 1/2", "auto" and "in 1d2h" where the CLI said
+# "shared", "-" and "upcoming"); the CLI's words won: the default share is
+# not worth a fraction, a missing figure is a dash in every column, and a
+# start more than a day away is read from the WHEN column.
+
+def gpus_text(gpus) -> str:
+    """``0,1,2,3,6`` -> ``0-3,6``: GPU lists stay short in narrow tables."""
+    out, run = [], []
+    for g in sorted(gpus):
+        if run and g == run[-1] + 1:
+            run.append(g)
+            continue
+        if run:
+            out.append(_run_text(run))
+        run = [g]
+    if run:
+        out.append(_run_text(run))
+    return ",".join(out)
+
+
+def _run_text(run: list[int]) -> str:
+    if len(run) >= 3:
+        return f"{run[0]}-{run[-1]}"
+    return ",".join(map(str, run))
+
+
+def mode_text(r, capacity: int) -> str:
+    """``exclusive``, ``shared`` (one share slot), ``shared 2/4`` (more)."""
+    if r.mode == EXCLUSIVE:
+        return "exclusive"
+    return "shared" if r.share == 1 else f"shared {r.share}/{capacity}"
+
+
+def share_text(used: int, capacity: int) -> str:
+    """A GPU's share slots in use: ``1/2``."""
+    return f"{used}/{capacity}"
+
+
+def mem_text(mib: int | None) -> str:
+    """The memory figure a booking states, or ``-``."""
+    return format_memory(mib) if mib else "-"
+
+
+def when_text(start: int, end: int, tz: tzinfo, now: int, *, dash: str = "–") -> str:
+    """A booking's window (``format_span``), with ``dash`` between its ends
+    where the output cannot show an en dash."""
+    text = format_span(start, end, tz, now)
+    return text if dash == "–" else text.replace("–", dash)
+
+
+def status_text(r, now: int) -> str:
+    """``1h20m left`` (active), ``in 2h05m`` (upcoming within a day), ``upcoming``, ``ended``, ``cancelled``."""
+    status = r.status(now)
+    if status == "active":
+        return f"{format_duration(r.end - now)} left"
+    if status == "upcoming" and r.start - now < _DAY_S:
+        return f"in {format_duration(r.start - now)}"
+    return status
+
+
+def summary_line(r, *, capacity: int, tz: tzinfo, now: int, show_id: bool = True) -> str:
+    """``2 GPUs (0,1) shared 12g 07-13 20:00–21:30 [a1b2c3d4]``"""
+    n = len(r.gpus)
+    mem = f" {format_memory(r.mem_mib)}" if r.mem_mib else ""
+    return (f"{counted(n, 'GPU')} ({gpus_text(r.gpus)}) {mode_text(r, capacity)}{mem} "
+            f"{format_span(r.start, r.end, tz, now)}" + (f" [{r.short_id}]" if show_id else ""))

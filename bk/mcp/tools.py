@@ -1,7 +1,8 @@
-"""The MCP view of the agent surface (``bk.service.agent``): tool
+"""The MCP view of the agent surface (``bk.agent``): tool
 descriptions with input schemas from the operation table, hints from its
-read/write, destructive and idempotent columns, one output schema (the
-``gpubk.v1`` envelope), and the ``bk://context`` resource.
+read/write, destructive and idempotent columns, each tool's output schema
+(the ``gpubk.v1`` envelope whose ``data`` is that tool's own, from its
+row's result type), and the ``bk://context`` resource.
 
 ``Host`` is what ``bk.mcp.protocol.Session`` asks; it holds the Service,
 opened for this process exactly as the CLI opens it, and makes one call
@@ -24,19 +25,20 @@ INSTRUCTIONS = (
     "one after an error or a timeout: a retry returns the first result and books nothing more), list, "
     "edit and cancel to manage bookings, cleanup to release what you booked under an op-id prefix. Every "
     "result is a gpubk.v1 envelope: ok, data or error {code, message, hint}, warnings. Arguments take "
-    "times as epoch seconds (UTC), durations in seconds and memory in MiB per GPU.")
+    "times as epoch seconds (UTC) or as a person writes them (now, +2h, 20:00, tomorrow 09:00, ISO 8601), "
+    "durations in seconds or as 30m, 1h30m, and memory in MiB per GPU or as 12g.")
 
 
-def output_schema(command: str) -> dict:
-    """The envelope (SPEC 6.3) as a JSON Schema: ``data`` on success,
-    ``error`` on failure, ``command`` the tool's name."""
+def output_schema(command: str, data: dict | None = None) -> dict:
+    """The envelope (SPEC 6.3) as a JSON Schema: ``data`` on success (the
+    tool's own, ``data``), ``error`` on failure, ``command`` the tool's name."""
     return {
         "type": "object",
         "properties": {
             "schema": {"const": "gpubk.v1"},
             "command": {"const": command},
             "ok": {"type": "boolean"},
-            "data": {"type": "object"},
+            "data": data or {"type": "object"},
             "error": {"type": "object", "properties": {"code": {"type": "string"},
                                                         "message": {"type": "string"}},
                       "required": ["code", "message"]},
@@ -51,7 +53,7 @@ def describe(tool) -> dict:
     title = tool.name.replace("_", " ")
     return {
         "name": tool.name, "title": title, "description": tool.summary[:1].upper() + tool.summary[1:] + ".",
-        "inputSchema": tool.schema, "outputSchema": output_schema(tool.name),
+        "inputSchema": tool.schema, "outputSchema": output_schema(tool.name, tool.output),
         "annotations": {"title": title, "readOnlyHint": tool.read_only,
                         "destructiveHint": tool.destructive and not tool.read_only,
                         "idempotentHint": tool.idempotent, "openWorldHint": False},
@@ -65,7 +67,7 @@ class Host:
         self._tools = None
 
     def _agent(self):
-        from bk.service import agent
+        from bk import agent
 
         return agent
 
@@ -84,10 +86,7 @@ class Host:
         return [describe(t) for t in self.tool_table()]
 
     def _call(self):
-        telemetry = self.app.telemetry
-        if hasattr(telemetry, "refresh"):      # each call looks at the GPUs afresh
-            telemetry.refresh()
-        return self.app.call()
+        return self.app.call(fresh=True)       # each call looks at the GPUs afresh
 
     def call_tool(self, name: str, arguments: dict):
         tool = next((t for t in self.tool_table() if t.name == name), None)

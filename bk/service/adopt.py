@@ -40,7 +40,7 @@ import math
 
 from bk.core.errors import Conflict, InvalidInput, NotFound, PermissionDenied
 from bk.core.models import EXCLUSIVE, SHARED
-from bk.core.record import replace
+from bk.core.record import dataclass, replace
 from bk.core.timegrid import counted
 
 DEFAULT_HOURS = 24
@@ -129,7 +129,7 @@ def longest_fit(app, call, req) -> int | None:
 
     def fits(duration: int) -> bool:
         try:
-            app.book(replace(req, duration=duration, dry_run=True, op_id=None), call=call)
+            app.run("book", replace(req, duration=duration, dry_run=True, op_id=None), call=call)
             return True
         except Conflict:
             return False
@@ -145,7 +145,7 @@ def longest_fit(app, call, req) -> int | None:
         else:
             hi = mid
     if lo == 0:
-        app.book(replace(req, duration=step, dry_run=True, op_id=None), call=call)   # raises why
+        app.run("book", replace(req, duration=step, dry_run=True, op_id=None), call=call)   # raises why
     return lo * step
 
 
@@ -195,3 +195,39 @@ def _name(uid: int) -> str:
         return pwd.getpwuid(uid).pw_name
     except KeyError:
         return str(uid)
+
+
+# ------------------------------------------------------------- the row
+
+@dataclass(frozen=True)
+class AdoptRequest:
+    """``bk adopt PID | --gpu N``: which processes, until when, and the
+    booking's own words; read from this machine's ``/proc`` and GPUs."""
+
+    pid: int | None = None
+    gpu: int | None = None
+    until: int | None = None
+    note: str | None = None
+    idle_release_minutes: int | None = None
+    op_id: str | None = None
+    dry_run: bool = False
+
+
+@dataclass(frozen=True)
+class AdoptPlan:
+    """The booking that adopts them (a ``BookRequest`` for the ``book``
+    row), and why its window was cut, if it was."""
+
+    request: object
+    cut: str | None
+
+    def to_json(self) -> dict:
+        from bk.service.fields import encode
+
+        return {"request": encode(self.request), "cut": self.cut}
+
+
+def _serve_adopt(app, req: AdoptRequest, call) -> AdoptPlan:
+    got, cut = plan(app, call, pid=req.pid, gpu=req.gpu, until=req.until, note=req.note,
+                    idle_release_minutes=req.idle_release_minutes, op_id=req.op_id, dry_run=req.dry_run)
+    return AdoptPlan(got, cut)

@@ -1,15 +1,21 @@
-"""The application API every front end calls.
+"""The Service: what every front end runs the operation table's rows on.
 
 A ``Service`` is built from parts, not from modes: a ledger reader (the
 committed file, read without the lock: world-readable on a shared server),
 one gateway that runs operations (``LocalGateway``: a store transaction
 here; ``BrokerGateway``: the broker does it with the caller's kernel
 identity), the GPU telemetry, and the defaults of a call (the process's
-identity, the clock, the zone).  Every method takes the call's context
-(``call=``, from ``Service.call()``) so that one command sees one instant,
-and the shared service of the broker keeps no per-request state.
+identity, the clock, the zone).
 
-Nothing here prints.  Methods return typed results or raise ``BkError``.
+Its face is three methods: ``call()`` (one context per command: who, now,
+the zone, the policy, the GPUs, a warnings sink), ``run(name, request,
+call=...)`` (one row of ``bk.service.OPERATIONS``) and ``write_batch``
+(the broker's group commit).  The rest (``ledger``, ``settings``,
+``telemetry``, ``reader``) is what the rows themselves read with; a front
+end asks a row instead.  The shared service of the broker keeps no
+per-request state.
+
+Nothing here prints.  Rows return typed results or raise ``BkError``.
 """
 
 from __future__ import annotations
@@ -19,30 +25,10 @@ import os
 from collections.abc import Callable
 
 from bk import clock
-from bk.core.errors import Ambiguous, BkError, Conflict, InvalidInput, IOFailure, NotFound, PermissionDenied
-from bk.core.models import ACTIVE, CANCELLED, ENDED, UPCOMING, LedgerState, Notice, Reservation
+from bk.core.errors import BkError, IOFailure, PermissionDenied
+from bk.core.models import LedgerState
 from bk.core.timegrid import counted
 from bk.service.context import Actor, Call
-
-# The request types are for writes and the broker's reads: bk l, st and n
-# never load bk.service.requests (~0.5 ms).  The names below are for the
-# annotations only (a constant False: importing typing costs more).
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from bk.service.requests import (
-        AuditRequest,
-        BookRequest,
-        CancelRequest,
-        EditRequest,
-        NoticeArchiveRequest,
-        NoticeRequest,
-    )
-
-_HEX = set("0123456789abcdef-")
-# How much of the audit log (the live log and its sealed segments together)
-# one ordinary user's request may read: about five thousand records, what a
-# booking's history used to look through.  The administrator's reads are not bounded so.
-USER_AUDIT_SCAN = 2 << 20
 
 
 def user_name(uid: int) -> str:
@@ -165,11 +151,16 @@ class Service:
 
     # -- the call ----------------------------------------------------------
 
-    def call(self, actor: Actor | None = None, *, telemetry=None, peer_pid: int | None = None) -> Call:
+    def call(self, actor: Actor | None = None, *, telemetry=None, peer_pid: int | None = None,
+             fresh: bool = False) -> Call:
         """A fresh context: this service's defaults, the clock read once.  A
         call for this process (no ``actor``) carries what the clock has to say
         about its zone (an unknown ``TZ``); a broker's call for a peer does
-        not: the peer's zone is not the broker's."""
+        not: the peer's zone is not the broker's.  ``fresh``: the GPUs are
+        looked at again for this call (a long-lived front end: an MCP tool
+        call), not the snapshot an earlier call of this process took."""
+        if fresh and telemetry is None and hasattr(self.telemetry, "refresh"):
+            self.telemetry.refresh()
         call = Call(actor or self.actor, self._clock(), self._tz(), self.policy,
                     telemetry if telemetry is not None else self.telemetry, peer_pid=peer_pid,
                     make_id=self.id_source, limits=self.limits)
@@ -217,280 +208,31 @@ class Service:
     # -- operations (bk.service.ops) ----------------------------------------
 
     def run(self, name: str, req, *, call: Call | None = None):
-        from bk.service import ops
+        """Run row ``name`` of the operation table (``bk.service``) with
+        ``req`` for this call: a local row (``served=False``) here, in this
+        process; any other through the gateway (this host's store, or the
+        broker).  A refusal comes back worded by the row's ``explain``."""
+        from bk.service import get
 
-        op = ops.get(name)
-        if not op.served:
-            # A local read (the row's served=False): this process may make
-            # it, and the broker does not know it.
-            op.validate(req)
-            return op.serve(self, req, self._call(call)).rendered(None)
-        return self.gateway.run(op, req, self._call(call))
+        op = get(name)
+        call = self._call(call)
+        try:
+            if not op.served:
+                if op.who in ("admin", "host") and not call.actor.is_admin and (op.who == "admin" or self.shared):
+                    raise PermissionDenied(f"only the administrator (root) may {op.summary}", hint=op.admin_hint)
+                op.check_type(req)
+                if op.check is not None:
+                    op.check(req)
+                return op.serve(self, req, call)
+            return self.gateway.run(op, req, call)
+        except BkError as e:
+            if op.explain is None:
+                raise
+            raise op.explain(e, req, call) from None
 
     def write_batch(self, items: list) -> list:
         """``[(op name, request, call)]`` in one transaction (the broker's
         group commit); one rendered result or BkError per item."""
-        from bk.service import ops
+        from bk.service import get
 
-        return self.gateway.write_batch([(ops.get(name), req, call) for name, req, call in items])
-
-    def book(self, req: BookRequest, *, call: Call | None = None):
-        call = self._call(call)
-        try:
-            return self.run("book", req, call=call)
-        except Conflict as e:
-            raise self._with_nearest(e, req, call) from None
-
-    def _with_nearest(self, e: Conflict, req: BookRequest, call: Call) -> Conflict:
-        """An exact start that is taken: name the nearest start that fits,
-        with the command that books it, rather than leave the user guessing."""
-        if req.start is None or req.queue or e.details.get("rule") not in ("capacity", "memory"):
-            return e
-        from bk.core.record import replace
-        from bk.core.timegrid import format_local_short
-
-        try:
-            found = self.recommend(replace(req, queue=True, op_id=None, dry_run=False), alternatives=1,
-                                   call=call)
-        except BkError:
-            return e
-        if not found.options:
-            return e
-        p = found.options[0]
-        hint = (f"the nearest start that fits is {format_local_short(p.start, call.tz, call.now)}: "
-                f"{found.command(p, call.tz)} (or add --queue to take it)")
-        from bk.core.models import iso
-
-        return Conflict(e.message, hint, details={**e.details, "nearest_start": iso(p.start)})
-
-    def edit(self, req: EditRequest, *, call: Call | None = None):
-        return self.run("edit", req, call=call)
-
-    def cancel(self, req: CancelRequest, *, call: Call | None = None):
-        return self.run("cancel", req, call=call)
-
-    def publish_notice(self, req: NoticeRequest, *, call: Call | None = None):
-        return self.run("notice_publish", req, call=call)
-
-    def archive_notice(self, req: NoticeArchiveRequest, *, call: Call | None = None):
-        return self.run("notice_archive", req, call=call)
-
-    def audit(self, limit: int = 50, all_users: bool = False, *, reservation: str | None = None,
-              call: Call | None = None):
-        """Audit entries, newest ``limit`` (oldest first): the caller's own
-        (records they made, or about their bookings), everyone's for the
-        administrator with ``all_users``, or one reservation's lifecycle.
-        On a shared server the log is the service account's (it holds
-        everyone's before/after details), so the broker reads it."""
-        from bk.service.requests import AuditRequest
-
-        return self.run("audit", AuditRequest(limit, all_users, reservation), call=call)
-
-    def probe(self, *, call: Call | None = None):
-        from bk.service.requests import Empty
-
-        return self.run("probe", Empty(), call=call).checks
-
-    def ping(self, *, call: Call | None = None) -> dict:
-        from bk.service.requests import Empty
-
-        return self.run("ping", Empty(), call=call).to_json()
-
-    def lost_data(self, *, call: Call | None = None):
-        """What the audit log records beyond the ledger (``data_lost``)."""
-        from bk.service.requests import Empty
-
-        return self.run("data_lost", Empty(), call=call)
-
-    def recover_data(self, *, replay: bool = False, dry_run: bool = False, call: Call | None = None):
-        """Accept the loss the audit log witnesses now (replaying the lost
-        bookings first with ``replay``); a dry run only reports it."""
-        from bk.service.requests import RecoverRequest
-
-        call = self._call(call)
-        lost = self.lost_data(call=call)
-        if dry_run or lost.status == "nothing_lost":
-            return lost
-        return self.run("data_recover", RecoverRequest(lost.ledger_seq, lost.audit_seq, replay=replay),
-                        call=call)
-
-    # host-side halves of the read operations (LocalGateway serves them)
-
-    def local_audit(self, req: AuditRequest, call: Call):
-        from bk.service.results import AuditResult
-
-        store = self.reader.store
-        budget = None if call.actor.is_admin else USER_AUDIT_SCAN
-        if req.reservation is not None:
-            # Bookings are public on a shared server (the ledger is
-            # world-readable), so a reservation's lifecycle is too.
-            tail = store.audit_tail(limit=req.limit, reservation=req.reservation, budget=budget)
-        else:
-            uid = None if (req.all and call.actor.is_admin) else call.actor.uid
-            tail = store.audit_tail(limit=req.limit, uid=uid, budget=budget)
-        if budget is not None and not tail.complete and len(tail.entries) < req.limit:
-            call.warn(f"only the newest {budget >> 20} MiB of the audit log were searched (the most one "
-                      "user's request may read); older records are not shown")
-        return AuditResult(tuple(tail.entries), tuple(tail.problems), tail.complete)
-
-    def local_probe(self) -> list[tuple[str, bool, str]]:
-        """``bk doctor --probe``: try the writes a commit needs, for real."""
-        return self.reader.store.probe()
-
-    # -- reads -------------------------------------------------------------
-
-    def own_current(self, state: LedgerState | None = None, *, call: Call | None = None) -> list[Reservation]:
-        """The caller's current and upcoming bookings in list order; list
-        numbers (``bk d 1``) index this list in every command."""
-        call = self._call(call)
-        state = state or self.ledger(call=call)
-        mine = [r for r in state.reservations if r.uid == call.actor.uid and r.is_live(call.now)]
-        # Same start: the order they were booked in, so numbers match what the
-        # user typed.  The sort is stable and the ledger keeps bookings in the
-        # order they were made, so even the same second keeps that order.
-        return sorted(mine, key=lambda r: (r.start, r.created))
-
-    def numbers(self, state: LedgerState, *, call: Call) -> dict[str, int]:
-        """List numbers of the caller's current bookings: the same in every command."""
-        return {r.id: i for i, r in enumerate(self.own_current(state, call=call), 1)}
-
-    def list(self, scope: str = "mine", *, limit: int | None = None, call: Call | None = None,
-             state: LedgerState | None = None) -> list[Reservation]:
-        call = self._call(call)
-        state, now = state or self.ledger(call=call), call.now
-        if scope == "mine":
-            out = self.own_current(state, call=call)
-        elif scope == "all":
-            out = sorted((r for r in state.reservations if r.is_live(now)),
-                         key=lambda r: (r.start, r.created))
-        elif scope == "history":
-            uid = call.actor.uid
-            hot = [r for r in state.reservations if r.uid == uid and not r.is_live(now)]
-            seen = {r.id for r in hot}
-            cold = [r for r in self.reader.archived(uid=uid) if r.id not in seen]
-            # Newest first: the reverse of a list's order, so the WHEN
-            # column reads back in time (a booking's end says less: a long
-            # one that ended last started long before a short one after it).
-            out = sorted(hot + cold, key=lambda r: (r.start, r.created, r.id), reverse=True)
-        else:
-            raise InvalidInput(f"unknown list scope {scope!r}")
-        return out[:limit] if limit else out
-
-    def resolve(self, ref: str, *, state: LedgerState | None = None, any_owner: bool = False,
-                call: Call | None = None) -> Reservation:
-        """A full reservation from a list number (1-3 digits), a unique ID
-        prefix of at least 4 characters, or a full ID."""
-        call = self._call(call)
-        state = state or self.ledger(call=call)
-        ref = ref.strip().lower()
-        if ref.isdigit() and len(ref) <= 3:
-            mine = self.own_current(state, call=call)
-            n = int(ref)
-            if not 1 <= n <= len(mine):
-                raise NotFound(f"you have no booking number {n}" + (f" (you have {len(mine)})"
-                               if mine else ""), hint="list yours with: bk l")
-            return mine[n - 1]
-        if len(ref) < 4 or not set(ref) <= _HEX:
-            raise InvalidInput(f"{ref!r} is neither a list number nor an ID prefix of 4+ hex characters",
-                               hint="use the number or ID shown by: bk l")
-        hits = [r for r in state.reservations if r.id.startswith(ref)]
-        if not any_owner:
-            own = [r for r in hits if r.uid == call.actor.uid]
-            hits = own or hits
-        if not hits:
-            raise NotFound(f"no reservation with ID {ref}", hint="list yours with: bk l")
-        if len(hits) > 1:
-            raise Ambiguous(f"ID prefix {ref} matches {len(hits)} reservations: "
-                            + ", ".join(f"{r.id[:12]} ({r.user})" for r in hits[:10]),
-                            hint="type more characters of the ID",
-                            details={"candidates": [r.id for r in hits]})
-        return hits[0]
-
-    def op_reservation(self, op_id: str | None, operation: str, *, state: LedgerState | None = None,
-                       call: Call | None = None) -> Reservation | None:
-        """The reservation that ``op_id`` already produced for the caller with
-        ``operation`` (``edit``, ``cancel``, ``book``), as that operation
-        found it; None when the op-id is new (``booking.op_target``).
-
-        A front end asks this *before* it resolves a list number or an ID
-        prefix, and takes that reservation when there is one: a retried
-        ``bk d 1 --op-id K`` then names the booking the first run cancelled
-        (numbers move once it is gone) and the operation answers ``exists``,
-        here and through the broker alike.  The op records are in the
-        committed ledger, which every user may read."""
-        if not op_id:
-            return None
-        from bk.service import booking
-
-        call = self._call(call)
-        state = state or self.ledger(call=call)
-        return booking.op_target(state, call.actor, op_id, booking.OP_ACTIONS[operation])
-
-    def history(self, ref: str, *, call: Call | None = None) -> tuple[Reservation, list[dict]]:
-        """One booking's lifecycle: the record and its audit entries."""
-        call = self._call(call)
-        try:
-            res = self.resolve(ref, any_owner=True, call=call)
-        except NotFound:
-            res = next((r for r in self.reader.archived() if r.id.startswith(ref.lower())), None)
-            if res is None:
-                raise
-        return res, list(self.audit(reservation=res.id, call=call).entries)
-
-    def notices(self, include_archived: bool = False, state: LedgerState | None = None, *,
-                call: Call | None = None) -> list[Notice]:
-        call = self._call(call)
-        if state is None:
-            from bk.core.ledgerdoc import DocKeep
-
-            # Notices are their own list in the document (an administrator's
-            # cancellation of your booking is a notice to you, not a field of
-            # the booking), so no reservation needs building (a sealed ledger).
-            state = self.ledger(call=call, keep=DocKeep())
-        now, actor = call.now, call.actor
-        out = []
-        for n in state.notices:
-            if (n.archived or n.at > now) and not include_archived:
-                continue       # archived, or published to start later
-            current = n.until is None or n.until > now or include_archived
-            # The administrator's --all view includes notices to other users,
-            # so that one can be found (and archived) by its ID.
-            mine = n.uid in (None, actor.uid) or (include_archived and actor.is_admin)
-            if current and mine:
-                out.append(n)
-        return sorted(out, key=lambda n: n.at, reverse=True)
-
-    def recommend(self, req: BookRequest, alternatives: int = 3, state: LedgerState | None = None, *,
-                  call: Call | None = None):
-        """Options for ``req`` without booking: a ``Recommendation``."""
-        from bk.core import scheduler, telemetry
-        from bk.service import booking
-        from bk.service.advice import Recommendation
-        from bk.service.requests import check_request
-
-        call = self._call(call)
-        check_request(req)
-        if state is None:
-            state = self.ledger(call=call, keep=live_keep(call))
-        snap = call.telemetry.snapshot()
-        found = scheduler.recommend(booking._sched_request(req), reservations=state.reservations,
-                                    blackouts=state.blackouts, policy=call.policy, gpus=list(snap.gpus),
-                                    now=call.now, alternatives=alternatives, tz=call.tz,
-                                    load=telemetry.placement_load(snap, state.reservations, call.now,
-                                                                  uid=call.actor.uid))
-        return Recommendation(req, tuple(found), call.now, call.policy.slot_minutes)
-
-
-def live_keep(call: Call):
-    """What a placement reads: the caller's bookings (their list numbers,
-    their own limits) and every booking that still holds capacity at
-    ``call.now``.  The scheduler (``capacity.index_holds``) and attribution
-    (``telemetry.active_gpus_by_uid``) skip cancelled and ended ones, so on
-    a sealed ledger the rest need not be built (tests/test_reads.py)."""
-    from bk.core.ledgerdoc import DocKeep
-
-    return DocKeep(uid=call.actor.uid, lo=call.now)
-
-
-def status_word(r: Reservation, now: int) -> str:
-    return {UPCOMING: "upcoming", ACTIVE: "active", ENDED: "ended", CANCELLED: "cancelled"}[r.status(now)]
+        return self.gateway.write_batch([(get(name), req, call) for name, req, call in items])

@@ -14,7 +14,15 @@ repeat, not a second booking (``repeat_of``).
 from __future__ import annotations
 
 from bk.core import scheduler, telemetry
-from bk.core.errors import BkError, Conflict, InvalidInput, NotFound, PermissionDenied, PolicyRefused
+from bk.core.errors import (
+    Ambiguous,
+    BkError,
+    Conflict,
+    InvalidInput,
+    NotFound,
+    PermissionDenied,
+    PolicyRefused,
+)
 from bk.core.models import (
     ACTIVE,
     ADMIN_CANCEL,
@@ -34,11 +42,11 @@ from bk.core.models import (
     Reservation,
     iso,
 )
-from bk.core.record import replace
+from bk.core.record import dataclass, replace
 from bk.core.timegrid import counted, floor_slice
 from bk.service.context import Actor, Call
-from bk.service.requests import BookRequest, CancelRequest, EditRequest, canonical
-from bk.service.results import BookResult, CancelResult, EditResult
+from bk.service.requests import BookRequest, CancelRequest, CleanupRequest, EditRequest, canonical
+from bk.service.results import BookResult, CancelResult, CleanupResult, EditResult
 from bk.store.ledger import Mutation
 
 # How long a notice to one user (an administrator cancelled their booking)
@@ -59,10 +67,14 @@ OP_ACTIONS = {"book": CREATE, "edit": EDIT, "cancel": CANCEL}
 
 def summary(r: Reservation) -> dict:
     """The compact before/after picture an audit record carries."""
-    from bk.service import follow
+    out = {"gpus": list(r.gpus), "mode": r.mode, "share": r.share, "mem_mib": r.mem_mib,
+           "start": r.start, "end": r.end}
+    if r.extra and ("idle_release_minutes" in r.extra or "idle_keep_until" in r.extra):
+        # Issue 25's opt-in and keep (bk.service.follow, loaded only for them).
+        from bk.service import follow
 
-    return {"gpus": list(r.gpus), "mode": r.mode, "share": r.share, "mem_mib": r.mem_mib,
-            "start": r.start, "end": r.end, **follow.summary(r)}
+        out.update(follow.summary(r))
+    return out
 
 
 def _replay(state: LedgerState, actor: Actor, op_id: str | None, action: str, digest: str):
@@ -250,7 +262,10 @@ def apply_book(state: LedgerState, req: BookRequest, call: Call) -> Mutation:
         from bk.service.adopt import check_adopt
 
         uid, user = check_adopt(req, actor, state, now)
-    p = _place(state, _sched_request(req), call, limited=req)
+    try:
+        p = _place(state, _sched_request(req), call, limited=req)
+    except Conflict as e:
+        raise _with_nearest(e, state, req, call) from None
     share = policy.max_shared_users if req.mode == EXCLUSIVE else req.share
     res = Reservation(id=call.new_id("reservation"), uid=uid, user=user, mode=req.mode, gpus=tuple(p.gpus),
                       share=share, start=p.start, end=p.end, created=now, mem_mib=req.mem_mib,
@@ -271,6 +286,54 @@ def apply_book(state: LedgerState, req: BookRequest, call: Call) -> Mutation:
     result = replace(result, same_shape=same_shape_count(state.reservations, actor.uid, res))
     return Mutation(True, [AuditEntry(CREATE, status, res.id, req.op_id, None, summary(res), res.uid)],
                     result)
+
+
+def _with_nearest(e: Conflict, state: LedgerState, req: BookRequest, call: Call) -> Conflict:
+    """An exact start that is taken: the nearest start that fits, found on
+    the same state in the same transaction, goes into the refusal's details
+    (``nearest_start``, ``nearest_gpus``), from which ``explain_book`` words
+    the hint in the caller's own process and zone."""
+    if req.start is None or req.queue or e.details.get("rule") not in ("capacity", "memory"):
+        return e
+    snap = call.telemetry.snapshot()
+    try:
+        found = scheduler.recommend(_sched_request(replace(req, queue=True)), reservations=state.reservations,
+                                    blackouts=state.blackouts, policy=call.policy, gpus=list(snap.gpus),
+                                    now=call.now, alternatives=1, tz=call.tz,
+                                    load=telemetry.placement_load(snap, state.reservations, call.now,
+                                                                  uid=call.actor.uid))
+    except BkError:
+        return e
+    if not found:
+        return e
+    p = found[0]
+    return Conflict(e.message, e.hint, details={**e.details, "nearest_start": iso(p.start),
+                                                "nearest_gpus": list(p.gpus)})
+
+
+def explain_book(e: BkError, req: BookRequest, call: Call) -> BkError:
+    """The ``book`` row's refusal for the caller: an exact start that is
+    taken names the nearest start that fits (``_with_nearest``), with the
+    command that books it, rather than leave the user guessing.  Run by
+    ``Service.run`` for both gateways: the broker's reply carries the same
+    details, and the words are in this caller's zone."""
+    start, gpus = e.details.get("nearest_start"), e.details.get("nearest_gpus")
+    if not isinstance(e, Conflict) or not isinstance(start, str) or not isinstance(gpus, list):
+        return e
+    from bk.core.models import parse_iso
+    from bk.core.timegrid import format_local_short
+    from bk.service.advice import local_command
+
+    try:
+        at = parse_iso(start)
+        option = scheduler.Placement(at, at + req.duration, tuple(gpus), True, {}, None)
+    except (TypeError, ValueError):
+        return e
+    command = local_command(replace(req, queue=True, op_id=None, dry_run=False), option, call.now,
+                            call.policy.slot_minutes, call.tz)
+    hint = (f"the nearest start that fits is {format_local_short(option.start, call.tz, call.now)}: "
+            f"{command} (or add --queue to take it)")
+    return Conflict(e.message, hint, details=e.details)
 
 
 def _new_advance(req: BookRequest, p, call: Call) -> Advance | None:
@@ -568,3 +631,135 @@ def apply_cancel(state: LedgerState, req: CancelRequest, call: Call) -> Mutation
     _record_op(state, actor, req.op_id, CANCEL, digest, res.id, now)
     return Mutation(True, [AuditEntry(ADMIN_CANCEL if by_admin else CANCEL, "cancelled", res.id, req.op_id,
                                       summary(res), None, res.uid, req.reason)], result)
+
+
+def check_cleanup(req: CleanupRequest) -> None:
+    if (req.op_id_prefix is None) == (not req.all):
+        raise InvalidInput("cleanup takes either op_id_prefix or all: true (not both, not neither)",
+                           hint='e.g. {"op_id_prefix": "agent-run-7-"}')
+
+
+def apply_cleanup(state: LedgerState, req: CleanupRequest, call: Call) -> Mutation:
+    """Cancel the caller's live bookings that match, in this one transaction;
+    a retry finds nothing left to cancel (``nothing``), so it is idempotent."""
+    uid, now = call.actor.uid, call.now
+    hits = [r for r in state.reservations if r.uid == uid and r.is_live(now)
+            and (req.all or (r.op_id or "").startswith(req.op_id_prefix or "\0"))]
+    done, audit, changed = [], [], False
+    for r in hits:
+        m = apply_cancel(state, CancelRequest(r.id, dry_run=req.dry_run), call)
+        done.append(m.result.reservation)
+        audit.extend(m.audit)
+        changed = changed or m.changed
+    status = "nothing" if not hits else "dry_run" if req.dry_run else "cancelled"
+    return Mutation(changed, audit, CleanupResult(status, tuple(done), req.dry_run))
+
+
+# ------------------------------------------------------------ naming a booking
+
+_HEX = set("0123456789abcdef-")
+
+
+def resolve(state: LedgerState, ref: str, call: Call, *, any_owner: bool = False) -> Reservation:
+    """A full reservation from a list number (1-3 digits), a unique ID
+    prefix of at least 4 characters, or a full ID."""
+    from bk.service.views import own_current
+
+    ref = ref.strip().lower()
+    if ref.isdigit() and len(ref) <= 3:
+        mine = own_current(state, call)
+        n = int(ref)
+        if not 1 <= n <= len(mine):
+            raise NotFound(f"you have no booking number {n}" + (f" (you have {len(mine)})"
+                           if mine else ""), hint="list yours with: bk l")
+        return mine[n - 1]
+    if len(ref) < 4 or not set(ref) <= _HEX:
+        raise InvalidInput(f"{ref!r} is neither a list number nor an ID prefix of 4+ hex characters",
+                           hint="use the number or ID shown by: bk l")
+    hits = [r for r in state.reservations if r.id.startswith(ref)]
+    if not any_owner:
+        own = [r for r in hits if r.uid == call.actor.uid]
+        hits = own or hits
+    if not hits:
+        raise NotFound(f"no reservation with ID {ref}", hint="list yours with: bk l")
+    if len(hits) > 1:
+        raise Ambiguous(f"ID prefix {ref} matches {len(hits)} reservations: "
+                        + ", ".join(f"{r.id[:12]} ({r.user})" for r in hits[:10]),
+                        hint="type more characters of the ID", details={"candidates": [r.id for r in hits]})
+    return hits[0]
+
+
+@dataclass(frozen=True)
+class ResolveRequest:
+    """Which booking a front end means: ``ref`` (a list number, an ID
+    prefix, a full ID), unless ``op_id`` already did ``action`` (edit,
+    cancel, book) to one, which is then the one (``op_target``)."""
+
+    ref: str
+    op_id: str | None = None
+    action: str | None = None
+    any_owner: bool = False           # the administrator names anyone's booking
+
+
+@dataclass(frozen=True)
+class ResolveResult:
+    reservation: Reservation
+    by_op_id: bool
+    view: object                      # bk.service.views.View
+
+    def to_json(self) -> dict:
+        return {"reservation": self.view.reservation(self.reservation), "by_op_id": self.by_op_id}
+
+
+def _serve_resolve(service, req: ResolveRequest, call: Call) -> ResolveResult:
+    """A front end asks this *before* it builds an edit or a cancellation:
+    a retried ``bk d 1 --op-id K`` then names the booking the first run
+    cancelled (numbers move once it is gone) and the operation answers
+    ``exists``, here and through the broker alike.  The op records are in
+    the committed ledger, which every user may read."""
+    from bk.service.views import View
+
+    state = service.ledger(call=call)
+    res = None
+    if req.op_id and req.action:
+        if req.action not in OP_ACTIONS:
+            raise InvalidInput(f"unknown action {req.action!r}", hint=", ".join(OP_ACTIONS))
+        res = op_target(state, call.actor, req.op_id, OP_ACTIONS[req.action])
+    by_op = res is not None
+    if res is None:
+        res = resolve(state, req.ref, call, any_owner=req.any_owner)
+    return ResolveResult(res, by_op, View.of(call))
+
+
+@dataclass(frozen=True)
+class OpLookupRequest:
+    op_id: str
+
+
+@dataclass(frozen=True)
+class OpLookupResult:
+    """What an op-id did here (``bk c op``: a lost reply looked up), if anything."""
+
+    op_id: str
+    action: str | None
+    reservation: Reservation | None   # None: not found, or it has left the ledger
+    view: object
+    reservation_id: str | None = None  # what the op-id's record names
+
+    @property
+    def found(self) -> bool:
+        return self.action is not None
+
+    def to_json(self) -> dict:
+        return {"op_id": self.op_id, "found": self.found, "action": self.action,
+                "reservation": self.view.reservation(self.reservation) if self.reservation is not None else None}
+
+
+def _serve_op_lookup(service, req: OpLookupRequest, call: Call) -> OpLookupResult:
+    from bk.service.views import View
+
+    state = service.ledger(call=call)
+    op = next((o for o in state.ops if o.op_id == req.op_id and o.uid == call.actor.uid), None)
+    res = state.find(op.reservation) if op is not None else None
+    return OpLookupResult(req.op_id, op.action if op else None, res, View.of(call),
+                          op.reservation if op else None)

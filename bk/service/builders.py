@@ -269,3 +269,44 @@ def edit_request(old: Reservation, *, policy, now: int, tz, length=None, end: in
                        dry_run=bool(dry_run), advance=bool(advance), no_advance=bool(no_advance),
                        shared_with=with_text(shared_with), idle_release_minutes=idle_release(idle_release_),
                        keep_until=keep_for(keep_for_, now))
+
+
+
+def recommend_request(book: BookRequest, limit: int = 3):
+    """``bk slots``' typed question from the booking it is about."""
+    from bk.service.advice import RecommendRequest
+
+    return RecommendRequest(book.count, book.duration, mode=book.mode, share=book.share, mem_mib=book.mem_mib,
+                            start=book.start, pinned=book.pinned, excluded=book.excluded, limit=limit)
+
+
+def gpu_request(book: BookRequest, *, count_given: bool):
+    """``bk g [N]``'s typed question: ``count_given`` False asks for the
+    caller's running booking's GPUs first."""
+    from bk.service.advice import GpuRequest
+
+    return GpuRequest(book.count if count_given else None, book.duration, mode=book.mode, share=book.share,
+                      mem_mib=book.mem_mib, pinned=book.pinned, excluded=book.excluded)
+
+
+def policy_change(*, gpu_count: int, disable: str | None = None, enable: str | None = None,
+                  priority: str | None = None, horizon_days: int | None = None, max_hours: int | None = None,
+                  require_memory: bool | None = None, reserve_mb: int | None = None, limits=(), tiers=(),
+                  exempt: str | None = None, advance_default: str | None = None, fair_share: str | None = None,
+                  half_life_days: float | None = None):
+    """``bk admin gpu-policy``'s flags as the typed change (``--disable 3``,
+    ``--priority 3=1,2=5``, ``--limit '*:gpus=2'``, ``--tier students=@students``,
+    ``--advance-default on``)."""
+    from bk.service import policyedit
+
+    return policyedit.PolicyChange(
+        disable=policyedit.parse_gpus(disable, gpu_count) if disable else (),
+        enable=policyedit.parse_gpus(enable, gpu_count) if enable else (),
+        priority=policyedit.parse_priority(priority, gpu_count) if priority else (),
+        horizon_days=horizon_days, max_hours=max_hours, require_memory=require_memory, reserve_mb=reserve_mb,
+        limits=tuple(policyedit.parse_limit(t) for t in limits),
+        tiers=tuple(policyedit.parse_tier(t) for t in tiers),
+        exempt=tuple(w.strip() for w in exempt.split(",") if w.strip()) if exempt is not None else None,
+        advance_default=None if advance_default is None else advance_default == "on",
+        fair_share=None if fair_share is None else fair_share == "on",
+        half_life_days=half_life_days)

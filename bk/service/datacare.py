@@ -55,7 +55,7 @@ def _shared(service) -> bool:
     return bool(service.shared)
 
 
-def backup(service, dest: str | None, *, now: int, dry_run: bool = False) -> DataResult:
+def _backup(service, dest: str | None, *, now: int, dry_run: bool = False) -> DataResult:
     from bk import __version__
 
     data_dir = service.settings.data_dir
@@ -68,13 +68,13 @@ def backup(service, dest: str | None, *, now: int, dry_run: bool = False) -> Dat
     return DataResult("backed_up", data_dir, dest, tuple(entries), bk_version=__version__, skipped=tuple(skipped))
 
 
-def verify(service, src: str) -> DataResult:
+def _verify(service, src: str) -> DataResult:
     doc, entries, problems = store.verify(os.path.abspath(src), shared=_shared(service))
     return DataResult("tampered" if problems else "verified", service.settings.data_dir, os.path.abspath(src),
                       tuple(entries), tuple(problems), bk_version=str(doc.get("bk_version")))
 
 
-def clear(service, dest: str | None, *, now: int, dry_run: bool = False) -> DataResult:
+def _clear(service, dest: str | None, *, now: int, dry_run: bool = False) -> DataResult:
     """Back up, verify the copy, then empty the data directory."""
     data_dir = service.settings.data_dir
     store.guard_stopped(data_dir, _socket(service))
@@ -83,7 +83,7 @@ def clear(service, dest: str | None, *, now: int, dry_run: bool = False) -> Data
     if dry_run:
         return DataResult("dry_run", data_dir, os.path.abspath(dest or default_dir(data_dir, now)),
                           removed=tuple(sorted(os.listdir(data_dir))))
-    made = backup(service, dest, now=now)
+    made = _backup(service, dest, now=now)
     _doc, _entries, problems = store.verify(made.backup_dir, shared=_shared(service))
     if problems:
         raise InvalidInput(f"the backup {made.backup_dir} does not verify ({problems[0].path} "
@@ -94,7 +94,7 @@ def clear(service, dest: str | None, *, now: int, dry_run: bool = False) -> Data
                       bk_version=made.bk_version)
 
 
-def restore(service, src: str, *, dry_run: bool = False) -> DataResult:
+def _restore(service, src: str, *, dry_run: bool = False) -> DataResult:
     data_dir = service.settings.data_dir
     store.guard_stopped(data_dir, _socket(service))
     doc, entries, problems = store.verify(os.path.abspath(src), shared=_shared(service))
@@ -143,3 +143,31 @@ def _restored_owners(service) -> tuple[dict, tuple[int, int], int]:
         owner, mode = (st.st_uid, st.st_gid), st.st_mode & 0o777
     monitor = monitor_owner(settings) if service.shared else uid
     return {"service": (owner[0], owner[1]), "monitor": (monitor, owner[1])}, owner, mode
+
+
+# ------------------------------------------------------------ the rows
+
+@dataclass(frozen=True)
+class DataRequest:
+    dir: str | None = None            # backup, clear: where the backup goes; verify, restore: the backup
+    dry_run: bool = False
+
+
+def _serve_backup(service, req: DataRequest, call) -> DataResult:
+    return _backup(service, req.dir, now=call.now, dry_run=req.dry_run)
+
+
+def _serve_verify(service, req: DataRequest, call) -> DataResult:
+    if not req.dir:
+        raise InvalidInput("which backup?", hint="bk admin data verify DIR")
+    return _verify(service, req.dir)
+
+
+def _serve_clear(service, req: DataRequest, call) -> DataResult:
+    return _clear(service, req.dir, now=call.now, dry_run=req.dry_run)
+
+
+def _serve_restore(service, req: DataRequest, call) -> DataResult:
+    if not req.dir:
+        raise InvalidInput("which backup?", hint="bk admin data restore DIR")
+    return _restore(service, req.dir, dry_run=req.dry_run)

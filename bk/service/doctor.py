@@ -23,6 +23,7 @@ from __future__ import annotations
 from bk import clock
 from bk.core.envelope import SHARED_RESULT
 from bk.core.errors import BkError
+from bk.core.record import dataclass
 from bk.core.timegrid import counted
 from bk.service.status import policy_summary
 
@@ -61,9 +62,61 @@ def admin_contact(settings) -> dict:
     return {"contact": gecos or account, "source": "gecos" if gecos else "account", "account": account}
 
 
-def info_view(app, *, call=None) -> dict:
+@dataclass(frozen=True)
+class Report:
+    """A read whose result is its JSON document (``bk info``, ``bk config``,
+    ``bk doctor``): ``report["checks"]`` reads it."""
+
+    json: dict
+
+    def to_json(self) -> dict:
+        return self.json
+
+    def __getitem__(self, key: str):
+        return self.json[key]
+
+
+class InfoResult(Report):
+    """``bk info``: who runs this server, its mode, data, GPUs and rules."""
+
+
+class ConfigResult(Report):
+    """``bk config``: every setting, its effective value and its source."""
+
+
+class DoctorResult(Report):
+    """``bk doctor``: every check (ok, warn, fail) with its detail and fix, and the verdict."""
+
+    @classmethod
+    def unusable(cls, error: BkError, **flags) -> DoctorResult:
+        """The report when the configuration itself cannot be used (no
+        service could be opened): one failed check, ``config``."""
+        return cls(unusable(error, **flags))
+
+
+@dataclass(frozen=True)
+class DoctorRequest:
+    probe: bool = False               # also try the broker round trip, an atomic replace and the lock
+    strict: bool = False              # warnings count as failures
+    require_monitor: bool = False
+    require_worker: bool = False
+
+
+def _serve_info(service, req, call) -> InfoResult:
+    return InfoResult(_info(service, call))
+
+
+def _serve_config(service, req, call) -> ConfigResult:
+    return ConfigResult(_config(service, call))
+
+
+def _serve_doctor(service, req: DoctorRequest, call) -> DoctorResult:
+    return DoctorResult(_doctor(service, req.probe, strict=req.strict, require_monitor=req.require_monitor,
+                                require_worker=req.require_worker, call=call))
+
+
+def _info(app, call) -> dict:
     s = app.settings
-    call = call or app.call()
     inv = call.telemetry.inventory()
     return {
         "admin": admin_contact(s),
@@ -90,12 +143,11 @@ def _your_limits(call) -> dict | None:
 
 # --------------------------------------------------------------- config
 
-def config_view(app, *, call=None) -> dict:
+def _config(app, call) -> dict:
     """Every key with its effective value and where it came from."""
     from bk.store.config import KEYS
 
     s = app.settings
-    call = call or app.call()
     from_file = s.explicit
     keys = {}
     for name, key in KEYS.items():
@@ -418,8 +470,9 @@ def _broker_check(app, call) -> dict:
     import os
 
     from bk import __version__
+    from bk.service.requests import Empty
 
-    got = app.ping(call=call)
+    got = app.run("ping", Empty(), call=call).to_json()
     broker, peer = got.get("broker", {}), got.get("peer", {})
     problems, fixes = [], []
     if broker.get("uid") != app.settings["service_uid"]:
@@ -443,7 +496,9 @@ def _probe_checks(app, call) -> list[dict]:
     directory by its writer: this process in private mode, the broker (as
     the service account) on a shared server."""
     checks = []
-    for name, ok, detail in app.probe(call=call):
+    from bk.service.requests import Empty
+
+    for name, ok, detail in app.run("probe", Empty(), call=call).checks:
         detail, fix = _split_hint(detail)
         checks.append(_check(name, ok, detail, fix=fix))
     return checks
@@ -508,11 +563,11 @@ def _worker_check(app, call, required: bool) -> dict | None:
     most users never attach a command to a booking."""
     from bk.service import jobs
 
-    st = jobs.worker_status(app)
+    st = jobs._worker_status(app)
     if st["state"] == "running":
         since = f" since {st['since']}" if st.get("since") else ""
         return _check("worker", True, f"your worker runs (pid {st['pid']}{since})")
-    waiting = sum(1 for r in jobs.my_jobs(app, call) if r.job.status in ("pending", "running"))
+    waiting = sum(1 for r in jobs._my_jobs(app, call) if r.job.status in ("pending", "running"))
     fix = ("systemctl --user enable --now bk-worker (and loginctl enable-linger $USER), "
            "or bk w start in a terminal that stays open")
     if waiting:
@@ -587,8 +642,8 @@ def unusable(error: BkError, *, probe: bool = False, strict: bool = False, requi
             "checks": [check]}
 
 
-def doctor(app, probe: bool = False, *, strict: bool = False, require_monitor: bool = False,
-           require_worker: bool = False, call=None) -> dict:
+def _doctor(app, probe: bool = False, *, strict: bool = False, require_monitor: bool = False,
+            require_worker: bool = False, call=None) -> dict:
     """Run every read-only check, and with ``probe`` the ones that try for
     real (the broker's answer and identity; atomic replace and locking in
     the data directory, done by the broker on a shared server).

@@ -48,6 +48,14 @@ EXPORT_FIELDS = (
 )
 
 
+def check_export(req: ExportRequest) -> None:
+    """The field spec's choices and bounds, for a request made in this
+    process as for one decoded from JSON."""
+    from bk.service.fields import check
+
+    check(req, EXPORT_FIELDS)
+
+
 @dataclass(frozen=True)
 class ExportResult:
     request: ExportRequest
@@ -223,6 +231,30 @@ def write_page(directory: str, page: bytes, name: str = "index.html") -> str:
 
     publish(directory, name, page)
     return os.path.join(directory, name)
+
+
+@dataclass(frozen=True)
+class PageRequest:
+    """``bk export html DIR``: a rendered page, to be written into ``DIR``."""
+
+    directory: str
+    page: bytes
+    name: str = "index.html"
+
+
+@dataclass(frozen=True)
+class PageWritten:
+    path: str
+    bytes: int
+
+    def to_json(self) -> dict:
+        return {"path": self.path, "bytes": self.bytes}
+
+
+def serve_page(app, req: PageRequest, call) -> PageWritten:
+    """The ``export_page`` row: a directory of the caller's own, so this
+    process writes it (the monitor publishes its own pages itself)."""
+    return PageWritten(write_page(req.directory, req.page, req.name), len(req.page))
 
 
 def account_name(uid: int) -> str | None:

@@ -1,8 +1,6 @@
-"""What ``bk l`` (and the agent's ``list``) shows of issue 27: the bookings
-others shared with you, each advancing booking's place in line.
-
-One function for both front ends, so ``bk l --json`` and the MCP ``list``
-tool give the same rows.  A booking shared with you is listed after your
+"""What ``bk l`` (and the agent's ``list``: one row, ``views._serve_list``)
+and the agent's ``context`` show of issue 27: the bookings others shared
+with you.  A booking shared with you is listed after your
 own, without a number (numbers name your own bookings in every command:
 ``bk d 1`` never means someone else's); ``bk run -r ID`` runs on it.
 """
@@ -10,7 +8,6 @@ own, without a number (numbers name your own bookings in every command:
 from __future__ import annotations
 
 from bk.core import sharing
-from bk.core.record import replace
 
 
 def shared_with_me(state, call) -> list:
@@ -40,26 +37,6 @@ def may_use(r, call) -> bool:
 
         groups = accounts().groups_of(call.actor.user)
     return sharing.may_use(r, call.actor.uid, call.actor.user, groups)
-
-
-def listing(app, scope: str, call, state):
-    """``(bookings, view)`` for ``bk l``: ``scope`` mine also lists the
-    bookings shared with the caller (after theirs, unnumbered); the view
-    knows the list numbers, the places in line and which rows are shared."""
-    from bk.service.advancing import positions
-    from bk.service.views import View
-
-    every = app.list(scope, call=call, state=state)
-    theirs: list = []
-    if scope == "mine":
-        numbers = {r.id: i for i, r in enumerate(every, 1)}
-        theirs = shared_with_me(state, call)
-        every = every + theirs
-    else:
-        numbers = app.numbers(state, call=call) if scope == "all" else {}
-    view = replace(View.of(call, numbers), positions=positions(state, call, app),
-                   usable=frozenset(r.id for r in theirs))
-    return every, view
 
 
 def expanded(reservations) -> list:

@@ -85,6 +85,13 @@ class Field:
     choices: tuple[str, ...] = ()
     pattern: str | None = None          # a regular expression the whole text must match
     help: str = ""
+    # An int a person may also write as words (``30m``, ``tomorrow 09:00``):
+    # duration, start, end (an edit's new end), length (an edit's -d), since
+    # (a usage period's end), memory.  The wire (a broker frame) carries the
+    # int; a front end that takes words turns them into it first, with the
+    # CLI's grammar (bk.agent does, for the MCP and ``bk agent`` tools), and
+    # ``schema(human=True)`` says what it accepts.
+    human: str = ""
 
 
 def decode(cls, spec: tuple[Field, ...], fields: object):
@@ -162,13 +169,28 @@ def encode(req) -> dict:
     return out
 
 
-def schema(cls, spec: tuple[Field, ...]) -> dict:
-    """A JSON Schema (draft 2020-12 subset) for the request type."""
+HUMAN_FORMS = {
+    "duration": "or as a person writes it: 30m, 2h, 1h30m, 1d12h",
+    "length": "or as bk e -d takes it: 2h (the new total), +30m, -15m, 20:00, total 2h (a new end)",
+    "start": "or as a person writes it: now, +30m, 20:00, 9pm, tomorrow 09:00, 07-13 20:00, "
+             "2026-07-13T18:00Z (exact; the local zone unless an offset is given)",
+    "end": "or as a person writes it: +30m, -15m (from the present end), 20:00, total 2h",
+    "since": "or as a person writes it: 30d, 2w, 12h, today, 2026-11-01, 2026-11-01T08:00Z",
+    "memory": "or as a person writes it: 12g, 512m, 1.5g",
+}
+
+
+def schema(cls, spec: tuple[Field, ...], *, human: bool = False) -> dict:
+    """A JSON Schema (draft 2020-12 subset) for the request type; with
+    ``human``, the fields a person may write as words take a string too."""
     defaults = {f.name: f for f in record.fields(cls)}
     props, required = {}, []
     for f in spec:
         rf = defaults[f.name]
-        if f.kind == "int":
+        if f.kind == "int" and human and f.human:
+            p = {"anyOf": [{"type": "integer", "minimum": f.lo, "maximum": f.hi},
+                           {"type": "string", "minLength": 1, "maxLength": 200}]}
+        elif f.kind == "int":
             p = {"type": "integer", "minimum": f.lo, "maximum": f.hi}
         elif f.kind == "bool":
             p = {"type": "boolean"}
@@ -186,9 +208,12 @@ def schema(cls, spec: tuple[Field, ...]) -> dict:
         if rf.default is record.MISSING and rf.default_factory is record.MISSING:
             required.append(f.name)
         elif rf.default is None:
-            p = {"anyOf": [p, {"type": "null"}]}
-        if f.help:
-            p["description"] = f.help
+            p = {"anyOf": [*p.get("anyOf", (p,)), {"type": "null"}]}
+        help = f.help
+        if human and f.human:
+            help = f"{help}, {HUMAN_FORMS[f.human]}" if help else HUMAN_FORMS[f.human]
+        if help:
+            p["description"] = help
         props[f.name] = p
     out = {"type": "object", "properties": props, "additionalProperties": False}
     if required:

@@ -105,9 +105,10 @@ class LocalGateway:
                     outcomes.append(e)
                     continue
                 records = list(m.audit)
-                if m.changed and op.name != "book":
+                if m.changed and op.name != "book" and any(r.advance is not None for r in trial.reservations):
                     # Capacity may have freed: queued bookings that asked
-                    # to move earlier do so in this same commit (issue 27).
+                    # to move earlier do so in this same commit (issue 27;
+                    # with none asking, bk.service.advancing is not loaded).
                     from bk.service.advancing import after_write
 
                     records += after_write(cur, trial, call, self.service)

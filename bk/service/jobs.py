@@ -155,13 +155,13 @@ def apply_job_state(state, req, call):
 
 # ------------------------------------------------------------------ paths
 
-def jobs_path(app) -> str:
+def _jobs_path(app) -> str:
     from bk.jobs.specs import jobs_dir
 
     return jobs_dir(app.settings.locations.state_dir)
 
 
-def worker_status(app) -> dict:
+def _worker_status(app) -> dict:
     """``bk.jobs.worker.worker_status`` for this user's state directory."""
     from bk.jobs.worker import worker_status as status
 
@@ -195,7 +195,7 @@ def check_command(argv: list[str], cwd: str, path: str | None) -> None:
     raise InvalidInput(f"{prog}: command not found in PATH", hint="give its full path, or check PATH")
 
 
-def attach_command(app, call, req, argv: list[str], *, cwd: str, env: dict, keep: bool = False):
+def _attach_command(app, call, req, argv: list[str], *, cwd: str, env: dict, keep: bool = False):
     """Book ``req`` with ``argv`` attached: validate, write the private
     spec, book with its digest; the spec is removed when the booking fails
     or names an earlier booking (an op-id retry).  ``keep``: the booking
@@ -206,28 +206,28 @@ def attach_command(app, call, req, argv: list[str], *, cwd: str, env: dict, keep
     path = env.get("PATH")
     check_command(argv, cwd, path)
     if req.dry_run:
-        return app.book(req, call=call)
+        return app.run("book", req, call=call)
     from bk.jobs import specs
 
     jid = os.urandom(16).hex()
-    where = jobs_path(app)
+    where = _jobs_path(app)
     digest = specs.write_spec(where, jid, argv, cwd, path, call.now, keep=keep)
     try:
-        result = app.book(replace(req, job_id=jid, job_digest=digest, job_summary=summary_of(argv)),
-                          call=call)
+        result = app.run("book", replace(req, job_id=jid, job_digest=digest, job_summary=summary_of(argv)),
+                         call=call)
     except BaseException:
         specs.remove(where, jid)
         raise
     if (result.reservation.job or Job("")).extra.get("id") != jid:
         specs.remove(where, jid)
-    if worker_status(app)["state"] != "running":
+    if _worker_status(app)["state"] != "running":
         call.warn(no_worker_warning(app, env, again=True))
     return result
 
 
 # ----------------------------------------------------------------- reads
 
-def my_jobs(app, call) -> list[Reservation]:
+def _my_jobs(app, call) -> list[Reservation]:
     """The caller's bookings that carry a job, in the hot ledger, in the
     order ``bk l`` shows them: current and upcoming ones in list order (so
     the numbers count down the page), then ended ones newest first, as
@@ -242,19 +242,19 @@ def my_jobs(app, call) -> list[Reservation]:
                      reverse=True))
 
 
-def resolve_job(app, call, ref: str) -> Reservation:
+def _resolve_job(app, call, ref: str) -> Reservation:
     """A job by its booking (list number or ID prefix) or by its own ID
     prefix.  Only the caller's own: another user's job lives in that user's
     state directory, so its log here would be an empty file that is not
     theirs, shown as "no output"; it is refused as a retry is (exit 5)."""
     ref = ref.strip().lower()
-    mine = my_jobs(app, call)
+    mine = _my_jobs(app, call)
     if len(ref) >= 4 and not ref.isdigit():
         hits = [r for r in mine if (r.job.extra.get("id") or "").startswith(ref)]
         if len(hits) == 1:
             return hits[0]
     try:
-        res = app.resolve(ref, call=call)
+        res = _resolve(app, ref, call)
     except NotFound as e:
         if ref.isdigit() and any(r.job.status in TERMINAL for r in mine):
             # A number names a current or upcoming booking, and a booking
@@ -269,18 +269,18 @@ def resolve_job(app, call, ref: str) -> Reservation:
     return res
 
 
-def job_log(app, call, ref: str, *, everything: bool = False) -> tuple[Reservation, bytes, bool]:
+def _job_log(app, call, ref: str, *, everything: bool = False) -> tuple[Reservation, bytes, bool]:
     from bk.jobs import logs
 
-    res = resolve_job(app, call, ref)
-    data, cut = logs.read(jobs_path(app), res.job.extra.get("id") or "", None if everything else logs.TAIL_BYTES)
+    res = _resolve_job(app, call, ref)
+    data, cut = logs.read(_jobs_path(app), res.job.extra.get("id") or "", None if everything else logs.TAIL_BYTES)
     return res, data, cut
 
 
-def retry(app, call, ref: str, *, accept_duplicate_risk: bool) -> JobResult:
+def _retry(app, call, ref: str, *, accept_duplicate_risk: bool) -> JobResult:
     from bk.service.requests import JobStateRequest
 
-    res = resolve_job(app, call, ref)
+    res = _resolve_job(app, call, ref)
     if res.job.status == "uncertain" and not accept_duplicate_risk:
         raise InvalidInput(f"the job of {res.short_id} is uncertain: it may have run, or be running "
                            "still, somewhere bk cannot see; running it again may duplicate its work",
@@ -291,17 +291,25 @@ def retry(app, call, ref: str, *, accept_duplicate_risk: bool) -> JobResult:
 
 # --------------------------------------------------------- bk run -- CMD
 
-def active_bookings(app, call) -> list[Reservation]:
-    return [r for r in app.own_current(call=call) if r.status(call.now) == "active"]
+def _resolve(app, ref: str, call) -> Reservation:
+    from bk.service.booking import resolve
+
+    return resolve(app.ledger(call=call), ref, call)
 
 
-def run_target(app, call, ref: str | None) -> tuple[Reservation, list[Reservation]]:
+def _active_bookings(app, call) -> list[Reservation]:
+    from bk.service.views import own_current
+
+    return [r for r in own_current(app.ledger(call=call), call) if r.status(call.now) == "active"]
+
+
+def _run_target(app, call, ref: str | None) -> tuple[Reservation, list[Reservation]]:
     """The booking ``bk run -- CMD`` runs on: ``ref``, or the caller's
     first active booking in list order (the lowest list number).  Returns it
     and all the caller's active bookings."""
-    active = active_bookings(app, call)
+    active = _active_bookings(app, call)
     if ref is not None:
-        res = app.resolve(ref, call=call)
+        res = _resolve(app, ref, call)
         from bk.service.fairview import may_use
 
         if not may_use(res, call):
@@ -319,15 +327,15 @@ def run_target(app, call, ref: str | None) -> tuple[Reservation, list[Reservatio
     return active[0], active
 
 
-def devices(app) -> tuple[dict[int, str], bool]:
+def _devices(app) -> tuple[dict[int, str], bool]:
     inv = app.telemetry.inventory()
     return {g.index: g.uuid for g in inv.gpus}, bool(inv.simulated)
 
 
-def env_for(app, res: Reservation, base: dict, *, path: str | None = None, job_id: str | None = None) -> dict:
+def _env_for(app, res: Reservation, base: dict, *, path: str | None = None, job_id: str | None = None) -> dict:
     from bk.core.jobs import job_env
 
-    uuids, simulated = devices(app)
+    uuids, simulated = _devices(app)
     return job_env(base, reservation_id=res.id, gpus=res.gpus, uuids=uuids, simulated=simulated,
                    path=path, job_id=job_id)
 
@@ -346,7 +354,7 @@ class RunOutcome:
     exit_code: int         # what bk exits with: the command's, 124 at the end, 130 on Ctrl-C
 
 
-def run_now(app, call, res: Reservation, argv: list[str], *, cwd: str, env: dict,
+def _run_now(app, call, res: Reservation, argv: list[str], *, cwd: str, env: dict,
             stdout: int | None = None) -> RunOutcome:
     """Run ``argv`` in the foreground on ``res`` (this terminal), TERM at
     the end minus the grace, KILL at the end; ``stdout``: a descriptor for
@@ -359,7 +367,7 @@ def run_now(app, call, res: Reservation, argv: list[str], *, cwd: str, env: dict
     check_command(argv, cwd, env.get("PATH"))
     grace = int(app.settings["worker_termination_grace_seconds"])
     term_at, kill_at = stop_times(res.end, grace, call.now)
-    rc, stopped = run_foreground(argv, cwd=cwd, env=env_for(app, res, env), term_in=term_at - call.now,
+    rc, stopped = run_foreground(argv, cwd=cwd, env=_env_for(app, res, env), term_in=term_at - call.now,
                                  kill_in=kill_at - call.now, stdout=stdout)
     if stopped == "end":
         code = 124
@@ -384,7 +392,7 @@ class Host:
 
         self.app = app
         self.uid = app.actor.uid
-        self.jobs_path = jobs_path(app)
+        self.jobs_path = _jobs_path(app)
         self.grace = int(app.settings["worker_termination_grace_seconds"])
         self.base_env = worker_base_env(env)
         self._clock = clock_fn or clock.now
@@ -434,7 +442,7 @@ class Host:
                               res, self.now())
 
     def env_for(self, res: Reservation, spec) -> dict:
-        return env_for(self.app, res, self.base_env, path=spec.path, job_id=spec.id)
+        return _env_for(self.app, res, self.base_env, path=spec.path, job_id=spec.id)
 
     def ended_early(self, at: int, exit_code: int) -> str:
         """What the owner reads when a booking ends with its command:
@@ -511,7 +519,7 @@ def _printable(text: str | None) -> str | None:
     return safe(" ".join(text.split())[:MAX_REASON], mark="?")
 
 
-def serve_worker(app, env: dict, *, once: bool = False, log=None, clock_fn=None,
+def _serve_worker(app, env: dict, *, once: bool = False, log=None, clock_fn=None,
                  should_stop=None) -> int:
     """``bk w start`` (until SIGTERM or SIGINT) and ``bk w once`` (start what
     is due, stay until what it started has ended, then return).  Holds the
@@ -565,3 +573,225 @@ def serve_worker(app, env: dict, *, once: bool = False, log=None, clock_fn=None,
             for s, h in saved.items():
                 signal.signal(s, h)
         return started
+
+
+# ------------------------------------------------------------ the rows
+#
+# What front ends run (bk j, bk w, bk run, bk N DUR -- CMD, the agent's
+# create with a command and job_log).  The ones that take a process's
+# environment or run a program are in-process rows: no field spec, never
+# sent anywhere (``Operation.fields`` is None).
+
+@dataclass(frozen=True)
+class JobsRequest:
+    limit: int | None = None
+
+
+@dataclass(frozen=True)
+class JobsResult:
+    """``bk j``: the caller's jobs (bookings that carry one, newest start
+    first), how many in all, and the worker's state."""
+
+    jobs: tuple                        # Reservations
+    total: int
+    worker: dict
+    numbers: dict                      # list numbers of the caller's current bookings
+
+    def to_json(self) -> dict:
+        return {"jobs": [job_json(r) for r in self.jobs], "total": self.total, "worker": dict(self.worker)}
+
+
+def _serve_jobs(app, req: JobsRequest, call) -> JobsResult:
+    from bk.service.views import numbers_of
+
+    mine = _my_jobs(app, call)
+    shown = mine[:req.limit] if req.limit else mine
+    return JobsResult(tuple(shown), len(mine), _worker_status(app), numbers_of(app.ledger(call=call), call))
+
+
+DEFAULT_LOG_BYTES = 64 * 1024          # bk.jobs.logs.TAIL_BYTES
+MAX_LOG_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class JobLogRequest:
+    ref: str                           # the booking (list number, ID prefix) or the job's own ID prefix
+    max_bytes: int = DEFAULT_LOG_BYTES  # the last this many bytes of output
+    all: bool = False                  # all of it (two rotated segments at most)
+
+
+@dataclass(frozen=True)
+class JobLogResult:
+    reservation: Reservation
+    log: bytes
+    truncated: bool
+    worker: dict                       # the worker's state: why a job has not started
+
+    def to_json(self) -> dict:
+        return {"job": job_json(self.reservation), "log": self.log.decode("utf-8", "replace"),
+                "truncated": self.truncated}
+
+    @staticmethod
+    def json_schema() -> dict:
+        from bk.service.views import obj, typed
+
+        return obj({"job": typed("object", null=True), "log": typed("string"),
+                    "truncated": typed("boolean", description="older output left out")})
+
+
+def _serve_job_log(app, req: JobLogRequest, call) -> JobLogResult:
+    from bk.jobs import logs
+
+    res = _resolve_job(app, call, req.ref)
+    data, cut = logs.read(_jobs_path(app), res.job.extra.get("id") or "", None if req.all else req.max_bytes)
+    return JobLogResult(res, data, cut, _worker_status(app))
+
+
+@dataclass(frozen=True)
+class JobRetryRequest:
+    ref: str
+    accept_duplicate_risk: bool = False
+
+
+def _serve_job_retry(app, req: JobRetryRequest, call) -> JobResult:
+    # Whether a worker will start it is the caller's to say (the
+    # ``worker_hint`` row: once a session, with this process's environment).
+    return _retry(app, call, req.ref, accept_duplicate_risk=req.accept_duplicate_risk)
+
+
+@dataclass(frozen=True)
+class WorkerHintRequest:
+    """After ``bk j``, ``bk w`` or a retry: the "no worker" advice for this
+    login session (``env``: this process's, which names the session)."""
+
+    env: dict
+    again: bool = False                # a job that will not start: the short line after the first
+
+
+@dataclass(frozen=True)
+class WorkerHint:
+    line: str | None                   # None: a worker runs, or the session heard it already
+
+    def to_json(self) -> dict:
+        return {"hint": self.line}
+
+
+def _serve_worker_hint(app, req: WorkerHintRequest, call) -> WorkerHint:
+    if _worker_status(app)["state"] == "running":
+        return WorkerHint(None)
+    return WorkerHint(no_worker_warning(app, req.env, again=req.again))
+
+
+@dataclass(frozen=True)
+class WorkerStatusResult:
+    """``bk w``: is the caller's worker running, how many jobs wait or run,
+    and where their private specs and logs are."""
+
+    worker: dict
+    jobs: dict                         # pending, running: counts
+    jobs_dir: str
+
+    def to_json(self) -> dict:
+        return {"worker": dict(self.worker), "jobs": dict(self.jobs), "jobs_dir": self.jobs_dir}
+
+
+def _serve_worker_status(app, req, call) -> WorkerStatusResult:
+    mine = _my_jobs(app, call)
+    counts = {s: sum(1 for r in mine if r.job.status == s) for s in (PENDING, RUNNING)}
+    return WorkerStatusResult(_worker_status(app), counts, _jobs_path(app))
+
+
+@dataclass(frozen=True)
+class WorkerRunRequest:
+    """``bk w start`` (until SIGTERM or SIGINT) and ``bk w once`` in this process."""
+
+    env: dict
+    once: bool = False
+    log: object = None                 # (line) -> None
+
+
+@dataclass(frozen=True)
+class WorkerRunResult:
+    started: int
+    once: bool
+
+    def to_json(self) -> dict:
+        return {"action": "once" if self.once else "start", "started": self.started}
+
+
+def _serve_worker_run(app, req: WorkerRunRequest, call) -> WorkerRunResult:
+    return WorkerRunResult(_serve_worker(app, req.env, once=req.once, log=req.log), req.once)
+
+
+@dataclass(frozen=True)
+class BookJobRequest:
+    """``bk N DUR -- CMD``: book with a command attached (its private spec
+    written first, removed again when the booking fails)."""
+
+    book: object                       # the BookRequest
+    argv: tuple
+    cwd: str
+    env: dict
+    keep: bool = False                 # the booking lasts to its end after the command exits
+
+
+def _serve_book_job(app, req: BookJobRequest, call):
+    return _attach_command(app, call, req.book, list(req.argv), cwd=req.cwd, env=req.env, keep=req.keep)
+
+
+@dataclass(frozen=True)
+class RunTargetRequest:
+    ref: str | None = None             # None: the caller's first active booking
+
+
+@dataclass(frozen=True)
+class RunTarget:
+    """The booking ``bk run -- CMD`` runs on, the caller's active bookings,
+    and the bk variables a command gets there."""
+
+    reservation: Reservation
+    active: tuple
+    env: dict
+    view: object                       # numbered
+
+    def to_json(self) -> dict:
+        return {"reservation": self.view.reservation(self.reservation), "env": dict(self.env),
+                "active": [self.view.reservation(r) for r in self.active]}
+
+
+def _serve_run_target(app, req: RunTargetRequest, call) -> RunTarget:
+    from bk.service.views import View, numbers_of
+
+    res, active = _run_target(app, call, req.ref)
+    return RunTarget(res, tuple(active), bk_vars(_env_for(app, res, {})),
+                     View.of(call, numbers_of(app.ledger(call=call), call)))
+
+
+@dataclass(frozen=True)
+class RunNowRequest:
+    """``bk run -- CMD`` in the foreground, on this terminal."""
+
+    ref: str | None
+    argv: tuple
+    cwd: str
+    env: dict
+    stdout: int | None = None          # a descriptor for the command's standard output instead of ours
+
+
+@dataclass(frozen=True)
+class RunNowResult:
+    outcome: RunOutcome
+    view: object
+
+    def to_json(self) -> dict:
+        o = self.outcome
+        return {"reservation": self.view.reservation(o.reservation), "exit_code": o.exit_code,
+                "returncode": o.returncode, "stopped": o.stopped}
+
+
+def _serve_run_now(app, req: RunNowRequest, call) -> RunNowResult:
+    from bk.service.views import View, numbers_of
+
+    res, _active = _run_target(app, call, req.ref)
+    outcome = _run_now(app, call, res, list(req.argv), cwd=req.cwd, env=req.env, stdout=req.stdout)
+    return RunNowResult(outcome, View.of(call, numbers_of(app.ledger(call=call), call)))

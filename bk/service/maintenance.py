@@ -36,7 +36,7 @@ from bk.core.models import (
     Notice,
     iso,
 )
-from bk.core.record import replace
+from bk.core.record import dataclass, replace
 from bk.core.timegrid import counted
 from bk.service.context import Call
 from bk.service.requests import BlackoutEndRequest, MaintainRequest, NoticeEditRequest
@@ -215,3 +215,58 @@ def apply_notice_edit(state: LedgerState, req: NoticeEditRequest, call: Call) ->
 
     return Mutation(True, [AuditEntry(NOTICE_EDIT, "edited", before=content(n), after=content(new))],
                     NoticeEditResult("edited", new, n))
+
+
+# ------------------------------------------------------------ the administrator's reads
+
+@dataclass(frozen=True)
+class BlackoutsRequest:
+    all: bool = False                 # past windows too
+
+
+@dataclass(frozen=True)
+class BlackoutsResult:
+    windows: tuple                    # Blackouts, by start
+
+    def to_json(self) -> dict:
+        from bk.service.results import blackout_json
+
+        return {"windows": [blackout_json(b) for b in self.windows]}
+
+
+def _serve_blackouts(service, req: BlackoutsRequest, call) -> BlackoutsResult:
+    state = service.ledger(call=call)
+    return BlackoutsResult(tuple(b for b in sorted(state.blackouts, key=lambda b: b.start)
+                                 if req.all or b.end > call.now))
+
+
+def notice_state(n, now: int) -> str:
+    """archived, expired, scheduled (shown from later) or shown."""
+    if n.archived:
+        return "archived"
+    if n.until is not None and n.until <= now:
+        return "expired"
+    return "scheduled" if n.at > now else "shown"
+
+
+@dataclass(frozen=True)
+class NoticeListResult:
+    """Every notice, archived ones too, newest first, with its state."""
+
+    notices: tuple
+    now: int
+
+    def state(self, n) -> str:
+        return notice_state(n, self.now)
+
+    def to_json(self) -> dict:
+        from bk.service.views import notice_json
+
+        return {"notices": [{**notice_json(n), "state": self.state(n), "uid": n.uid, "created_by": n.created_by,
+                             "archived_at": n.extra.get("archived_at"), "archived_by": n.extra.get("archived_by"),
+                             "edits": n.extra.get("edits", [])} for n in self.notices]}
+
+
+def _serve_notice_list(service, req, call) -> NoticeListResult:
+    state = service.ledger(call=call)
+    return NoticeListResult(tuple(sorted(state.notices, key=lambda n: n.at, reverse=True)), call.now)

@@ -15,10 +15,10 @@ URL, a webhook host that resolves to an address webhooks may not use, a
 mail relay that refuses the address (asked with RCPT TO, nothing sent), a
 channel chosen without what it needs.
 
-The rows (``bk.service.ops``: ``notify_show``, ``notify_set``,
-``notify_test``, ``notify_log``) are local: they touch only the caller's
-own files and terminals, so every caller runs them in its own process
-(``served=False``), never the broker.
+The rows (``bk.service``: ``notify_show``, ``notify_set``, ``notify_test``,
+``notify_log``) are local: they touch only the caller's own files and
+terminals, so every caller runs them in its own process (``served=False``),
+never the broker; ``notify_set`` is a local write (the caller's own file).
 """
 
 from __future__ import annotations
@@ -548,21 +548,25 @@ def doctor_check(app, call) -> dict | None:
             "fix": None}
 
 
-# Rows of bk.service.ops
-def serve(name: str):
-    return {"show": serve_show, "set": serve_set, "test": serve_test, "log": serve_log}[name]
-
-
 def check_set(req: NotifySetRequest) -> None:
+    """The row's checks, wherever the request was made: the field spec's
+    bounds and patterns (words typed at ``bk notify set`` too), then that
+    something is set."""
+    from bk.service.fields import check
+
+    check(req, SET_FIELDS)
     if all(getattr(req, f) is None for f in ("events", "channels", "quiet", "email", "webhook", "preset",
                                               "start_minutes", "end_minutes", "desktop")) and not req.reset:
         raise InvalidInput("nothing to set", hint="e.g. bk notify set --end-minutes 15,5, or --reset")
 
 
-def perform(app, name: str, req, call):
-    """Run a notify row here, as the caller (they are never broker operations)."""
-    from bk.service import ops
+def check_test(req: NotifyTestRequest) -> None:
+    from bk.service.fields import check
 
-    op = ops.get(name)
-    op.validate(req)
-    return op.serve(app, req, call)
+    check(req, TEST_FIELDS)
+
+
+def check_log(req: NotifyLogRequest) -> None:
+    from bk.service.fields import check
+
+    check(req, LOG_FIELDS)

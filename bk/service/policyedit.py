@@ -272,7 +272,7 @@ def limit_violations(state: LedgerState, old: Policy, new: Policy, call: Call, g
     return found
 
 
-def plan(service, change: PolicyChange, *, call: Call) -> PolicyPlan:
+def _plan(service, change: PolicyChange, *, call: Call) -> PolicyPlan:
     loc = service.settings.locations
     path = loc.config_file
     if not path:
@@ -388,7 +388,7 @@ def write_config(p: PolicyPlan) -> None:
         os.close(dirfd)
 
 
-def bind(service, req: PolicyBindRequest, call: Call):
+def _bind(service, req: PolicyBindRequest, call: Call):
     """Step 3: the ``policy_bind`` row, through the broker while one
     answers, else on the host (the module essay).  Only a broker that is
     not there at all (no socket, nobody listening: nothing was sent) sends
@@ -447,3 +447,79 @@ def apply_bind(state: LedgerState, req: PolicyBindRequest, call: Call) -> Mutati
     state.policy = trial.policy
     return Mutation(True, [AuditEntry(POLICY_BIND, "bound", before=before, after={
         **trial.policy, "forced": list(forced), "at": iso(call.now)})], result)
+
+
+# ------------------------------------------------------------ the rows
+
+@dataclass(frozen=True)
+class PolicyView:
+    """``bk admin gpu-policy``: the policy in force, the ledger's binding,
+    and what a change (``change``; nothing touched: none) would do."""
+
+    change: PolicyChange
+    plan: PolicyPlan
+    policy: dict                      # the policy in force, as a person reads it
+    blackouts: int                    # maintenance windows now or ahead
+    mismatch: dict                    # the binding's keys the configuration disagrees with
+    mismatch_text: str                # the same, in words
+    bound: bool                       # the ledger has a binding
+    view: View
+
+    @property
+    def touched(self) -> set[str]:
+        return self.change.touched()
+
+    def plan_json(self) -> dict:
+        p = self.plan
+        return {"config_file": p.config_file,
+                "changes": [{"key": k, "before": b, "after": a} for k, b, a in p.diff],
+                "bound": p.bound_before, "binding_after": p.bound_after, "rebind": p.rebind(self.touched),
+                "violations": [v.to_json(self.view) for v in p.violations], "invalid": list(p.invalid)}
+
+    def shown_json(self) -> dict:
+        return {"policy": self.policy, "blackouts": self.blackouts, "mismatch": self.mismatch}
+
+    def to_json(self) -> dict:
+        return {**self.plan_json(), **({} if self.touched else self.shown_json())}
+
+
+def _serve_policy(service, req: PolicyChange, call: Call) -> PolicyView:
+    from bk.core.policy import policy_diff
+
+    plan = _plan(service, req, call=call)
+    p = call.policy
+    shown = {"gpu_count": p.gpu_count, "disabled_gpus": sorted(p.disabled_gpus),
+             "gpu_priority": {str(g): v for g, v in p.gpu_priority}, "booking_horizon_days": p.booking_horizon_days,
+             "max_booking_hours": p.max_booking_hours, "require_shared_memory": p.require_shared_memory,
+             "shared_memory_reserve_mb": p.shared_memory_reserve_mb, "max_shared_users": p.max_shared_users,
+             "slot_minutes": p.slot_minutes,
+             **(p.limits.to_json() if p.limits else {"limits": {}, "limit_tiers": {}, "limit_exempt": []}),
+             "advance_default": p.advance_default, "fair_share": p.fair_share_half_life_s is not None,
+             "fair_share_half_life_days": service.settings["fair_share_half_life_days"]}
+    state = service.ledger(call=call)
+    diff = policy_diff(state.policy, p.bound()) if state.policy is not None else None
+    return PolicyView(req, plan, shown, len([b for b in state.blackouts if b.end > call.now]),
+                      diff.conflicts if diff else {}, diff.describe() if diff and diff.conflicts else "",
+                      state.policy is not None, View.of(call))
+
+
+@dataclass(frozen=True)
+class PolicyWriteRequest:
+    plan: PolicyPlan
+
+
+@dataclass(frozen=True)
+class PolicyWriteResult:
+    config_file: str
+
+    def to_json(self) -> dict:
+        return {"config_file": self.config_file}
+
+
+def _serve_policy_write(service, req: PolicyWriteRequest, call: Call) -> PolicyWriteResult:
+    write_config(req.plan)
+    return PolicyWriteResult(req.plan.config_file)
+
+
+def _serve_rebind(service, req: PolicyBindRequest, call: Call) -> PolicyBindResult:
+    return _bind(service, req, call)

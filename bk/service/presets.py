@@ -79,6 +79,14 @@ class Preset:
         """The booking words and flags that recreate this preset: ``x 2 1h`` or ``2 1h 12g -s 2``."""
         return ([] if self.mode == SHARED else ["x"]) + self._words()
 
+    def to_json(self) -> dict:
+        return preset_json(self)
+
+    @staticmethod
+    def check_name(name: str) -> str:
+        """A name a preset may have (not a sub-command of ``bk p``), or InvalidInput."""
+        return check_name(name)
+
     def book_command(self) -> str:
         import shlex
 
@@ -164,12 +172,12 @@ def check_name(name: str) -> str:
     return name
 
 
-def list_presets(app) -> list[Preset]:
+def _list_presets(app) -> list[Preset]:
     f = _file(app)
     return [Preset.from_dict(name, d, f.path) for name, d in sorted(f.read().items())]
 
 
-def get_preset(app, name: str) -> Preset:
+def _get_preset(app, name: str) -> Preset:
     f = _file(app)
     presets = f.read()
     if name not in presets:
@@ -191,7 +199,7 @@ def _not_found(name: str, presets: dict) -> NotFound:
     return NotFound(f"no preset named {name!r}", hint=hint)
 
 
-def validate(app, p: Preset, *, call) -> Preset:
+def _validate(app, p: Preset, *, call) -> Preset:
     """The checks a booking would make that do not depend on the ledger, made
     at save time so that a preset cannot be saved that could never book."""
     check_name(p.name)
@@ -220,10 +228,10 @@ def validate(app, p: Preset, *, call) -> Preset:
     return p
 
 
-def save_preset(app, p: Preset, *, call, dry_run: bool = False) -> tuple[str, Preset]:
+def _save_preset(app, p: Preset, *, call, dry_run: bool = False) -> tuple[str, Preset]:
     """Save or replace; returns (``created``|``replaced``|``unchanged``, preset).
     With ``dry_run`` the same answer, and nothing written."""
-    p = validate(app, replace(p, created=p.created or call.now), call=call)
+    p = _validate(app, replace(p, created=p.created or call.now), call=call)
     f = _file(app)
 
     def change(presets: dict) -> str:
@@ -239,7 +247,7 @@ def save_preset(app, p: Preset, *, call, dry_run: bool = False) -> tuple[str, Pr
     return f.update(change), p
 
 
-def delete_preset(app, name: str, *, dry_run: bool = False) -> Preset:
+def _delete_preset(app, name: str, *, dry_run: bool = False) -> Preset:
     f = _file(app)
 
     def change(presets: dict) -> Preset:
@@ -251,21 +259,15 @@ def delete_preset(app, name: str, *, dry_run: bool = False) -> Preset:
     return f.update(change)
 
 
-def book_preset(app, name: str, *, call, start: int | None = None, queue: bool = False,
-                op_id: str | None = None, dry_run: bool = False):
-    """Book what the preset says (``start``: a resolved epoch, else now);
-    returns (preset, BookResult)."""
-    p = get_preset(app, name)
-    req, _ = p.request(call=call, start_at=start, queue=queue, op_id=op_id, dry_run=dry_run)
-    return p, app.book(req, call=call)
-
-
 # -------------------------------------------------------------- learning
 
 def _recent_own(app, *, call, limit: int = RECENT) -> list[Reservation]:
     """The user's latest bookings, newest first (current and ended; not cancelled)."""
+    from bk.service.views import ListRequest
+
     seen: dict[str, Reservation] = {}
-    for r in [*app.list("mine", call=call), *app.list("history", limit=limit, call=call)]:
+    mine = app.run("list", ListRequest("mine"), call=call).reservations
+    for r in [*mine, *app.run("list", ListRequest("history", limit), call=call).reservations]:
         if r.cancelled_at is None:
             seen[r.id] = r
     return sorted(seen.values(), key=lambda r: (r.created, r.id), reverse=True)[:limit]
@@ -280,7 +282,7 @@ def _most_common(values: list):
     return next(v for v in values if counts[v] == best)
 
 
-def learned_defaults(app, *, call) -> dict:
+def _learned_defaults(app, *, call) -> dict:
     """Defaults for the guided booking: the user's most frequent count,
     duration, mode and memory among their recent bookings.  ``learned`` is
     how many bookings taught them (0: the built-in defaults)."""
@@ -296,7 +298,7 @@ def learned_defaults(app, *, call) -> dict:
             "learned": len(recent)}
 
 
-def suggest_preset(app, booked: Reservation | None = None, *, call, times: int | None = None) -> dict | None:
+def _suggest_preset(app, booked: Reservation | None = None, *, call, times: int | None = None) -> dict | None:
     """After a booking, a suggestion to save it as a preset, or None.
 
     It fires when the booking just made (``booked``, else the user's latest)
@@ -326,7 +328,7 @@ def suggest_preset(app, booked: Reservation | None = None, *, call, times: int |
     if times != SUGGEST_AFTER:
         return None
     try:
-        saved = list_presets(app)
+        saved = _list_presets(app)
     except IOFailure:
         saved = []
     count, duration, mode, mem, share = shape
@@ -340,14 +342,150 @@ def suggest_preset(app, booked: Reservation | None = None, *, call, times: int |
 
 # --------------------------------------------------------- prompt history
 
-def load_history(app) -> list[str]:
+def _load_history(app) -> list[str]:
     """The interactive prompt's previous lines, oldest first (empty when unreadable)."""
     from bk.store.presets import HistoryFile
 
     return HistoryFile(_state_dir(app)).read()
 
 
-def save_history(app, lines: list[str]) -> None:
+def _save_history(app, lines: list[str]) -> None:
     from bk.store.presets import HistoryFile
 
     HistoryFile(_state_dir(app)).write(lines)
+
+
+# ------------------------------------------------------------ the rows
+
+@dataclass(frozen=True)
+class PresetsResult:
+    presets: tuple
+
+    def to_json(self) -> dict:
+        return {"presets": [preset_json(x) for x in self.presets]}
+
+
+def _serve_presets(app, req, call) -> PresetsResult:
+    return PresetsResult(tuple(_list_presets(app)))
+
+
+@dataclass(frozen=True)
+class PresetRequest:
+    name: str
+
+
+@dataclass(frozen=True)
+class PresetResult:
+    preset: Preset
+
+    def to_json(self) -> dict:
+        return {"preset": preset_json(self.preset)}
+
+
+def _serve_preset(app, req: PresetRequest, call) -> PresetResult:
+    return PresetResult(_get_preset(app, req.name))
+
+
+@dataclass(frozen=True)
+class PresetSaveRequest:
+    preset: Preset
+    dry_run: bool = False
+
+
+@dataclass(frozen=True)
+class PresetSaveResult:
+    status: str                        # created | replaced | unchanged (or, dry run, what it would be)
+    preset: Preset
+    dry_run: bool = False
+
+    def to_json(self) -> dict:
+        return {"status": self.status, "preset": preset_json(self.preset), "dry_run": self.dry_run}
+
+
+def _serve_preset_save(app, req: PresetSaveRequest, call) -> PresetSaveResult:
+    status, saved = _save_preset(app, req.preset, call=call, dry_run=req.dry_run)
+    return PresetSaveResult(status, saved, req.dry_run)
+
+
+@dataclass(frozen=True)
+class PresetDeleteRequest:
+    name: str
+    dry_run: bool = False
+
+
+@dataclass(frozen=True)
+class PresetDeleteResult:
+    preset: Preset
+    dry_run: bool = False
+
+    def to_json(self) -> dict:
+        return {"status": "deleted", "preset": preset_json(self.preset), "dry_run": self.dry_run}
+
+
+def _serve_preset_delete(app, req: PresetDeleteRequest, call) -> PresetDeleteResult:
+    return PresetDeleteResult(_delete_preset(app, req.name, dry_run=req.dry_run), req.dry_run)
+
+
+@dataclass(frozen=True)
+class DefaultsResult:
+    """The guided booking's defaults, learned from the caller's recent bookings."""
+
+    count: int
+    duration: int
+    mode: str
+    mem_mib: int | None
+    learned: int                       # how many bookings taught them (0: the built-in ones)
+
+    def to_json(self) -> dict:
+        return {"count": self.count, "duration": self.duration, "mode": self.mode, "mem_mib": self.mem_mib,
+                "learned": self.learned}
+
+
+def _serve_defaults(app, req, call) -> DefaultsResult:
+    return DefaultsResult(**_learned_defaults(app, call=call))
+
+
+@dataclass(frozen=True)
+class PresetHintRequest:
+    """After a booking (``reservation``; None: the caller's latest), whether
+    to suggest saving it as a preset; ``times``: the same-shape count the
+    booking's own transaction made (``BookResult.same_shape``)."""
+
+    reservation: Reservation | None = None
+    times: int | None = None
+
+
+@dataclass(frozen=True)
+class PresetHint:
+    suggestion: dict | None            # {"times", "command", "hint"}, or None
+
+    def to_json(self) -> dict:
+        return {"suggestion": self.suggestion}
+
+
+def _serve_preset_hint(app, req: PresetHintRequest, call) -> PresetHint:
+    return PresetHint(_suggest_preset(app, req.reservation, call=call, times=req.times))
+
+
+@dataclass(frozen=True)
+class PromptHistory:
+    """The interactive prompt's previous lines, oldest first."""
+
+    lines: tuple
+
+    def to_json(self) -> dict:
+        return {"lines": list(self.lines)}
+
+
+@dataclass(frozen=True)
+class PromptHistoryRequest:
+    lines: tuple
+
+
+def _serve_prompt_history(app, req, call) -> PromptHistory:
+    return PromptHistory(tuple(_load_history(app)))
+
+
+def _serve_prompt_history_save(app, req: PromptHistoryRequest, call) -> PromptHistory:
+    _save_history(app, list(req.lines))
+    return PromptHistory(tuple(req.lines))

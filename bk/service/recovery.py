@@ -70,7 +70,7 @@ def replay(state: LedgerState, records: list[dict]) -> list[str]:
     return list(dict.fromkeys(done))
 
 
-def serve_lost(service, req, call: Call) -> LostResult:
+def _serve_lost(service, req, call: Call) -> LostResult:
     lost = service.store.lost_commits()
     if lost is None:
         seq = service.store.read().state.seq

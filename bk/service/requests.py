@@ -233,3 +233,13 @@ class PolicyBindRequest:
 
     def bound(self) -> dict:
         return {k: getattr(self, k) for k in Policy.BOUND_KEYS}
+
+
+@dataclass(frozen=True)
+class CleanupRequest:
+    """Cancel the caller's current and upcoming bookings made with an op-id
+    prefix (an agent's session tag), or all of them, in one commit."""
+
+    op_id_prefix: str | None = None
+    all: bool = False
+    dry_run: bool = False

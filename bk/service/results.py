@@ -15,7 +15,7 @@ from __future__ import annotations
 from bk.core.errors import Internal
 from bk.core.models import Blackout, Notice, Reservation, iso
 from bk.core.record import dataclass, field, replace
-from bk.service.views import View, notice_json  # noqa: F401  (View: results are rendered with it)
+from bk.service.views import View, notice_json, obj, reservation_schema, typed  # noqa: F401  (View: results are rendered with it)
 
 
 def _malformed(what: str, e: Exception) -> Internal:
@@ -68,6 +68,13 @@ class BookResult(_Rendered):
     def to_wire(self) -> dict:
         return {**self.to_json(), "record": self.reservation.to_dict(), "same_shape": self.same_shape}
 
+    @staticmethod
+    def json_schema() -> dict:
+        return obj({"status": {"enum": ["created", "queued", "exists", "dry_run"]},
+                    "reservation": reservation_schema(),
+                    "placement": typed("object", null=True, description="GPU -> why it was or was not chosen"),
+                    "dry_run": typed("boolean")})
+
     @classmethod
     def from_wire(cls, data: dict) -> BookResult:
         res = _reservation(data)
@@ -95,6 +102,12 @@ class EditResult(_Rendered):
         return {**self.to_json(), "record": self.reservation.to_dict(),
                 "before_record": self.before.to_dict()}
 
+    @staticmethod
+    def json_schema() -> dict:
+        return obj({"status": {"enum": ["updated", "unchanged", "exists"]}, "reservation": reservation_schema(),
+                    "before": reservation_schema(), "placement": typed("object", null=True),
+                    "dry_run": typed("boolean")})
+
     @classmethod
     def from_wire(cls, data: dict) -> EditResult:
         res, before = _reservation(data), _reservation(data, "before_record")
@@ -116,6 +129,11 @@ class CancelResult(_Rendered):
 
     def to_wire(self) -> dict:
         return {**self.to_json(), "record": self.reservation.to_dict()}
+
+    @staticmethod
+    def json_schema() -> dict:
+        return obj({"status": {"enum": ["cancelled", "exists"]}, "reservation": reservation_schema(),
+                    "dry_run": typed("boolean")})
 
     @classmethod
     def from_wire(cls, data: dict) -> CancelResult:
@@ -362,3 +380,34 @@ class PolicyBindResult:
                        tuple(data.get("forced", ())), dict(data))
         except (KeyError, TypeError, ValueError) as e:
             raise Internal(f"the broker's reply holds a malformed policy binding: {e}") from None
+
+
+@dataclass(frozen=True)
+class CleanupResult(_Rendered):
+    status: str                          # cancelled | nothing | dry_run
+    cancelled: tuple = ()                # Reservations, as cancelled
+    dry_run: bool = False
+    json: dict | None = field(default=None, compare=False)
+
+    def rendered(self, view) -> CleanupResult:
+        return replace(self, json={"status": self.status, "dry_run": self.dry_run,
+                                   "reservations": [view.reservation(r) for r in self.cancelled],
+                                   "count": len(self.cancelled)})
+
+    def to_wire(self) -> dict:
+        return {**self.to_json(), "records": [r.to_dict() for r in self.cancelled]}
+
+    @staticmethod
+    def json_schema() -> dict:
+        return obj({"status": {"enum": ["cancelled", "nothing", "dry_run"]}, "dry_run": typed("boolean"),
+                    "reservations": {"type": "array", "items": reservation_schema()},
+                    "count": typed("integer")})
+
+    @classmethod
+    def from_wire(cls, data: dict) -> CleanupResult:
+        try:
+            recs = tuple(Reservation.from_dict(r) for r in data["records"])
+            return cls(str(data["status"]), recs, bool(data.get("dry_run")),
+                       {k: v for k, v in data.items() if k != "records"})
+        except (KeyError, TypeError, ValueError) as e:
+            raise _malformed("cleanup result", e) from None

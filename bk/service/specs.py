@@ -21,8 +21,8 @@ _WRITE = (Field("op_id", "text", min_len=1, max_len=MAX_OP_ID, pattern=OP_ID,
                 help="idempotency key: a retry with it changes nothing; " + OP_ID_HELP),
           Field("dry_run", "bool", help="show what would happen; change nothing"))
 _PLACE = (Field("mode", "choice", choices=MODES), Field("share", "int", lo=1, hi=64),
-          Field("mem_mib", "int", lo=1, help="VRAM per GPU in MiB"),
-          Field("start", "int", help="start, epoch seconds (UTC)"),
+          Field("mem_mib", "int", lo=1, help="VRAM per GPU in MiB", human="memory"),
+          Field("start", "int", help="start, epoch seconds (UTC)", human="start"),
           Field("queue", "bool", help="take the earliest start at or after the one asked for"),
           Field("pinned", "gpus", help="exactly these GPUs"),
           Field("excluded", "gpus", help="never these GPUs"),
@@ -47,7 +47,7 @@ ADOPT = "[0-9]{1,10}:[0-9]{1,20}(,[0-9]{1,10}:[0-9]{1,20}){0,63}"
 _IDLE = Field("idle_release_minutes", "int", lo=5, hi=IDLE_RELEASE_MAX,
               help="end the booking once it was seen idle this many minutes (opt-in; bk u samples shows why)")
 BOOK_FIELDS = (Field("count", "int", lo=1, hi=64, help="number of GPUs"),
-               Field("duration", "int", lo=1, help="seconds"), *_PLACE, *_WRITE,
+               Field("duration", "int", lo=1, help="seconds", human="duration"), *_PLACE, *_WRITE,
                Field("again", "bool", help="book even if the same booking was made a few minutes ago "
                      "(without it, that repeat answers exists with the first booking)"), *_JOB, _IDLE,
                Field("adopt", "text", max_len=2000, pattern=ADOPT,
@@ -60,8 +60,8 @@ JOB_STATE_FIELDS = (Field("ref", "text", max_len=36, pattern=RESERVATION_ID, hel
                     Field("exit_code", "int", lo=0, hi=255),
                     Field("retry", "bool", help="requeue a job that ended (only while its booking lasts)"))
 EDIT_FIELDS = (Field("ref", "text", max_len=64, help="the reservation's full ID"),
-               Field("duration", "int", lo=1, help="new total length, seconds"),
-               Field("end", "int", help="new end, epoch seconds"),
+               Field("duration", "int", lo=1, help="new total length, seconds", human="length"),
+               Field("end", "int", help="new end, epoch seconds", human="end"),
                Field("clear_mem", "bool", help="forget the memory figure"), *_PLACE, *_WRITE,
                Field("idle_release_minutes", "int", lo=0, hi=IDLE_RELEASE_MAX,
                      help="end it once seen idle this many minutes; 0: off"),
@@ -108,3 +108,76 @@ POLICY_BIND_FIELDS = (Field("gpu_count", "int", lo=1, hi=64), Field("slot_minute
                       Field("shared_memory_reserve_mb", "int", lo=0, hi=1 << 20),
                       Field("require_shared_memory", "bool"),
                       Field("force", "bool", help="keep bookings the new policy would refuse"), _WRITE[1])
+
+
+# The reads every front end makes (local rows: bk.service.views, status, ...).
+LIST_FIELDS = (Field("scope", "choice", choices=("mine", "all", "history"),
+                     help="mine: your current and upcoming (default); all: everyone's; history: your ended"),
+               Field("limit", "int", lo=1, hi=10000, help="at most this many"))
+NOTICES_FIELDS = (Field("all", "bool", help="archived and expired notices too"),)
+STATUS_FIELDS = (Field("verbose", "bool", help="everyone's bookings, and the processes"),)
+LOGIN_FIELDS = (Field("lookahead", "int", lo=0, hi=7 * 86400, help="bookings starting within this many seconds"),)
+RECOMMEND_FIELDS = (Field("count", "int", lo=1, hi=64, help="number of GPUs"),
+                    Field("duration", "int", lo=1, help="seconds", human="duration"),
+                    Field("mode", "choice", choices=MODES), Field("share", "int", lo=1, hi=64),
+                    Field("mem_mib", "int", lo=1, help="VRAM per GPU in MiB", human="memory"),
+                    Field("start", "int", help="earliest start, epoch seconds (UTC); default now", human="start"),
+                    Field("pinned", "gpus", help="exactly these GPUs"),
+                    Field("excluded", "gpus", help="never these GPUs"),
+                    Field("limit", "int", lo=1, hi=20, help="how many options (default 3)"))
+GPU_FIELDS = (Field("count", "int", lo=1, hi=64, help="GPUs to look for (default: your running booking's, "
+                    "else one)"),
+              Field("duration", "int", lo=1, help="for how long, seconds (default 3600)", human="duration"),
+              Field("mode", "choice", choices=MODES), Field("share", "int", lo=1, hi=64),
+              Field("mem_mib", "int", lo=1, help="VRAM per GPU in MiB", human="memory"),
+              Field("pinned", "gpus", help="exactly these GPUs"),
+              Field("excluded", "gpus", help="never these GPUs"))
+TIMELINE_FIELDS = (Field("width", "int", lo=12, hi=100000, help="characters across, the GPU labels included"),
+                   Field("frm", "int", help="the first time shown, epoch seconds (default: just before now)"),
+                   Field("window", "int", lo=1, help="seconds shown (default: what fits)"),
+                   Field("step", "int", lo=60, help="seconds per column (default: the finest that fits)"),
+                   Field("gpus", "gpus", help="only these GPUs"),
+                   Field("fit", "bool", help="refuse more columns than fit the width"))
+DOCTOR_FIELDS = (Field("probe", "bool", help="also try the broker round trip, an atomic replace and the lock"),
+                 Field("strict", "bool", help="warnings count as failures"),
+                 Field("require_monitor", "bool", help="fail unless the GPU monitor runs"),
+                 Field("require_worker", "bool", help="fail unless your scheduled-command worker runs"))
+RESOLVE_FIELDS = (Field("ref", "text", min_len=1, max_len=64, help="a list number, an ID prefix, or a full ID"),
+                  Field("op_id", "text", min_len=1, max_len=MAX_OP_ID, pattern=OP_ID,
+                        help="the op-id of an earlier request: the booking it changed, if any"),
+                  Field("action", "choice", choices=("book", "edit", "cancel"), help="what that op-id did"),
+                  Field("any_owner", "bool", help="anyone's booking (the administrator)"))
+OP_LOOKUP_FIELDS = (Field("op_id", "text", min_len=1, max_len=MAX_OP_ID, pattern=OP_ID),)
+HISTORY_FIELDS = (Field("ref", "text", min_len=1, max_len=64, help="a list number, an ID prefix, or a full ID"),)
+USAGE_FIELDS = (Field("reservation", "text", max_len=36, pattern=RESERVATION_ID,
+                      help="one booking's booked and active seconds; default: your dashboard"),
+                Field("since", "int", help="also your totals from then, epoch seconds", human="since"),
+                Field("until", "int", help="with since: the end of that period (default now)", human="since"))
+_SPAN = (Field("since", "int", help="start of the period, epoch seconds"),
+         Field("until", "int", help="end of the period, epoch seconds"))
+SPAN_FIELDS = _SPAN
+SAMPLES_FIELDS = (*_SPAN, Field("gpus", "gpus", help="only these GPUs"),
+                  Field("limit", "int", lo=1, hi=1 << 20, help="at most the last this many records"),
+                  Field("reservation", "text", min_len=4, max_len=36, pattern="[0-9a-f-]{4,36}",
+                        help="a booking's ID or a prefix of it: only the records that credit it"))
+EVENTS_FIELDS = (*_SPAN, Field("min_idle_s", "int", lo=0, help="shortest idle stretch that counts, seconds"))
+JOB_LOG_FIELDS = (Field("ref", "text", min_len=1, max_len=64,
+                        help="the job: its booking's list number or ID prefix, or the job's own ID prefix"),
+                  Field("max_bytes", "int", lo=1, hi=1 << 20,
+                        help="the last this many bytes of output (default 65536)"),
+                  Field("all", "bool", help="all of it (two rotated segments at most)"))
+JOBS_FIELDS = (Field("limit", "int", lo=1, hi=10000, help="at most this many jobs"),)
+JOB_RETRY_FIELDS = (Field("ref", "text", min_len=1, max_len=64, help="the job (as for job_log)"),
+                    Field("accept_duplicate_risk", "bool",
+                          help="run an uncertain job again although it may have run already"))
+PRESET_FIELDS = (Field("name", "text", min_len=1, max_len=32, pattern="[A-Za-z][A-Za-z0-9_.-]*",
+                       help="the preset's name"),)
+PRESET_DELETE_FIELDS = (PRESET_FIELDS[0], Field("dry_run", "bool", help="say what would be deleted; change nothing"))
+BLACKOUTS_FIELDS = (Field("all", "bool", help="past windows too"),)
+DATA_FIELDS = (Field("dir", "text", min_len=1, max_len=4096, help="the backup directory"),
+               Field("dry_run", "bool", help="say what would happen; change nothing"))
+CLEANUP_FIELDS = (Field("op_id_prefix", "text", min_len=1, max_len=128, pattern=OP_ID,
+                        help="cancel your current and upcoming bookings whose op-id starts with this; "
+                        + OP_ID_HELP),
+                  Field("all", "bool", help="cancel all your current and upcoming bookings"),
+                  Field("dry_run", "bool", help="show what would be cancelled; change nothing"))

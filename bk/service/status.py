@@ -27,7 +27,7 @@ import os
 from bk.core import telemetry
 from bk.core.errors import BkError
 from bk.core.models import EXCLUSIVE, GpuInfo, GpuProcess, Policy, Reservation, iso
-from bk.core.record import dataclass
+from bk.core.record import dataclass, field
 from bk.service.telemetry import monitor_json
 from bk.service.views import notice_json
 
@@ -142,13 +142,22 @@ def process_row(p: GpuProcess, a, names: dict[int, str]) -> ProcessRow:
                       p.container)
 
 
+def _as_judged(reservations):
+    """The bookings as process attribution judges them: a shared one also as
+    its sharers' (``bk.service.fairview.expanded``, loaded only when some
+    booking is shared, so that ``bk st`` loads nothing more otherwise)."""
+    if not any(r.shared_with for r in reservations):
+        return reservations
+    from bk.service.fairview import expanded
+
+    return expanded(reservations)
+
+
 def gpu_rows(state, snapshot, policy, now: int) -> list[GpuRow]:
     info: dict[int, GpuInfo] = snapshot.by_index()
     per = holds_by_gpu(state.reservations, now, policy.gpu_count)
     dark = [(b.start, b.end) for b in state.blackouts if b.end > now]
-    from bk.service.fairview import expanded
-
-    atts = telemetry.attribute_all(snapshot, expanded(state.reservations), now)
+    atts = telemetry.attribute_all(snapshot, _as_judged(state.reservations), now)
     names = {r.uid: r.user for r in state.reservations}
     unknown = telemetry.Attribution(telemetry.UNKNOWN, None, None)
     rows = []
@@ -230,36 +239,44 @@ class LoginView:
                 "reservations": [self.view.reservation(r) for r in self.reservations]}
 
 
-def status_view(app, verbose: bool = False, *, call=None) -> StatusView:
-    from bk.core.ledgerdoc import DocKeep
-    from bk.service.views import View
+@dataclass(frozen=True)
+class StatusRequest:
+    verbose: bool = False              # everyone's bookings, and the processes
 
-    call = call or app.call()
+
+def _serve_status(service, req: StatusRequest, call) -> StatusView:
+    from bk.core.ledgerdoc import DocKeep
+    from bk.service.views import View, current_notices, own_current
+
     now = call.now
     # Everything here looks at bookings that hold capacity now or later
     # (the GPU rows, their chains to "next free", attribution) or at yours:
     # ended and cancelled ones are not built (a sealed ledger; DocKeep).
-    state = app.ledger(call=call, keep=DocKeep(uid=call.actor.uid, lo=now))
-    mine = app.own_current(state, call=call)
+    state = service.ledger(call=call, keep=DocKeep(uid=call.actor.uid, lo=now))
+    mine = own_current(state, call)
     numbers = {r.id: i for i, r in enumerate(mine, 1)}
     snap = call.telemetry.snapshot()
-    if verbose:
+    if req.verbose:
         shown = sorted((r for r in state.reservations if r.is_live(now)), key=lambda r: (r.start, r.created))
     else:
         shown = mine
-    from bk.service.activity import rows
+    activity = {}
+    if any(r.cancelled_at is None and r.start <= now < r.end for r in shown):
+        # The monitor's activity states of the running ones (issue 25).
+        from bk.service.activity import rows
 
+        activity = rows(service.settings, shown, now)
     view = View(now, call.actor.uid, call.policy, {g.index: g.mem_total_mib for g in snap.gpus}, numbers,
-                rows(app.settings, shown, now))
+                activity=activity)
     running = [r for r in mine if r.status(now) == "active"]
     return StatusView(now, {"name": snap.source, "simulated": snap.simulated},
                       tuple(gpu_rows(state, snap, call.policy, now)), tuple(shown),
-                      tuple(app.notices(state=state, call=call)), view, verbose,
-                      snap.telemetry_json(), snap.describe(), tuple(booking_usage(app, running)),
+                      tuple(current_notices(state, call)), view, req.verbose,
+                      snap.telemetry_json(), snap.describe(), tuple(_booking_usage(service.settings, running)),
                       monitor_json(call.telemetry))
 
 
-def booking_usage(app, reservations) -> list[BookingUse]:
+def _booking_usage(settings, reservations) -> list[BookingUse]:
     """What the usage history says of each of ``reservations`` (running
     bookings); a booking it has no record of is left out, never shown as
     unused.  No history (no monitor ever ran) costs one failed stat."""
@@ -270,7 +287,7 @@ def booking_usage(app, reservations) -> list[BookingUse]:
     except ImportError:         # a build without the usage history
         return []
     try:
-        store = UsageStore.for_settings(app.settings)
+        store = UsageStore.for_settings(settings)
         if not os.path.isdir(store.dir):
             return []
         out = []
@@ -298,15 +315,11 @@ class GpuLive:
                 "mem_free_mib": self.mem_free_mib, "processes": self.processes}
 
 
-def live_gpus(app, *, state=None, call=None) -> tuple[dict[int, GpuLive], str | None]:
+def live_gpus(state, call) -> tuple[dict[int, GpuLive], str | None]:
     """Each GPU's live state (the command's one snapshot, the one placement
     used) and the telemetry line when something is missing."""
-    call = call or app.call()
-    state = state or app.ledger(call=call)
     snap = call.telemetry.snapshot()
-    from bk.service.fairview import expanded
-
-    atts = telemetry.attribute_all(snap, expanded(state.reservations), call.now)
+    atts = telemetry.attribute_all(snap, _as_judged(state.reservations), call.now)
     out = {}
     for g in snap.gpus:
         free = (g.mem_total_mib - g.mem_used_mib
@@ -316,15 +329,201 @@ def live_gpus(app, *, state=None, call=None) -> tuple[dict[int, GpuLive], str | 
     return out, snap.describe()
 
 
-def login_view(app, lookahead: int = LOGIN_LOOKAHEAD_S, *, call=None) -> LoginView:
+@dataclass(frozen=True)
+class LoginRequest:
+    lookahead: int = LOGIN_LOOKAHEAD_S     # bookings starting within this many seconds
+
+
+def _serve_login(service, req: LoginRequest, call) -> LoginView:
     """``bk login``: notices, and the caller's bookings active now or starting soon."""
     from bk.core.ledgerdoc import DocKeep
-    from bk.service.views import View
+    from bk.service.views import View, current_notices, own_current
 
-    call = call or app.call()
-    state, now = app.ledger(call=call, keep=DocKeep(uid=call.actor.uid)), call.now
-    mine = app.own_current(state, call=call)
+    state, now = service.ledger(call=call, keep=DocKeep(uid=call.actor.uid)), call.now
+    mine = own_current(state, call)
     numbers = {r.id: i for i, r in enumerate(mine, 1)}
-    soon = [r for r in mine if r.start < now + lookahead]
+    soon = [r for r in mine if r.start < now + req.lookahead]
     view = View(now, call.actor.uid, call.policy, call.gpu_mem() if soon else {}, numbers)
-    return LoginView(now, tuple(app.notices(state=state, call=call)), tuple(soon), view)
+    return LoginView(now, tuple(current_notices(state, call)), tuple(soon), view)
+
+
+# ------------------------------------------------------------ an agent's first look
+
+@dataclass(frozen=True)
+class ContextResult:
+    """Everything an agent asks first (the ``context`` row): who it is, the
+    rules, the GPUs and their live state, its bookings, the time."""
+
+    json: dict
+
+    def to_json(self) -> dict:
+        return self.json
+
+    @staticmethod
+    def json_schema() -> dict:
+        from bk.service.views import obj, reservation_schema, typed
+
+        s, i, b = typed("string"), typed("integer"), typed("boolean")
+        return obj({"version": s, "now": s, "now_epoch": i, "you": obj({"uid": i, "user": s, "admin": b}),
+                    "mode": {"enum": ["private", "shared"]},
+                    "policy": obj({k: i for k in ("gpu_count", "slot_minutes", "max_shared_users",
+                                                  "booking_horizon_days", "max_booking_hours",
+                                                  "queue_search_hours")}
+                                  | {"require_shared_memory": b, "advance_default": b, "fair_share": b,
+                                     "your_limits": typed("object", null=True,
+                                                          description="your own limits (none: null)")}),
+                    "gpus": {"type": "array", "items": obj({"index": i, "name": typed("string", null=True),
+                                                            "uuid": typed("string", null=True),
+                                                            "mem_total_mib": typed("integer", null=True),
+                                                            "disabled": b},
+                                                           description="with its live state when known")},
+                    "telemetry": typed("string", null=True, description="what the GPU telemetry misses"),
+                    "monitor": typed("object", null=True),
+                    "reservations": {"type": "array", "items": reservation_schema()},
+                    "shared_with_you": {"type": "array", "items": reservation_schema(),
+                                        "description": "others' bookings you may run on (bk run -r ID)"}})
+
+
+def _serve_context(service, req, call) -> ContextResult:
+    from bk import __version__
+    from bk.core.record import replace
+    from bk.service.advancing import positions
+    from bk.service.fairview import shared_with_me
+    from bk.service.limits import bounds
+    from bk.service.views import View, own_current
+
+    state = service.ledger(call=call)
+    mine = own_current(state, call)
+    theirs = shared_with_me(state, call)
+    from bk.service.activity import rows
+
+    view = replace(View.of(call, {r.id: i for i, r in enumerate(mine, 1)}, rows(service.settings, mine, call.now)),
+                   positions=positions(state, call, service), usable=frozenset(r.id for r in theirs))
+    limits = bounds(call)
+    inv = call.telemetry.inventory()
+    live, missing = live_gpus(state, call)
+    p = call.policy
+    gpus = [{"index": g.index, "name": g.name, "uuid": g.uuid, "mem_total_mib": g.mem_total_mib,
+             "disabled": g.index in p.disabled_gpus,
+             **({k: v for k, v in live[g.index].to_json().items() if k != "index"} if g.index in live else {})}
+            for g in inv.gpus]
+    try:
+        monitor = monitor_json(call.telemetry)
+    except Exception:       # a context without the monitor's state is still a context
+        monitor = None
+    return ContextResult({
+        "version": __version__, "now": iso(call.now), "now_epoch": call.now,
+        "you": {"uid": call.actor.uid, "user": call.actor.user, "admin": call.actor.is_admin},
+        "mode": service.settings.mode,
+        "policy": {"gpu_count": p.gpu_count, "slot_minutes": p.slot_minutes,
+                   "max_shared_users": p.max_shared_users, "booking_horizon_days": p.booking_horizon_days,
+                   "max_booking_hours": p.max_booking_hours, "queue_search_hours": p.queue_search_hours,
+                   "require_shared_memory": p.require_shared_memory,
+                   # Issue 27: the caller's own limits, and how queued bookings wait.
+                   "your_limits": None if limits is None else limits.to_json(),
+                   "advance_default": p.advance_default, "fair_share": p.fair_share_half_life_s is not None},
+        "gpus": gpus, "telemetry": missing, "monitor": monitor,
+        "reservations": [view.reservation(r) for r in mine],
+        "shared_with_you": [view.reservation(r) for r in theirs],
+    })
+
+
+# ------------------------------------------------------------ the TUI's look
+
+@dataclass(frozen=True)
+class ScreenRequest:
+    """One look for ``bk t``: the committed ledger, the notices, the GPUs'
+    live rows, the monitor's heartbeat and (``worker``) the worker's state.
+
+    ``live``: take a new GPU snapshot (the telemetry refreshed first: the
+    monitor's file while fresh, else the backend); otherwise the previous
+    look's is reused.  ``previous``: the last look, whose ledger is reused
+    when the committed file is the same one (every commit replaces the
+    file, so the same inode, size and time mean the same bytes: decoding
+    them again is most of an idle screen's CPU)."""
+
+    live: bool = True
+    worker: bool = True
+    previous: object = None            # the ScreenResult of the last look
+
+
+@dataclass(frozen=True)
+class ScreenResult:
+    now: int
+    state: object                      # the committed LedgerState, or None when it could not be read
+    notices: tuple
+    gpus: tuple                        # GpuRow (empty until a snapshot is taken)
+    snapshot: object                   # the GPU snapshot the rows and a write placed from use, or None
+    inventory: object                  # the GPU inventory, or None
+    live: str | None                   # what the telemetry misses, in one line
+    monitor: dict
+    worker: dict | None                # None: not looked at this time
+    warnings: tuple                    # the ledger read's warnings
+    error: str | None                  # the ledger could not be read: why
+    ledger_id: tuple | None            # the committed file's identity at the read
+    shared: bool = False               # a shared server's ledger (through the broker)
+    usable: frozenset = frozenset()    # others' bookings shared with the caller (bk e ID --with)
+    activity: dict = field(default_factory=dict)   # booking id -> the monitor's activity row (issue 25)
+
+    def to_json(self) -> dict:
+        return {"now": iso(self.now), "error": self.error, "live": self.live, "monitor": dict(self.monitor),
+                "worker": self.worker, "gpus": [g.to_json() for g in self.gpus],
+                "notices": [notice_json(n) for n in self.notices]}
+
+
+def _ledger_id(service):
+    try:
+        st = os.stat(service.store.paths.ledger)
+    except (OSError, AttributeError):
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _serve_screen(service, req: ScreenRequest, call) -> ScreenResult:
+    from bk.service.views import current_notices
+
+    prev = req.previous
+    snap = inv = None
+    if req.live or prev is None:
+        tel = call.telemetry
+        try:
+            if hasattr(tel, "refresh"):
+                tel.refresh()
+            snap, inv = tel.snapshot(), tel.inventory()
+        except BkError:
+            snap = inv = None
+    else:
+        snap, inv = prev.snapshot, prev.inventory
+    ident = _ledger_id(service)
+    if prev is not None and prev.state is not None and ident is not None and ident == prev.ledger_id:
+        state, warnings, error = prev.state, prev.warnings, None
+    else:
+        seen = len(call.warnings)
+        try:
+            state, error = service.ledger(call=call), None
+        except BkError as e:
+            state, error, ident = None, e.message + (f" ({e.hint})" if e.hint else ""), None
+        warnings = tuple(call.warnings[seen:])
+    worker = None
+    if req.worker:
+        from bk.service import jobs
+
+        try:
+            worker = jobs._worker_status(service)
+        except (BkError, OSError):
+            worker = {"state": "absent"}
+    call.warn(*warnings)
+    now = call.now
+    gpus = tuple(gpu_rows(state, snap, call.policy, now)) if state is not None and snap is not None else ()
+    live = snap.describe() if snap is not None else "live: unknown (reading the GPUs)"
+    usable: frozenset = frozenset()
+    activity: dict = {}
+    if state is not None:
+        from bk.service.activity import rows
+        from bk.service.fairview import shared_with_me
+
+        usable = frozenset(r.id for r in shared_with_me(state, call))
+        activity = rows(service.settings, [r for r in state.reservations if r.cancelled_at is None], now)
+    return ScreenResult(now, state, tuple(current_notices(state, call)) if state is not None else (), gpus, snap,
+                        inv, live, monitor_json(call.telemetry), worker, warnings, error, ident, service.shared,
+                        usable, activity)

@@ -9,8 +9,8 @@ listed apart from others' so a front end can draw them differently.
 ``plan`` picks the window and the step for a given number of columns;
 ``build`` is a pure function of the ledger's reservations and blackouts
 returning a typed ``Grid``, so the TUI and tests can call it with any world;
-``timeline_view`` joins it to a ``Service`` as a typed ``TimelineView``
-whose ``to_json()`` is the contract.
+the ``timeline`` row (``TimelineRequest``) reads the committed ledger for
+it as a typed ``TimelineView`` whose ``to_json()`` is the contract.
 """
 
 from __future__ import annotations
@@ -123,6 +123,7 @@ class TimelineView:
     blackouts: tuple
     reservations: tuple
     view: object                      # bk.service.results.View
+    label_w: int = 5                  # the width of the GPU labels the picture leaves room for
 
     def to_json(self) -> dict:
         out = self.grid.to_json()
@@ -165,14 +166,11 @@ def build(reservations, blackouts, *, capacity: int, gpus: list[int], disabled=f
     return Grid(frm, to, step, capacity, tuple(lanes))
 
 
-def timeline_view(app, *, frm: int, to: int, step: int, gpus: list[int] | None = None,
-                  call=None, state=None) -> TimelineView:
-    """The timeline of the live ledger (or of ``state``, a read the caller
-    already made), with the bookings it shows."""
-    from bk.service.views import View
+def timeline_view(state, call, *, frm: int, to: int, step: int, gpus: list[int] | None = None) -> TimelineView:
+    """The timeline of ``state`` (a read of the committed ledger), with the
+    bookings it shows."""
+    from bk.service.views import View, numbers_of
 
-    call = call or app.call()
-    state = state if state is not None else app.ledger(call=call)
     now, policy = call.now, call.policy
     if gpus is None:
         from bk.service.status import shown_gpus
@@ -183,36 +181,64 @@ def timeline_view(app, *, frm: int, to: int, step: int, gpus: list[int] | None =
     wanted = set(gpus)
     shown = sorted((r for r in state.reservations if r.cancelled_at is None and r.start < to
                     and r.end > frm and wanted & set(r.gpus)), key=lambda r: (r.start, r.created))
-    numbers = {r.id: i for i, r in enumerate(app.own_current(state, call=call), 1)}
-    view = View(now, call.actor.uid, policy, call.gpu_mem(), numbers)
+    view = View(now, call.actor.uid, policy, call.gpu_mem(), numbers_of(state, call))
     return TimelineView(now, grid, tuple(b for b in state.blackouts if b.end > frm and b.start < to),
                         tuple(shown), view)
 
 
-# The time ruler above a timeline's columns, shared by ``bk tl`` and ``bk t``:
-# a label (HH:MM, or MM-DD at midnight and for day-wide steps) every so many
-# minutes of local wall time, the first interval that leaves room for labels.
-LABEL_EVERY_MIN = (15, 30, 60, 120, 180, 240, 360, 720, 1440, 2880, 10080)
-LABEL_W = 5
+@dataclass(frozen=True)
+class TimelineRequest:
+    """``bk tl``: the window (``frm``, ``window``, ``step``: None picks what
+    fits) drawn ``width`` characters wide, GPU labels included; ``fit``
+    refuses more columns than fit (a person's terminal; JSON need not fit)."""
+
+    width: int = 80
+    frm: int | None = None
+    window: int | None = None
+    step: int | None = None
+    gpus: tuple[int, ...] | None = None
+    fit: bool = True
 
 
-def time_labels(frm: int, n: int, step: int, tz) -> str:
-    """``n`` characters of labels for columns ``step`` seconds wide from ``frm``."""
-    from datetime import datetime
+def _serve_timeline(service, req: TimelineRequest, call) -> TimelineView:
+    from bk.core.errors import InvalidInput
+    from bk.core.ledgerdoc import DocKeep
+    from bk.core.record import replace
 
-    every = next((m * 60 for m in LABEL_EVERY_MIN if (m * 60) % step == 0 and m * 60 // step > LABEL_W),
-                 None)
-    line = [" "] * n
-    last_end = -1
-    for i in range(n):
-        t = frm + i * step
-        dt = datetime.fromtimestamp(t, tz)
-        wall = t + int(dt.utcoffset().total_seconds())
-        due = (wall % every == 0) if every else (i % (LABEL_W + 1) == 0)
-        if not due or i <= last_end or i + LABEL_W > n:
-            continue
-        label = dt.strftime("%m-%d") if (dt.hour, dt.minute) == (0, 0) or (every or 0) >= 86400 \
-            else dt.strftime("%H:%M")
-        line[i:i + LABEL_W] = label
-        last_end = i + LABEL_W
-    return "".join(line)
+    now, policy = call.now, call.policy
+    if req.gpus is not None:
+        bad = [g for g in req.gpus if g >= policy.gpu_count]
+        if bad:
+            raise InvalidInput(f"no GPU {', '.join(map(str, bad))} here (GPUs 0 to {policy.gpu_count - 1})",
+                               hint="see the GPUs with: bk st")
+
+    def label_width(shown: list[int]) -> int:
+        return len(f"GPU {max(shown)}") if shown else 5
+
+    def window_for(shown: list[int]) -> tuple[int, int, int]:
+        return plan(max(10, req.width - label_width(shown) - 1), now, policy.slot_minutes, frm=req.frm,
+                    window=req.window, step=req.step)
+
+    # One read serves the GPU rows and the grid, and builds only the bookings
+    # the window shows (with yours, for the numbers, and any on a GPU this
+    # machine lacks, which adds a row).  Such a row widens the labels; if the
+    # window it gives is not the one read, the read is made again, whole.
+    guess = list(req.gpus) if req.gpus is not None else list(range(policy.gpu_count))
+    lo, hi, _ = window_for(guess)
+    state = service.ledger(call=call, keep=DocKeep(uid=call.actor.uid, lo=lo, hi=hi, gpu_count=policy.gpu_count))
+    if req.gpus is not None:
+        shown = list(req.gpus)
+    else:   # this machine's GPUs, and any other a live booking holds
+        from bk.service.status import shown_gpus
+
+        shown = shown_gpus(state.reservations, now, policy.gpu_count)
+    label_w = label_width(shown)
+    columns = max(10, req.width - label_w - 1)
+    frm, to, step = window_for(shown)
+    if frm < lo or to > hi:
+        state = service.ledger(call=call)
+    ncols = (to - frm) // step
+    if ncols > MAX_COLUMNS or (ncols > columns and req.fit):
+        raise InvalidInput(f"{ncols} columns do not fit a {req.width}-column terminal",
+                           hint="use a larger --step, a shorter --window, or --step auto")
+    return replace(timeline_view(state, call, frm=frm, to=to, step=step, gpus=shown), label_w=label_w)

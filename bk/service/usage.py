@@ -1,7 +1,8 @@
 """Usage views: what the history says, as typed results that own their JSON.
 
-Every front end (``bk u`` and its sub-commands, later the TUI and MCP) asks
-here.  The history is read straight from ``<data_dir>/usage`` (world-readable
+Every front end (``bk u`` and its sub-commands, the agent's ``usage``)
+runs the rows here (``usage``, ``usage_users``, ``usage_samples``,
+``usage_events``, ``usage_verify``).  The history is read straight from ``<data_dir>/usage`` (world-readable
 on a shared server, like the committed ledger), never through the broker:
 a read needs no one's authority and must not queue behind writes.
 
@@ -51,7 +52,7 @@ class _Guarded:
         return guarded
 
 
-def store_of(svc):
+def _store_of(svc):
     from bk.store.usage import UsageStore
 
     return _Guarded(UsageStore.for_settings(svc.settings), svc)
@@ -180,12 +181,12 @@ def _bin(summaries, uid: int) -> core.Totals:
     return t
 
 
-def dashboard(svc, *, call, uid: int | None = None) -> Dashboard:
+def _dashboard(svc, *, call, uid: int | None = None) -> Dashboard:
     """The caller's own totals (today, 7 days, 4 weeks), the last 7 local
     days and 4 weeks as bins, and their recent bookings."""
     uid = call.actor.uid if uid is None else uid
     user = call.actor.user if uid == call.actor.uid else _user_name(uid)
-    store = store_of(svc)
+    store = _store_of(svc)
     now, tz = call.now, call.tz
     span = store.span()
     empty = core.Totals()
@@ -277,6 +278,7 @@ class UsersReport:
     history: bool = True
     hint: str | None = None
     prices: Prices = NO_PRICES
+    half_life_days: float | None = None             # fair share's half-life, as configured (the SHARE column)
 
     def to_json(self) -> dict:
         return {"since": iso(self.since), "until": iso(self.until), "history": self.history,
@@ -285,8 +287,8 @@ class UsersReport:
                 "hint": self.hint}
 
 
-def users(svc, *, call, since: int, until: int) -> UsersReport:
-    store = store_of(svc)
+def _users(svc, *, call, since: int, until: int) -> UsersReport:
+    store = _store_of(svc)
     if store.span() is None:
         return UsersReport(since, until, (), {}, False, MONITOR_HINT)
     s = store.summary(since, until)
@@ -304,7 +306,8 @@ def users(svc, *, call, since: int, until: int) -> UsersReport:
                     prices)
             for uid in sorted(set(s.by_uid) | {u for u, v in decayed.items() if v})]
     rows.sort(key=lambda r: (-r.totals.booked_s, -r.totals.unreserved_s, r.user))
-    return UsersReport(since, until, tuple(rows), dict(s.by_gpu), prices=prices)
+    return UsersReport(since, until, tuple(rows), dict(s.by_gpu), prices=prices,
+                       half_life_days=svc.settings["fair_share_half_life_days"])
 
 
 # ------------------------------------------------------------ samples
@@ -330,12 +333,12 @@ class SamplesReport:
                 "total": self.total, "records": [record_json(r) for r in self.records], "hint": self.hint}
 
 
-def samples(svc, *, call, since: int, until: int, gpus=None, limit: int | None = None,
+def _samples(svc, *, call, since: int, until: int, gpus=None, limit: int | None = None,
             reservation: str | None = None) -> SamplesReport:
     """The stored records of the period; ``reservation`` (a full ID or a
     prefix): only those that credit that booking (its evidence: when it was
     seen active or idle, its SM, memory and energy)."""
-    store = store_of(svc)
+    store = _store_of(svc)
     if store.span() is None:
         return SamplesReport(since, until, (), 0, False, MONITOR_HINT)
     recs = store.records(since, until, gpus=gpus)
@@ -370,8 +373,8 @@ class EventsReport:
                 "hint": self.hint}
 
 
-def events(svc, *, call, since: int, until: int, min_idle_s: int = 1800) -> EventsReport:
-    store = store_of(svc)
+def _events(svc, *, call, since: int, until: int, min_idle_s: int = 1800) -> EventsReport:
+    store = _store_of(svc)
     if store.span() is None:
         return EventsReport(since, until, (), {}, min_idle_s, False, MONITOR_HINT)
     evs = core.events(store.records(since, until), min_idle_s=min_idle_s)
@@ -394,8 +397,114 @@ class VerifyReport:
         return {"ok": self.ok, "partitions": [c.to_json() for c in self.checks]}
 
 
-def verify(svc, *, call) -> VerifyReport:
-    store = store_of(svc)
+def _verify(svc, *, call) -> VerifyReport:
+    store = _store_of(svc)
     checks = store.verify()
     _warn_problems(call, store)
     return VerifyReport(tuple(checks))
+
+
+# ------------------------------------------------------------ the rows
+
+@dataclass(frozen=True)
+class UsageRequest:
+    """The caller's dashboard (with ``since``: also their totals over
+    [since, until)), or one booking's booked and active seconds."""
+
+    reservation: str | None = None
+    since: int | None = None
+    until: int | None = None          # default now
+
+
+@dataclass(frozen=True)
+class UsageResult:
+    dashboard: Dashboard | None = None
+    period: tuple | None = None       # (since, until, Totals) of the caller
+    booking: dict | None = None       # one booking's: reservation, booked_s, active_s, idle_s
+
+    def to_json(self) -> dict:
+        if self.booking is not None:
+            return dict(self.booking)
+        out = self.dashboard.to_json()
+        if self.period is not None:
+            since, until, totals = self.period
+            out["period"] = {"since": iso(since), "until": iso(until), "totals": totals_json(totals)}
+        return out
+
+    @staticmethod
+    def json_schema() -> dict:
+        from bk.service.views import obj, typed
+
+        i = typed("integer")
+        booking = obj({"reservation": typed("string"), "booked_s": i, "active_s": i, "idle_s": i},
+                      description="one booking's GPU seconds")
+        dashboard = obj({"uid": i, "user": typed("string"), "at": typed("string"), "history": typed("boolean"),
+                         "span": typed("object", null=True), "totals": typed("object"),
+                         "days": typed("array"), "weeks": typed("array"), "bookings": typed("array"),
+                         "hint": typed("string", null=True), "period": typed("object")},
+                        required=("uid", "user", "at", "history", "totals"),
+                        description="your dashboard (docs/TELEMETRY.md); period with since")
+        return {"anyOf": [dashboard, booking]}
+
+
+def _serve_usage(svc, req: UsageRequest, call) -> UsageResult:
+    from bk.core.errors import InvalidInput
+
+    if req.reservation is not None:
+        booked, active = _store_of(svc).booking_usage(req.reservation)
+        return UsageResult(booking={"reservation": req.reservation, "booked_s": booked, "active_s": active,
+                                    "idle_s": max(booked - active, 0)})
+    period = None
+    if req.since is not None:
+        # bk u --since 10d, as people write it: the dashboard, and their own
+        # totals over that period (the row of bk u users that is theirs).
+        until = call.now if req.until is None else req.until
+        if until <= req.since:
+            raise InvalidInput("until must be after since", "e.g. bk u --since 2026-11-01 --until 2026-12-01")
+        rows = _users(svc, call=call, since=req.since, until=until).rows
+        mine = next((r.totals for r in rows if r.uid == call.actor.uid), core.Totals())
+        period = (req.since, until, mine)
+    elif req.until is not None:
+        raise InvalidInput("until goes with since", hint="e.g. bk u --since 2026-11-01 --until 2026-12-01")
+    return UsageResult(_dashboard(svc, call=call), period)
+
+
+@dataclass(frozen=True)
+class SpanRequest:
+    """Everyone's history over [since, until): ``usage_users``."""
+
+    since: int
+    until: int
+
+
+@dataclass(frozen=True)
+class SamplesRequest:
+    since: int
+    until: int
+    gpus: tuple[int, ...] | None = None
+    limit: int | None = None          # the last this many records
+    reservation: str | None = None    # a booking's ID or prefix: only the records that credit it
+
+
+@dataclass(frozen=True)
+class EventsRequest:
+    since: int
+    until: int
+    min_idle_s: int = 1800
+
+
+def _serve_users(svc, req: SpanRequest, call) -> UsersReport:
+    return _users(svc, call=call, since=req.since, until=req.until)
+
+
+def _serve_samples(svc, req: SamplesRequest, call) -> SamplesReport:
+    return _samples(svc, call=call, since=req.since, until=req.until, gpus=req.gpus, limit=req.limit,
+                    reservation=req.reservation)
+
+
+def _serve_events(svc, req: EventsRequest, call) -> EventsReport:
+    return _events(svc, call=call, since=req.since, until=req.until, min_idle_s=req.min_idle_s)
+
+
+def _serve_verify(svc, req, call) -> VerifyReport:
+    return _verify(svc, call=call)

@@ -27,17 +27,18 @@ class Outcome:
     reservation: str | None = None     # the booking it made or changed
 
 
-def _call(app, snapshot):
+def _call(app, snapshot, inventory=None):
     """A fresh call whose placement sees the snapshot the screen showed, so
     a write never waits for the GPUs (the broker uses its own anyway)."""
+    call = app.call()
     if snapshot is None:
-        return app.call()
-    from bk.service.telemetry import Fixed
+        return call
+    from bk.service import Fixed
 
     try:
-        inv = app.telemetry.inventory()
+        inv = inventory if inventory is not None else call.telemetry.inventory()
     except BkError:
-        return app.call()
+        return call
     return app.call(telemetry=Fixed(snapshot, inv))
 
 
@@ -64,7 +65,7 @@ def book(app, d, snapshot=None) -> Outcome:
         return Outcome("choose at least one GPU (Space or a digit on the GPUs field)", error=True)
     call = _call(app, snapshot)
     try:
-        res = app.book(_book_request(d, call), call=call)
+        res = app.run("book", _book_request(d, call), call=call)
     except BkError as e:
         return failed(e)
     r = res.reservation
@@ -78,7 +79,9 @@ def edit(app, d, snapshot=None) -> Outcome:
 
     call = _call(app, snapshot)
     try:
-        old = app.resolve(d.edit_of, call=call)
+        from bk.service import ResolveRequest
+
+        old = app.run("resolve", ResolveRequest(d.edit_of), call=call).reservation
         kw: dict = {}
         if d.running:
             if d.end != old.end:
@@ -103,7 +106,7 @@ def edit(app, d, snapshot=None) -> Outcome:
         if not kw:
             return Outcome("nothing to change", done=True, reservation=old.id)
         req = builders.edit_request(old, policy=call.policy, now=call.now, tz=call.tz, **kw)
-        res = app.edit(req, call=call)
+        res = app.run("edit", req, call=call)
     except BkError as e:
         return failed(e)
     r = res.reservation
@@ -112,11 +115,11 @@ def edit(app, d, snapshot=None) -> Outcome:
 
 
 def cancel(app, ref: str, snapshot=None) -> Outcome:
-    from bk.service.requests import CancelRequest
+    from bk.service import CancelRequest
 
     call = _call(app, snapshot)
     try:
-        res = app.cancel(CancelRequest(ref=ref), call=call)
+        res = app.run("cancel", CancelRequest(ref=ref), call=call)
     except BkError as e:
         return failed(e)
     return Outcome(f"cancelled {res.reservation.id[:8]}", done=True, reservation=res.reservation.id)
@@ -127,13 +130,13 @@ KEEP_FOR = "4h"
 
 def keep(app, ref: str, snapshot=None) -> Outcome:
     """``K``: keep the booking ``KEEP_FOR`` (``bk e ID --keep-for 4h``)."""
-    from bk.service import builders
+    from bk.service import ResolveRequest, builders
 
     call = _call(app, snapshot)
     try:
-        old = app.resolve(ref, call=call)
+        old = app.run("resolve", ResolveRequest(ref), call=call).reservation
         req = builders.edit_request(old, policy=call.policy, now=call.now, tz=call.tz, keep_for_=KEEP_FOR)
-        res = app.edit(req, call=call)
+        res = app.run("edit", req, call=call)
     except BkError as e:
         return failed(e)
     r = res.reservation
@@ -147,8 +150,10 @@ def find(app, d, snapshot=None) -> Outcome:
     them), with the draft moved there; books nothing."""
     call = _call(app, snapshot)
     try:
+        from bk.service import builders
+
         req = _book_request(replace(d, gpus=d.gpus or (0,)), call, queue=True)
-        found = app.recommend(req, alternatives=1, call=call)
+        found = app.run("recommend", builders.recommend_request(req, 1), call=call)
     except BkError as e:
         return Outcome(e.message + (f" (hint: {e.hint})" if e.hint else ""), error=True)
     if not found.options:

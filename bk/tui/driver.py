@@ -316,9 +316,12 @@ def apply_outcome(state, action, out, world, done: dict):
 
 
 def _marker(app) -> str | None:
+    from bk.core.errors import BkError
+    from bk.service import Empty
+
     try:
-        return os.path.join(app.settings.locations.state_dir, TOUR_MARKER)
-    except AttributeError:
+        return os.path.join(app.run("config", Empty())["state_dir"], TOUR_MARKER)
+    except (BkError, AttributeError, KeyError, TypeError):
         return None
 
 

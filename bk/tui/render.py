@@ -25,7 +25,6 @@ from bk.core import timegrid
 from bk.core.models import EXCLUSIVE
 from bk.core.record import dataclass
 from bk.core.safetext import safe
-from bk.service.timeline import time_labels
 from bk.tui import keys, layout, text
 from bk.tui.theme import Charset, Style, Theme
 
@@ -132,27 +131,23 @@ def _span(a: int, b: int, world, cs: Charset) -> str:
 
 
 def _labels(frm: int, n: int, step: int, tz) -> str:
-    return time_labels(frm, n, step, tz)
+    return timegrid.time_labels(frm, n, step, tz)
 
 
 def _state_word(d: dict) -> str:
     return str(d.get("state") or "absent")
 
 
-def _status(r, now: int, activity: dict | None = None) -> str:
-    if r.end <= now:
-        return "ended"
-    if r.start <= now:
-        from bk.core.activity import short_text
+def _activity(r, now: int, activity: dict | None) -> str:
+    """`` · idle 35m``: the monitor's state of a running booking (issue 25),
+    as ``bk l`` adds it to the status."""
+    row = (activity or {}).get(r.id) if r.cancelled_at is None and r.start <= now < r.end else None
+    if not row:
+        return ""
+    from bk.core.activity import short_text
 
-        row = (activity or {}).get(r.id)
-        words = short_text(row.get("state"), row.get("idle_s")) if row else None
-        return f"{timegrid.format_duration(r.end - now)} left" + (f" · {words}" if words else "")
-    return f"in {timegrid.format_duration(r.start - now)}"
-
-
-def _mode(r, cap: int) -> str:
-    return "exclusive" if r.mode == EXCLUSIVE else f"shared {r.share}/{cap}"
+    words = short_text(row.get("state"), row.get("idle_s"))
+    return f" · {words}" if words else ""
 
 
 def _gpus(gs) -> str:
@@ -406,9 +401,12 @@ def _main(state, world, width: int, height: int, theme: Theme, cs: Charset) -> F
         note = r.note or (r.job.summary if r.job is not None and r.job.summary else "")
         job = f"job {r.job.status}" if r.job is not None else ""
         tail = " ".join(x for x in (job, clean(note)) if x) if wide else ""
-        s = (f" {letter} {ids[r.id][:idw].ljust(idw)} {clean(r.user)[:7]:<8}{_gpus(r.gpus)[:5]:<6}"
-             f"{_mode(r, cap):<11}{(_mem(r.mem_mib) if r.mode != EXCLUSIVE else '-'):<6}"
-             f"{_when(r.start, r.end, world, cs):<18}{_status(r, now, getattr(world, 'activity', None)):<13}{tail}")
+        # A booking reads as on the command line (bk.core.timegrid's words).
+        s = (f" {letter} {ids[r.id][:idw].ljust(idw)} {clean(r.user)[:7]:<8}"
+             f"{timegrid.gpus_text(r.gpus)[:5]:<6}{timegrid.mode_text(r, cap):<11}"
+             f"{timegrid.mem_text(r.mem_mib):<6}"
+             f"{timegrid.when_text(r.start, r.end, world.tz, now, dash=cs.dash):<18}"
+             f"{timegrid.status_text(r, now) + _activity(r, now, world.activity):<13}{tail}")
         out.append(Line(width, theme).add(s, kind).fill(kind))
     for _ in range(table_n - len(shown)):
         out.append(Line(width, theme).add("   (no bookings in view: press a to add one)" if not rows and _ == 0
@@ -509,7 +507,7 @@ def _detail(world, g, width: int, theme: Theme, cs: Charset) -> list[tuple]:
         out.append(Line(width, theme).add(" " + clean(world.live or "live: unknown"), "keys").fill())
         out.append(Line(width, theme).fill())
         return out
-    parts = [f"state {row.state}", f"share {row.share_used}/{row.capacity}"]
+    parts = [f"state {row.state}", f"share {timegrid.share_text(row.share_used, row.capacity)}"]
     parts.append(f"util {row.util}%" if row.util is not None else "util ?")
     if row.mem_total_mib:
         used = _gib(row.mem_used_mib) if row.mem_used_mib is not None else "?"

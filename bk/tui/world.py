@@ -6,20 +6,19 @@ GPUs' live rows, the monitor's heartbeat and the worker's state, all at one
 publishes it by replacing one attribute (a reference store is atomic in
 CPython), so the draw loop never waits for a read.
 
-Reads never take the ledger lock (``Service.ledger`` reads the committed
-file).  Live GPU data comes through the service's telemetry, which prefers
-the monitor's snapshot while it is fresh; without a monitor a backend
-snapshot is taken at most every ``LIVE_EVERY_S`` seconds, on this thread,
-so a stalled driver stalls only the live columns, never the keys.
+Each look is the service's ``screen`` row: it reads the committed file
+without the lock (again only when the file changed), and the GPUs through
+the service's telemetry, which prefers the monitor's snapshot while it is
+fresh; without a monitor a backend snapshot is taken at most every
+``LIVE_EVERY_S`` seconds, on this thread, so a stalled driver stalls only
+the live columns, never the keys.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 
-from bk.core.errors import BkError
 from bk.core.record import dataclass, field
 
 LIVE_EVERY_S = 5.0        # a backend look (no monitor) at most this often
@@ -36,7 +35,7 @@ class World:
     reservations: tuple = ()           # not cancelled, newest state of the ledger
     blackouts: tuple = ()
     notices: tuple = ()                # current, for this user (newest first)
-    gpus: tuple = ()                   # bk.service.status.GpuRow, or () when not read yet
+    gpus: tuple = ()                   # bk.service.GpuRow, or () when not read yet
     live: str | None = None            # what the telemetry misses, in one line
     monitor: dict = field(default_factory=lambda: {"state": "absent"})
     worker: dict = field(default_factory=lambda: {"state": "absent"})
@@ -54,44 +53,25 @@ class World:
         return [*range(n), *extra]
 
 
-def read_ledger(app) -> tuple:
-    """-> (the committed ledger's state or None, the read's warnings, why it failed or None)."""
+def world_of(got, call, *, seq: int = 0, worker: dict | None = None) -> World:
+    """The screen's world from one look (the ``screen`` row's result)."""
+    base = {"now": got.now, "tz": call.tz, "policy": call.policy, "actor_uid": call.actor.uid,
+            "actor_user": call.actor.user, "shared": got.shared, "seq": seq}
+    if got.state is None:
+        return World(**base, error=got.error)
+    return World(**base, reservations=tuple(r for r in got.state.reservations if r.cancelled_at is None),
+                 usable=got.usable, activity=got.activity, blackouts=tuple(got.state.blackouts),
+                 notices=got.notices, gpus=got.gpus, live=got.live,
+                 monitor=got.monitor, worker=worker or got.worker or {"state": "absent"},
+                 warnings=tuple(call.warnings))
+
+
+def load_world(app, *, live: bool = False, seq: int = 0) -> World:
+    """One look at everything (``live``: the GPUs' live rows too)."""
+    from bk.service import ScreenRequest
+
     call = app.call()
-    try:
-        state = app.ledger(call=call)
-    except BkError as e:
-        return None, (), e.message + (f" ({e.hint})" if e.hint else "")
-    return state, tuple(call.warnings), None
-
-
-def load_world(app, *, snapshot=None, worker=None, seq: int = 0, read=None) -> World:
-    """One look at everything (``snapshot``: the GPUs' latest, or None to
-    show them without live data; ``read``: a ``read_ledger`` already made)."""
-    from bk.service.status import gpu_rows
-    from bk.service.telemetry import monitor_json
-
-    state, warnings, error = read if read is not None else read_ledger(app)
-    call = app.call()
-    call.warn(*warnings)
-    now, policy = call.now, call.policy
-    base = {"now": now, "tz": call.tz, "policy": policy, "actor_uid": call.actor.uid,
-            "actor_user": call.actor.user, "shared": app.shared, "seq": seq}
-    if state is None:
-        return World(**base, error=error)
-    gpus: tuple = ()
-    live = "live: unknown (reading the GPUs)"
-    if snapshot is not None:
-        gpus = tuple(gpu_rows(state, snapshot, policy, now))
-        live = snapshot.describe()
-    from bk.service.activity import rows
-    from bk.service.fairview import shared_with_me
-
-    live_rs = tuple(r for r in state.reservations if r.cancelled_at is None)
-    return World(**base, reservations=live_rs, activity=rows(app.settings, live_rs, now),
-                 usable=frozenset(r.id for r in shared_with_me(state, call)),
-                 blackouts=tuple(state.blackouts), notices=tuple(app.notices(state=state, call=call)),
-                 gpus=gpus, live=live, monitor=monitor_json(app.telemetry),
-                 worker=worker or {"state": "absent"}, warnings=tuple(call.warnings))
+    return world_of(app.run("screen", ScreenRequest(live=live), call=call), call, seq=seq)
 
 
 class Loader:
@@ -108,62 +88,34 @@ class Loader:
         self._mono = monotonic
         self.latest: World | None = None
         self.snapshot = None
+        self.inventory = None
         self._live_at = -1e9
         self._worker_at = -1e9
         self._worker = None
         self._seq = 0
-        self._ledger_id = None
-        self._read = None
+        self._look = None
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.on_load = None             # called (from the thread) after each load
 
     def load_once(self) -> World:
+        from bk.service import ScreenRequest
+
         t = self._mono()
-        if t - self._live_at >= LIVE_EVERY_S or self.snapshot is None:
-            self.snapshot = self._take_snapshot()
+        live = t - self._live_at >= LIVE_EVERY_S or self.snapshot is None
+        worker = t - self._worker_at >= WORKER_EVERY_S
+        call = self.app.call()
+        got = self.app.run("screen", ScreenRequest(live=live, worker=worker, previous=self._look), call=call)
+        if live:
             self._live_at = t
-        if t - self._worker_at >= WORKER_EVERY_S:
-            self._worker = self._worker_state()
-            self._worker_at = t
+        if worker:
+            self._worker, self._worker_at = got.worker, t
+        self._look = got
+        self.snapshot, self.inventory = got.snapshot, got.inventory
         self._seq += 1
-        ident = self._ledger_identity()
-        if ident is None or ident != self._ledger_id or self._read is None:
-            self._read = read_ledger(self.app)
-            self._ledger_id = ident if self._read[0] is not None else None
-        self.latest = load_world(self.app, snapshot=self.snapshot, worker=self._worker, seq=self._seq,
-                                 read=self._read)
+        self.latest = world_of(got, call, seq=self._seq, worker=self._worker)
         return self.latest
-
-    def _ledger_identity(self):
-        """The committed ledger's identity: every commit replaces the file
-        (``os.replace`` of a new one, bk.store.ledger), so the same inode,
-        size and modification time mean the same bytes, and decoding them
-        again (4 ms for 1,000 bookings, most of an idle screen's CPU) can
-        be skipped.  None (read every time) when it cannot be seen."""
-        try:
-            st = os.stat(self.app.store.paths.ledger)
-        except (OSError, AttributeError):
-            return None
-        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-
-    def _take_snapshot(self):
-        tel = self.app.telemetry
-        try:
-            if hasattr(tel, "refresh"):
-                tel.refresh()
-            return tel.snapshot()
-        except BkError:
-            return None
-
-    def _worker_state(self) -> dict:
-        from bk.service import jobs
-
-        try:
-            return jobs.worker_status(self.app)
-        except (BkError, OSError):
-            return {"state": "absent"}
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="bk-tui-loader", daemon=True)

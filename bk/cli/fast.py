@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import os
 
+from bk.core.errors import BkError
+
 # What an option does: a flag (store_true), a value (any word not starting
 # with "-"), a whole number (converted as the command's argparse type), or
 # one of a few words.
@@ -181,10 +183,12 @@ def parse(argv: list[str]):
     ns.update({"handler": getattr(module, grammar.handler), "command": grammar.command})
     values, positionals = got
     for dest, (kind, raw) in values.items():
-        if kind == LIMIT:
-            raw = module._limit(raw)
-        elif kind == POSITIVE:
-            raw = module.common.positive_int(raw)
+        if kind in (LIMIT, POSITIVE):
+            convert = module._limit if kind == LIMIT else module.common.positive_int
+            try:
+                raw = convert(raw)
+            except BkError:             # argparse refuses it, in its own words
+                return None
         ns[dest] = raw
     if grammar.positionals:
         ns[grammar.positionals[0]] = positionals[0] if positionals else None

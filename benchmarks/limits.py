@@ -7,7 +7,10 @@ Cases, each on random ledgers of 1,000 (and 10,000) live bookings over 7
 days on 8 GPUs, 20 users:
 
 * ``place``: the scheduler alone (``bk.core.scheduler.place``), what a
-  booking costs without limits;
+  booking costs without limits, with the hold index kept from the call
+  before (``bk.core.capacity``: a writer's placements in a row, the
+  broker's); ``cold``: the same with no index kept (the first placement of
+  a process: a private-mode command);
 * ``place + limits``: the same request through ``bk.core.limits.place_booking``
   with every limit set for its user (GPUs at once, GPU-hours, length, how
   far ahead, shared VRAM), tight enough that none refuses: the full cost of
@@ -18,7 +21,8 @@ days on 8 GPUs, 20 users:
 * ``refusal``: a request that the GPU-hours limit refuses, with what
   passes (``fits``: a shorter length, fewer GPUs, the earliest time);
 * ``advance plan``: ``bk.core.advance.plan`` after a cancellation with 10
-  advancing bookings, what the broker adds to that cancel's commit.
+  advancing bookings, what the broker adds to that cancel's commit (with
+  the index kept from the placement before; ``cold``: none kept).
 
 Each time is the median of several runs with the ledger already in memory
 (the service's transaction has read it for the placement anyway).
@@ -36,7 +40,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bk.core import advance  # noqa: E402
+from bk.core import advance, capacity  # noqa: E402
 from bk.core import limits as L  # noqa: E402
 from bk.core.errors import PolicyRefused  # noqa: E402
 from bk.core.models import SHARED, Advance, Policy, Reservation  # noqa: E402
@@ -83,7 +87,8 @@ def main(argv=None) -> None:
     ap.add_argument("--sizes", default="1000,10000")
     args = ap.parse_args(argv)
     tz = timezone.utc
-    print(f"{'live bookings':>13}  {'place':>8}  {'+ limits':>9}  {'added':>8}  {'checks':>8}  {'refusal':>8}  {'advance plan':>12}")
+    print(f"{'live bookings':>13}  {'place':>8}  {'cold':>8}  {'+ limits':>9}  {'added':>8}  {'checks':>8}  "
+          f"{'refusal':>8}  {'advance plan':>12}  {'cold':>8}")
     for n in (int(x) for x in args.sizes.split(",")):
         row(n, args.runs, tz)
     print("target: limits add at most 2 ms at 1,000 live bookings")
@@ -136,9 +141,16 @@ def row(n: int, runs: int, tz) -> None:
         moves = advance.plan(freed, (), POLICY, (), NOW, freed=room, changed=changed)
         assert len(moves) == 10, "not all moved"
 
-    p, lim, chk, ref, adv = (median_ms(f, runs) for f in (plain, limited, checks, refused, plan))
-    print(f"{n:>13,}  {p:>6.2f}ms  {lim:>7.2f}ms  {lim - p:>6.2f}ms  {chk:>6.3f}ms  {ref:>6.2f}ms  {adv:>10.2f}ms"
-          f"   (user1000 holds {mine} of them)")
+    def cold(fn):
+        def run():
+            capacity._last = None
+            fn()
+        return run
+
+    p, pc, lim, chk, ref, adv, advc = (median_ms(f, runs) for f in (plain, cold(plain), limited, checks, refused,
+                                                                       plan, cold(plan)))
+    print(f"{n:>13,}  {p:>6.2f}ms  {pc:>6.2f}ms  {lim:>7.2f}ms  {lim - p:>6.2f}ms  {chk:>6.3f}ms  {ref:>6.2f}ms  "
+          f"{adv:>10.2f}ms  {advc:>6.2f}ms   (user1000 holds {mine} of them)")
 
 
 if __name__ == "__main__":

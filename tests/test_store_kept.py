@@ -485,6 +485,37 @@ def test_checking_by_changes_finds_what_the_full_check_finds():
     assert min(found.values()) > 100, found
 
 
+def test_checking_by_changes_in_a_long_run_uses_its_hold_index_and_finds_what_the_full_check_finds():
+    """A writer that commits again and again (the broker) checks by
+    changes with the hold index it keeps (``Checked.holds``, derived from
+    one commit to the next): after every change it finds what the full
+    check finds, and the index holds what one built afresh holds."""
+    from bk.core.capacity import HoldIndex
+
+    rng = random.Random(SEED)
+    base = _random_state(rng, 60)
+    checked = ledgerdoc.Checked(base, 2)
+    found = {"valid": 0, "invalid": 0, "indexed": 0}
+    for step in range(800):
+        state = base.copy()
+        _mutate(rng, state)
+        want = ledgerdoc.check_state(state, 2)
+        got, nxt = ledgerdoc.check_next(state, 2, checked)
+        assert got == want, f"seed {SEED}, step {step}"
+        found["invalid" if want else "valid"] += 1
+        if nxt is None:
+            continue                               # refused: the writer stays where it was
+        if nxt.holds is not None:
+            found["indexed"] += 1
+            fresh = HoldIndex.build(state.reservations, now=nxt.holds.now, capacity=1, usable=dict(nxt.holds.key[1]))
+            for g, (holds, starts, _ml) in nxt.holds.per.items():
+                assert sorted((h[0], h[1], h[2], id(h[4])) for h in holds) == \
+                    sorted((h[0], h[1], h[2], id(h[4])) for h in fresh.per[g][0]), f"seed {SEED}, step {step}"
+                assert starts == sorted(starts) == [h[0] for h in holds]
+        base, checked = state, nxt
+    assert min(found.values()) > 100, found
+
+
 def test_a_document_made_from_parts_is_the_full_encoders_byte_for_byte():
     rng = random.Random(SEED)
     known = None

@@ -242,6 +242,40 @@ def _sd_notify(message: str) -> None:
 
 # ------------------------------------------------------------- the server
 
+KEEP_FREED = 32 << 20      # bytes glibc may keep of what the broker frees (and its largest heap block)
+
+
+def keep_freed_memory() -> None:
+    """Let glibc keep freed memory for reuse rather than hand it back.
+
+    How glibc behaves.  A block of more than ``M_MMAP_THRESHOLD`` (128 KiB
+    at first, raised to the size of the largest such block freed) is its
+    own mmap, returned to the kernel when freed; free room at the top of
+    a heap past ``M_TRIM_THRESHOLD`` is handed back too, and a request
+    thread's heap (its own arena, not the main one) is trimmed eagerly.
+    Memory the kernel gets back is faulted in again, a zeroed 4 KiB page
+    at a time, by the next block that needs it.  Each commit at 10,000
+    bookings reads the 2 MB ledger to compare it and builds the next
+    2 MB document, on the thread that serves the request: both met fresh
+    pages every time (about 1,000 faults, several ms on a busy machine,
+    the gap between a commit through the broker and one in-process).
+
+    The decision.  The broker, a long-running process that commits the
+    same sizes again and again, lets glibc keep up to ``KEEP_FREED``
+    (``mallopt``, through ctypes; nothing changes on another C library).
+    Its RSS grows by at most that much (``benchmarks/broker.py --scale``
+    prints it: within the 100 MiB target at 10,000 bookings)."""
+    try:
+        import ctypes
+
+        mallopt = ctypes.CDLL(None).mallopt
+    except (ImportError, OSError, AttributeError):
+        return
+    m_trim_threshold, m_mmap_threshold = -1, -3          # glibc's malloc.h
+    mallopt(m_trim_threshold, KEEP_FREED)
+    mallopt(m_mmap_threshold, KEEP_FREED)
+
+
 @dataclass
 class Stats:
     connections: int = 0
@@ -375,6 +409,7 @@ class Broker:
         # pay that for each of its calls while someone's read runs.
         switch = sys.getswitchinterval()
         sys.setswitchinterval(SWITCH_INTERVAL)
+        keep_freed_memory()
         old = {}
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):

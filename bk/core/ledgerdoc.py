@@ -449,14 +449,68 @@ def _no_constants(name: str):
     raise ValueError(f"{name} is not valid JSON")
 
 
-def loads(data: bytes) -> dict:
-    """Bytes -> dict.  Raises ValueError (never returns a non-dict)."""
+class _Dropped:
+    """A reservation a reader's ``DocKeep`` does not keep, in its place in
+    the document's list: the record's dict was let go as soon as it was
+    parsed."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<dropped>"
+
+
+DROPPED = _Dropped()
+
+
+def loads(data: bytes, keep=None) -> dict:
+    """Bytes -> dict.  Raises ValueError (never returns a non-dict).
+
+    ``keep`` (a ``DocKeep``; a reader of a sealed document only): the
+    reservations it does not keep are ``DROPPED`` in the list.  The JSON
+    parser hands every object it completes to a hook before it parses the
+    next, so a booking the view does not need is judged and let go at once
+    and a read of a few bookings never holds the dicts of all of them (at
+    10,000 that is most of the memory of ``bk l``).  The hook only sees an
+    object, not where it sits; one that looks like a booking elsewhere
+    would be dropped too, so every drop is counted, and unless each one is
+    found in the reservations list the document is parsed again whole."""
+    if keep is not None:
+        doc = _loads_dropping(data, keep)
+        if doc is not None:
+            return doc
     try:
         doc = json.loads(data, parse_constant=_no_constants)
     except (UnicodeDecodeError, RecursionError) as e:
         raise ValueError(str(e)) from None
     if not isinstance(doc, dict):
         raise ValueError(f"the document is a JSON {type(doc).__name__}, not an object")
+    return doc
+
+
+def _loads_dropping(data: bytes, keep) -> dict | None:
+    dropped = 0
+
+    def hook(d: dict):
+        nonlocal dropped
+        if "created" in d and "gpus" in d and "uid" in d and "id" in d:
+            try:
+                if not keep(d):
+                    dropped += 1
+                    return DROPPED
+            except (KeyError, TypeError, ValueError, AttributeError):
+                pass                       # kept: conversion says what is wrong with it
+        return d
+    try:
+        doc = json.loads(data, object_hook=hook, parse_constant=_no_constants)
+    except (UnicodeDecodeError, RecursionError):
+        return None                        # the plain parse says so
+    if not isinstance(doc, dict):
+        return None
+    if dropped:
+        res = doc.get("reservations")
+        if type(res) is not list or res.count(DROPPED) != dropped:
+            return None
     return doc
 
 
@@ -490,6 +544,8 @@ def _records(doc: dict, key: str, conv, out: list, probs: _Problems, keep=None) 
         probs.add(f"{key}: expected a list, got {type(items).__name__}")
         return
     for i, d in enumerate(items):
+        if d is DROPPED:                   # loads(keep=...): not kept
+            continue
         if not isinstance(d, dict):
             probs.add(f"{key}[{i}]: expected an object, got {type(d).__name__}")
             continue
@@ -786,13 +842,21 @@ class Checked:
     other than the one checked, or any problem found, runs the full
     ``check_state``, whose messages are then the ones reported."""
 
-    __slots__ = ("reservations", "policy", "capacity", "by_id")
+    __slots__ = ("reservations", "policy", "capacity", "by_id", "holds", "quick")
 
-    def __init__(self, state: LedgerState, capacity: int | None, by_id: dict | None = None):
+    def __init__(self, state: LedgerState, capacity: int | None, by_id: dict | None = None,
+                 holds=None, quick: int = 0):
         self.reservations = state.reservations    # what ``Delta.of`` compares the next state's with
         self.policy = plain_copy(state.policy)
         self.capacity = capacity
         self.by_id = by_id if by_id is not None else {r.id: r for r in state.reservations}
+        # The live bookings per GPU and time (``capacity.HoldIndex`` of
+        # ``reservations``), which finds the bookings near the added ones
+        # without a pass over all of them.  Made at the second check by
+        # changes in a row (a process that commits again and again: the
+        # broker), since making it costs a pass more than it saves once.
+        self.holds = holds
+        self.quick = quick               # checks by changes in a row that led here
 
 
 def check_next(state: LedgerState, capacity: int | None, base: Checked | None,
@@ -829,17 +893,50 @@ def _check_changes(state: LedgerState, capacity: int | None, base: Checked, delt
             if not _reservation_ok(r, gpu_count, cap) or r.id in by_id:
                 return None
             by_id[r.id] = r
+    from bk.core.capacity import RES
+
+    holds = _holds_next(base, state.reservations, gpu_count)
     live = [r for r in delta.fresh if r.cancelled_at is None]
     if live:
         lo, hi = min(r.start for r in live), max(r.end for r in live)
         gpus = {g for r in live for g in r.gpus}
-        near = [r for r in state.reservations if r.cancelled_at is None and r.start < hi and r.end > lo
-                and not gpus.isdisjoint(r.gpus)]
+        if holds is not None:
+            near = list({id(h[RES]): h[RES] for g in gpus if g in holds.per
+                         for h in _near(holds.per[g], lo, hi)}.values())
+        else:
+            near = [r for r in state.reservations if r.cancelled_at is None and r.start < hi and r.end > lo
+                    and not gpus.isdisjoint(r.gpus)]
         _check_capacity(LedgerState(reservations=near), cap, probs)
     _check_others(state, probs)
     if probs:
         return None
-    return Checked(state, capacity, by_id)
+    return Checked(state, capacity, by_id, holds, base.quick + 1)
+
+
+_EVER = -(1 << 62)        # the ``now`` of a check's hold index: ended bookings count too
+
+
+def _holds_next(base: Checked, reservations: list, gpu_count: int):
+    """The hold index of ``reservations`` from the base's (None: not kept yet)."""
+    from bk.core.capacity import HoldIndex
+
+    if gpu_count is None or gpu_count > 4096:       # bookings' GPUs unbounded, or a silly policy
+        return None
+    usable = {g: None for g in range(gpu_count)}
+    if base.holds is not None and base.holds.key == (1, tuple(usable.items())):
+        got = base.holds.derive(reservations, _EVER)
+        if got is not None:
+            return got
+    if base.quick >= 1:
+        return HoldIndex.build(reservations, now=_EVER, capacity=1, usable=usable)
+    return None
+
+
+def _near(per: tuple, lo: int, hi: int) -> list[tuple]:
+    from bk.core.capacity import GpuLedger
+
+    holds, starts, ml = per
+    return GpuLedger(0, 1, None, holds, starts=starts, max_len=ml).overlapping(lo, hi)
 
 
 def validate(obj, capacity: int | None = None) -> list[str]:

@@ -263,6 +263,8 @@ def judge(p: GpuProcess, gpu: int, active: dict[int, set[int]],
 def attribute_all(snapshot: Snapshot, reservations, now: int) -> dict[tuple[int, int], Attribution]:
     """Every process of ``snapshot`` judged against the bookings active at
     ``now``: ``{(gpu, pid): Attribution}``."""
+    if not any(g.processes for g in snapshot.gpus):
+        return {}                # no process to judge: no pass over the bookings
     active = active_gpus_by_uid(reservations, now)
     return {(g.index, p.pid): judge(p, g.index, active) for g in snapshot.gpus for p in g.processes or ()}
 

@@ -310,12 +310,13 @@ class Store:
         bytes, so bytes this Store validated (or wrote) before skip the
         invariant check, and so do bytes whose seal matches: a writer
         checked them before it committed them (``ledgerdoc.seal``)."""
+        sealed = not verify and ledgerdoc.sealed(data)
+        keep = keep if sealed else None
         try:
-            doc = ledgerdoc.loads(data)
+            doc = ledgerdoc.loads(data) if keep is None else ledgerdoc.loads(data, keep)
         except ValueError as e:
             return None, ledgerdoc.DocMeta(), [f"not valid JSON: {e}"]
-        sealed = not verify and ledgerdoc.sealed(data)
-        state, meta, problems = ledgerdoc.decode(doc, keep if sealed else None)
+        state, meta, problems = ledgerdoc.decode(doc, keep)
         if state is not None and not problems and data != self._valid and not sealed:
             problems = ledgerdoc.check_state(state, self.capacity)
             if not problems:
@@ -596,7 +597,7 @@ class Store:
         # share (and nothing changes): the caller keeps the state it made.
         kept = _own_copy(state)
         if checked is not None:
-            checked = ledgerdoc.Checked(kept, self.capacity, checked.by_id)
+            checked = ledgerdoc.Checked(kept, self.capacity, checked.by_id, checked.holds, checked.quick)
         encoded = ledgerdoc.Encoded(kept.reservations, kept.ops, encoded.reservation_bytes, encoded.op_bytes)
         self._kept = _Kept(kept, meta, data, checked, encoded, earliest)
 

@@ -21,9 +21,11 @@ import argparse
 import os
 import sys
 
-from bk.cli.render import Output, Term, emit, emit_error, setup_streams
-from bk.core.errors import EXIT_INTERNAL, BkError, Internal, UsageError
-from bk.core.record import dataclass, field
+from bk.cli.dispatch import Context, failure, finish, merge, stdin_is_tty, warnings_of
+from bk.cli.render import Term, emit, setup_streams
+from bk.core.errors import UsageError
+
+__all__ = ["COMMAND_WORDS", "Context", "build_parser", "normalise", "parse_argv", "run"]
 
 PROG = "bk"
 
@@ -192,67 +194,6 @@ class Parser(argparse.ArgumentParser):
         close = difflib.get_close_matches(word, names, n=1)
         hint = (f"did you mean: bk {close[0]}?  " if close else "") + "all commands: bk help"
         return UsageError(f"unknown command {word!r}", hint=hint)
-
-
-@dataclass
-class Context:
-    """What a command handler may use: the environment and terminal facts.
-    Handlers reach the service layer through ``bk.service``, never files."""
-
-    env: dict
-    json: bool
-    argv: list[str]
-    term: Term = field(default_factory=Term)
-    _app: object = None
-    stdin_tty: bool = False
-    _call: object = None
-    # How the service is opened: ``bk.service.open_app`` unless a caller
-    # (a test, an embedding front end) injects its own actor, clock or GPUs.
-    opener: object = None
-
-    @property
-    def interactive(self) -> bool:
-        """May this command ask a question?  Only with a person at a terminal:
-        never with --json, and never when stdin is a pipe or a file (a
-        script must not hang on a prompt it cannot see)."""
-        return self.stdin_tty and not self.json
-
-    def confirm(self, question: str, default: bool = False) -> bool:
-        """Ask a yes/no question on the terminal; anything but yes is no,
-        except an empty answer, which is ``default`` (shown as ``[Y/n]``)."""
-        sys.stderr.write(f"{question} [{'Y/n' if default else 'y/N'}] ")
-        sys.stderr.flush()
-        try:
-            answer = input()
-        except EOFError:
-            return False
-        answer = answer.strip().lower()
-        return default if not answer else answer in ("y", "yes")
-
-    def app(self):
-        """The service-layer application for this process (opened lazily)."""
-        if self._app is None:
-            opener = self.opener
-            if opener is None:
-                from bk.service import open_app as opener
-            self._app = opener(self.env)
-        return self._app
-
-    def call(self):
-        """This command's one call context (who, now, zone, policy, GPUs,
-        warnings): every service call and request builder of the command
-        gets the same one."""
-        if self._call is None:
-            self._call = self.app().call()
-        return self._call
-
-    def fresh_call(self):
-        """A new call context for a write at the end of a dialog (the clock
-        read again), keeping the warnings gathered so far."""
-        old = self.call()
-        self._call = self.app().call()
-        self._call.warn(*old.warnings)
-        return self._call
 
 
 def build_parser(only: str | None = None) -> Parser:
@@ -428,39 +369,15 @@ def run(argv: list[str], env: dict | None = None, *, opener=None) -> int:
             return output_failed(lost.exc)
         ctx = Context(env=env, json=as_json, argv=argv, term=Term.detect(env=env),
                       stdin_tty=_stdin_is_tty(), opener=opener)
-        handler = getattr(args, "handler", None)
-        if handler is None:
+        if getattr(args, "handler", None) is None:
             if argv:
                 raise UsageError("no command given", hint="try: bk help, or bk 1 30m to book one GPU")
             return _bare(ctx)
         command = args.command
-        out: Output = handler(args, ctx)
-        out.warnings = _merge(_warnings_of(ctx), out.warnings)
-        return emit(out, as_json, ctx.term)
-    except BkError as err:
-        if args is not None:              # a handler may name what failed more exactly
-            command = getattr(args, "command", None) or command
-        if not as_json and _first_word(argv) == "agent":
-            # bk agent answers with its one-line envelope, usage errors too.
-            from bk.cli.cmd_agent import failure_output
-
-            return emit(failure_output(command, err, _warnings_of(ctx)), False)
-        return emit_error(command, err, as_json, _warnings_of(ctx))
-    except BrokenPipeError:
-        from bk.cli.main import closed_pipe
-
-        return closed_pipe()
-    except KeyboardInterrupt:
-        if sys.stderr is not None:
-            sys.stderr.write("\n")
-        return 130
-    except Exception as exc:  # the one broad catch of this front end
-        if env.get("BK_DEBUG") == "1":
-            raise
-        err = Internal(f"unexpected error: {type(exc).__name__}: {exc}",
-                       hint="run with BK_DEBUG=1 for details")
-        emit_error(command, err, as_json, _warnings_of(ctx))
-        return EXIT_INTERNAL
+        return finish(args, ctx)
+    except (Exception, KeyboardInterrupt) as exc:   # the one broad catch of this front end
+        return failure(exc, command=command, args=args, ctx=ctx, as_json=as_json, env=env,
+                       agent=_first_word(argv) == "agent")
 
 
 def _asks_help(argv: list[str]) -> bool:
@@ -569,10 +486,6 @@ def _command_path(args, parser) -> str | None:
         node = sub.choices[word]
 
 
-def _merge(first: list[str], second: list[str]) -> list[str]:
-    return list(dict.fromkeys([*first, *second]))
-
-
 def _take_extra_words(args, extra: list[str], path: str | None) -> None:
     """argparse gives a positional list only the words before the first
     option, so ``bk 2 -d 1h 12g`` leaves ``12g`` over.  Commands that take
@@ -590,18 +503,8 @@ def _take_extra_words(args, extra: list[str], path: str | None) -> None:
                      hint=f"see: bk help {path}" if path else "see: bk help")
 
 
-def _warnings_of(ctx) -> list[str]:
-    """Warnings the service gathered before a failure (a ledger read from a
-    backup, say) still reach the user with the error."""
-    call = getattr(ctx, "_call", None)
-    return list(getattr(call, "warnings", None) or [])
-
-
 def _stdin_is_tty() -> bool:
-    try:
-        return sys.stdin is not None and sys.stdin.isatty()
-    except (ValueError, OSError):
-        return False
+    return stdin_is_tty()           # a seam: tests put a person at the terminal
 
 
 def _bare(ctx: Context) -> int:
@@ -616,7 +519,7 @@ def _bare(ctx: Context) -> int:
     from bk.cli.cmd_status import status_output
 
     out = status_output(ctx, verbose=False)
-    out.warnings = _merge(_warnings_of(ctx), out.warnings)
+    out.warnings = merge(warnings_of(ctx), out.warnings)
     if not ctx.json:
         human = out.human
 

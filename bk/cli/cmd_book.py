@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
-
 from bk.cli import common
 from bk.cli.render import Output, wrap
 from bk.core import timegrid
@@ -47,6 +45,8 @@ The same booking twice:
 
 
 def register(sub) -> None:
+    import argparse  # the parser only: bk.cli.fast runs the everyday words without it
+
     for name, aliases, mode, what in (
             ("book", ["s"], SHARED, "book N GPUs, shared (bk N DUR [MEM])"),
             ("exclusive", ["x"], EXCLUSIVE, "book N whole GPUs (bk x N DUR [MEM])")):

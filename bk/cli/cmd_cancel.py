@@ -8,8 +8,6 @@ own, and a prompt nobody can answer would hang the script.
 
 from __future__ import annotations
 
-import argparse
-
 from bk.cli import common
 from bk.cli.render import Output, wrap
 from bk.core.errors import EXIT_PARTIAL
@@ -17,6 +15,8 @@ from bk.service import CancelRequest, ResolveRequest
 
 
 def register(sub) -> None:
+    import argparse  # the parser only: bk.cli.fast runs the everyday words without it
+
     p = sub.add_parser(
         "cancel", aliases=["d", "del", "rm"], help="cancel one of your bookings",
         description="Cancel one of your bookings, named by its list number (bk l) or ID prefix. "

@@ -8,7 +8,6 @@ end forms (``+30m``, ``-15m``, ``20:00``, ``total 2h``) move the end.
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 
 from bk.cli import common
@@ -40,6 +39,8 @@ EPILOG = """Examples:
 
 
 def register(sub) -> None:
+    import argparse  # the parser only: bk.cli.fast runs the everyday words without it
+
     p = sub.add_parser(
         "edit", aliases=["e"], help="change a booking (flags, or guided without)",
         description="Change one of your bookings, named by its list number (bk l) or ID prefix. "

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
-
 from bk.cli import common
 from bk.cli.render import Output
 from bk.core.errors import InvalidInput
@@ -12,6 +10,8 @@ DEFAULT_LIMIT = 20
 
 
 def register(sub) -> None:
+    import argparse  # the parser only: bk.cli.fast runs the everyday words without it
+
     p = sub.add_parser(
         "list", aliases=["l", "ls"], help="list your current and upcoming bookings",
         description="List your current and upcoming bookings, numbered. The numbers are the "

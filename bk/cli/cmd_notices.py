@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
-
 from bk.cli.cmd_status import notice_lines
 from bk.cli.render import Output
 
 
 def register(sub) -> None:
+    import argparse  # the parser only: bk.cli.fast runs the everyday words without it
+
     p = sub.add_parser(
         "notices", aliases=["n"], help="announcements and notices for you",
         description="Show the administrator's announcements and the notices addressed to you "

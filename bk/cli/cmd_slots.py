@@ -9,8 +9,6 @@ GPUs used without a booking last), and says what the telemetry misses.
 
 from __future__ import annotations
 
-import argparse
-
 from bk.cli import common
 from bk.cli.render import Output, fit, safe, wrap
 from bk.core import timegrid
@@ -22,6 +20,8 @@ DEFAULT_ALTERNATIVES = 3
 
 
 def register(sub) -> None:
+    import argparse  # the parser only: bk.cli.fast runs the everyday words without it
+
     p = sub.add_parser(
         "slots", help="when and where N GPUs are free (read-only)",
         description="Find the earliest options for a booking without making one. Each option "

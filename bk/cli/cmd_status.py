@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
-
 from bk.cli import common
 from bk.cli.render import Output, safe, table, wrap
 from bk.core import timegrid
@@ -11,6 +9,8 @@ from bk.core.timegrid import format_duration, format_local_short
 
 
 def register(sub) -> None:
+    import argparse  # the parser only: bk.cli.fast runs the everyday words without it
+
     p = sub.add_parser(
         "status", aliases=["st"], help="GPUs, your bookings and notices",
         description="Show every GPU (model, utilisation, VRAM used and free, processes, live state: "

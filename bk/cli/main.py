@@ -2,7 +2,9 @@
 
 ``bk --version`` is answered here without importing argparse or anything
 else heavy: start-up time is a feature (benchmarks/cli.py measures it).
-Every other command goes to ``bk.cli.app``.
+The everyday words (``bk l``, ``bk 1 30m``...) are read by ``bk.cli.fast``
+when it knows their exact form, also without argparse; every other command
+line goes to ``bk.cli.app``.
 """
 
 from __future__ import annotations
@@ -24,6 +26,11 @@ def main(argv: list[str] | None = None) -> int:
     as_json = _version_words(argv)
     if as_json is not None:
         return version(as_json)
+    from bk.cli.fast import run as run_fast
+
+    code = run_fast(argv)
+    if code is not None:
+        return code
     from bk.cli.app import run
 
     return run(argv)

@@ -271,7 +271,7 @@ def test_a_lost_reply_is_looked_up_before_anything_is_retried():
     fake = FakeSsh(reply(b"", ended="timeout"), op_found())
     out = cluster_with(fake).write("a", ["book", "1", "30m"], "K", "book")
     assert out.recovered and out.reply_data["reservation"]["id"] == "r-1"
-    assert len(fake.calls) == 2 and "c op K" in fake.calls[1][-1]
+    assert len(fake.calls) == 2 and "--row op_lookup --fields '{\"op_id\":\"K\"}'" in fake.calls[1][-1]
     assert "--op-id K" in fake.calls[0][-1]
 
 

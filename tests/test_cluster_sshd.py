@@ -142,7 +142,7 @@ def test_book_with_a_command_and_dry_run(lab):
     assert code == 0, env
     assert env["data"]["reservation"]["note"] == "a; rm -rf / #"      # one word on the node's shell
     code, env = lab.bk_json(cat, "c", "1", "30m", "-t", "+2h", "--", "echo", "hi there; exit 3")
-    assert code == 0 and env["data"]["recovered"] is False, env
+    assert code == 0 and env["data"]["recovered"] is False, json.dumps(env)
     code, jobs = lab.bk_json(cat, "@a", "j")
     assert [j["summary"] for j in jobs["data"]["jobs"]] == ["echo +1 arg"], jobs
     code, chk = lab.bk_json(cat, "c", "check", "--jobs")

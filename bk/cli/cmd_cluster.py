@@ -307,7 +307,9 @@ def cluster_request(args, *, mode: str, limit: int) -> dict:
     """The ``recommend`` row's fields every node is asked for ``bk c rec``
     and ``bk c N DUR``: the count read here, the duration, memory and start
     as the person wrote them, for each node to read on its own clock, zone
-    and grid (as its own ``bk slots`` would)."""
+    and grid (as its own ``bk slots`` would).  The words wrong on any node
+    (no duration, ``-s`` with ``-x``, ``-t`` with ``--start``) are refused
+    here, once, before a node is asked."""
     from bk.cli import common
     from bk.service import builders
 
@@ -324,6 +326,7 @@ def cluster_request(args, *, mode: str, limit: int) -> dict:
             fields["share"] = int(args.share)
         except ValueError:
             raise UsageError(f"--share takes a whole number, got {args.share!r}", hint="e.g. -s 2") from None
+        builders.check_share(mode, fields["share"])
     if (args.at or args.start) is not None:
         fields["start"] = args.at if args.at is not None else args.start
     return fields

@@ -143,6 +143,13 @@ def start(at: str | None, exact: str | None, *, now: int, tz, slot_minutes: int)
     return None, None
 
 
+def check_share(mode: str, share: int | None) -> None:
+    """``-s`` with ``-x``: refused wherever a booking's words are read."""
+    if mode == EXCLUSIVE and share is not None:
+        raise UsageError("--share applies to shared bookings; an exclusive booking takes the whole GPU",
+                         hint="drop -s, or book shared: bk N DUR -s 2")
+
+
 def book_request(*, count_: int | str, duration_: int | str, policy, now: int, tz, mem=None,
                  mode: str = SHARED, share: int | None = None, at: str | None = None,
                  start_iso: str | None = None, start_at: int | None = None, queue: bool = False,
@@ -156,9 +163,7 @@ def book_request(*, count_: int | str, duration_: int | str, policy, now: int, t
     slot = policy.slot_minutes
     note, op_id = note_text(note), op_id_text(op_id)
     n_gpus = policy.gpu_count
-    if mode == EXCLUSIVE and share is not None:
-        raise UsageError("--share applies to shared bookings; an exclusive booking takes the whole GPU",
-                         hint="drop -s, or book shared: bk N DUR -s 2")
+    check_share(mode, share)
     when, spec = start(at, start_iso, now=now, tz=tz, slot_minutes=slot)
     if start_at is not None:
         if when is not None:

@@ -3,9 +3,10 @@
 The client half (``bk c``, ``check``, ``rec``, ``bk c N DUR``, ``e``/``d``
 ``NODE/ID``, ``probe``, ``tui``, ``@NODE``) calls ``bk.cluster.client``; the
 node half (``bk c id``, ``bk c node``, ``bk c op``) is what the client runs
-on each node through ssh.  ``bk c node`` runs one ordinary bk command here,
-in this process, and wraps its reply with this node's identity, so every
-reply says which ledger answered (docs/CLUSTER.md).
+on each node through ssh.  ``bk c node`` runs one row of the operation table
+here (``--row``: the row's wire JSON), or a person's words in a child bk
+(``bk @NODE l``), and wraps the reply with this node's identity, so every
+reply says which ledger answered and which release (docs/CLUSTER.md, The wire).
 """
 
 from __future__ import annotations
@@ -173,8 +174,10 @@ def register(sub) -> None:
                             epilog="Examples:\n  bk c id --json", formatter_class=argparse.RawDescriptionHelpFormatter)
     ident.set_defaults(handler=run_id, command="cluster id")
     node = acts.add_parser("node", help="(run by the client) one bk command here, with this node's identity",
-                           description="Run one bk command here and wrap its reply with this node's identity. "
-                           "With --expect, refuse unless this node has that id. Clients run this over ssh.",
+                           description="Run one row of the operation table here (--row NAME --fields JSON: "
+                           "the reply is the row's wire JSON), or one bk command (-- WORDS, in a child bk), and "
+                           "wrap the reply with this node's identity; with neither, only the identity. With "
+                           "--expect, refuse unless this node has that id. Clients run this over ssh.",
                            epilog="Examples:\n  bk c node --expect d-0123456789abcdef01234567 --json --row list "
                                   "--fields '{\"scope\": \"all\"}'\n"
                                   "  bk c node --expect d-0123456789abcdef01234567 --json -- l",
@@ -182,8 +185,10 @@ def register(sub) -> None:
     node.add_argument("--expect", metavar="ID", help="refuse unless this node's id is ID")
     node.add_argument("--text", action="store_true", help="run the command for people (its text, not JSON)")
     node.add_argument("--columns", metavar="N", type=int, help="terminal width for --text")
-    node.add_argument("--row", metavar="NAME", help="run this row of the operation table (instead of words)")
-    node.add_argument("--fields", metavar="JSON", default="{}", help="the row's request fields, as JSON")
+    node.add_argument("--row", metavar="NAME",
+                      help="run this row of the operation table (list, recommend, book, ...) instead of words")
+    node.add_argument("--fields", metavar="JSON", default="{}",
+                      help="with --row: the row's request fields, a JSON object (default {})")
     node.set_defaults(handler=run_node, command="cluster node", takes_command=True)
     op = acts.add_parser("op", help="what an op-id produced here (the lost-reply lookup)",
                          description="The booking an op-id created, edited or cancelled for you here, if any.",

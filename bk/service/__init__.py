@@ -578,7 +578,10 @@ def __getattr__(name: str):
 def open_app(env: dict, *, actor=None, clock_fn=None, backend=None, telemetry=None, connect=None):
     """The service for this process.  Tests and embedding front ends may
     inject the actor, the clock, the GPU backend (or the whole telemetry,
-    e.g. ``telemetry.Fixed`` with a snapshot) and the broker connection."""
+    e.g. ``telemetry.Fixed`` with a snapshot) and the broker connection.
+    The clock (``BK_NOW``) and the zone (``TZ``) are ``env``'s, like every
+    other setting, never this process's ``os.environ``: an in-process front
+    end and the command it stands for cannot disagree."""
     from bk import clock
     from bk.service.app import Service
     from bk.service.telemetry import Telemetry
@@ -587,7 +590,10 @@ def open_app(env: dict, *, actor=None, clock_fn=None, backend=None, telemetry=No
 
     where = locate(env)
     settings = load(where)
-    clock_fn = clock_fn or clock.now
+    clock_fn = clock_fn or clock.clock_of(env)
+
+    def tz_fn():
+        return clock.zone_of(env).tz
 
     def open_backend():
         if backend is not None:
@@ -599,8 +605,8 @@ def open_app(env: dict, *, actor=None, clock_fn=None, backend=None, telemetry=No
     if telemetry is None:
         telemetry = Telemetry(open_backend, clock=clock_fn, cache_dir=where.cache_dir, monitor=settings)
     if settings.mode == "shared":
-        return Service.remote(settings, telemetry, actor=actor, clock_fn=clock_fn, connect=connect)
-    return Service.local(settings, telemetry, actor=actor, clock_fn=clock_fn)
+        return Service.remote(settings, telemetry, actor=actor, clock_fn=clock_fn, connect=connect, tz_fn=tz_fn)
+    return Service.local(settings, telemetry, actor=actor, clock_fn=clock_fn, tz_fn=tz_fn)
 
 
 def open_host(env: dict, settings, *, service_uid: int, telemetry=None):

@@ -11,7 +11,7 @@ Imports written as strings are imports too: a ``"bk.x.y:attr"`` reference
 string is still an arrow.
 
 A *unit* is a top-level package of bk (``bk.core``, ``bk.cli``, ...), one of
-the top-level modules ``bk.clock`` and ``bk.buildinfo``, the entry point
+the top-level modules ``bk.clock``, ``bk.users`` and ``bk.buildinfo``, the entry point
 ``bk.__main__``, or ``bk`` itself (``bk/__init__.py``: the version).  A unit
 may always import its own modules; anything else it imports must be in its
 row of ``LAYERS``, or in ``EXCEPTIONS`` for that one module.  A package with
@@ -31,16 +31,17 @@ ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / "bk"
 ARCHITECTURE = ROOT / "docs" / "ARCHITECTURE.md"
 
-BASE = frozenset({"bk.core", "bk.clock"})  # what everything above the store may use
+BASE = frozenset({"bk.core", "bk.clock", "bk.users"})  # what everything above the store may use
 # unit -> the other units it may import (its own modules are always allowed).
 LAYERS: dict[str, frozenset[str]] = {
     "bk": frozenset(),                           # bk/__init__.py: the version, nothing else
     "bk.__main__": frozenset({"bk.cli"}),        # python -m bk
     "bk.core": frozenset(),                      # pure; see IMPURE below
     "bk.clock": frozenset({"bk.core"}),          # the clock seam: core's errors and ISO parser
+    "bk.users": frozenset(),                     # the account seam: uid -> name, for every layer
     "bk.buildinfo": frozenset({"bk"}),           # the version and the build record
-    "bk.store": frozenset({"bk.core"}),          # state files; the clock is an argument
-    "bk.gpu": frozenset({"bk.core"}),            # the one GPU gateway
+    "bk.store": frozenset({"bk.core", "bk.users"}),  # state files; the clock is an argument
+    "bk.gpu": frozenset({"bk.core", "bk.users"}),  # the one GPU gateway
     "bk.ipc": frozenset({"bk.core"}),            # the broker's wire, shared by service and broker
     "bk.jobs": frozenset({"bk.core", "bk.store"}),  # job specs, logs, launcher, worker loop (for the service)
     "bk.notify": frozenset({"bk.core", "bk.store"}),  # notification files, channels, deliverer (for the service)

@@ -318,12 +318,10 @@ def payload(layout: Layout, named: Layout, vals: dict[str, str], python: str, py
 
 
 def _user_name(uid: int) -> str:
-    import pwd
+    from bk.users import user_name
 
-    try:
-        return units.account_name(uid, pwd.getpwuid(uid).pw_name)
-    except KeyError:
-        return str(uid)
+    name = user_name(uid)
+    return units.account_name(uid, name) if name is not None else str(uid)
 
 
 def _group_name(gid: int) -> str:

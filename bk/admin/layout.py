@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import grp
 import os
-import pwd
 
 from bk.core.errors import InvalidInput, PermissionDenied
 from bk.core.record import dataclass
@@ -140,10 +139,9 @@ def need_root(command: str, euid: int | None = None) -> None:
 
 
 def owner_name(uid: int) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
+    from bk.users import user_name
+
+    return user_name(uid) or str(uid)
 
 
 def group_name(gid: int) -> str:

@@ -172,14 +172,12 @@ def _plan_text(result, applied: bool) -> str:
     verbs = {"mkdir": "create", "adopt": "take over", "chmod": "set owner/mode", "write": "write",
              "keep": "keep"}
     import grp
-    import pwd
+
+    from bk.users import user_name
 
     lines = []
     for s in p.steps:
-        try:
-            owner = pwd.getpwuid(s.uid).pw_name
-        except KeyError:
-            owner = str(s.uid)
+        owner = user_name(s.uid) or str(s.uid)
         try:
             group = grp.getgrgid(s.gid).gr_name
         except KeyError:

@@ -32,12 +32,10 @@ from bk.service.context import Actor, Call
 
 
 def user_name(uid: int) -> str:
-    import pwd
+    """The account name, or the UID as text: an actor always has a name."""
+    from bk import users
 
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
+    return users.user_name(uid) or str(uid)
 
 
 def process_actor() -> Actor:

@@ -191,14 +191,11 @@ def _failed(name: str, e: BkError) -> dict:
 
 
 def _account(uid: int | None) -> str:
-    import pwd
+    from bk.users import user_name
 
     if uid is None:
         return "nobody"
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return f"uid {uid}"
+    return user_name(uid) or f"uid {uid}"
 
 
 def _trust_chain(path: str) -> str:

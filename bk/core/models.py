@@ -27,7 +27,6 @@ UPCOMING = "upcoming"
 ACTIVE = "active"
 ENDED = "ended"
 CANCELLED = "cancelled"
-STATUSES = (UPCOMING, ACTIVE, ENDED, CANCELLED)
 
 
 def iso(t: int | None) -> str | None:
@@ -164,9 +163,6 @@ class Reservation:
     def is_live(self, now: int) -> bool:
         """Holds capacity now or later (not cancelled, not ended)."""
         return self.cancelled_at is None and self.end > now
-
-    def holds_capacity(self) -> bool:
-        return self.cancelled_at is None
 
     def replace(self, **changes) -> Reservation:
         return record.replace(self, **changes)

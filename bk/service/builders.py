@@ -106,10 +106,6 @@ def op_id_text(value, flag: str = "--op-id") -> str | None:
     return _text(value, flag, "op_id", specs.BOOK_FIELDS)
 
 
-def reason_text(value, flag: str = "--reason") -> str | None:
-    return _text(value, flag, "reason", specs.CANCEL_FIELDS)
-
-
 def duration(value, slot_minutes: int) -> int:
     """Seconds from ``1h30m`` (or seconds already)."""
     if isinstance(value, int) and not isinstance(value, bool):

@@ -269,14 +269,6 @@ def _resolve_job(app, call, ref: str) -> Reservation:
     return res
 
 
-def _job_log(app, call, ref: str, *, everything: bool = False) -> tuple[Reservation, bytes, bool]:
-    from bk.jobs import logs
-
-    res = _resolve_job(app, call, ref)
-    data, cut = logs.read(_jobs_path(app), res.job.extra.get("id") or "", None if everything else logs.TAIL_BYTES)
-    return res, data, cut
-
-
 def _retry(app, call, ref: str, *, accept_duplicate_risk: bool) -> JobResult:
     from bk.service.requests import JobStateRequest
 

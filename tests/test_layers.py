@@ -506,3 +506,42 @@ def test_the_face_names_what_front_ends_import():
                     if a.name != "builders":
                         assert a.name in face.__all__, f"{mod}: {a.name} is not in bk.service.__all__"
                         assert getattr(face, a.name) is not None
+
+
+def _map_of_init() -> dict[str, str]:
+    """``bk/__init__.py``'s package map: unit -> its role, continuation lines joined."""
+    found: dict[str, str] = {}
+    last = None
+    for line in (PKG / "__init__.py").read_text().splitlines():
+        if not line.startswith("#   "):
+            continue
+        m = re.match(r"#   (bk/\S+)\s+(.*)", line)
+        if m:
+            last = m.group(1)
+            found[last] = m.group(2).strip()
+        elif last is not None:
+            found[last] += " " + line[4:].strip()
+    return found
+
+
+def _roles_of_docs() -> dict[str, str]:
+    """The layer table's units and the first words of each role (up to the first
+    ``: `` or ``; ``), backticks dropped: what the package map must say."""
+    roles = {}
+    for line in ARCHITECTURE.read_text().splitlines():
+        m = re.match(r"\| `(bk/[^`]*)` \| (.*?) \| [^|]* \|$", line)
+        if m:
+            role = m.group(2).replace("`", "")
+            cuts = [i for i in (role.find(": "), role.find("; ")) if i >= 0]
+            roles[m.group(1)] = role[:min(cuts)] if cuts else role
+        elif roles:
+            break
+    return roles
+
+
+def test_package_map_is_the_docs_table():
+    on_disk = {"bk/" + (p.name + "/" if p.is_dir() else p.name) for p in PKG.iterdir()
+               if (p.is_dir() and (p / "__init__.py").exists()) or p.suffix == ".py"}
+    docs, init = _roles_of_docs(), _map_of_init()
+    assert on_disk - set(docs) == set(), "a unit of bk/ missing from docs/ARCHITECTURE.md's layer table"
+    assert init == docs, "bk/__init__.py's package map differs from docs/ARCHITECTURE.md's layer table"

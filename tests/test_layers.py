@@ -293,7 +293,7 @@ def _check(mod: str, source: str, *, is_package: bool = False) -> str:
     ("bk.store.ledger", "from bk import clock\n", "imports bk.clock, but bk.store may import only bk.core"),
     ("bk.service.app", "from bk.broker import handlers\n", "imports bk.broker"),
     ("bk.service.app", "from bk.cli import render\n", "imports bk.cli"),
-    ("bk.broker.handlers", "from bk.store.ledger import Mutation\n", "imports bk.store.ledger"),
+    ("bk.broker.handlers", "from bk.store.ledger import Store\n", "imports bk.store.ledger"),
     ("bk.broker.handlers", "from bk.gpu import open_backend\n", "imports bk.gpu"),
     ("bk.broker.server", "from bk.gpu import open_backend\n", "imports bk.gpu"),
     ("bk.admin.init", "from bk.broker.server import check_owned_dir\n", "imports bk.broker.server"),

@@ -422,3 +422,16 @@ class AuditEntry:
         if self.action in (CANCEL, ADMIN_CANCEL):
             d["reason"] = self.reason
         return d
+
+
+@dataclass
+class Mutation:
+    """What ``apply`` did: ``changed`` decides whether anything is written;
+    ``audit`` holds action/reservation/op_id/before/after/result per change."""
+
+    changed: bool
+    audit: list = field(default_factory=list)     # AuditEntry records (or their dicts)
+    result: object = None
+    # The state to commit when ``apply`` worked on a copy (a batch whose
+    # refused items were dropped with their copies); None: the one passed in.
+    state: object = None

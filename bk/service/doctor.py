@@ -232,7 +232,9 @@ def _config_check(app, call) -> dict:
 def _ledger_checks(app, call) -> list[dict]:
     store = app.store
     checks = []
-    for name, ok, detail in store.check():
+    from bk.store import health
+
+    for name, ok, detail in health.check(store):
         detail, fix = _split_hint(detail)
         checks.append(_check(name, ok, detail, fix=fix))
     for c in checks:

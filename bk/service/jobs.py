@@ -117,8 +117,7 @@ def apply_job_state(state, req, call):
     along ``bk.core.jobs.NEXT`` (a retry: an ended job back to pending
     while its booking lasts)."""
     from bk.core import jobs as J
-    from bk.core.models import AuditEntry
-    from bk.store.ledger import Mutation
+    from bk.core.models import AuditEntry, Mutation
 
     res = state.find(req.ref)
     if res is None:

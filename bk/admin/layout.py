@@ -109,7 +109,7 @@ def default_root() -> str:
     ``/``.  So the commands that act on an install (update, uninstall,
     services, login-hook) act on the one they were run from, as they do on
     a real server, without ``--root`` again."""
-    from bk.admin.archive import running_archive
+    from bk.admin.pyzfile import running_archive
 
     running = running_archive()
     if running is None:

@@ -85,10 +85,6 @@ def _opt_time(v) -> int | None:
     return None if v is None else parse_utc(v)
 
 
-def _opt_fmt(t: int | None) -> str | None:
-    return None if t is None else format_utc(t)
-
-
 # --- records ----------------------------------------------------------------
 
 def canonical(v):

@@ -27,7 +27,6 @@ UPCOMING = "upcoming"
 ACTIVE = "active"
 ENDED = "ended"
 CANCELLED = "cancelled"
-STATUSES = (UPCOMING, ACTIVE, ENDED, CANCELLED)
 
 
 def iso(t: int | None) -> str | None:
@@ -164,9 +163,6 @@ class Reservation:
     def is_live(self, now: int) -> bool:
         """Holds capacity now or later (not cancelled, not ended)."""
         return self.cancelled_at is None and self.end > now
-
-    def holds_capacity(self) -> bool:
-        return self.cancelled_at is None
 
     def replace(self, **changes) -> Reservation:
         return record.replace(self, **changes)
@@ -426,3 +422,16 @@ class AuditEntry:
         if self.action in (CANCEL, ADMIN_CANCEL):
             d["reason"] = self.reason
         return d
+
+
+@dataclass
+class Mutation:
+    """What ``apply`` did: ``changed`` decides whether anything is written;
+    ``audit`` holds action/reservation/op_id/before/after/result per change."""
+
+    changed: bool
+    audit: list = field(default_factory=list)     # AuditEntry records (or their dicts)
+    result: object = None
+    # The state to commit when ``apply`` worked on a copy (a batch whose
+    # refused items were dropped with their copies); None: the one passed in.
+    state: object = None

@@ -376,6 +376,10 @@ class LedgerState:
     notices: list[Notice] = field(default_factory=list)
     ops: list[OpRecord] = field(default_factory=list)
     extra: dict = field(default_factory=dict)
+    # A partial read (``DocKeep(holds=True)``): the live bookings it did not
+    # build, each as ``(start, end, gpus)`` in the document's own form (the
+    # fixed-width UTC strings, which sort as the instants do; a list of GPUs).
+    holds: list = field(default_factory=list)
 
     def copy(self) -> LedgerState:
         """A state whose lists may change without touching this one.  The

@@ -48,8 +48,8 @@ the interpreter and zlib; ``--check`` recomputes it from an archive.
 Where the format lives.  ``bk admin install`` writes an archive too (for the
 server's interpreter, from a pip install as well as from bk.pyz), so the
 format, the child compiler and the zip writer are one module shipped inside
-bk: ``bk/admin/archive.py``.  This script loads that file from the tree it
-sits in (``ROOT``), by its path, not as ``bk.admin.archive``: importing the
+bk: ``bk/admin/pyzfile.py``.  This script loads that file from the tree it
+sits in (``ROOT``), by its path, not as ``bk.admin.pyzfile``: importing the
 package would run the tree's ``bk/__init__.py`` and the admin package's
 imports, while the module itself imports only the standard library.  What stays here is the
 command line and what only a build does: reading a source tree, choosing the
@@ -79,7 +79,7 @@ EXIT_USAGE = 2
 
 
 def _load_archive_format():
-    path = ROOT / PACKAGE / "admin" / "archive.py"
+    path = ROOT / PACKAGE / "admin" / "pyzfile.py"
     spec = importlib.util.spec_from_file_location("_bk_archive_format", path)
     module = importlib.util.module_from_spec(spec)
     try:

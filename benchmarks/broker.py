@@ -620,8 +620,7 @@ def seed_live(base: str, n: int) -> None:
     transaction, before its broker starts."""
     import cli as cli_bench
 
-    from bk.core.models import Reservation
-    from bk.store.ledger import Mutation
+    from bk.core.models import Mutation, Reservation
 
     svc = Service.local(settings(base, "shared"), telemetry(), owner_uid=os.geteuid())
     call = svc.call()

@@ -173,9 +173,8 @@ def specials(n: int, runs: int, now: int, slot: int, me: tuple[int, str], gpus: 
 
 def seed_ours(env: dict, facts: list[dict], now: int) -> None:
     """Write ``facts`` into the ledger of ``env`` in one transaction through our store."""
-    from bk.core.models import Reservation
+    from bk.core.models import Mutation, Reservation
     from bk.service import open_app
-    from bk.store.ledger import Mutation
 
     app = open_app(env)
     call = app.call()

@@ -41,9 +41,8 @@ sys.path.insert(0, str(ROOT))
 def seed(env: dict, n: int) -> None:
     import uuid
 
-    from bk.core.models import Reservation
+    from bk.core.models import Mutation, Reservation
     from bk.service import open_app
-    from bk.store.ledger import Mutation
 
     app = open_app(env)
     call = app.call()

@@ -29,10 +29,10 @@ import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bk.core.models import Policy, Reservation  # noqa: E402
+from bk.core.models import Mutation, Policy, Reservation  # noqa: E402
 from bk.store import archive  # noqa: E402
 from bk.store.fsutil import Safety  # noqa: E402
-from bk.store.ledger import Mutation, Store  # noqa: E402
+from bk.store.ledger import Store  # noqa: E402
 
 T = 1_780_000_000
 POLICY = Policy(gpu_count=8).bound()

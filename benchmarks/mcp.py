@@ -31,8 +31,8 @@ META = {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontex
 
 def seed(data_dir: Path, n: int) -> None:
     sys.path.insert(0, str(ROOT))
-    from bk.core.models import Policy, Reservation
-    from bk.store.ledger import Mutation, Store
+    from bk.core.models import Mutation, Policy, Reservation
+    from bk.store.ledger import Store
 
     now = int(time.time())
     start = now - now % 300 + 300

@@ -68,9 +68,8 @@ def sim_doc(pids: list[int] | None = None, k: int = 0) -> dict:
 def seed_ledger(env: dict, n: int = 2 * GPUS) -> int:
     """``n`` running shared bookings (both share slots of every GPU) of 20
     users, written in one store transaction; returns the ledger's clock."""
-    from bk.core.models import Reservation
+    from bk.core.models import Mutation, Reservation
     from bk.service import open_app
-    from bk.store.ledger import Mutation
 
     app = open_app(env)
     call = app.call()

@@ -41,9 +41,8 @@ def seed(env: dict, n: int, own: int = 10) -> None:
     share slot of every GPU left free at any time, ``own`` of them yours."""
     import uuid
 
-    from bk.core.models import Reservation
+    from bk.core.models import Mutation, Reservation
     from bk.service import open_app
-    from bk.store.ledger import Mutation
 
     app = open_app(env)
     call = app.call()
@@ -76,8 +75,9 @@ def _median_ms(fn, runs: int) -> float:
 
 def phases(env: dict, runs: int) -> list[tuple[str, float]]:
     from bk.core import ledgerdoc
+    from bk.core.models import Mutation
     from bk.service import open_app
-    from bk.store.ledger import Mutation, Store
+    from bk.store.ledger import Store
 
     app = open_app(env)
     path = app.store.paths.ledger

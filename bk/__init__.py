@@ -1,25 +1,33 @@
-# General layout of the bk package (read this first).
+# General layout of the bk package (read this first): each unit and its role,
+# the first words of its row in docs/ARCHITECTURE.md's layer table (which also
+# says which unit may import which; tests/test_layers.py enforces both).
 #
-#   bk/core/     pure logic: errors, time grammar, models, policy, scheduler,
-#                the JSON envelope.  No os/time/socket/fcntl/subprocess/curses:
-#                the clock and the time zone are arguments.
-#   bk/store/    the only code that opens state files: paths, config, atomic
-#                writes and locks, the ledger, the audit log, archives.
-#   bk/gpu/      the one GPU gateway: backend protocol, simulated backend
-#                (NVML comes later).  Nothing else looks at GPUs.
-#   bk/ipc/      the broker's wire: frames and the client, shared by both ends.
-#   bk/service/  the application API: its one face (bk.service) is the
-#                operation table every front end runs rows of, with typed
-#                requests and results that own their JSON; never prints.
-#   bk/export/   pure renderers of the exports: Prometheus, iCalendar, the
-#                page of the week.
-#   bk/cli/, bk/tui/, bk/agent/ (bk mcp, bk agent): the front ends, rows
-#                plus renderers; bk/core/timegrid words a booking for both.
-#   bk/broker/   the shared-server daemon: Unix socket, SO_PEERCRED identity.
-#   bk/admin/    server set-up (bk admin init).
-#
-# Which package may import which is the table in docs/ARCHITECTURE.md;
-# tests/test_layers.py enforces it, and the purity of bk.core.
+#   bk/__init__.py   the package root
+#   bk/__main__.py   python -m bk
+#   bk/core/         pure logic
+#   bk/clock.py      the clock seam
+#   bk/users.py      the account seam
+#   bk/buildinfo.py  what this copy of bk is
+#   bk/store/        the only code that opens state files
+#   bk/gpu/          the one GPU gateway
+#   bk/ipc/          the broker's wire, shared by both ends so that neither
+#                    the service nor the broker imports the other
+#   bk/jobs/         scheduled commands' side effects for the service layer
+#   bk/notify/       notifications' side effects for the service layer
+#   bk/export/       the exports' renderers, pure like the core
+#   bk/service/      the application API
+#   bk/cli/          the command-line front end
+#   bk/broker/       the shared-server daemon
+#   bk/admin/        server set-up and lifecycle (bk admin init, install,
+#                    uninstall, bk update)
+#   bk/monitor/      the monitor daemon (bk m)
+#   bk/tui/          the curses timeline (bk t)
+#   bk/agent/        the agent surface, a front end
+#   bk/mcp/          bk mcp, the stdio MCP server
+#   bk/cluster/      several servers federated over SSH
+#   bk/remote/       the one module that runs ssh (ssh)
+#   bk/enforce/      opt-in hard enforcement (bk admin enforce,
+#                    gpubk-enforcer.service)
 """gpubk: book GPUs on shared Linux servers."""
 
 __version__ = "0.1.0"

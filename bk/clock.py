@@ -27,6 +27,7 @@ import functools
 import os
 import re
 import time
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone, tzinfo
 
 from bk.core.errors import InvalidInput
@@ -44,7 +45,20 @@ _EPOCH_NUMBER = Pattern(r"\d+(?:\.\d*)?")
 
 def now() -> int:
     """Current time, whole epoch seconds UTC (floored); ``BK_NOW`` fixes it."""
-    fake = os.environ.get("BK_NOW")
+    return _now_from(os.environ.get("BK_NOW"))
+
+
+def clock_of(env) -> Callable[[], int]:
+    """``now`` for a command whose environment is ``env`` (``open_app``'s):
+    its ``BK_NOW``, read at every call, not this process's.  An in-process
+    front end or a test that passes an environment gets that environment's
+    clock, as the same command run as a process would."""
+    if env is os.environ:
+        return now
+    return lambda: _now_from(env.get("BK_NOW"))
+
+
+def _now_from(fake: str | None) -> int:
     if fake:
         if fake.startswith("@"):
             return _file_now(fake[1:])
@@ -120,18 +134,45 @@ def local_tz() -> tzinfo:
 local_tz.cache_clear = local_zone.cache_clear
 
 
-def zone_warnings(tz: object) -> tuple[str, ...]:
-    """What the user should hear about ``tz`` when it is this process's local
-    zone (an unknown ``TZ`` read as UTC); nothing for a zone given otherwise."""
+# The zones of environments other than this process's (``zone_of``), by
+# (TZ, /etc/localtime path): found once, and known again by identity below.
+_OTHER_ZONES: dict[tuple[str | None, str], LocalZone] = {}
+
+
+def zone_of(env) -> LocalZone:
+    """The local zone of a command whose environment is ``env``: its ``TZ``,
+    not this process's.  The same ``TZ`` is the process's cached zone.  Another
+    one cannot ask the C library, which only knows this process's ``TZ``: a
+    POSIX rule there that zoneinfo cannot read is shown in UTC."""
+    tz_env = env.get("TZ")
+    if tz_env == os.environ.get("TZ"):
+        return local_zone()
+    key = (tz_env, ETC_LOCALTIME)
+    zone = _OTHER_ZONES.get(key)
+    if zone is None:
+        zone = _OTHER_ZONES[key] = find_local_zone(tz_env, ETC_LOCALTIME, ask_libc=False)
+    return zone
+
+
+def _known_zone(tz: object) -> LocalZone | None:
     zone = local_zone()
-    return zone.warnings if tz is zone.tz else ()
+    if tz is zone.tz:
+        return zone
+    return next((z for z in _OTHER_ZONES.values() if z.tz is tz), None)
+
+
+def zone_warnings(tz: object) -> tuple[str, ...]:
+    """What the user should hear about ``tz`` when it is a command's local
+    zone (an unknown ``TZ`` read as UTC); nothing for a zone given otherwise."""
+    zone = _known_zone(tz)
+    return zone.warnings if zone is not None else ()
 
 
 def describe_zone(tz: object) -> dict:
-    """``{"name", "source"}`` of ``tz``: the local zone's provenance, or
+    """``{"name", "source"}`` of ``tz``: a local zone's provenance, or
     ``"given"`` for a zone the caller chose (a test, a broker peer)."""
-    zone = local_zone()
-    if tz is zone.tz:
+    zone = _known_zone(tz)
+    if zone is not None:
         return zone.to_json()
     return {"name": getattr(tz, "key", None) or str(tz), "source": "given"}
 
@@ -141,7 +182,7 @@ def find_local_tz(tz_env: str | None, etc_localtime: str) -> tzinfo:
     return find_local_zone(tz_env, etc_localtime).tz
 
 
-def find_local_zone(tz_env: str | None, etc_localtime: str) -> LocalZone:
+def find_local_zone(tz_env: str | None, etc_localtime: str, *, ask_libc: bool = True) -> LocalZone:
     """``find_local_tz`` with the zone's name, where it came from and any warning.
 
     When nothing bk or the C library can read names a zone, glibc quietly
@@ -149,8 +190,10 @@ def find_local_zone(tz_env: str | None, etc_localtime: str) -> LocalZone:
     word said.  So a ``TZ`` that is neither a zone bk finds nor a POSIX rule
     warns, as does an ``/etc/localtime`` that exists but is no zone file.  A
     missing ``/etc/localtime`` does not: UTC is what such a system (most
-    containers) means.
+    containers) means.  ``ask_libc=False``: ``tz_env`` is not this process's
+    ``TZ``, so the C library's answer would be about another zone.
     """
+    libc_zone = _libc_zone if ask_libc else (lambda: None)
     if tz_env is not None:
         name = tz_env[1:] if tz_env.startswith(":") else tz_env
         if not name:
@@ -158,7 +201,7 @@ def find_local_zone(tz_env: str | None, etc_localtime: str) -> LocalZone:
         zone = _zone_from_file(name) if name.startswith("/") else _zone_named(name)
         if zone is not None:
             return LocalZone(zone, _name_of(zone, name), "TZ")
-        libc = _libc_zone()
+        libc = libc_zone()
         if libc is not None or _posix_rule().fullmatch(name):
             return LocalZone(libc or _utc(), name, "TZ")
         return LocalZone(_utc(), "UTC", "UTC fallback", (
@@ -176,7 +219,7 @@ def find_local_zone(tz_env: str | None, etc_localtime: str) -> LocalZone:
     zone = _zone_from_file(etc_localtime)
     if zone is not None:
         return LocalZone(zone, _name_of(zone, etc_localtime), etc_localtime)
-    libc = _libc_zone()
+    libc = libc_zone()
     if libc is not None:
         return LocalZone(libc, time.tzname[0], "C library")
     warnings = ()

@@ -38,8 +38,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bk.core import ledgerdoc  # noqa: E402
-from bk.core.models import Policy, Reservation  # noqa: E402
-from bk.store.ledger import Mutation, Store  # noqa: E402
+from bk.core.models import Mutation, Policy, Reservation  # noqa: E402
+from bk.store.ledger import Store  # noqa: E402
 
 NOW = 1_780_000_000
 POLICY = Policy(gpu_count=2).bound()

@@ -16,7 +16,7 @@ import helpers_store as H
 import pytest
 from helpers_admin import private
 
-from bk.store import segments
+from bk.store import health, segments
 from bk.store.ledger import Store
 
 
@@ -55,7 +55,7 @@ def test_segments_are_sealed_and_readers_see_every_record_once(tmp_path):
     assert [r["seq"] for r in s.audit_tail(limit=5).entries] == [36, 37, 38, 39, 40]
     assert [r["seq"] for r in s.audit_tail(limit=50, uid=1000).entries] == list(range(1, 41))
     assert s.lost_commits() is None
-    checks = {name: (ok, detail) for name, ok, detail in s.check()}
+    checks = {name: (ok, detail) for name, ok, detail in health.check(s)}
     assert checks["audit log"][0] and "every seal matches" in checks["audit log"][1], checks["audit log"]
     commits(s, 1, "after")                       # the repair step still finds the newest commit
     assert [r["seq"] for r in all_records(s)] == list(range(1, 42))
@@ -67,7 +67,7 @@ def test_a_tampered_segment_is_named(tmp_path):
     seg = sorted((tmp_path / "d" / segments.SEGMENTS).glob("*.jsonl"))[0]
     with open(seg, "ab") as f:
         f.write(b'{"seq": 1, "index": 7}\n')
-    checks = {name: (ok, detail) for name, ok, detail in s.check()}
+    checks = {name: (ok, detail) for name, ok, detail in health.check(s)}
     ok, detail = checks["audit log"]
     assert not ok and seg.name in detail and "seal" in detail
 

@@ -28,7 +28,7 @@ from helpers_cli import ROOT as ROOT_ACTOR
 from bk.core.errors import InvalidInput
 from bk.core.record import replace
 from bk.ipc import protocol
-from bk.service import builders, fields, ops, specs
+from bk.service import builders, fields, fieldspecs, ops
 from bk.service.requests import (
     AuditRequest,
     BookRequest,
@@ -69,13 +69,13 @@ def test_check_text_lengths_and_patterns():
         fields.check_text(b"x", "--note", max_len=100)
 
 
-@pytest.mark.parametrize("good", ["a", "retry-7", "job.42:step_3", "A" * specs.MAX_OP_ID,
+@pytest.mark.parametrize("good", ["a", "retry-7", "job.42:step_3", "A" * fieldspecs.MAX_OP_ID,
                                   "3f6c0a1e-0000-4000-8000-000000000000"])
 def test_op_id_alphabet_accepts(good):
     assert builders.op_id_text(good) == good
 
 
-@pytest.mark.parametrize("bad", ["", "A" * (specs.MAX_OP_ID + 1), "a b", "a/b", "é", "x\ud800", "a\x00"])
+@pytest.mark.parametrize("bad", ["", "A" * (fieldspecs.MAX_OP_ID + 1), "a b", "a/b", "é", "x\ud800", "a\x00"])
 def test_op_id_alphabet_refuses(bad):
     with pytest.raises(InvalidInput, match="--op-id"):
         builders.op_id_text(bad)
@@ -84,7 +84,7 @@ def test_op_id_alphabet_refuses(bad):
 
 
 def test_note_maximum_is_the_specs_and_the_same_in_builder_and_decoder():
-    ok = "n" * specs.MAX_NOTE
+    ok = "n" * fieldspecs.MAX_NOTE
     assert builders.note_text(ok) == ok
     with pytest.raises(InvalidInput, match="--note is too long"):
         builders.note_text(ok + "n")
@@ -220,7 +220,7 @@ def test_private_mode_refuses_bad_text_in_every_field_of_every_operation(bk, kin
 def test_private_mode_and_the_broker_bound_the_same_numbers(bk):
     app = bk.service()
     for req in (BookRequest(1, 1800, share=65), BookRequest(1, fields.MAX_WIRE_INT + 1),
-                BookRequest(1, 1800, pinned=(99,)), AuditRequest(limit=specs.MAX_AUDIT_LIMIT + 1)):
+                BookRequest(1, 1800, pinned=(99,)), AuditRequest(limit=fieldspecs.MAX_AUDIT_LIMIT + 1)):
         name = "audit" if isinstance(req, AuditRequest) else "book"
         with pytest.raises(InvalidInput):
             app.run(name, req, call=app.call())

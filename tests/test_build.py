@@ -50,10 +50,10 @@ def copy_tree(dest: Path, root: Path = ROOT) -> Path:
 
 def make_tree(dest: Path, files: dict[str, str]) -> Path:
     """A minimal tree: build.py, bk/__init__.py, bk/buildinfo.py, the archive
-    format build.py loads (bk/admin/archive.py), plus ``files``."""
+    format build.py loads (bk/admin/pyzfile.py), plus ``files``."""
     (dest / "bk" / "admin").mkdir(parents=True)
     shutil.copy2(ROOT / "build.py", dest / "build.py")
-    for name in ("__init__.py", "buildinfo.py", "admin/archive.py"):
+    for name in ("__init__.py", "buildinfo.py", "admin/pyzfile.py"):
         shutil.copy2(ROOT / "bk" / name, dest / "bk" / name)
     for name, text in files.items():
         (dest / name).parent.mkdir(parents=True, exist_ok=True)
@@ -195,7 +195,7 @@ def test_refusal_is_exit_status_2(tmp_path):
     def left(d: Path) -> list[str]:
         return sorted(p.name for p in d.iterdir() if p.name != "__pycache__")
     assert left(tree / "bk") == ["__init__.py", "admin", "buildinfo.py"]
-    assert left(tree / "bk" / "admin") == ["archive.py"]
+    assert left(tree / "bk" / "admin") == ["pyzfile.py"]
 
 
 def test_refuses_to_overwrite_a_file_that_is_not_an_archive(tmp_path, capsys):
@@ -374,7 +374,7 @@ def test_junk_is_left_out_and_resources_are_not_compiled(resource_pyz):
     assert names == [
         "__main__.py", "__main__.pyc",
         "bk/", "bk/__init__.py", "bk/__init__.pyc", "bk/_build.json",
-        "bk/admin/", "bk/admin/archive.py", "bk/admin/archive.pyc", "bk/buildinfo.py", "bk/buildinfo.pyc",
+        "bk/admin/", "bk/admin/pyzfile.py", "bk/admin/pyzfile.pyc", "bk/buildinfo.py", "bk/buildinfo.pyc",
         "bk/ns/", "bk/ns/mod.py", "bk/ns/mod.pyc",
         "bk/resources/", "bk/resources/__init__.py", "bk/resources/__init__.pyc",
         "bk/resources/install/", "bk/resources/install/helper.py",

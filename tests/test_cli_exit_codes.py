@@ -46,8 +46,7 @@ def test_2_usage_and_invalid_input(bk, argv):
 
 
 def test_2_ambiguous_prefix(bk):
-    from bk.core.models import Reservation
-    from bk.store.ledger import Mutation
+    from bk.core.models import Mutation, Reservation
 
     svc = bk.service(ME)
     now = svc.call().now

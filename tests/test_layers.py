@@ -11,7 +11,7 @@ Imports written as strings are imports too: a ``"bk.x.y:attr"`` reference
 string is still an arrow.
 
 A *unit* is a top-level package of bk (``bk.core``, ``bk.cli``, ...), one of
-the top-level modules ``bk.clock`` and ``bk.buildinfo``, the entry point
+the top-level modules ``bk.clock``, ``bk.users`` and ``bk.buildinfo``, the entry point
 ``bk.__main__``, or ``bk`` itself (``bk/__init__.py``: the version).  A unit
 may always import its own modules; anything else it imports must be in its
 row of ``LAYERS``, or in ``EXCEPTIONS`` for that one module.  A package with
@@ -31,16 +31,17 @@ ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / "bk"
 ARCHITECTURE = ROOT / "docs" / "ARCHITECTURE.md"
 
-BASE = frozenset({"bk.core", "bk.clock"})  # what everything above the store may use
+BASE = frozenset({"bk.core", "bk.clock", "bk.users"})  # what everything above the store may use
 # unit -> the other units it may import (its own modules are always allowed).
 LAYERS: dict[str, frozenset[str]] = {
     "bk": frozenset(),                           # bk/__init__.py: the version, nothing else
     "bk.__main__": frozenset({"bk.cli"}),        # python -m bk
     "bk.core": frozenset(),                      # pure; see IMPURE below
     "bk.clock": frozenset({"bk.core"}),          # the clock seam: core's errors and ISO parser
+    "bk.users": frozenset(),                     # the account seam: uid -> name, for every layer
     "bk.buildinfo": frozenset({"bk"}),           # the version and the build record
-    "bk.store": frozenset({"bk.core"}),          # state files; the clock is an argument
-    "bk.gpu": frozenset({"bk.core"}),            # the one GPU gateway
+    "bk.store": frozenset({"bk.core", "bk.users"}),  # state files; the clock is an argument
+    "bk.gpu": frozenset({"bk.core", "bk.users"}),  # the one GPU gateway
     "bk.ipc": frozenset({"bk.core"}),            # the broker's wire, shared by service and broker
     "bk.jobs": frozenset({"bk.core", "bk.store"}),  # job specs, logs, launcher, worker loop (for the service)
     "bk.notify": frozenset({"bk.core", "bk.store"}),  # notification files, channels, deliverer (for the service)
@@ -292,7 +293,7 @@ def _check(mod: str, source: str, *, is_package: bool = False) -> str:
     ("bk.store.ledger", "from bk import clock\n", "imports bk.clock, but bk.store may import only bk.core"),
     ("bk.service.app", "from bk.broker import handlers\n", "imports bk.broker"),
     ("bk.service.app", "from bk.cli import render\n", "imports bk.cli"),
-    ("bk.broker.handlers", "from bk.store.ledger import Mutation\n", "imports bk.store.ledger"),
+    ("bk.broker.handlers", "from bk.store.ledger import Store\n", "imports bk.store.ledger"),
     ("bk.broker.handlers", "from bk.gpu import open_backend\n", "imports bk.gpu"),
     ("bk.broker.server", "from bk.gpu import open_backend\n", "imports bk.gpu"),
     ("bk.admin.init", "from bk.broker.server import check_owned_dir\n", "imports bk.broker.server"),
@@ -505,3 +506,42 @@ def test_the_face_names_what_front_ends_import():
                     if a.name != "builders":
                         assert a.name in face.__all__, f"{mod}: {a.name} is not in bk.service.__all__"
                         assert getattr(face, a.name) is not None
+
+
+def _map_of_init() -> dict[str, str]:
+    """``bk/__init__.py``'s package map: unit -> its role, continuation lines joined."""
+    found: dict[str, str] = {}
+    last = None
+    for line in (PKG / "__init__.py").read_text().splitlines():
+        if not line.startswith("#   "):
+            continue
+        m = re.match(r"#   (bk/\S+)\s+(.*)", line)
+        if m:
+            last = m.group(1)
+            found[last] = m.group(2).strip()
+        elif last is not None:
+            found[last] += " " + line[4:].strip()
+    return found
+
+
+def _roles_of_docs() -> dict[str, str]:
+    """The layer table's units and the first words of each role (up to the first
+    ``: `` or ``; ``), backticks dropped: what the package map must say."""
+    roles = {}
+    for line in ARCHITECTURE.read_text().splitlines():
+        m = re.match(r"\| `(bk/[^`]*)` \| (.*?) \| [^|]* \|$", line)
+        if m:
+            role = m.group(2).replace("`", "")
+            cuts = [i for i in (role.find(": "), role.find("; ")) if i >= 0]
+            roles[m.group(1)] = role[:min(cuts)] if cuts else role
+        elif roles:
+            break
+    return roles
+
+
+def test_package_map_is_the_docs_table():
+    on_disk = {"bk/" + (p.name + "/" if p.is_dir() else p.name) for p in PKG.iterdir()
+               if (p.is_dir() and (p / "__init__.py").exists()) or p.suffix == ".py"}
+    docs, init = _roles_of_docs(), _map_of_init()
+    assert on_disk - set(docs) == set(), "a unit of bk/ missing from docs/ARCHITECTURE.md's layer table"
+    assert init == docs, "bk/__init__.py's package map differs from docs/ARCHITECTURE.md's layer table"

@@ -186,10 +186,11 @@ BK_BASE = frozenset({
     "bk.gpu.sim", "bk.service", "bk.service.app", "bk.service.context",
     "bk.service.telemetry", "bk.service.views", "bk.store",
     "bk.store.config", "bk.store.fsutil", "bk.store.ledger", "bk.store.lock", "bk.store.paths",
+    "bk.users",   # the process actor's account name (one tiny module, no imports of its own)
 })
 _STATUS = {"bk.cli.cmd_status", "bk.service.status", "bk.store.snapshot"}
 _PLACE = {"_bisect", "bisect", "bk.core.capacity", "bk.core.scheduler", "bk.service.booking", "bk.service.builders",
-          "bk.service.fields", "bk.service.requests", "bk.service.results", "bk.service.specs"}
+          "bk.service.fields", "bk.service.requests", "bk.service.results", "bk.service.fieldspecs"}
 _WRITE = _PLACE | {"bk.core.policy", "bk.service.gateway",
                    "bk.service.notices", "bk.service.ops", "bk.store.archive", "bk.store.audit",
                    "bk.store.segments", "textwrap"}
@@ -213,7 +214,7 @@ EVERYDAY: dict[str, frozenset[str]] = {
     "d 1 -y": frozenset(_WRITE | {"bk.cli.cmd_cancel"}),
     "slots 2 1h": frozenset(_SLOTS),
     "tl": frozenset({"bk.cli.cmd_timeline", "bk.service.builders", "bk.service.fields", "bk.service.requests",
-                     "bk.service.specs", "bk.service.status", "bk.service.timeline", "string",
+                     "bk.service.fieldspecs", "bk.service.status", "bk.service.timeline", "string",
                      "_string", "textwrap"}),
 }
 

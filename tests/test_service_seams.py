@@ -95,7 +95,7 @@ def test_an_edited_simulation_is_a_new_inventory(bk, counted):
 
 SERVED = {"book", "edit", "cancel", "notice_publish", "notice_archive", "job_state", "data_lost", "data_recover",
           "audit", "probe", "ping",
-          # the administrator's (bk.cli.cmd_admin_day runs them with Service.run)
+          # the administrator's (bk.cli.cmd_admin_maintain, _notice, _policy run them with Service.run)
           "blackout_add", "blackout_end", "notice_edit", "policy_bind",
           # the agent's write (bk.agent's cleanup tool)
           "cleanup"}

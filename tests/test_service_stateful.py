@@ -17,11 +17,10 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from bk.core import scheduler
 from bk.core.errors import BkError
-from bk.core.models import EXCLUSIVE, SHARED, Blackout
+from bk.core.models import EXCLUSIVE, SHARED, Blackout, Mutation
 from bk.gpu.sim import FileBackend
 from bk.service import open_app
 from bk.service.requests import Actor, BookRequest, CancelRequest, EditRequest
-from bk.store.ledger import Mutation
 
 SLOT = 300
 T0 = 1_784_000_000 - 1_784_000_000 % SLOT      # an aligned instant in 2026

@@ -14,8 +14,8 @@ import pytest
 
 import bk.store.ledger as ledger_mod
 from bk.core.errors import EXIT_IO, IOFailure
-from bk.core.models import Policy, Reservation
-from bk.store.ledger import Mutation, Store
+from bk.core.models import Mutation, Policy, Reservation
+from bk.store.ledger import Store
 
 T = 1_780_000_000
 POLICY = Policy(gpu_count=2).bound()

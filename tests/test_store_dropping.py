@@ -41,8 +41,8 @@ def _env(tmp, data) -> dict:
 
 def _seed(env: dict, lookalike: bool) -> None:
     """N bookings: mostly other users', some yours, with odd ones of every kind."""
+    from bk.core.models import Mutation
     from bk.service import open_app
-    from bk.store.ledger import Mutation
 
     rng = random.Random(SEED)
     app = open_app(env)

@@ -29,9 +29,9 @@ from test_store_ledger import POLICY, Clock, T, add, booking, commit, ledger_byt
 
 from bk.core import ledgerdoc
 from bk.core.errors import BkError, LostCommits
-from bk.core.models import Blackout, LedgerState, Notice, OpRecord, Reservation
+from bk.core.models import Blackout, LedgerState, Mutation, Notice, OpRecord, Reservation
 from bk.core.record import replace
-from bk.store.ledger import Mutation, Store
+from bk.store.ledger import Store
 
 SEED = int(os.environ.get("BK_TEST_SEED", "20260729"))
 

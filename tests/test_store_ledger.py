@@ -21,8 +21,9 @@ from bk.core.errors import (
     IOFailure,
     LostCommits,
 )
-from bk.core.models import Policy, Reservation
-from bk.store.ledger import Mutation, Store
+from bk.core.models import Mutation, Policy, Reservation
+from bk.store import health
+from bk.store.ledger import Store
 
 T = 1_780_000_000
 POLICY = Policy(gpu_count=4).bound()
@@ -367,14 +368,14 @@ def test_newer_format_is_not_treated_as_damage(store):
 
 
 def test_check_reports(store):
-    names = [c[0] for c in store.check()]
+    names = [c[0] for c in health.check(store)]
     assert names == ["data directory", "ledger", "backups", "audit log", "lock"]
     two_commits(store)
-    checks = {name: (ok, detail) for name, ok, detail in store.check()}
+    checks = {name: (ok, detail) for name, ok, detail in health.check(store)}
     assert all(ok for ok, _ in checks.values()), checks
     assert "commit 2" in checks["ledger"][1] and "agrees" in checks["audit log"][1]
     damage(store, "garbage")
-    checks = {name: (ok, detail) for name, ok, detail in store.check()}
+    checks = {name: (ok, detail) for name, ok, detail in health.check(store)}
     assert not checks["ledger"][0] and "THE LEDGER" in checks["ledger"][1]
 
 
@@ -398,16 +399,16 @@ def test_shared_restore_hint_runs_as_the_owner(tmp_path):
 
 def test_check_reports_lost_commits_invalid_backups_and_a_damaged_audit_head(store):
     a, b = two_commits(store)
-    checks = {name: (ok, detail) for name, ok, detail in store.check()}
+    checks = {name: (ok, detail) for name, ok, detail in health.check(store)}
     assert checks["audit log"][0] and checks["backups"][0]
     os.unlink(os.path.join(store.paths.backups_dir, "ledger-0000000002.json"))
     damage(store, "garbage")
-    checks = {name: (ok, detail) for name, ok, detail in store.check()}
+    checks = {name: (ok, detail) for name, ok, detail in health.check(store)}
     assert not checks["audit log"][0] and "audit log has commits the ledger lacks (2-2)" in checks["audit log"][1]
     assert b.id[:8] in checks["audit log"][1]
     with open(os.path.join(store.paths.backups_dir, "ledger-0000000001.json"), "wb") as f:
         f.write(b"{}")
-    checks = {name: (ok, detail) for name, ok, detail in store.check()}
+    checks = {name: (ok, detail) for name, ok, detail in health.check(store)}
     assert not checks["backups"][0] and "invalid: ledger-0000000001.json" in checks["backups"][1]
 
 
@@ -415,5 +416,5 @@ def test_check_reports_a_damaged_audit_head(store):
     two_commits(store)
     with open(store.paths.audit, "r+b") as f:
         f.write(b"\x00garbage")
-    checks = {name: (ok, detail) for name, ok, detail in store.check()}
+    checks = {name: (ok, detail) for name, ok, detail in health.check(store)}
     assert not checks["audit log"][0] and "does not start with a whole record" in checks["audit log"][1]

@@ -11,8 +11,8 @@ import uuid
 import pytest
 
 from bk.core.errors import EXIT_CONFIG, EXIT_WRONG_ACCOUNT, ConfigError, WrongAccount
-from bk.core.models import Policy, Reservation
-from bk.store.ledger import Mutation, Store
+from bk.core.models import Mutation, Policy, Reservation
+from bk.store.ledger import Store
 
 T = 1_780_000_000
 POLICY = Policy(gpu_count=2).bound()

@@ -17,6 +17,7 @@ from test_store_ledger import POLICY, Clock, T, add, booking, commit, ledger_byt
 from bk.core import ledgerdoc
 from bk.core.errors import Internal
 from bk.core.models import Reservation
+from bk.store import health
 from bk.store.ledger import Store
 
 
@@ -147,19 +148,19 @@ def test_doctor_checks_what_reads_trust(store):
     del doc["digest"]
     write(store, ledgerdoc.seal(ledgerdoc.dumps(doc)))
     assert fresh(store).read().source == "ledger"
-    found = {name: (ok, detail) for name, ok, detail in fresh(store).check()}
+    found = {name: (ok, detail) for name, ok, detail in health.check(fresh(store))}
     ok, detail = found["ledger"]
     assert not ok and "backup" in detail and "capacity" in detail
 
 
 def test_doctor_notes_an_unsealed_ledger(store):
     commit(store, add(booking(T, T + 600)))
-    found = {name: (ok, detail) for name, ok, detail in fresh(store).check()}
+    found = {name: (ok, detail) for name, ok, detail in health.check(fresh(store))}
     assert found["ledger"][0] and "seal" not in found["ledger"][1]
     doc = json.loads(ledger_bytes(store))
     del doc["digest"]
     write(store, ledgerdoc.dumps(doc))
-    found = {name: (ok, detail) for name, ok, detail in fresh(store).check()}
+    found = {name: (ok, detail) for name, ok, detail in health.check(fresh(store))}
     assert found["ledger"][0] and "not sealed" in found["ledger"][1]
 
 
@@ -181,7 +182,7 @@ def test_doctor_checks_many_backups_by_seal_and_parses_only_the_unsealed(store, 
     real = ledgerdoc.loads
     monkeypatch.setattr(ledgerdoc, "loads", lambda data: parsed.append(len(data)) or real(data))
     doctor = fresh(store)
-    found = {name: (ok, detail) for name, ok, detail in doctor.check()}
+    found = {name: (ok, detail) for name, ok, detail in health.check(doctor)}
     ok, detail = found["backups"]
     assert not ok and "14 of 15 valid" in detail and "ledger-0000000004.json" in detail
     # The ledger once (in full), the torn backup and the unsealed (valid) one: never the 13 sealed.

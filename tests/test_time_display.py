@@ -217,6 +217,32 @@ def test_only_the_processs_own_call_carries_the_warning(fresh_zone, tmp_path):
     assert clock.describe_zone(BER) == {"name": "Europe/Berlin", "source": "given"}
 
 
+def test_open_app_reads_the_clock_and_zone_of_its_env_not_the_processs(fresh_zone, tmp_path):
+    # The process says one time and zone; the environment the command was
+    # given says another.  The command's wins, as it would in its own process.
+    fresh_zone.setenv("TZ", "America/New_York")
+    fresh_zone.setenv("BK_NOW", "2026-07-13T10:41:00Z")
+    clock.local_tz.cache_clear()
+    from bk.service import open_app
+
+    env = {**os.environ, "BK_DATA_DIR": str(tmp_path), "BK_GPU_COUNT": "2",
+           "TZ": "Asia/Tokyo", "BK_NOW": "2026-01-02T03:04:05Z"}
+    call = open_app(env, actor=ME).call()
+    assert call.now == U("2026-01-02T03:04:05Z")
+    assert getattr(call.tz, "key", None) == "Asia/Tokyo"
+    assert clock.describe_zone(call.tz) == {"name": "Asia/Tokyo", "source": "TZ"}
+    assert call.warnings == []
+    # An unknown zone in the command's environment is the command's warning,
+    # though the process's own zone is fine.
+    call = open_app({**env, "TZ": UNKNOWN}, actor=ME).call()
+    (warning,) = call.warnings
+    assert UNKNOWN in warning
+    # No BK_NOW in the command's environment: the real time, not the process's fixed one.
+    before = int(time.time())
+    env.pop("BK_NOW")
+    assert open_app(env, actor=ME).call().now >= before
+
+
 # ------------------------------------------------------------ the CLI, in-process
 
 @pytest.fixture

@@ -61,7 +61,7 @@ class Staged:
 
 def stage(options, *, dry_run: bool = False) -> Staged:
     """Write (or, ``dry_run``, list) the package payload under ``options.destdir``."""
-    from bk.admin import archive, install
+    from bk.admin import install, pyzfile
 
     dest = options.destdir
     if not os.path.isabs(dest):
@@ -99,12 +99,12 @@ def stage(options, *, dry_run: bool = False) -> Staged:
     if not os.path.isabs(data_dir):
         raise InvalidInput(f"--data-dir must be an absolute path, got {data_dir!r}")
     python = settings.interpreter(options, None)
-    entries, source = archive.source_entries(options.archive)
-    version = archive.build_record(entries).get("version") or "?"
+    entries, source = pyzfile.source_entries(options.archive)
+    version = pyzfile.build_record(entries).get("version") or "?"
     vals = units.values(bk=named.launcher, user=user, group=group, monitor_user=user, data_dir=data_dir,
                         socket_dir="/run/gpubk", group_access=access == "group")
     res = install._resources(entries, source)
-    pyz = b"" if dry_run else archive.archive_bytes(entries, python)
+    pyz = b"" if dry_run else pyzfile.archive_bytes(entries, python)
     files = install.payload(layout, named, vals, python, pyz, res, bool(options.login_hook))
     command = None if options.command_link is False else (options.command_path or DEFAULT_COMMAND)
     if command is not None and not os.path.isabs(command):

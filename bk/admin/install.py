@@ -153,7 +153,7 @@ def plan(options: Options, env: dict, *, doing: str = "bk admin install",
 
 def _plan(options: Options, env: dict, doing: str = "bk admin install",
           roles: tuple[str, ...] | None = None) -> Plan:
-    from bk.admin import archive
+    from bk.admin import pyzfile
 
     if not os.path.isabs(options.root):
         raise InvalidInput(f"--root must be an absolute path, got {options.root!r}")
@@ -168,9 +168,9 @@ def _plan(options: Options, env: dict, doing: str = "bk admin install",
     python = settings.interpreter(options, m)
     hook = options.login_hook if options.login_hook is not None else bool(
         m and m.find(layout.hook) is not None)
-    entries, source = archive.source_entries(options.archive)
-    version = archive.build_record(entries).get("version") or "?"
-    pyz = archive.archive_bytes(entries, python)
+    entries, source = pyzfile.source_entries(options.archive)
+    version = pyzfile.build_record(entries).get("version") or "?"
+    pyz = pyzfile.archive_bytes(entries, python)
     files = _files(layout, ip, python, pyz, _resources(entries, source), hook)
 
     actions: list[Action] = []
@@ -200,7 +200,7 @@ def _plan(options: Options, env: dict, doing: str = "bk admin install",
     if drifted:
         tracked.refuse_drift(drifted, layout.config_dir, doing)
     systemd = services.systemd_running(layout.root)
-    installed = (archive.version_of(layout.pyz) or m.version) if m is not None else None
+    installed = (pyzfile.version_of(layout.pyz) or m.version) if m is not None else None
     p = Plan(options, layout, m is not None, m, ip, python, source, version, actions, systemd,
              services.start_commands(m is None, options.start), warnings, command_path, installed,
              version_order(installed, version) if m is not None else "new")
@@ -318,12 +318,10 @@ def payload(layout: Layout, named: Layout, vals: dict[str, str], python: str, py
 
 
 def _user_name(uid: int) -> str:
-    import pwd
+    from bk.users import user_name
 
-    try:
-        return units.account_name(uid, pwd.getpwuid(uid).pw_name)
-    except KeyError:
-        return str(uid)
+    name = user_name(uid)
+    return units.account_name(uid, name) if name is not None else str(uid)
 
 
 def _group_name(gid: int) -> str:

@@ -171,7 +171,7 @@ def _reread_if_running(path: str) -> None:
     import: the modules still to import would be read from the new file at
     the old offsets.  ``invalidate_caches`` makes it read the new table
     (zipimporter.invalidate_caches, Python 3.10+)."""
-    from bk.admin.archive import running_archive
+    from bk.admin.pyzfile import running_archive
 
     running = running_archive()
     if running and os.path.realpath(running) == os.path.realpath(path):

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import grp
 import os
-import pwd
 
 from bk.core.errors import InvalidInput, PermissionDenied
 from bk.core.record import dataclass
@@ -110,7 +109,7 @@ def default_root() -> str:
     ``/``.  So the commands that act on an install (update, uninstall,
     services, login-hook) act on the one they were run from, as they do on
     a real server, without ``--root`` again."""
-    from bk.admin.archive import running_archive
+    from bk.admin.pyzfile import running_archive
 
     running = running_archive()
     if running is None:
@@ -140,10 +139,9 @@ def need_root(command: str, euid: int | None = None) -> None:
 
 
 def owner_name(uid: int) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
+    from bk.users import user_name
+
+    return user_name(uid) or str(uid)
 
 
 def group_name(gid: int) -> str:

@@ -4,7 +4,7 @@ working directory.
 
 Facts.  ``sudo bk admin install``, ``bk update --apply`` and the rest run
 as root, and they start other programs: ``systemctl``, the interpreter the
-archive is compiled for (``bk.admin.archive``), the installed launcher
+archive is compiled for (``bk.admin.pyzfile``), the installed launcher
 (``bk --version``, ``bk doctor``).  Each would take from its parent:
 
 - a name without a slash is looked up on ``PATH``; the first directory
@@ -26,7 +26,7 @@ can change (the directory and every one above it, ``bk.store.fsutil``'s
 rule), never the caller's PATH.  The environment is ``environment()``:
 that PATH, root's own home from the password database, a UTF-8 locale,
 nothing else.  The working directory is ``/``.  An interpreter started to
-run bk's own code is isolated besides (``bk.admin.archive``): no site, no
+run bk's own code is isolated besides (``bk.admin.pyzfile``): no site, no
 user site, no working directory on its path.
 """
 

@@ -55,10 +55,6 @@ def stop_commands() -> list[list[str]]:
     return [["systemctl", "stop", *UNITS]]
 
 
-def disable_commands() -> list[list[str]]:
-    return [["systemctl", "disable", "--now", *UNITS]]
-
-
 def shown(cmds: list[list[str]]) -> list[str]:
     return ["sudo " + " ".join(c) for c in cmds]
 

@@ -25,7 +25,6 @@ must be one a unit can name unquoted.
 from __future__ import annotations
 
 import os
-import pwd
 import sys
 from typing import TYPE_CHECKING
 
@@ -33,6 +32,7 @@ from bk.admin import init, units
 from bk.admin import manifest as mf
 from bk.admin.layout import Layout, target
 from bk.core.errors import InvalidInput
+from bk.users import user_name
 
 if TYPE_CHECKING:
     from bk.admin import install
@@ -64,8 +64,8 @@ def settle(options: install.Options, layout: Layout, cfg: dict | None) -> init.O
         user = None
         if "service_uid" in cfg:
             try:
-                user = pwd.getpwuid(int(cfg["service_uid"])).pw_name
-            except (KeyError, ValueError, TypeError):
+                user = user_name(int(cfg["service_uid"]))
+            except (ValueError, TypeError):
                 user = None
         have = {"gpu_count": cfg.get("gpu_count"), "slot_minutes": cfg.get("slot_minutes"),
                 "max_shared_users": cfg.get("max_shared_users"), "data_dir": cfg.get("data_dir")}

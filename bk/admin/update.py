@@ -26,7 +26,7 @@ import json
 import os
 import subprocess
 
-from bk.admin import archive, install, install_apply, rootenv, services
+from bk.admin import install, install_apply, pyzfile, rootenv, services
 from bk.admin import manifest as mf
 from bk.admin.layout import Layout, need_root
 from bk.admin.tracked import write_file
@@ -76,13 +76,13 @@ def plan(root: str, new_archive: str | None, *, python: str | None = None) -> Up
                           hint="install it first: sudo python3 bk.pyz admin install")
     if new_archive is not None:
         new_archive = os.path.abspath(new_archive)
-        entries = archive.read_entries(new_archive)
+        entries = pyzfile.read_entries(new_archive)
         source = new_archive
     else:
-        entries, source = archive.source_entries(None)
-    record = archive.build_record(entries)
+        entries, source = pyzfile.source_entries(None)
+    record = pyzfile.build_record(entries)
     new_version = record.get("version") or "?"
-    installed = archive.installed_record(layout.pyz)
+    installed = pyzfile.installed_record(layout.pyz)
     installed_version = installed.get("version") or None
     direction = install.version_order(installed_version, new_version)
     # The same release rebuilt (another commit, a local fix) is not up to

@@ -138,12 +138,9 @@ def peer_of(conn: socket.socket) -> Peer:
 # ------------------------------------------------------------- start-up checks
 
 def _account(uid: int) -> str:
-    import pwd
+    from bk.users import user_name
 
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return f"uid {uid}"
+    return user_name(uid) or f"uid {uid}"
 
 
 @dataclass(frozen=True)

@@ -10,11 +10,11 @@ UID 0, not because of anything this command sends.
 from __future__ import annotations
 
 import argparse
-import os
 
 from bk.cli import common
+from bk.cli.common import need_root
 from bk.cli.render import Output, safe, wrap
-from bk.core.errors import EXIT_PARTIAL, PermissionDenied, UsageError
+from bk.core.errors import EXIT_PARTIAL, UsageError
 from bk.core.timegrid import counted
 from bk.service import CancelRequest, ResolveRequest
 
@@ -100,9 +100,9 @@ def register(sub) -> None:
                                 description="Announcements every user sees in bk n and at login.")
     notice.set_defaults(handler=_missing_action, command="admin notice")
     nacts = notice.add_subparsers(dest="notice_action", metavar="ACTION", parser_class=type(p))
-    from bk.cli import cmd_admin_day  # maintain, notice list/edit, gpu-policy, data backup...
+    from bk.cli import cmd_admin_data, cmd_admin_maintain, cmd_admin_notice, cmd_admin_policy
 
-    cmd_admin_day.register_notice(notice, nacts)
+    cmd_admin_notice.register_notice(notice, nacts)
     pub = nacts.add_parser("publish", help="publish an announcement",
                            description="Publish an announcement for every user.",
                            epilog="Examples:\n  sudo bk admin notice publish 'Driver update tonight'\n"
@@ -150,19 +150,13 @@ def register(sub) -> None:
     rec.add_argument("-y", "--yes", action="store_true", help="do not ask")
     rec.add_argument("--dry-run", action="store_true", help="show what is missing; change nothing")
     rec.set_defaults(handler=run_data_recover, command="admin data recover")
-    cmd_admin_day.register_data(dacts)
-    cmd_admin_day.register_maintain(actions, type(p))
-    cmd_admin_day.register_policy(actions)
+    cmd_admin_data.register_data(dacts)
+    cmd_admin_maintain.register_maintain(actions, type(p))
+    cmd_admin_policy.register_policy(actions)
 
 
 def _missing_action(args, ctx) -> Output:
     raise UsageError("which action?", hint="see: bk help admin")
-
-
-def _need_root(what: str) -> None:
-    if os.geteuid() != 0:
-        raise PermissionDenied(f"bk admin {what} is for the administrator (root)",
-                               hint=f"sudo bk admin {what} ...")
 
 
 # ------------------------------------------------------------- init
@@ -172,14 +166,12 @@ def _plan_text(result, applied: bool) -> str:
     verbs = {"mkdir": "create", "adopt": "take over", "chmod": "set owner/mode", "write": "write",
              "keep": "keep"}
     import grp
-    import pwd
+
+    from bk.users import user_name
 
     lines = []
     for s in p.steps:
-        try:
-            owner = pwd.getpwuid(s.uid).pw_name
-        except KeyError:
-            owner = str(s.uid)
+        owner = user_name(s.uid) or str(s.uid)
         try:
             group = grp.getgrgid(s.gid).gr_name
         except KeyError:
@@ -213,7 +205,7 @@ def run_init(args, ctx) -> Output:
     if args.dry_run:
         result = init.dry_run(plan)
         return Output("admin init", result.to_json(), lambda term: _plan_text(result, False))
-    _need_root("init")
+    need_root("init")
     if plan.changes and not args.yes:
         if not ctx.interactive:
             raise UsageError("bk admin init changes the system; confirm with --yes",
@@ -230,7 +222,7 @@ def run_init(args, ctx) -> Output:
 # ------------------------------------------------------------- cancel
 
 def run_cancel(args, ctx) -> Output:
-    _need_root("cancel")
+    need_root("cancel")
     if not args.reason.strip():
         raise UsageError("--reason must say something; the owner reads it", hint="--reason 'maintenance'")
     app, call = ctx.app(), ctx.call()
@@ -266,7 +258,7 @@ def run_notice_publish(args, ctx) -> Output:
     from bk.core import timegrid
     from bk.service import NoticeRequest
 
-    _need_root("notice publish")
+    need_root("notice publish")
     app, call = ctx.app(), ctx.call()
     now, tz = call.now, call.tz
     until = start = None
@@ -295,7 +287,7 @@ def run_notice_publish(args, ctx) -> Output:
 def run_notice_archive(args, ctx) -> Output:
     from bk.service import NoticeArchiveRequest
 
-    _need_root("notice archive")
+    need_root("notice archive")
     app, call = ctx.app(), ctx.call()
     result = app.run("notice_archive", NoticeArchiveRequest(args.ref, dry_run=args.dry_run), call=call)
     notice = result.notice

@@ -263,3 +263,19 @@ def job_lines(items, view, uid: int) -> str:
                 text += f": {safe(reason)}"
         lines.append(text)
     return "".join("\n" + line for line in lines)
+
+
+def need_root(what: str) -> None:
+    """``bk admin WHAT`` refuses a caller who is not root (exit 5) before it reads anything."""
+    import os
+
+    if os.geteuid() != 0:
+        from bk.core.errors import PermissionDenied
+
+        raise PermissionDenied(f"bk admin {what} is for the administrator (root)",
+                               hint=f"sudo bk admin {what} ...")
+
+
+def when_short(t: int, call) -> str:
+    """An instant in the call's zone, as compact as its distance from now allows."""
+    return timegrid.format_local(t, call.tz, now=call.now, compact=True)

@@ -85,10 +85,6 @@ def _opt_time(v) -> int | None:
     return None if v is None else parse_utc(v)
 
 
-def _opt_fmt(t: int | None) -> str | None:
-    return None if t is None else format_utc(t)
-
-
 # --- records ----------------------------------------------------------------
 
 def canonical(v):
@@ -164,11 +160,16 @@ class DocKeep:
     or at all on a GPU numbered ``gpu_count`` or more (a view shows those
     GPUs whatever the window); with no argument, none (a read for the
     policy, the notices, the blackouts).  Times compare as the fixed-width
-    strings ``format_utc`` writes, which sort as the instants do."""
+    strings ``format_utc`` writes, which sort as the instants do.
+
+    ``holds``: each live booking not kept (not cancelled, ending after
+    ``lo``) is still summarised, as ``hold(d)`` in ``LedgerState.holds``:
+    a view that needs only where capacity is held later (``bk st``'s next
+    free time) gets that without a record built per booking."""
 
     def __init__(self, *, uid: int | None = None, lo: int | None = None, hi: int | None = None,
-                 gpu_count: int | None = None, shared: bool = False):
-        self.uid, self.gpu_count, self.shared = uid, gpu_count, shared
+                 gpu_count: int | None = None, shared: bool = False, holds: bool = False):
+        self.uid, self.gpu_count, self.shared, self.holds = uid, gpu_count, shared, holds
         self.window = lo is not None
         self.lo = format_utc(lo) if lo is not None else ""
         self.hi = format_utc(hi) if hi is not None else None
@@ -183,6 +184,13 @@ class DocKeep:
         if self.gpu_count is not None and d["end"] > self.lo and max(d["gpus"]) >= self.gpu_count:
             return True
         return self.window and d["end"] > self.lo and (self.hi is None or d["start"] < self.hi)
+
+    def hold(self, d: dict) -> tuple | None:
+        """A booking not kept, as ``LedgerState.holds`` has it; None when it
+        holds nothing from ``lo`` on (or summaries were not asked for)."""
+        if not self.holds or "cancelled_at" in d or not d["end"] > self.lo:
+            return None
+        return (d["start"], d["end"], d["gpus"])
 
 
 def reservation_from_dict(d: dict) -> Reservation:
@@ -490,12 +498,17 @@ def loads(data: bytes, keep=None) -> dict:
 
 def _loads_dropping(data: bytes, keep) -> dict | None:
     dropped = 0
+    lo = keep.lo if keep.holds else None
+    held: list = []                        # keep.hold of the dropped, in document order
 
     def hook(d: dict):
         nonlocal dropped
         if "created" in d and "gpus" in d and "uid" in d and "id" in d:
             try:
                 if not keep(d):
+                    # keep.hold(d), inline: this runs once per booking.
+                    if lo is not None and "cancelled_at" not in d and d["end"] > lo:
+                        held.append((d["start"], d["end"], d["gpus"]))
                     dropped += 1
                     return DROPPED
             except (KeyError, TypeError, ValueError, AttributeError):
@@ -511,6 +524,10 @@ def _loads_dropping(data: bytes, keep) -> dict | None:
         res = doc.get("reservations")
         if type(res) is not list or res.count(DROPPED) != dropped:
             return None
+    if lo is not None:
+        # Every drop is in the reservations list, so ``held`` is theirs.  A
+        # key that is no string: no JSON document has it (decode takes it).
+        doc[DROPPED] = held
     return doc
 
 
@@ -538,13 +555,13 @@ def _why(e: Exception) -> str:
     return str(e) or type(e).__name__
 
 
-def _records(doc: dict, key: str, conv, out: list, probs: _Problems, keep=None) -> None:
+def _records(doc: dict, key: str, conv, out: list, probs: _Problems, keep=None, holds=None) -> None:
     items = doc.get(key, [])
     if not isinstance(items, list):
         probs.add(f"{key}: expected a list, got {type(items).__name__}")
         return
     for i, d in enumerate(items):
-        if d is DROPPED:                   # loads(keep=...): not kept
+        if d is DROPPED:                   # loads(keep=...): not kept (summarised by loads)
             continue
         if not isinstance(d, dict):
             probs.add(f"{key}[{i}]: expected an object, got {type(d).__name__}")
@@ -552,6 +569,9 @@ def _records(doc: dict, key: str, conv, out: list, probs: _Problems, keep=None) 
         if keep is not None:
             try:
                 if not keep(d):
+                    h = keep.hold(d)
+                    if h is not None:
+                        holds.append(h)
                     continue
             except (KeyError, TypeError, ValueError, AttributeError):
                 pass                       # conversion says what is wrong with it
@@ -574,6 +594,7 @@ def decode(doc: dict, keep=None) -> tuple[LedgerState | None, DocMeta, list[str]
     probs = _Problems()
     if not isinstance(doc, dict):
         return None, meta, [f"the document is a JSON {type(doc).__name__}, not an object"]
+    held = doc.pop(DROPPED, None)          # loads(keep=DocKeep(holds=True)): the dropped, summarised
     if doc.get("format") != FORMAT:
         return None, meta, [f"format is {doc.get('format')!r}, expected {FORMAT!r}"]
     meta.version = doc.get("version")
@@ -611,7 +632,9 @@ def decode(doc: dict, keep=None) -> tuple[LedgerState | None, DocMeta, list[str]
     state = LedgerState(seq=seq, policy=policy,
                         extra={k: v for k, v in doc.items() if k not in _TOP_KEYS})
     meta.partial = keep is not None
-    _records(doc, "reservations", reservation_from_dict, state.reservations, probs, keep)
+    _records(doc, "reservations", reservation_from_dict, state.reservations, probs, keep, state.holds)
+    if held is not None:
+        state.holds = held
     _records(doc, "blackouts", Blackout.from_dict, state.blackouts, probs)
     _records(doc, "notices", Notice.from_dict, state.notices, probs)
     _records(doc, "ops", OpRecord.from_dict, state.ops, probs)

@@ -27,7 +27,6 @@ UPCOMING = "upcoming"
 ACTIVE = "active"
 ENDED = "ended"
 CANCELLED = "cancelled"
-STATUSES = (UPCOMING, ACTIVE, ENDED, CANCELLED)
 
 
 def iso(t: int | None) -> str | None:
@@ -164,9 +163,6 @@ class Reservation:
     def is_live(self, now: int) -> bool:
         """Holds capacity now or later (not cancelled, not ended)."""
         return self.cancelled_at is None and self.end > now
-
-    def holds_capacity(self) -> bool:
-        return self.cancelled_at is None
 
     def replace(self, **changes) -> Reservation:
         return record.replace(self, **changes)
@@ -380,6 +376,10 @@ class LedgerState:
     notices: list[Notice] = field(default_factory=list)
     ops: list[OpRecord] = field(default_factory=list)
     extra: dict = field(default_factory=dict)
+    # A partial read (``DocKeep(holds=True)``): the live bookings it did not
+    # build, each as ``(start, end, gpus)`` in the document's own form (the
+    # fixed-width UTC strings, which sort as the instants do; a list of GPUs).
+    holds: list = field(default_factory=list)
 
     def copy(self) -> LedgerState:
         """A state whose lists may change without touching this one.  The
@@ -426,3 +426,16 @@ class AuditEntry:
         if self.action in (CANCEL, ADMIN_CANCEL):
             d["reason"] = self.reason
         return d
+
+
+@dataclass
+class Mutation:
+    """What ``apply`` did: ``changed`` decides whether anything is written;
+    ``audit`` holds action/reservation/op_id/before/after/result per change."""
+
+    changed: bool
+    audit: list = field(default_factory=list)     # AuditEntry records (or their dicts)
+    result: object = None
+    # The state to commit when ``apply`` worked on a copy (a batch whose
+    # refused items were dropped with their copies); None: the one passed in.
+    state: object = None

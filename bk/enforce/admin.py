@@ -44,12 +44,9 @@ READY_S = 15.0
 
 
 def _name(uid: int) -> str | None:
-    import pwd
+    from bk.users import user_name
 
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return None
+    return user_name(uid)
 
 
 def need_root(what: str) -> None:

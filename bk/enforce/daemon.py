@@ -490,12 +490,9 @@ class Enforcer:
 
     def _name(self, uid: int) -> str | None:
         if uid not in self._names:
-            import pwd
+            from bk.users import user_name
 
-            try:
-                self._names[uid] = pwd.getpwuid(uid).pw_name
-            except KeyError:
-                self._names[uid] = None
+            self._names[uid] = user_name(uid)
         return self._names[uid]
 
     def _event(self, kind: str, **fields) -> None:

@@ -92,10 +92,6 @@ def driver_fingerprint(proc_root: str = "/proc") -> str | None:
     return f"nvml:{boot}:{' '.join(version.split())}"
 
 
-def driver_present(proc_root: str = "/proc") -> bool:
-    return os.path.exists(os.path.join(proc_root, "driver/nvidia/version"))
-
-
 class _Gpu:
     """One device: its handle and its stable facts."""
 

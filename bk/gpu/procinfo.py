@@ -211,12 +211,9 @@ class ProcInfo:
 
     def user_name(self, uid: int) -> str | None:
         if uid not in self._names:
-            import pwd
+            from bk.users import user_name
 
-            try:
-                self._names[uid] = pwd.getpwuid(uid).pw_name
-            except KeyError:
-                self._names[uid] = None
+            self._names[uid] = user_name(uid)
         return self._names[uid]
 
     def describe(self, pid: int) -> tuple[int | None, str | None, str | None, int | None, str | None]:

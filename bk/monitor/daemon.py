@@ -65,12 +65,9 @@ def log_stderr(line: str) -> None:
 
 
 def _account(uid: int) -> str:
-    import pwd
+    from bk.users import user_name
 
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return f"uid {uid}"
+    return user_name(uid) or f"uid {uid}"
 
 
 def check_account(settings) -> None:

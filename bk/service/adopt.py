@@ -189,12 +189,9 @@ def check_adopt(req, actor, state, now: int, proc_root: str = "/proc"):
 
 
 def _name(uid: int) -> str:
-    import pwd
+    from bk.users import user_name
 
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
+    return user_name(uid) or str(uid)
 
 
 # ------------------------------------------------------------- the row

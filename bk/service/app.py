@@ -32,12 +32,10 @@ from bk.service.context import Actor, Call
 
 
 def user_name(uid: int) -> str:
-    import pwd
+    """The account name, or the UID as text: an actor always has a name."""
+    from bk import users
 
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
+    return users.user_name(uid) or str(uid)
 
 
 def process_actor() -> Actor:
@@ -110,7 +108,7 @@ class Service:
     @classmethod
     def local(cls, settings, telemetry, *, actor: Actor | None = None,
               clock_fn: Callable[[], int] = clock.now, owner_uid: int | None = None,
-              policy=None) -> Service:
+              policy=None, tz_fn: Callable[[], object] = clock.local_tz) -> Service:
         """Operations run here, on ``settings.data_dir``: private mode, and
         the broker's own service."""
         def gateway(svc):
@@ -122,14 +120,15 @@ class Service:
         store = make_store(settings, clock_fn=clock_fn, owner_uid=owner_uid, capacity=policy.max_shared_users)
         svc = cls(settings=settings, policy=policy, reader=LedgerReader(store),
                   gateway_for=gateway, telemetry=telemetry,
-                  actor=actor or process_actor(), clock_fn=clock_fn)
+                  actor=actor or process_actor(), clock_fn=clock_fn, tz_fn=tz_fn)
         if settings.mode == "shared":
             svc.limits = settings.ledger_limits()
         return svc
 
     @classmethod
     def remote(cls, settings, telemetry, *, actor: Actor | None = None,
-               clock_fn: Callable[[], int] = clock.now, connect: Callable[[], object] | None = None) -> Service:
+               clock_fn: Callable[[], int] = clock.now, connect: Callable[[], object] | None = None,
+               tz_fn: Callable[[], object] = clock.local_tz) -> Service:
         """A client of a shared server: reads from the committed file,
         operations through the broker."""
         def gateway(svc):
@@ -147,7 +146,7 @@ class Service:
         return cls(settings=settings, policy=policy,
                    reader=LedgerReader(store, shared=True, group=settings["group"]),
                    gateway_for=gateway, telemetry=telemetry,
-                   actor=actor or process_actor(), clock_fn=clock_fn)
+                   actor=actor or process_actor(), clock_fn=clock_fn, tz_fn=tz_fn)
 
     # -- the call ----------------------------------------------------------
 

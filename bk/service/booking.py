@@ -37,6 +37,7 @@ from bk.core.models import (
     Edit,
     Job,
     LedgerState,
+    Mutation,
     Notice,
     OpRecord,
     Reservation,
@@ -47,7 +48,6 @@ from bk.core.timegrid import counted, floor_slice
 from bk.service.context import Actor, Call
 from bk.service.requests import BookRequest, CancelRequest, CleanupRequest, EditRequest, canonical
 from bk.service.results import BookResult, CancelResult, CleanupResult, EditResult
-from bk.store.ledger import Mutation
 
 # How long a notice to one user (an administrator cancelled their booking)
 # stays in `bk n` and at login.  Long enough to be seen after a week away.

@@ -12,7 +12,7 @@ from __future__ import annotations
 from bk.core import timegrid
 from bk.core.errors import InvalidInput, UsageError
 from bk.core.models import EXCLUSIVE, SHARED, Reservation
-from bk.service import fields, specs
+from bk.service import fields, fieldspecs
 from bk.service.fields import MAX_GPUS
 from bk.service.requests import BookRequest, EditRequest
 
@@ -95,19 +95,15 @@ def _text(value, flag: str, field_name: str, spec) -> str | None:
         return None
     f = next(f for f in spec if f.name == field_name)
     return fields.check_text(value, flag, max_len=f.max_len, min_len=f.min_len, pattern=f.pattern,
-                             help=specs.OP_ID_HELP if field_name == "op_id" else f.help)
+                             help=fieldspecs.OP_ID_HELP if field_name == "op_id" else f.help)
 
 
 def note_text(value, flag: str = "--note") -> str | None:
-    return _text(value, flag, "note", specs.BOOK_FIELDS)
+    return _text(value, flag, "note", fieldspecs.BOOK_FIELDS)
 
 
 def op_id_text(value, flag: str = "--op-id") -> str | None:
-    return _text(value, flag, "op_id", specs.BOOK_FIELDS)
-
-
-def reason_text(value, flag: str = "--reason") -> str | None:
-    return _text(value, flag, "reason", specs.CANCEL_FIELDS)
+    return _text(value, flag, "op_id", fieldspecs.BOOK_FIELDS)
 
 
 def duration(value, slot_minutes: int) -> int:
@@ -183,7 +179,7 @@ def with_text(value) -> str | None:
     (the apply parses it again: the broker takes it from the wire)."""
     if value is None:
         return None
-    text = _text(value, "--with", "shared_with", specs.BOOK_FIELDS)
+    text = _text(value, "--with", "shared_with", fieldspecs.BOOK_FIELDS)
     from bk.core.sharing import parse
 
     parse(text)

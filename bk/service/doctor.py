@@ -191,14 +191,11 @@ def _failed(name: str, e: BkError) -> dict:
 
 
 def _account(uid: int | None) -> str:
-    import pwd
+    from bk.users import user_name
 
     if uid is None:
         return "nobody"
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return f"uid {uid}"
+    return user_name(uid) or f"uid {uid}"
 
 
 def _trust_chain(path: str) -> str:
@@ -235,7 +232,9 @@ def _config_check(app, call) -> dict:
 def _ledger_checks(app, call) -> list[dict]:
     store = app.store
     checks = []
-    for name, ok, detail in store.check():
+    from bk.store import health
+
+    for name, ok, detail in health.check(store):
         detail, fix = _split_hint(detail)
         checks.append(_check(name, ok, detail, fix=fix))
     for c in checks:

@@ -258,12 +258,9 @@ def serve_page(app, req: PageRequest, call) -> PageWritten:
 
 
 def account_name(uid: int) -> str | None:
-    import pwd
+    from bk.users import user_name
 
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return None
+    return user_name(uid)
 
 
 def host_name() -> str:

@@ -76,7 +76,7 @@ class LocalGateway:
         with its error; one commit (one round of fsyncs, the cost that
         dominates a write) acknowledges them all.  Returns one rendered
         result or ``BkError`` per item, in order."""
-        from bk.store.ledger import Mutation
+        from bk.core.models import Mutation
 
         if any(op.accepts_loss or op.rebinds for op, _, _ in items):      # never batched with others
             return [self._outcome(self.run, *item) for item in items]

@@ -37,7 +37,9 @@ def _serve_audit(service, req, call) -> AuditResult:
 
 def _serve_probe(service, req, call) -> ProbeResult:
     """``bk doctor --probe``: try the writes a commit needs, for real."""
-    return ProbeResult(tuple(service.reader.store.probe()))
+    from bk.store import health
+
+    return ProbeResult(tuple(health.probe(service.reader.store)))
 
 
 def _serve_ping(service, req, call) -> PingResult:

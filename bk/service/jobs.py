@@ -117,8 +117,7 @@ def apply_job_state(state, req, call):
     along ``bk.core.jobs.NEXT`` (a retry: an ended job back to pending
     while its booking lasts)."""
     from bk.core import jobs as J
-    from bk.core.models import AuditEntry
-    from bk.store.ledger import Mutation
+    from bk.core.models import AuditEntry, Mutation
 
     res = state.find(req.ref)
     if res is None:
@@ -267,14 +266,6 @@ def _resolve_job(app, call, ref: str) -> Reservation:
     if res.job is None:
         raise NotFound(f"booking {res.short_id} has no command attached", hint="list your jobs with: bk j")
     return res
-
-
-def _job_log(app, call, ref: str, *, everything: bool = False) -> tuple[Reservation, bytes, bool]:
-    from bk.jobs import logs
-
-    res = _resolve_job(app, call, ref)
-    data, cut = logs.read(_jobs_path(app), res.job.extra.get("id") or "", None if everything else logs.TAIL_BYTES)
-    return res, data, cut
 
 
 def _retry(app, call, ref: str, *, accept_duplicate_risk: bool) -> JobResult:

@@ -33,6 +33,7 @@ from bk.core.models import (
     AuditEntry,
     Blackout,
     LedgerState,
+    Mutation,
     Notice,
     iso,
 )
@@ -41,7 +42,6 @@ from bk.core.timegrid import counted
 from bk.service.context import Call
 from bk.service.requests import BlackoutEndRequest, MaintainRequest, NoticeEditRequest
 from bk.service.results import MaintainResult, NoticeEditResult
-from bk.store.ledger import Mutation
 
 # Audit actions of these rows (the audit log's ``action``).
 BLACKOUT_ADD, BLACKOUT_END, NOTICE_EDIT = "blackout_add", "blackout_end", "notice_edit"

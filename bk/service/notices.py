@@ -7,12 +7,11 @@ the gateway before these run; here are the rules of the notices themselves.
 from __future__ import annotations
 
 from bk.core.errors import Ambiguous, InvalidInput, NotFound
-from bk.core.models import NOTICE_ARCHIVE, NOTICE_PUBLISH, AuditEntry, LedgerState, Notice, iso
+from bk.core.models import NOTICE_ARCHIVE, NOTICE_PUBLISH, AuditEntry, LedgerState, Mutation, Notice, iso
 from bk.core.record import replace
 from bk.service.context import Call
 from bk.service.requests import NoticeArchiveRequest, NoticeRequest
 from bk.service.results import NoticeResult
-from bk.store.ledger import Mutation
 
 
 def apply_publish(state: LedgerState, req: NoticeRequest, call: Call) -> Mutation:

@@ -47,7 +47,7 @@ import json
 import os
 
 from bk.core.errors import ConfigError, InvalidInput, PolicyRefused
-from bk.core.models import CANCELLED, ENDED, SHARED, AuditEntry, LedgerState, Policy, iso
+from bk.core.models import CANCELLED, ENDED, SHARED, AuditEntry, LedgerState, Mutation, Policy, iso
 from bk.core.policy import same
 from bk.core.record import dataclass, replace
 from bk.core.timegrid import counted
@@ -55,7 +55,6 @@ from bk.service.context import Call
 from bk.service.requests import PolicyBindRequest
 from bk.service.results import PolicyBindResult
 from bk.service.views import View
-from bk.store.ledger import Mutation
 
 POLICY_BIND = "policy_bind"
 # The keys this command edits, with the config key each flag sets.

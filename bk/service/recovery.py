@@ -19,13 +19,22 @@ server (the table's ``host``).
 from __future__ import annotations
 
 from bk.core.errors import InvalidInput
-from bk.core.models import ADMIN_CANCEL, CANCEL, CREATE, EDIT, RECOVER, AuditEntry, LedgerState, Reservation
+from bk.core.models import (
+    ADMIN_CANCEL,
+    CANCEL,
+    CREATE,
+    EDIT,
+    RECOVER,
+    AuditEntry,
+    LedgerState,
+    Mutation,
+    Reservation,
+)
 from bk.core.record import replace
 from bk.core.utctime import parse_utc
 from bk.service.context import Call
 from bk.service.requests import RecoverRequest
 from bk.service.results import LostBooking, LostResult
-from bk.store.ledger import Mutation
 
 
 def lost_bookings(records: list[dict]) -> list[LostBooking]:

@@ -2,7 +2,7 @@
 it hands back.  Times are epoch seconds (UTC); the front end has already
 resolved "tomorrow 9am" with its clock and time zone.
 
-Requests are plain data, each with a field spec (``bk.service.specs``)
+Requests are plain data, each with a field spec (``bk.service.fieldspecs``)
 that the operation table (``bk.service.ops``) names, so the broker and the
 MCP server rebuild them from JSON with one strict decoder, and the op-id
 digest is computed from a canonical form (``canonical``).  Front ends build

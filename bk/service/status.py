@@ -28,6 +28,7 @@ from bk.core import telemetry
 from bk.core.errors import BkError
 from bk.core.models import EXCLUSIVE, GpuInfo, GpuProcess, Policy, Reservation, iso
 from bk.core.record import dataclass, field
+from bk.core.utctime import format_utc, parse_utc
 from bk.service.telemetry import monitor_json
 from bk.service.views import notice_json
 
@@ -79,6 +80,20 @@ def next_fully_free(holds: list[tuple[int, int]], now: int) -> int:
             break
         t = max(t, b)
     return t
+
+
+def next_free_text(holds: list[tuple[str, str]], now: int) -> int:
+    """``next_fully_free`` on intervals in the ledger document's UTC strings
+    (``LedgerState.holds``), which sort as the instants do: only the instant
+    found is parsed, not the thousands of bookings it was found among."""
+    lo = format_utc(now)
+    t = lo
+    for a, b in sorted(holds):
+        if a > t:
+            break
+        if b > t:
+            t = b
+    return now if t == lo else parse_utc(t)
 
 
 def share_used(holds: list[Reservation], t: int, capacity: int) -> int:
@@ -153,12 +168,34 @@ def _as_judged(reservations):
     return expanded(reservations)
 
 
-def gpu_rows(state, snapshot, policy, now: int) -> list[GpuRow]:
+class _Names:
+    """UID -> user name from the bookings, made on first use (``load``):
+    only a process credited to someone other than its own UID asks."""
+
+    def __init__(self, load):
+        self._load, self._names = load, None
+
+    def get(self, uid, default=None):
+        if self._names is None:
+            self._names = self._load()
+        return self._names.get(uid, default)
+
+
+def gpu_rows(state, snapshot, policy, now: int, names=None) -> list[GpuRow]:
+    """One row per shown GPU.  ``state`` may be a partial read whose later
+    bookings are only ``state.holds`` (``DocKeep(holds=True)``); ``names``
+    then says who the bookings' UIDs are (a ``_Names``), since the read did
+    not build everyone's."""
     info: dict[int, GpuInfo] = snapshot.by_index()
     per = holds_by_gpu(state.reservations, now, policy.gpu_count)
     dark = [(b.start, b.end) for b in state.blackouts if b.end > now]
+    free = {g: next_fully_free([(r.start, r.end) for r in per[g]] + dark, now)
+            for g in per if g < policy.gpu_count and g not in policy.disabled_gpus}
+    if state.holds:
+        free = _free_with_holds(free, state.holds, per, dark, now)
     atts = telemetry.attribute_all(snapshot, _as_judged(state.reservations), now)
-    names = {r.uid: r.user for r in state.reservations}
+    if names is None:
+        names = {r.uid: r.user for r in state.reservations}
     unknown = telemetry.Attribution(telemetry.UNKNOWN, None, None)
     rows = []
     for g in per:
@@ -172,14 +209,38 @@ def gpu_rows(state, snapshot, policy, now: int) -> list[GpuRow]:
         procs = None
         if gi is not None and gi.processes is not None:
             procs = tuple(process_row(p, atts.get((g, p.pid), unknown), names) for p in gi.processes)
-        free = None if disabled else next_fully_free([(r.start, r.end) for r in per[g]] + dark, now)
         rows.append(GpuRow(
             g, gi.uuid if gi else None, gi.name if gi else None, gi.util if gi else None,
             gi.mem_used_mib if gi else None, gi.mem_total_mib if gi else None,
             gi.temperature if gi else None,
             "disabled" if disabled else (telemetry.gpu_state(gi, atts) if gi else "unknown"),
-            share_used(per[g], now, policy.max_shared_users), policy.max_shared_users, procs, free))
+            share_used(per[g], now, policy.max_shared_users), policy.max_shared_users, procs, free.get(g)))
     return rows
+
+
+def _free_with_holds(free: dict[int, int], holds: list, per: dict, dark: list, now: int) -> dict[int, int]:
+    """``free`` (each GPU's next fully free instant from its built bookings
+    and the blackouts) with the later bookings of ``holds`` too.  Only a
+    GPU where one of them covers that instant needs its chain again, with
+    them all; on a ledger whose later bookings leave a gap now, one C-speed
+    ``min`` over them says there is none."""
+    text = {g: format_utc(t) for g, t in free.items()}
+    if not text or min(holds)[0] > max(text.values()):
+        return free
+    covered = set()
+    for a, b, gs in holds:
+        for g in gs:
+            t = text.get(g)
+            if t is not None and a <= t < b:
+                covered.add(g)
+    if not covered:
+        return free
+    out = dict(free)
+    dark_text = [(format_utc(a), format_utc(b)) for a, b in dark]
+    for g in covered:
+        out[g] = next_free_text([(a, b) for a, b, gs in holds if g in gs]
+                                + [(format_utc(r.start), format_utc(r.end)) for r in per[g]] + dark_text, now)
+    return out
 
 
 @dataclass(frozen=True)
@@ -252,7 +313,20 @@ def _serve_status(service, req: StatusRequest, call) -> StatusView:
     # Everything here looks at bookings that hold capacity now or later
     # (the GPU rows, their chains to "next free", attribution) or at yours:
     # ended and cancelled ones are not built (a sealed ledger; DocKeep).
-    state = service.ledger(call=call, keep=DocKeep(uid=call.actor.uid, lo=now))
+    # Without -v only yours, those running now (the shares in use, the
+    # attribution) and those on GPUs this machine lacks are built; the
+    # later ones are summarised (state.holds) for the chains to "next free".
+    # A process credited to another UID (an inferred container process) is
+    # named from every live booking, read again for that rare case.
+    everyone = DocKeep(uid=call.actor.uid, lo=now)
+    names = None
+    if req.verbose:
+        state = service.ledger(call=call, keep=everyone)
+    else:
+        state = service.ledger(call=call, keep=DocKeep(uid=call.actor.uid, lo=now, hi=now + 1,
+                                                        gpu_count=call.policy.gpu_count, holds=True))
+        if state.holds:
+            names = _Names(lambda: {r.uid: r.user for r in service.reader.read(everyone).state.reservations})
     mine = own_current(state, call)
     numbers = {r.id: i for i, r in enumerate(mine, 1)}
     snap = call.telemetry.snapshot()
@@ -270,7 +344,7 @@ def _serve_status(service, req: StatusRequest, call) -> StatusView:
                 activity=activity)
     running = [r for r in mine if r.status(now) == "active"]
     return StatusView(now, {"name": snap.source, "simulated": snap.simulated},
-                      tuple(gpu_rows(state, snap, call.policy, now)), tuple(shown),
+                      tuple(gpu_rows(state, snap, call.policy, now, names)), tuple(shown),
                       tuple(current_notices(state, call)), view, req.verbose,
                       snap.telemetry_json(), snap.describe(), tuple(_booking_usage(service.settings, running)),
                       monitor_json(call.telemetry))

@@ -57,14 +57,9 @@ class Accounts:
         return self._get(("uid", name), look)
 
     def name_of(self, uid: int) -> str | None:
-        def look():
-            import pwd
+        from bk.users import user_name
 
-            try:
-                return pwd.getpwuid(uid).pw_name
-            except (KeyError, OSError):
-                return None
-        return self._get(("name", uid), look)
+        return self._get(("name", uid), lambda: user_name(uid))
 
     def groups_of(self, user: str) -> frozenset[str]:
         """The names of ``user``'s groups, the primary one included."""

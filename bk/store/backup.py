@@ -687,19 +687,6 @@ def _restore_dir(made: dict, data_dir: str, rel: str, *, shared: bool, owners: d
 
 # ------------------------------------------------------------------ the rest
 
-def lock_state(data_dir: str, owner_uid: int) -> tuple[str, int | None]:
-    """("free" | "held" | "missing", pid) for the writers' lock."""
-    from bk.store.lock import probe
-
-    dirfd = open_dir(data_dir, Safety(owner_uid))
-    if dirfd is None:
-        return "missing", None
-    try:
-        return probe(dirfd, LOCK, os.path.join(data_dir, LOCK), Safety(owner_uid))
-    finally:
-        os.close(dirfd)
-
-
 def held_locks(data_dir: str) -> list[tuple[str, int | None]]:
     """Every ``*.lock`` below the data directory that a process holds now
     (the ledger's writers, the monitor's single-instance lock): a live

@@ -458,12 +458,9 @@ def load(locations: Locations) -> Settings:
 
 
 def _account(uid: int) -> str:
-    import pwd
+    from bk.users import user_name
 
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return f"uid {uid}"
+    return user_name(uid) or f"uid {uid}"
 
 
 def check_owned_dir(path: str, uid: int, what: str) -> os.stat_result:

@@ -53,9 +53,8 @@ from contextlib import contextmanager
 from bk.core import ledgerdoc, utctime
 from bk.core.errors import BkError, ConfigError, Internal, IOFailure, LostCommits, WrongAccount
 from bk.core.lazyre import Pattern
-from bk.core.models import LedgerState
-from bk.core.record import dataclass, field
-from bk.core.timegrid import counted
+from bk.core.models import LedgerState, Mutation
+from bk.core.record import dataclass
 from bk.store.fsutil import (
     Safety,
     ensure_free,
@@ -72,7 +71,6 @@ from bk.store.fsutil import (
     write_new,
 )
 from bk.store.lock import FileLock
-from bk.store.lock import probe as lock_probe
 
 # bk.store.archive, .audit and .segments are the writer's and the history
 # views' (about 1 ms to load): a read imports none of them (Store.segments).
@@ -89,8 +87,6 @@ LEDGER, LOCK, AUDIT, BACKUPS, ARCHIVE = "ledger.json", "ledger.lock", "audit.jso
 NO_VALID_LEDGER, LOST_COMMITS, RECOVERED, ACCEPTED_LOSS, LOCK_REPLACED = (
     "no_valid_ledger", "lost_commits", "recovered", "accepted_loss", "lock_replaced")
 REPORTS = (NO_VALID_LEDGER, LOST_COMMITS, RECOVERED, ACCEPTED_LOSS, LOCK_REPLACED)
-# Checks of files that only the owner may open in shared mode (see check()).
-PRIVATE_TO_OWNER = ("audit log", "lock")
 TMP_PREFIX = ".ledger.json.tmp-"
 BACKUP_NAME = Pattern(r"^ledger-(\d{10})\.json$")   # compiled when first used
 CRASH_ENV = "BK_TEST_CRASH_AT"
@@ -123,19 +119,6 @@ class StorePaths:
     audit: str
     backups_dir: str
     archive_dir: str
-
-
-@dataclass
-class Mutation:
-    """What ``apply`` did: ``changed`` decides whether anything is written;
-    ``audit`` holds action/reservation/op_id/before/after/result per change."""
-
-    changed: bool
-    audit: list = field(default_factory=list)     # AuditEntry records (or their dicts)
-    result: object = None
-    # The state to commit when ``apply`` worked on a copy (a batch whose
-    # refused items were dropped with their copies); None: the one passed in.
-    state: object = None
 
 
 @dataclass
@@ -815,6 +798,16 @@ class Store:
         """Each sealed segment, newest first, with what is wrong with it (None: its seal matches)."""
         return self._in_dir(self.segments.verify, [])
 
+    def _in_dir(self, fn, default=None):
+        """``fn(dirfd)`` on the data directory, or ``default`` when it does not exist."""
+        dirfd = open_dir(self.paths.data_dir, self.safety)
+        if dirfd is None:
+            return default
+        try:
+            return fn(dirfd)
+        finally:
+            os.close(dirfd)
+
     def _journal(self, dirfd: int) -> list[dict]:
         from bk.store import audit
 
@@ -848,183 +841,6 @@ class Store:
                 os.close(afd)
         finally:
             os.close(dirfd)
-
-    def check(self) -> list[tuple[str, bool, str]]:
-        """Read-only health checks for ``bk doctor``: (name, ok, detail)."""
-        out = []
-        self._seen = None
-        for name, probe in (("data directory", self._check_dir), ("ledger", self._check_ledger),
-                            ("backups", self._check_backups), ("audit log", self._check_audit),
-                            ("lock", self._check_lock)):
-            try:
-                out.append((name, *probe()))
-            except BkError as e:
-                if name in PRIVATE_TO_OWNER and not self.private and os.geteuid() not in (0, self.safety.uid):
-                    # On a shared server the audit log and the lock belong to
-                    # the service account alone; an ordinary user's doctor
-                    # cannot read them, and must not call that a fault.
-                    out.append((name, True, "readable only by the service account; "
-                                            "sudo bk doctor checks it"))
-                    continue
-                out.append((name, False, e.message + (f" (hint: {e.hint})" if e.hint else "")))
-            except OSError as e:
-                out.append((name, False, str(e)))
-        return out
-
-    def _in_dir(self, fn, default=None):
-        dirfd = open_dir(self.paths.data_dir, self.safety)
-        if dirfd is None:
-            return default
-        try:
-            return fn(dirfd)
-        finally:
-            os.close(dirfd)
-
-    def _check_dir(self):
-        got = self._in_dir(lambda fd: (os.fstat(fd), os.fstatvfs(fd), os.listdir(fd)))
-        if got is None:
-            return True, f"{self.paths.data_dir} does not exist yet; the first write creates it"
-        st, vfs, names = got
-        mode, free = st.st_mode & 0o7777, vfs.f_bavail * vfs.f_frsize
-        detail = f"{self.paths.data_dir}: mode {mode:04o}, uid {st.st_uid}, {free >> 20} MiB free"
-        temps = sum(n.startswith(TMP_PREFIX) for n in names)
-        if temps:
-            detail += f"; {temps} temp files of an interrupted write (the next write removes them)"
-        if self.private and mode & 0o077:
-            return False, detail + f"; private mode expects 0700 (chmod 700 {self.paths.data_dir})"
-        return free >= self.min_free, detail
-
-    def _check_ledger(self):
-        # The full invariant check, whatever the seal says: doctor is where
-        # a reader's trust in the seal is itself checked.
-        got = self._seen = self.read(verify=True)
-        st = got.state
-        if got.source != "ledger":
-            return got.source == "empty", (got.warnings[0] if got.warnings else "no ledger yet")
-        bound = "policy not bound yet" if st.policy is None else "policy " + ", ".join(
-            f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in sorted(st.policy.items()))
-        n = len(st.reservations)
-        seal = ledgerdoc.sealed(self._in_dir(lambda fd: self._read(fd, LEDGER, self.paths.ledger)) or b"")
-        seal_note = {True: "", None: "; not sealed (written by an older bk or rewritten by hand): reads "
-                                     "check it in full until the next write seals it",
-                     False: "; its seal does not match its bytes (edited in place?): reads check it in "
-                            "full until the next write seals it"}[seal]
-        return True, f"valid: commit {st.seq}, {counted(n, 'booking')}; {bound}{seal_note}"
-
-    def _check_backups(self):
-        def valid(data: bytes | None) -> bool:
-            # A backup is a committed ledger's bytes: a matching seal says
-            # they are what a writer checked, with no parse (a torn copy
-            # loses its seal).  Only one without a matching seal is parsed,
-            # as the fallback in _load_once would parse it.
-            if data is None:
-                return False
-            return ledgerdoc.sealed(data) or not self._parse(data)[2]
-
-        def scan(dirfd):
-            names = self._backup_names(dirfd)
-            bfd = open_subdir(dirfd, BACKUPS, self.paths.backups_dir, self.safety)
-            if bfd is None:
-                return [], []
-            try:
-                return names, [n for n in names if valid(
-                    self._read(bfd, n, os.path.join(self.paths.backups_dir, n)))]
-            finally:
-                os.close(bfd)
-        names, good = self._in_dir(scan, ([], []))
-        if not names:
-            return True, "none yet"
-        bad = [n for n in names if n not in good]
-        detail = f"{len(good)} of {len(names)} valid, newest {names[0]}"
-        if bad:   # a backup that cannot be read is no backup: say which
-            detail += "; invalid: " + ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
-        return not bad, detail
-
-    def _check_audit(self):
-        from bk.store import audit, segments
-
-        tail = self.audit_tail(limit=1, include_pending=False)
-        seq = (self._seen or self.read()).state.seq
-        last = tail.entries[-1]["seq"] if tail.entries else 0
-        if last > seq:
-            lost = self.lost_commits()
-            records = lost[2] if lost else []
-            return False, (f"audit log has commits the ledger lacks ({seq + 1}-{last}): "
-                           f"{audit.describe_lost(records)}; writes are refused until they are restored "
-                           "or the loss is accepted (bk admin data recover)")
-        agree = (f"agrees with the ledger (commit {seq})" if last == seq else
-                 f"commit {seq}'s records are in the ledger's journal; the next write adds them")
-        # Only a torn last line is harmless (the next writer cuts it and the
-        # ledger's journal holds its records); any other damage is a problem.
-        torn_only = all("incomplete" in p for p in tail.problems)
-        start = self._audit_start()
-        problems = list(tail.problems[:3]) + ([start] if start else [])
-        sealed = self.audit_segments()
-        if sealed:
-            problems.append(segments.describe(sealed))
-        bad = any(why for _n, why in sealed)
-        return torn_only and not start and not bad, "; ".join([agree] + problems)
-
-    def _audit_start(self) -> str | None:
-        from bk.store import audit
-
-        def first(dirfd):
-            fd = open_file(dirfd, AUDIT, self.paths.audit, self.safety)
-            if fd is None:
-                return None
-            try:
-                return audit.head_problem(fd)
-            finally:
-                os.close(fd)
-        return self._in_dir(first)
-
-    def _check_lock(self):
-        state, pid = self._in_dir(lambda fd: lock_probe(fd, LOCK, self.paths.lock, self.safety),
-                                  ("missing", None))
-        if state == "held":
-            return True, f"held by {f'process {pid}' if pid else 'a writer'} right now"
-        return True, "free" if state == "free" else "no lock file yet"
-
-    # --- deployment probe (bk doctor --probe) -----------------------------------
-
-    def probe(self, lock_wait: float = 2.0) -> list[tuple[str, bool, str]]:
-        """The writes a commit relies on, tried for real in the data
-        directory: a temp file written, fsync'ed, renamed over another name
-        and the directory fsync'ed; then the writers' lock taken and
-        released.  The probe file carries the temp prefix, so one left by a
-        crash is removed by the next commit like any other."""
-        if os.geteuid() != self.safety.uid:
-            raise WrongAccount(f"only uid {self.safety.uid} may write {self.paths.data_dir}",
-                               "on a shared server the broker runs this probe")
-        out = []
-        dirfd = open_dir(self.paths.data_dir, self.safety, create_mode=self.modes.dir)
-        try:
-            name = f"{TMP_PREFIX}probe-{os.getpid()}"
-            t0 = self.monotonic()
-            try:
-                unlink_quietly(dirfd, name)        # a probe of ours that was killed
-                replace_file(dirfd, name + ".done", self.paths.data_dir, b"bk doctor --probe\n",
-                             self.modes.ledger, tmp=name)
-                unlink_quietly(dirfd, name + ".done")
-                ms = (self.monotonic() - t0) * 1000
-                out.append(("atomic replace", True, f"write, fsync, rename and directory fsync in "
-                                                    f"{self.paths.data_dir} took {ms:.1f} ms"))
-            except BkError as e:
-                out.append(("atomic replace", False, e.message))
-            t0 = self.monotonic()
-            try:
-                lock = FileLock(dirfd, LOCK, self.paths.lock, self.safety, mode=self.modes.lock,
-                                timeout=min(self.lock_timeout, lock_wait), what="the ledger",
-                                monotonic=self.monotonic, sleep=self.sleep)
-                with lock:
-                    pass
-                out.append(("locking", True, f"flock on {self.paths.lock} taken and released in "
-                                             f"{(self.monotonic() - t0) * 1000:.1f} ms"))
-            except BkError as e:
-                out.append(("locking", False, e.message))
-        finally:
-            os.close(dirfd)
-        return out
 
     # --- test hook -------------------------------------------------------------
 

@@ -132,12 +132,10 @@ def holder_uid(pid: int | None, proc: str = PROC) -> int | None:
 
 
 def account(uid: int) -> str:
-    import pwd
+    from bk.users import user_name
 
-    try:
-        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
-    except KeyError:
-        return f"uid {uid}"
+    name = user_name(uid)
+    return f"uid {uid} ({name})" if name is not None else f"uid {uid}"
 
 
 def mark(fd: int) -> None:

@@ -63,7 +63,11 @@ _SCRIPT = """#!/bin/sh
 d='{dir}'
 case " $* " in
   *" --text "*) exec cat "$d/text.json";;
-  *" -- l "*) exec cat "$d/list.json";;
+  *" --row list "*|*" -- l "*) exec cat "$d/list.json";;
+  *" --row recommend "*) exec cat "$d/slots.json";;
+  *" --row op_lookup "*) exec cat "$d/op.json";;
+  *" --row worker_status "*) exec cat "$d/worker.json";;
+  *" --row jobs "*) exec cat "$d/jobs.json";;
   *" -- slots "*) exec cat "$d/slots.json";;
   *" -- c op "*) exec cat "$d/op.json";;
   *" -- c id "*) exec cat "$d/id.json";;

@@ -106,10 +106,11 @@ class Lab:
         script("bk-liar", "#!/usr/bin/python3\nimport os, sys\na = sys.argv[1:]\n"
                           "if '--expect' in a:\n    i = a.index('--expect'); del a[i:i + 2]\n"
                           f"os.execv('/usr/bin/python3', ['/usr/bin/python3', {str(self.pyz)!r}, *a])\n")
-        # Commits the write, then loses the reply (ssh exits 255 with nothing on stdout),
-        # once: while the marker file exists.
+        # Commits the write (words with --op-id, or a row whose fields carry "op_id"),
+        # then loses the reply (ssh exits 255 with nothing on stdout), once: while
+        # the marker file exists.
         script("bk-lose", "#!/bin/sh\n"
-                          f"if [ -e {self.scratch}/lose-marker ] && echo \"$*\" | grep -q -- '--op-id'; then\n"
+                          f"if [ -e {self.scratch}/lose-marker ] && echo \"$*\" | grep -q -- 'op.id'; then\n"
                           f"  rm -f {self.scratch}/lose-marker\n"
                           f"  /usr/bin/python3 {self.pyz} \"$@\" > {self.scratch}/lost-reply.json\n"
                           "  exit 255\nfi\n"

@@ -271,7 +271,7 @@ def test_a_lost_reply_is_looked_up_before_anything_is_retried():
     fake = FakeSsh(reply(b"", ended="timeout"), op_found())
     out = cluster_with(fake).write("a", ["book", "1", "30m"], "K", "book")
     assert out.recovered and out.reply_data["reservation"]["id"] == "r-1"
-    assert len(fake.calls) == 2 and "c op K" in fake.calls[1][-1]
+    assert len(fake.calls) == 2 and "--row op_lookup --fields '{\"op_id\":\"K\"}'" in fake.calls[1][-1]
     assert "--op-id K" in fake.calls[0][-1]
 
 
@@ -497,3 +497,15 @@ def test_the_local_node_is_this_bk_not_the_path_s_nor_the_working_directory_s(ca
     code, out = run_bk(capsys, "c", "--json", env=env)
     assert code == 0 and out["data"]["nodes"][0]["state"] == "ok", out
     assert not marker.exists()
+
+
+def test_a_node_with_no_option_reads_as_bk_slots_refuses_it():
+    """The recommend row answers an empty list; the node's row says what
+    ``bk slots`` said (a conflict naming the request, as the node read it)."""
+    asked = {"count": 1, "duration": 1800, "mode": "shared", "share": 1, "mem_mib": None}
+    fake = FakeSsh(reply(wrapped(NODE_A, ok("recommend", {"request": asked, "options": []}))))
+    rec = cluster_with(fake).recommend({"count": 1, "duration": "30m", "limit": 1})
+    (row,) = rec.rows
+    assert rec.best is None and row.problem == "no option for 1 GPU, shared, 30m"
+    assert row.info["state"] == "error" and row.info["error"]["code"] == "conflict"
+    assert "--row recommend" in fake.calls[0][-1]

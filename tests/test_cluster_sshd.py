@@ -8,7 +8,7 @@ NODE/ID; bk @NODE; a node down; a node with a wrong identity; a node that
 answers with another node's identity, prints garbage, prints a huge reply
 or hangs past its timeout (reported for that node while the others go on);
 a reply lost after the remote commit (recovered through the op-id, no
-second booking)."""
+second booking); the agent's cluster_create."""
 
 from __future__ import annotations
 
@@ -217,6 +217,22 @@ def test_a_reply_lost_after_the_commit_books_once(lab):
     code, op = lab.bk_json(good, "@b", "c", "op", env["data"]["op_id"])
     assert code == 0 and op["data"]["found"] and op["data"]["reservation"]["id"] == made
     cancel_all(lab, good, "b")
+
+
+def test_cluster_create_books_once_over_sshd(lab):
+    """The agent's cluster_create (bk agent, as bk mcp runs it) books on the
+    best node with the rows bk c sends, and books once per operation_id."""
+    cat = catalog(lab, "agent", a=lab.a.entry(priority=1), b=lab.b.entry())
+    args = json.dumps({"count": 1, "duration": "30m", "note": "agent; run", "operation_id": "agent-7"})
+    code, env = lab.bk_json(cat, "agent", "operation", "cluster_create", args)
+    assert code == 0 and env["data"]["node"] == "b" and env["data"]["status"] == "created", env
+    made = env["data"]["reservation"]
+    assert made["note"] == "agent; run" and made["op_id"] == "agent-7"
+    assert env["data"]["recommendation"]["best"]["node"] == "b"
+    code, again = lab.bk_json(cat, "agent", "operation", "cluster_create", args)
+    assert code == 0 and again["data"]["status"] == "exists" and again["data"]["reservation"]["id"] == made["id"]
+    assert [r["id"] for r in mine(lab, "b", cat)] == [made["id"]] and mine(lab, "a", cat) == []
+    cancel_all(lab, cat, "b")
 
 
 def test_at_node_json_is_the_nodes_envelope(lab):

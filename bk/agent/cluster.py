@@ -36,9 +36,10 @@ _REQUEST = {
 }
 
 
-def _words(args: dict, call) -> list[str]:
-    """The booking words for every node, from the arguments: numbers, or
-    words read with the CLI's grammar (one-minute slices: each node checks
+def _request(args: dict, call) -> dict:
+    """The ``recommend`` row's fields every node is asked, from the
+    arguments: numbers, or words read with the CLI's grammar (one-minute
+    slices; the duration and start go as words, which each node reads on
     its own grid)."""
     from bk.core import timegrid
 
@@ -49,24 +50,25 @@ def _words(args: dict, call) -> list[str]:
         duration = timegrid.parse_duration(duration, 1)
     if not isinstance(duration, int) or isinstance(duration, bool) or duration < 60:
         raise InvalidInput("duration must be whole seconds, at least 60", hint="or as words: 30m, 1h30m")
-    words = [str(count), f"{-(-duration // 60)}m"]
     mem = args.get("mem_mib")
     if isinstance(mem, str):
         mem = timegrid.parse_memory(mem)
-    if mem is not None:
-        if not isinstance(mem, int) or isinstance(mem, bool) or mem < 1:
-            raise InvalidInput("mem_mib must be a whole number of MiB", hint="or as words: 12g")
-        words += ["-m", f"{mem}m"]
+    if mem is not None and (not isinstance(mem, int) or isinstance(mem, bool) or mem < 1):
+        raise InvalidInput("mem_mib must be a whole number of MiB", hint="or as words: 12g")
     start = args.get("start")
     if isinstance(start, str):
         start = timegrid.parse_start(start, call.now, call.tz, 1).t
+    if start is not None and (not isinstance(start, int) or isinstance(start, bool)):
+        raise InvalidInput("start must be epoch seconds", hint="or as words: tomorrow 09:00")
+    fields = {"count": count, "duration": f"{-(-duration // 60)}m",
+              "mode": "exclusive" if args.get("exclusive") else "shared", "limit": 1}
+    if mem is not None:
+        fields["mem_mib"] = mem
     if start is not None:
         from bk.core.utctime import format_utc
 
-        if not isinstance(start, int) or isinstance(start, bool):
-            raise InvalidInput("start must be epoch seconds", hint="or as words: tomorrow 09:00")
-        words += ["--start", format_utc(start)]
-    return words
+        fields["start"] = format_utc(start)
+    return fields
 
 
 def _cluster():
@@ -82,26 +84,18 @@ def _context(tool, app, args, call):
 
 
 def _recommend(tool, app, args, call):
-    words = _words(args, call) + ["-n", "1"] + (["--mode", "exclusive"] if args.get("exclusive") else [])
-    return _cluster().recommend(words)
+    return _cluster().recommend(_request(args, call))
 
 
 def _create(tool, app, args, call):
+    from bk.cluster.client import booking_request
+
     op_id = args.get("operation_id")
     if not isinstance(op_id, str) or not op_id:
         raise InvalidInput("operation_id is required: retry with the same one after an error or a timeout")
-    base = _words(args, call)
-    slot_words = base + ["-n", "1"] + (["--mode", "exclusive"] if args.get("exclusive") else [])
-    head = list(base)
-    if "--start" in head:                # replaced by the chosen option's start
-        i = head.index("--start")
-        del head[i:i + 2]
-    head.insert(0, "x" if args.get("exclusive") else "book")
+    req = _request(args, call)
     note = args.get("note")
-
-    def book_words(option: dict) -> list[str]:
-        return [*head, "--start", option["start"], "--queue", *(["--note", note] if note else [])]
-    return _cluster().book(slot_words, book_words, op_id=op_id)
+    return _cluster().book(req, lambda option: booking_request(req, option, exact=False, note=note), op_id=op_id)
 
 
 def _schema(props: dict, required: tuple) -> dict:

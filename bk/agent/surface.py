@@ -168,46 +168,11 @@ def _decode(tool: AgentTool, op, wire: dict):
 
 
 def _worded(tool: AgentTool, op, wire: dict, call, old=None) -> dict:
-    """``wire`` with the words a person writes (``"30m"``, ``"tomorrow 09:00"``)
-    in the fields that take them turned into the numbers the row's spec
-    takes, with the CLI's grammar and its refusals (``bk.service.builders``,
-    ``bk.core.timegrid``), on this call's clock, zone and slices.  ``old``:
-    the booking an edit changes (its ``-d`` forms move its end)."""
+    """``wire`` with a person's words turned into the row's numbers
+    (``bk.service.builders.worded``: a cluster node reads its client's the same way)."""
     from bk.service import builders
 
-    human = {f.name: f.human for f in op.fields if f.human}
-    out = dict(wire)
-    slot, now, tz = call.policy.slot_minutes, call.now, call.tz
-    for name, value in wire.items():
-        kind = human.get(name)
-        if kind is None or not isinstance(value, str):
-            continue
-        if kind == "duration":
-            out[name] = builders.duration(value, slot)
-        elif kind == "start":
-            out[name] = builders.start(value, None, now=now, tz=tz, slot_minutes=slot)[0]
-        elif kind == "memory":
-            out[name] = builders.memory(value)
-        elif kind == "since":
-            from bk.core.usage import parse_since
-
-            out[name] = parse_since(value, now, tz)
-        elif kind in ("length", "end") and old is not None:
-            if kind == "end":
-                from bk.core.timegrid import parse_end_change
-
-                out[name] = parse_end_change(value, old.start, old.end, now, tz, slot)
-                continue
-            length, end = builders.length_or_end(value, old, now=now, tz=tz, slot_minutes=slot)
-            del out[name]
-            if length is not None:
-                out[name] = length
-            elif isinstance(wire.get("end"), (int, str)):
-                raise InvalidInput(f"{name} {value!r} moves the end, and so does end: give the new end once",
-                                   hint='e.g. {"duration": "+30m"} or {"end": "20:00"}')
-            else:
-                out["end"] = end
-    return out
+    return builders.worded(op, wire, call, old)
 
 
 def _run_row(tool: AgentTool, app, arguments, call):

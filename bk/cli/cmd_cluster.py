@@ -3,9 +3,10 @@
 The client half (``bk c``, ``check``, ``rec``, ``bk c N DUR``, ``e``/``d``
 ``NODE/ID``, ``probe``, ``tui``, ``@NODE``) calls ``bk.cluster.client``; the
 node half (``bk c id``, ``bk c node``, ``bk c op``) is what the client runs
-on each node through ssh.  ``bk c node`` runs one ordinary bk command here,
-in this process, and wraps its reply with this node's identity, so every
-reply says which ledger answered (docs/CLUSTER.md).
+on each node through ssh.  ``bk c node`` runs one row of the operation table
+here (``--row``: the row's wire JSON), or a person's words in a child bk
+(``bk @NODE l``), and wraps the reply with this node's identity, so every
+reply says which ledger answered and which release (docs/CLUSTER.md, The wire).
 """
 
 from __future__ import annotations
@@ -173,13 +174,21 @@ def register(sub) -> None:
                             epilog="Examples:\n  bk c id --json", formatter_class=argparse.RawDescriptionHelpFormatter)
     ident.set_defaults(handler=run_id, command="cluster id")
     node = acts.add_parser("node", help="(run by the client) one bk command here, with this node's identity",
-                           description="Run one bk command here and wrap its reply with this node's identity. "
-                           "With --expect, refuse unless this node has that id. Clients run this over ssh.",
-                           epilog="Examples:\n  bk c node --expect d-0123456789abcdef01234567 --json -- l",
+                           description="Run one row of the operation table here (--row NAME --fields JSON: "
+                           "the reply is the row's wire JSON), or one bk command (-- WORDS, in a child bk), and "
+                           "wrap the reply with this node's identity; with neither, only the identity. With "
+                           "--expect, refuse unless this node has that id. Clients run this over ssh.",
+                           epilog="Examples:\n  bk c node --expect d-0123456789abcdef01234567 --json --row list "
+                                  "--fields '{\"scope\": \"all\"}'\n"
+                                  "  bk c node --expect d-0123456789abcdef01234567 --json -- l",
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     node.add_argument("--expect", metavar="ID", help="refuse unless this node's id is ID")
     node.add_argument("--text", action="store_true", help="run the command for people (its text, not JSON)")
     node.add_argument("--columns", metavar="N", type=int, help="terminal width for --text")
+    node.add_argument("--row", metavar="NAME",
+                      help="run this row of the operation table (list, recommend, book, ...) instead of words")
+    node.add_argument("--fields", metavar="JSON", default="{}",
+                      help="with --row: the row's request fields, a JSON object (default {})")
     node.set_defaults(handler=run_node, command="cluster node", takes_command=True)
     op = acts.add_parser("op", help="what an op-id produced here (the lost-reply lookup)",
                          description="The booking an op-id created, edited or cancelled for you here, if any.",
@@ -299,11 +308,38 @@ def _request_words(args, specs) -> list[str]:
     return [*args.words, *_passed(args, specs)]
 
 
+def cluster_request(args, *, mode: str, limit: int) -> dict:
+    """The ``recommend`` row's fields every node is asked for ``bk c rec``
+    and ``bk c N DUR``: the count read here, the duration, memory and start
+    as the person wrote them, for each node to read on its own clock, zone
+    and grid (as its own ``bk slots`` would).  The words wrong on any node
+    (no duration, ``-s`` with ``-x``, ``-t`` with ``--start``) are refused
+    here, once, before a node is asked."""
+    from bk.cli import common
+    from bk.service import builders
+
+    if not args.words:
+        raise UsageError("say how many GPUs and for how long, e.g. 2 1h", hint="see: bk help c")
+    dur, mem = common.split_words(args.words[1:], args.duration, args.mem)
+    if args.at is not None and args.start is not None:
+        builders.start(args.at, args.start, now=0, tz=None, slot_minutes=1)     # refuses both
+    fields = {"count": builders.count(args.words[0]), "duration": dur, "mode": mode, "limit": limit}
+    if mem is not None:
+        fields["mem_mib"] = mem
+    if args.share is not None:
+        try:
+            fields["share"] = int(args.share)
+        except ValueError:
+            raise UsageError(f"--share takes a whole number, got {args.share!r}", hint="e.g. -s 2") from None
+        builders.check_share(mode, fields["share"])
+    if (args.at or args.start) is not None:
+        fields["start"] = args.at if args.at is not None else args.start
+    return fields
+
+
 def run_rec(args, ctx) -> Output:
-    words = _request_words(args, REC_PASS) + ["-n", str(max(1, args.limit))]
-    if args.exclusive:
-        words += ["--mode", "exclusive"]
-    rec = _cluster(ctx).recommend(words)
+    fields = cluster_request(args, mode="exclusive" if args.exclusive else "shared", limit=max(1, args.limit))
+    rec = _cluster(ctx).recommend(fields)
     data = rec.to_json()
 
     def human(term) -> str:
@@ -327,32 +363,29 @@ def run_rec(args, ctx) -> Output:
 
 
 def run_book(args, ctx) -> Output:
+    from bk.cluster.client import booking_request
+
     mode = args.mode
-    slot_words = _request_words(args, REC_PASS) + ["-n", "1"]
-    if mode == "exclusive":
-        slot_words += ["--mode", "exclusive"]
-    exact = (args.at or args.start) and not args.queue
-    base = [("x" if mode == "exclusive" else "book"), *args.words,
-            *_passed(args, (_DUR, _MEM, _SHARE, _NOTE))]
+    fields = cluster_request(args, mode=mode, limit=1)
+    exact = bool((args.at or args.start) and not args.queue)
     attached = getattr(args, "attached", None)
 
-    def book_words(option: dict) -> list[str]:
+    def booking(option: dict):
+        if not attached:
+            return booking_request(fields, option, exact=exact, note=args.note)
+        # A command to run (the in-process book_job row) goes as words.
         from bk import clock
         from bk.core.utctime import parse_utc
 
-        # The best option of "now" is the node's current slice; it may have
-        # ended while the slowest node answered, and a past --start is
-        # refused.  Without an exact time, book "the earliest from now" there:
-        # --queue with no --start.
+        words = [("x" if mode == "exclusive" else "book"), *args.words,
+                 *_passed(args, (_DUR, _MEM, _SHARE, _NOTE))]
         if exact or parse_utc(option["start"]) > clock.now():
-            words = [*base, "--start", option["start"]]
-        else:
-            words = [*base]
+            words += ["--start", option["start"]]
         if not exact:
             words.append("--queue")
-        return words + (["--", *attached] if attached else [])
+        return [*words, "--", *attached]
 
-    done = _cluster(ctx).book(slot_words, book_words, op_id=args.op_id, dry_run=args.dry_run)
+    done = _cluster(ctx).book(fields, booking, op_id=args.op_id, dry_run=args.dry_run)
     data = done.to_json()
     res = data.get("reservation") or {}
 
@@ -528,7 +561,7 @@ def identity(ctx) -> dict:
 
     settings = ctx.app().settings
     nid, source = node_id(settings)
-    caps = ["node.v1", "op-lookup", "book", "edit", "cancel", "slots", "jobs", "usage"]
+    caps = ["node.v1", "rows.v1", "op-lookup", "book", "edit", "cancel", "slots", "jobs", "usage"]
     if importlib.util.find_spec("bk.cli.cmd_tui") is not None:
         caps.append("tui")
     t = time.time()
@@ -542,27 +575,69 @@ def run_id(args, ctx) -> Output:
 
 
 def run_node(args, ctx) -> Output:
-    import json
-
     ident = identity(ctx)
     if args.expect and args.expect != ident["id"]:
         raise ConfigError(f"this is node {ident['id']} ({ident['hostname']}), not {args.expect}",
                           hint="the client's catalog names another node here; compare with: bk c id",
                           details={"reason": "wrong_identity", "node": ident})
     words = list(getattr(args, "attached", None) or [])
+    if args.row is not None:
+        if words:
+            raise UsageError("bk c node runs a row or words, not both")
+        return Output("cluster node", {"node": ident, "reply": _row_reply(args.row, args.fields, ctx), "exit": 0}, "")
+    if not words:          # nothing to run: who answers (the client's version check)
+        return Output("cluster node", {"node": ident, "reply": None, "exit": 0}, "")
     _check_node_words(words)
     env = dict(ctx.env)
     if args.columns:
         env["COLUMNS"] = str(args.columns)
     cut = words.index("--") if "--" in words else len(words)     # -- CMD is the command's, keep it last
-    rc, out, err = _capture(words[:cut] + ([] if args.text else ["--json"]) + words[cut:], env)
+    rc, out, err = _child(words[:cut] + ([] if args.text else ["--json"]) + words[cut:], env)
     if args.text:
         return Output("cluster node", {"node": ident, "text": out, "stderr": err, "exit": rc}, "")
+    import json
+
     try:
         reply = json.loads(out)
     except ValueError:
         reply = None
     return Output("cluster node", {"node": ident, "reply": reply, "exit": rc}, "")
+
+
+# The rows a client may ask a node for: the everyday reads and writes of
+# the caller's own bookings, as NODE_WORDS are for words.
+NODE_ROWS = frozenset(("list", "status", "recommend", "gpu", "worker_status", "jobs", "op_lookup", "resolve",
+                       "history", "notices", "usage", "book", "edit", "cancel"))
+
+
+def _row_reply(name: str, fields: str, ctx) -> dict:
+    """Row ``name`` run here with ``fields`` (decoded with the row's spec):
+    the envelope of its wire JSON (``to_json()``), or of its refusal."""
+    import json
+
+    from bk import service
+    from bk.core import envelope
+    from bk.core.errors import BkError
+    from bk.service import builders
+
+    try:
+        op = service.OPERATIONS.get(name) if name in NODE_ROWS else None
+        if op is None:
+            raise InvalidInput(f"this node does not serve the row {name[:40]!r} for a client",
+                               hint="rows: " + ", ".join(sorted(NODE_ROWS)), details={"row": name[:40]})
+        try:
+            wire = json.loads(fields)
+        except ValueError as e:
+            raise InvalidInput(f"the fields of {name} are not JSON: {e}") from None
+        if not isinstance(wire, dict):
+            raise InvalidInput(f"the fields of {name} must be a JSON object")
+        # A person's words in the fields that take them ("30m", "+2h") are
+        # read here, on this node's clock, zone and grid, as its CLI would.
+        call = ctx.call()
+        result = ctx.app().run(name, op.decode(builders.worded(op, wire, call)), call=call)
+        return envelope.success(name, result.to_json(), list(getattr(result, "warnings", None) or ()))
+    except BkError as e:
+        return envelope.failure(name, e)
 
 
 def _check_node_words(words: list[str]) -> None:
@@ -580,21 +655,17 @@ def _check_node_words(words: list[str]) -> None:
                          hint="it runs the everyday commands (book, list, edit, cancel, status, slots, ...)")
 
 
-def _capture(argv: list[str], env: dict) -> tuple[int, str, str]:
-    """Run one bk command in this process, its stdout and stderr captured."""
-    import io
-    import sys
+def _child(argv: list[str], env: dict) -> tuple[int, str, str]:
+    """Run one bk command for a person (``bk @NODE l``) as this node's own bk
+    in a child process, its stdout and stderr captured: the command's prints
+    and exits stay its own, nothing of this process is swapped or shared."""
+    import subprocess
 
-    from bk.cli import app
+    from bk.cluster.node import this_bk
 
-    out, err = io.StringIO(), io.StringIO()
-    saved = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = out, err
-    try:
-        rc = app.run(argv, env)
-    finally:
-        sys.stdout, sys.stderr = saved
-    return rc, out.getvalue(), err.getvalue()
+    done = subprocess.run([*this_bk(), *argv], env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                          check=False)
+    return done.returncode, done.stdout.decode("utf-8", "replace"), done.stderr.decode("utf-8", "replace")
 
 
 def run_op(args, ctx) -> Output:

@@ -30,7 +30,7 @@ from bk.cluster.catalog import Catalog, NodeEntry
 from bk.cluster.fanout import fan_out
 from bk.cluster.node import NodeClient, NodeFailure, Reply
 from bk.core.errors import BkError, Conflict, InvalidInput, Unavailable
-from bk.core.record import dataclass
+from bk.core.record import dataclass, replace
 
 WRITE_ACTIONS = {"book": "create", "edit": "edit", "cancel": "cancel"}
 
@@ -49,7 +49,16 @@ class Cluster:
         self.env = env
         self.cancel = threading.Event()
         self._parallel = parallel
-        self._make = make_client or (lambda entry, cancelled=None: NodeClient(entry, env=env, cancelled=cancelled))
+        made = make_client or (lambda entry, cancelled=None: NodeClient(entry, env=env, cancelled=cancelled))
+        # Every client of this cluster shares what the nodes said they run,
+        # so a row one node cannot serve is refused before it is sent.
+        self.versions: dict[str, str] = {}
+
+        def make(entry, cancelled=None) -> NodeClient:
+            client = made(entry, cancelled=cancelled)
+            client.versions = self.versions
+            return client
+        self._make = make
 
     def client(self, name_or_entry) -> NodeClient:
         entry = name_or_entry if isinstance(name_or_entry, NodeEntry) else self.catalog.get(name_or_entry)
@@ -76,34 +85,43 @@ class Cluster:
 
     def overview(self) -> Overview:
         rows = []
-        got = dict((n.name, r) for n, r in self.fan_out(lambda c: c.call(["l", "--all"], shape=replies.LIST)))
+        got = dict((n.name, r) for n, r in self.fan_out(
+            lambda c: c.row("list", {"scope": "all"}, shape=replies.LIST)))
         for n in self.catalog.nodes:
             r = got.get(n.name)
             rows.append(NodeRow.of(n, r, self.catalog))
         return Overview(tuple(rows))
 
     def check(self, *, jobs: bool = False) -> Check:
-        words, shape = (["j"], replies.JOBS) if jobs else (["w"], replies.WORKER_STATE)
+        name, shape = ("jobs", replies.JOBS) if jobs else ("worker_status", replies.WORKER_STATE)
 
         def job(c: NodeClient):
-            return c.call(words, shape=shape)
+            return c.row(name, {}, shape=shape)
         got = dict((n.name, r) for n, r in self.fan_out(job))
         return Check(tuple(CheckRow.of(n, got.get(n.name), jobs=jobs) for n in self.catalog.nodes))
 
-    def recommend(self, slot_words: list[str]) -> Recommendation:
-        got = self.fan_out(lambda c: c.call(["slots", *slot_words], shape=replies.SLOTS))
+    def recommend(self, fields: dict) -> Recommendation:
+        """Each node's options for the ``recommend`` row's ``fields`` (its
+        wire form; durations, memory and starts may be a person's words,
+        which each node reads on its own clock, zone and grid), and for a
+        node with none the refusal ``bk slots`` words, so a node's row reads
+        as it always did."""
+        got = self.fan_out(lambda c: _no_option(c.row("recommend", fields, shape=replies.SLOTS)))
         rows = [RecRow.of(n, r) for n, r in got]
         return Recommendation(tuple(rows), best_row(rows))
 
     # -- writes ------------------------------------------------------------
 
-    def book(self, slot_words: list[str], book_words: Callable[[dict], list[str]], *,
+    def book(self, fields: dict, booking: Callable[[dict], object], *,
              op_id: str | None = None, dry_run: bool = False) -> Booked:
+        """Book on the best node for the ``recommend`` row's ``fields``;
+        ``booking(option)`` is what is sent to it: the ``book`` row's fields
+        (``booking_request``) or a command's words (``bk c N DUR -- CMD``)."""
         if op_id:
             done = self._already(op_id)
             if done is not None:
                 return done
-        rec = self.recommend(slot_words)
+        rec = self.recommend(fields)
         if rec.best is None:
             why = "; ".join(f"{r.node}: {r.problem}" for r in rec.rows if r.problem) or "no node has room"
             cls = Conflict if all(r.problem == "no option fits" or r.info.get("state") == "error"
@@ -115,7 +133,7 @@ class Cluster:
         if dry_run:
             return Booked(rec, best.node, None, op_id, recovered=False, retried=False, dry_run=True)
         op_id = op_id or new_op_id()
-        outcome = self.write(best.node, book_words(best.option), op_id, "book")
+        outcome = self.write(best.node, booking(best.option), op_id, "book")
         return Booked(rec, best.node, outcome.reply_data, op_id, outcome.recovered, outcome.retried)
 
     def _already(self, op_id: str) -> Booked | None:
@@ -136,15 +154,25 @@ class Cluster:
                               details={"op_id": op_id, "nodes": [name for name, _ in failed]})
         return None
 
-    def write(self, node: str, words: list[str], op_id: str, action: str) -> WriteOutcome:
-        """``words`` (a bk write) on ``node`` with ``op_id``; the lost-reply
+    def write(self, node: str, what, op_id: str, action: str) -> WriteOutcome:
+        """``what`` on ``node`` with ``op_id``: a write row's fields (the
+        ``book`` row's, from ``booking_request``), or a bk write's words; the lost-reply
         protocol of the module docstring.  A refusal by the node (conflict,
         not found) is raised as its own error."""
         client = self.client(node)
-        cut = words.index("--") if "--" in words else len(words)      # -- CMD stays last
-        sent = [*words[:cut], "--op-id", op_id, *words[cut:]]
+        if isinstance(what, list):
+            cut = what.index("--") if "--" in what else len(what)      # -- CMD stays last
+            sent = [*what[:cut], "--op-id", op_id, *what[cut:]]
+
+            def send() -> Reply:
+                return client.call(sent, shape=replies.WRITE)
+        else:
+            fields = {**what, "op_id": op_id}
+
+            def send() -> Reply:
+                return client.row(action, fields, shape=replies.WRITE)
         try:
-            return _written(client.call(sent, shape=replies.WRITE), False, False)
+            return _written(send(), False, False)
         except NodeFailure as first:
             if first.state in ("wrong_identity", "unsupported"):
                 raise first.as_error() from None
@@ -157,7 +185,7 @@ class Cluster:
         if found is not None:
             return WriteOutcome({"status": "exists", "reservation": found, "recovered": True}, True, False)
         try:
-            return _written(client.call(sent, shape=replies.WRITE), False, True)
+            return _written(send(), False, True)
         except NodeFailure as again:
             raise _unknown(node, op_id, lost, again) from None
 
@@ -187,7 +215,7 @@ def _unknown(node: str, op_id: str, lost: NodeFailure, why: NodeFailure) -> BkEr
 
 def lookup(client: NodeClient, op_id: str, action: str) -> dict | None:
     """The reservation ``op_id`` produced on that node (as JSON), or None."""
-    reply = client.call(["c", "op", op_id], shape=replies.OP)
+    reply = client.row("op_lookup", {"op_id": op_id}, shape=replies.OP)
     if not reply.ok:
         err = reply.error()
         raise NodeFailure(client.entry.name, "bad_reply", f"op lookup failed: {err.message if err else '?'}")
@@ -195,6 +223,44 @@ def lookup(client: NodeClient, op_id: str, action: str) -> dict | None:
     if d.get("found") and d.get("action") == WRITE_ACTIONS.get(action, action):
         return d.get("reservation")
     return None
+
+
+def booking_request(fields: dict, option: dict, *, exact: bool, note: str | None = None) -> dict:
+    """What ``bk c N DUR`` and the agent's ``cluster_create`` send to the
+    best node: the ``book`` row's fields for the ``recommend`` row's
+    ``fields`` every node was asked, at the node's best ``option``.  The
+    best option of "now" is the node's current slice; it may have ended
+    while the slowest node answered, and a past start is refused.  So
+    without an ``exact`` time (a ``-t``/``--start`` without ``--queue``) it
+    books "the earliest from the option's start", queued, and one whose
+    start has passed "the earliest from now"."""
+    from bk import clock
+    from bk.core.utctime import parse_utc
+
+    out = {k: v for k, v in fields.items() if k not in ("limit", "start")}
+    if exact or parse_utc(option["start"]) > clock.now():
+        out["start"] = option["start"]
+    if not exact:
+        out["queue"] = True
+    if note is not None:
+        out["note"] = note
+    return out
+
+
+def _no_option(reply: Reply) -> Reply:
+    """A node's ``recommend`` reply with no option, as ``bk slots`` refuses it."""
+    if not reply.ok or reply.data.get("options"):
+        return reply
+    from types import SimpleNamespace
+
+    from bk.core.envelope import failure
+    from bk.service import describe
+
+    asked = reply.data.get("request") or {}
+    what = SimpleNamespace(count=asked.get("count") or 0, duration=asked.get("duration") or 0,
+                           mode=asked.get("mode") or "shared", mem_mib=asked.get("mem_mib"))
+    err = Conflict(f"no option for {describe(what)}", hint="ask for fewer GPUs or a shorter time")
+    return replace(reply, envelope=failure("recommend", err, reply.warnings))
 
 
 @dataclass

@@ -117,8 +117,12 @@ class NodeClient:
         self._wall = wall
         self._env = env
         self._cancelled = cancelled
+        # Node name -> the bk version it last said it runs (a Cluster shares
+        # one dict among its clients, so a node's first reply tells the rest).
+        self.versions: dict[str, str] = {}
 
-    def argv(self, words: list[str], *, as_json: bool = True, columns: int | None = None) -> list[str]:
+    def argv(self, words: list[str], *, as_json: bool = True, columns: int | None = None,
+             row: tuple[str, str] | None = None) -> list[str]:
         from bk.remote import ssh
 
         e = self.entry
@@ -128,21 +132,52 @@ class NodeClient:
             remote.append("--text")
         if columns:
             remote += ["--columns", str(columns)]
-        remote += ["--", *words]
+        if row is not None:
+            remote += ["--row", row[0], "--fields", row[1]]
+        elif words:
+            remote += ["--", *words]
         if e.local:
             return [*local_command(e), *remote[len(e.remote_command):]]
         return ssh.ssh_argv(e.target, remote, port=e.port, connect_timeout=max(1, min(10, int(e.timeout_s))),
                             known_hosts=e.known_hosts, identity_file=e.identity_file)
 
+    def row(self, name: str, fields: dict, *, shape=None, timeout: float | None = None) -> Reply:
+        """Row ``name`` of the operation table on the node, with the request
+        ``fields`` (its spec's wire form); the reply's ``data`` is the row's
+        wire JSON.  A row newer than the node's bk is refused here, before
+        anything is sent (``NodeFailure`` ``unsupported``, naming the row);
+        for a write whose node's version is not known yet, the node is asked
+        who it is first (no row sent), so a write is never sent blind."""
+        import json
+
+        from bk import service
+
+        op = service.get(name)
+        if self.versions.get(self.entry.name) is None and op.access == service.WRITE:
+            self.call([])
+        self.refuse_unserved(op)
+        return self.call([], shape=shape, timeout=timeout,
+                         row=(name, json.dumps(fields, separators=(",", ":"), sort_keys=True)))
+
+    def refuse_unserved(self, op) -> None:
+        from bk.service import version_tuple
+
+        known = self.versions.get(self.entry.name)
+        if known is not None and version_tuple(known) < version_tuple(op.since):
+            raise NodeFailure(self.entry.name, "unsupported",
+                              f"its bk {known} cannot serve the {op.name} row (bk {op.since} or later); "
+                              "nothing was sent", f"update bk on {self.entry.name}")
+
     def call(self, words: list[str], *, as_json: bool = True, columns: int | None = None,
-             timeout: float | None = None, shape=None) -> Reply:
-        """Run ``words`` on the node.  The wrapper, the identity and the
+             timeout: float | None = None, shape=None, row: tuple[str, str] | None = None) -> Reply:
+        """Run ``words`` (or ``row``: its name and fields as JSON) on the node;
+        no words and no row: only who answers.  The wrapper, the identity and the
         command's envelope are always checked (``bk.cluster.replies``);
         ``shape`` is what the command's ``data`` must look like (None: any
         object, for ``bk @NODE ... --json``, which passes it on as JSON)."""
         e = self.entry
         before = self._wall()
-        out = self._runner(self.argv(words, as_json=as_json, columns=columns),
+        out = self._runner(self.argv(words, as_json=as_json, columns=columns, row=row),
                            timeout=timeout or e.timeout_s, cancelled=self._cancelled, env=self._env)
         after = self._wall()
         if out.ended == "timeout":
@@ -177,6 +212,11 @@ class NodeClient:
             if doc.get("command") != "cluster node":
                 raise NodeFailure(e.name, "unsupported", f"its bk has no cluster commands: {err['message']}",
                                   "update bk on the node", out.seconds)
+            if (row is not None or not words) and err["code"] == "invalid_input":
+                # A bk older than the rows (ROWS_SINCE) knows only words.
+                what = f"the {row[0]} row" if row is not None else "rows"
+                raise NodeFailure(e.name, "unsupported", f"its bk is too old to serve {what}: {err['message']}",
+                                  f"update bk on {e.name}", out.seconds)
             raise NodeFailure(e.name, "bad_reply", f"{err['code']}: {err['message']}", err.get("hint"),
                               out.seconds)
         wrapper = _checked(e, replies.WRAPPER, doc["data"], "data", out)
@@ -188,12 +228,14 @@ class NodeClient:
                               f"if the node was really reinstalled, check it (bk c probe {e.name} {e.target}) "
                               f"and update the catalog; otherwise something else answers at {e.target}",
                               out.seconds)
+        if isinstance(node.get("version"), str):
+            self.versions[e.name] = node["version"]
         node_now = node.get("now_epoch")
         if node_now is None:
             node_now = _iso_seconds(node.get("now"))
         skew = None if node_now is None else round(node_now - (before + after) / 2, 3)
         inner = None
-        if as_json:
+        if as_json and (words or row):
             inner = doc["data"].get("reply")
             if not is_envelope(inner):
                 raise NodeFailure(e.name, "bad_reply", "the node's reply carries no command envelope",
@@ -255,6 +297,14 @@ def local_command(entry: NodeEntry) -> list[str]:
 
     if entry.remote_command != ("bk",) or not sys.executable:
         return list(entry.remote_command)
+    return this_bk()
+
+
+def this_bk() -> list[str]:
+    """The command line of this very bk (``local_command``): the node runs a
+    person's words (``bk @NODE l``) with it, in a child process."""
+    import sys
+
     # This module's own origin says where bk is: bk/cluster/node.py.
     archive = getattr(getattr(__spec__, "loader", None), "archive", None)     # zipimport
     if isinstance(archive, str):

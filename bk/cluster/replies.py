@@ -183,7 +183,10 @@ JOB_ROW = obj({"id": opt(TEXT), "short_id": opt(text(64)), "status": req(text(32
 
 # What each command the client sends answers (the envelope's ``data``).
 LIST = obj({"scope": opt(text(32)), "reservations": req(list_of(RESERVATION)), "total": opt(UINT)})
-SLOTS = obj({"options": req(list_of(OPTION))})
+# What was asked, as the node read it (its grid): a node with no option is
+# refused in bk slots' words, which name it.
+ASKED = obj({"count": opt(UINT), "duration": opt(UINT), "mode": opt(text(32)), "mem_mib": opt(UINT)})
+SLOTS = obj({"options": req(list_of(OPTION)), "request": opt(ASKED)})
 WRITE = obj({"status": req(text(32)), "reservation": req(RESERVATION), "before": opt(RESERVATION),
              "placement": opt(PLACEMENT), "dry_run": opt(BOOL)})
 OP = obj({"op_id": opt(text(200)), "found": req(BOOL), "action": opt(text(32)), "reservation": opt(RESERVATION)})

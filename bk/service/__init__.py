@@ -52,6 +52,29 @@ READ, WRITE = "read", "write"
 ANYONE, OWNER, ADMIN = "anyone", "owner", "admin"
 HOST = "host"       # whoever owns the data: you in private mode, root on a shared server
 
+# The bk release whose nodes first answer rows over ssh (``bk c node --row``,
+# docs/CLUSTER.md): a row's ``since`` is this or the release that added it,
+# and a cluster client refuses, before sending it, a row newer than the node.
+ROWS_SINCE = "0.1.0"
+
+
+def version_tuple(text: object) -> tuple[int, ...]:
+    """``"0.10.2"`` -> ``(0, 10, 2)``; anything else (a dev suffix ends the
+    numbers) compares as the oldest."""
+    out = []
+    for part in str(text).split("."):
+        digits = ""
+        for ch in part:
+            if not ch.isdigit():
+                break
+            digits += ch
+        if not digits:
+            break
+        out.append(int(digits))
+        if len(digits) != len(part):
+            break
+    return tuple(out)
+
 _LAZY = frozenset({"request", "fields", "result", "apply", "serve", "check", "explain"})
 
 
@@ -82,12 +105,13 @@ class Operation:
     rebinds: bool = False             # WRITE: changes the bound policy itself (skips the store's binding check)
     served: bool = True               # False: run in the caller's process, never a broker op
     explain: object = None            # (error, request, call) -> error: a refusal worded for the caller
+    since: str = ROWS_SINCE           # the bk release whose nodes first serve this row (docs/CLUSTER.md)
 
     # Written out, not generated: the record's generated __init__ is compiled
     # on first use, and every command makes at least one row (~0.3 ms).
     def __init__(self, name, summary, request, fields, result, access, who, idempotent, destructive,
                  apply=None, serve=None, check=None, admin_hint=None, accepts_loss=False, rebinds=False,
-                 served=True, explain=None):
+                 served=True, explain=None, since=ROWS_SINCE):
         put = object.__setattr__
         put(self, "name", name)
         put(self, "summary", summary)
@@ -106,6 +130,7 @@ class Operation:
         put(self, "rebinds", rebinds)
         put(self, "served", served)
         put(self, "explain", explain)
+        put(self, "since", since)
 
     def __getattribute__(self, name):
         # A "module:attr" value (see the module docstring) becomes the
@@ -531,7 +556,7 @@ def writes() -> list[Operation]:
 
 _TYPES = {
     "views": ("ListRequest", "ListResult", "NoticesRequest", "NoticesResult"),
-    "advice": ("RecommendRequest", "Recommendation", "GpuRequest", "GpuAdvice"),
+    "advice": ("RecommendRequest", "Recommendation", "GpuRequest", "GpuAdvice", "describe"),
     "timeline": ("TimelineRequest", "TimelineView"),
     "doctor": ("InfoResult", "ConfigResult", "DoctorRequest", "DoctorResult"),
     "booking": ("ResolveRequest", "ResolveResult", "OpLookupRequest", "OpLookupResult"),
@@ -631,5 +656,5 @@ def open_host(env: dict, settings, *, service_uid: int, telemetry=None):
     return Service.local(settings, telemetry, actor=actor, owner_uid=service_uid, clock_fn=clock.now)
 
 
-__all__ = ["ADMIN", "ANYONE", "HOST", "OPERATIONS", "OWNER", "READ", "WRITE", "Operation", "get", "open_app",
-           "open_host", "served", "writes", *_WHERE]
+__all__ = ["ADMIN", "ANYONE", "HOST", "OPERATIONS", "OWNER", "READ", "ROWS_SINCE", "WRITE", "Operation", "get",
+           "open_app", "open_host", "served", "version_tuple", "writes", *_WHERE]

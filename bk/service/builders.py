@@ -139,6 +139,13 @@ def start(at: str | None, exact: str | None, *, now: int, tz, slot_minutes: int)
     return None, None
 
 
+def check_share(mode: str, share: int | None) -> None:
+    """``-s`` with ``-x``: refused wherever a booking's words are read."""
+    if mode == EXCLUSIVE and share is not None:
+        raise UsageError("--share applies to shared bookings; an exclusive booking takes the whole GPU",
+                         hint="drop -s, or book shared: bk N DUR -s 2")
+
+
 def book_request(*, count_: int | str, duration_: int | str, policy, now: int, tz, mem=None,
                  mode: str = SHARED, share: int | None = None, at: str | None = None,
                  start_iso: str | None = None, start_at: int | None = None, queue: bool = False,
@@ -152,9 +159,7 @@ def book_request(*, count_: int | str, duration_: int | str, policy, now: int, t
     slot = policy.slot_minutes
     note, op_id = note_text(note), op_id_text(op_id)
     n_gpus = policy.gpu_count
-    if mode == EXCLUSIVE and share is not None:
-        raise UsageError("--share applies to shared bookings; an exclusive booking takes the whole GPU",
-                         hint="drop -s, or book shared: bk N DUR -s 2")
+    check_share(mode, share)
     when, spec = start(at, start_iso, now=now, tz=tz, slot_minutes=slot)
     if start_at is not None:
         if when is not None:
@@ -306,3 +311,46 @@ def policy_change(*, gpu_count: int, disable: str | None = None, enable: str | N
         advance_default=None if advance_default is None else advance_default == "on",
         fair_share=None if fair_share is None else fair_share == "on",
         half_life_days=half_life_days)
+
+
+def worded(op, wire: dict, call, old=None) -> dict:
+    """``wire`` with the words a person writes (``"30m"``, ``"tomorrow 09:00"``)
+    in the fields that take them turned into the numbers the row's spec
+    takes, with the CLI's grammar and its refusals (``bk.service.builders``,
+    ``bk.core.timegrid``), on this call's clock, zone and slices.  ``old``:
+    the booking an edit changes (its ``-d`` forms move its end).  The agent
+    surface (``bk mcp``, ``bk agent``) and a cluster node (``bk c node --row``) read
+    their callers' fields with it."""
+    human = {f.name: f.human for f in op.fields if f.human}
+    out = dict(wire)
+    slot, now, tz = call.policy.slot_minutes, call.now, call.tz
+    for name, value in wire.items():
+        kind = human.get(name)
+        if kind is None or not isinstance(value, str):
+            continue
+        if kind == "duration":
+            out[name] = duration(value, slot)
+        elif kind == "start":
+            out[name] = start(value, None, now=now, tz=tz, slot_minutes=slot)[0]
+        elif kind == "memory":
+            out[name] = memory(value)
+        elif kind == "since":
+            from bk.core.usage import parse_since
+
+            out[name] = parse_since(value, now, tz)
+        elif kind in ("length", "end") and old is not None:
+            if kind == "end":
+                from bk.core.timegrid import parse_end_change
+
+                out[name] = parse_end_change(value, old.start, old.end, now, tz, slot)
+                continue
+            length, end = length_or_end(value, old, now=now, tz=tz, slot_minutes=slot)
+            del out[name]
+            if length is not None:
+                out[name] = length
+            elif isinstance(wire.get("end"), (int, str)):
+                raise InvalidInput(f"{name} {value!r} moves the end, and so does end: give the new end once",
+                                   hint='e.g. {"duration": "+30m"} or {"end": "20:00"}')
+            else:
+                out["end"] = end
+    return out

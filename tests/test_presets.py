@@ -28,7 +28,7 @@ def env(tmp_path, monkeypatch):
     clock.local_tz.cache_clear()
     e = {"HOME": str(tmp_path), "BK_DATA_DIR": str(tmp_path / "data"), "BK_GPU_COUNT": "4",
          "XDG_STATE_HOME": str(tmp_path / "state"), "XDG_CONFIG_HOME": str(tmp_path / "cfg"),
-         "TZ": "UTC", "NO_COLOR": "1"}
+         "TZ": "UTC", "NO_COLOR": "1", "BK_NOW": NOW}     # the clock is the env's (issue 24 item 6)
     yield e
     clock.local_tz.cache_clear()
 

@@ -158,9 +158,12 @@ class DocKeep:
     capacity somewhere in ``[lo, hi)`` (not cancelled; ``hi`` None: no end),
     those shared with others (``shared``: the caller may be one of them),
     or at all on a GPU numbered ``gpu_count`` or more (a view shows those
-    GPUs whatever the window); with no argument, none (a read for the
-    policy, the notices, the blackouts).  Times compare as the fixed-width
-    strings ``format_utc`` writes, which sort as the instants do.
+    GPUs whatever the window), or whose ID starts with ``prefix`` (the
+    booking a command names by an ID prefix, anyone's); with no argument,
+    none (a read for the policy, the notices, the blackouts: ``loads``
+    does not even parse the reservations then).  Times compare as the
+    fixed-width strings ``format_utc`` writes, which sort as the instants
+    do.
 
     ``holds``: each live booking not kept (not cancelled, ending after
     ``lo``) is still summarised, as ``hold(d)`` in ``LedgerState.holds``:
@@ -168,14 +171,24 @@ class DocKeep:
     free time) gets that without a record built per booking."""
 
     def __init__(self, *, uid: int | None = None, lo: int | None = None, hi: int | None = None,
-                 gpu_count: int | None = None, shared: bool = False, holds: bool = False):
+                 gpu_count: int | None = None, shared: bool = False, holds: bool = False,
+                 prefix: str | None = None):
         self.uid, self.gpu_count, self.shared, self.holds = uid, gpu_count, shared, holds
+        self.prefix = prefix
         self.window = lo is not None
         self.lo = format_utc(lo) if lo is not None else ""
         self.hi = format_utc(hi) if hi is not None else None
 
+    @property
+    def none(self) -> bool:
+        """Keeps no reservation and summarises none (``loads`` skips them)."""
+        return (self.uid is None and self.prefix is None and not self.window and self.gpu_count is None
+                and not self.shared and not self.holds)
+
     def __call__(self, d: dict) -> bool:
         if self.uid is not None and d["uid"] == self.uid:
+            return True
+        if self.prefix is not None and d["id"].startswith(self.prefix):
             return True
         if "cancelled_at" in d:
             return False
@@ -484,7 +497,7 @@ def loads(data: bytes, keep=None) -> dict:
     would be dropped too, so every drop is counted, and unless each one is
     found in the reservations list the document is parsed again whole."""
     if keep is not None:
-        doc = _loads_dropping(data, keep)
+        doc = _loads_skipping(data) if keep.none else _loads_dropping(data, keep)
         if doc is not None:
             return doc
     try:
@@ -528,6 +541,74 @@ def _loads_dropping(data: bytes, keep) -> dict | None:
         # Every drop is in the reservations list, so ``held`` is theirs.  A
         # key that is no string: no JSON document has it (decode takes it).
         doc[DROPPED] = held
+    return doc
+
+
+_scan: list = []            # the JSON scanner ``_loads_skipping`` uses, made on first use
+
+
+def _scanner():
+    if not _scan:
+        from json.decoder import JSONDecoder, scanstring
+
+        _scan.extend((JSONDecoder(parse_constant=_no_constants).scan_once, scanstring))
+    return _scan
+
+
+def _loads_skipping(data: bytes) -> dict | None:
+    """The document without its reservations (an empty list), for a read
+    that keeps none (``DocKeep()``: the notices, the policy): they are most
+    of its bytes, and not even parsed.
+
+    How the list is found without parsing it.  The writer sorts the keys,
+    so the top-level object is read pair by pair with the JSON parser's
+    own scanner up to the key "reservations"; its value ends where the
+    pairs after it begin: ``,"seq":`` (the last place those bytes occur;
+    within a string they cannot, a quote there is escaped), from where the
+    pairs are read again up to the object's end.  Found anywhere else
+    (inside a value after the list), the pairs from it do not end the
+    document, and the document is parsed whole (None).  Top-level keys
+    between "reservations" and "seq" (none that bk writes; a newer bk's)
+    would be skipped with the list: such a read is partial (never
+    committed), and none of its readers looks at them."""
+    try:
+        s = data.decode("ascii")
+    except UnicodeDecodeError:
+        return None
+    scan, string = _scanner()
+    doc: dict = {}
+    try:
+        if s[0] != "{":
+            return None
+        i = 1
+        while True:                          # the head, up to "reservations"
+            if s[i] != '"':
+                return None
+            key, i = string(s, i + 1)
+            if s[i] != ":":
+                return None
+            if key == "reservations":
+                break
+            doc[key], i = scan(s, i + 1)
+            if s[i] != ",":
+                return None
+            i += 1
+        start = i + 1
+        i = s.rfind(',"seq":')
+        if s[start] != "[" or i <= start or s[i - 1] != "]":
+            return None
+        while s[i] == ",":                   # the tail, from "seq" to the end
+            if s[i + 1] != '"':
+                return None
+            key, i = string(s, i + 2)
+            if s[i] != ":" or key == "reservations":
+                return None
+            doc[key], i = scan(s, i + 1)
+        if s[i] != "}" or s[i + 1:] not in ("", "\n"):
+            return None
+    except (IndexError, StopIteration, ValueError, RecursionError):
+        return None                          # the plain parse says what is wrong
+    doc["reservations"] = []
     return doc
 
 

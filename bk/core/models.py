@@ -394,6 +394,19 @@ class LedgerState:
                 return r
         return None
 
+    def swap(self, old: Reservation, new: Reservation) -> None:
+        """Put ``new`` where ``old`` stands.  ``list.index`` would compare
+        every booking before it field by field (on a 10,000-booking ledger
+        that is most of an edit); ``old`` is a record of this state, so it
+        is found by identity, at C speed, and only a record that is not
+        (an equal copy) is looked for by value."""
+        from itertools import compress, count, repeat
+        from operator import is_
+
+        rs = self.reservations
+        i = next(compress(count(), map(is_, rs, repeat(old))), None)
+        rs[rs.index(old) if i is None else i] = new
+
 
 # Write kinds: the ``action`` of an audit record (SPEC 5), part of the format.
 CREATE, EDIT, CANCEL, ADMIN_CANCEL = "create", "edit", "cancel", "admin_cancel"

@@ -39,7 +39,7 @@ from .models import EXCLUSIVE, MODES, SHARED, Blackout, GpuInfo, Policy, Reserva
 from .telemetry import UNRESERVED_LOAD
 
 __all__ = ["RULES", "Placement", "Request", "check_invariants", "effective_mem",
-           "place", "recommend"]
+           "options_now", "place", "recommend"]
 
 RULES = ("input", "max_length", "require_shared_memory", "horizon", "gpu_count",
          "disabled_gpu", "memory", "excluded", "blackout", "capacity")
@@ -131,16 +131,7 @@ def recommend(req: Request, *, reservations: Sequence[Reservation], blackouts: S
         s = plan.earliest(frm)
         if s is None:
             break
-        ranked = plan.ranked(s)
-        sets = [ranked[:req.count]] if req.pinned else \
-            [ranked[k:k + req.count] for k in range(0, len(ranked) - req.count + 1, req.count)]
-        for chosen in sets:
-            gset = tuple(sorted(chosen))
-            if any(o.gpus == gset and o.start <= s < o.end for o in options):
-                continue
-            options.append(plan.placement(s, chosen))
-            if len(options) >= alternatives:
-                break
+        plan.options_at(s, options, alternatives)
         # Nothing new can appear before the blocked set changes or an
         # offered window ends: jump there instead of stepping slices.
         later = [o.end for o in options if o.end > s]
@@ -155,12 +146,37 @@ def recommend(req: Request, *, reservations: Sequence[Reservation], blackouts: S
     return options
 
 
+def options_now(req: Request, *, reservations: Sequence[Reservation], blackouts: Sequence[Blackout],
+                policy: Policy, gpus: Sequence[GpuInfo] | None, now: int, complete_until: int,
+                load: Mapping[int, float] | None = None, tz: tzinfo | None = None,
+                alternatives: int = 3) -> list[Placement] | None:
+    """The options of ``recommend`` that start at the requested time (the
+    ones ``bk g`` shows), from ``reservations`` that hold every booking
+    holding capacity before ``complete_until``, and maybe some later ones.
+
+    ``recommend`` offers the options at the requested start first, and
+    whether a GPU fits there, how it ranks and why another does not are
+    told by the bookings of the window, except when a booking holding it
+    there belongs to a run that lasts to ``complete_until`` or beyond (the
+    reason says when it ends).  So these are ``recommend``'s options at
+    that start, or None where that is not known from these bookings
+    (nothing fits then, a reason reaches that far): the caller asks
+    ``recommend`` with every booking.  Refusals are ``recommend``'s."""
+    plan = _Plan(req, reservations, blackouts, policy, gpus, now, load, tz, False, force_queue=True,
+                 until=complete_until)
+    s = plan.requested
+    if s + plan.d > complete_until or plan.earliest(s) != s:
+        return None
+    options = plan.options_at(s, [], alternatives)
+    return None if plan.reach >= complete_until else options
+
+
 class _Plan:
     """One request checked against the static rules, with the index and
     the blocked intervals its search needs."""
 
     def __init__(self, req, reservations, blackouts, policy, gpus, now, load, tz,
-                 allow_past_start, force_queue=False, window=False):
+                 allow_past_start, force_queue=False, window=False, until=None):
         self.req, self.policy, self.now, self.tz = req, policy, now, tz or timezone.utc
         self.q = policy.slot_seconds
         self.cap = policy.max_shared_users
@@ -185,8 +201,10 @@ class _Plan:
             self._refuse_blackout()
         self.ledgers = index_holds(reservations, now=now, capacity=self.cap,
                                    usable=self.usable, ignore_id=req.ignore_id)
-        # ``window``: sweep only as far ahead as the search needs (first_fit).
-        self._build_sweep(self.requested + max(4 * self.d, 86400) if window else None)
+        self.reach = self.requested         # the latest end of a run a reason names (options_now)
+        # ``window``: sweep only as far ahead as the search needs (first_fit);
+        # ``until``: only as far as the bookings given are all there are.
+        self._build_sweep(self.requested + max(4 * self.d, 86400) if window else until)
 
     # -- static rules -------------------------------------------------------
 
@@ -397,6 +415,22 @@ class _Plan:
     def choose(self, s: int) -> list[int]:
         return self.ranked(s)[:self.req.count]
 
+    def options_at(self, s: int, options: list[Placement], alternatives: int) -> list[Placement]:
+        """Add to ``options`` those at start ``s`` (``recommend``): the best
+        set first, then disjoint runners-up, none an option already has."""
+        count = self.req.count
+        ranked = self.ranked(s)
+        sets = [ranked[:count]] if self.req.pinned else \
+            [ranked[k:k + count] for k in range(0, len(ranked) - count + 1, count)]
+        for chosen in sets:
+            gset = tuple(sorted(chosen))
+            if any(o.gpus == gset and o.start <= s < o.end for o in options):
+                continue
+            options.append(self.placement(s, chosen))
+            if len(options) >= alternatives:
+                break
+        return options
+
     # -- results and refusals ------------------------------------------------
 
     def placement(self, s: int, chosen: list[int]) -> Placement:
@@ -431,7 +465,9 @@ class _Plan:
             return "free", [], False
         a = max(runs[0][0], s)
         slots, mem, here = ledger.load_at(a)
-        until = self._clock(ledger.run_end(a, self.need, self.mem[g]))
+        end = ledger.run_end(a, self.need, self.mem[g])
+        self.reach = max(self.reach, end)
+        until = self._clock(end)
         when = f" from {self._clock(a)}" if a > s else ""
         names = _names(here)
         holders = [_holder(g, h[RES]) for h in here]

@@ -210,6 +210,35 @@ def live_keep(call):
     return DocKeep(uid=call.actor.uid, lo=call.now)
 
 
+def window_keep(call, until: int):
+    """What ``bk g`` reads first: the caller's bookings and every booking
+    that holds capacity from ``call.now`` to ``until`` (``_ready``)."""
+    from bk.core.ledgerdoc import DocKeep
+
+    return DocKeep(uid=call.actor.uid, lo=call.now, hi=until)
+
+
+def _ready(req, call, state, until: int) -> Recommendation | None:
+    """``_recommend(...).ready()`` from a state that holds every booking
+    before ``until`` (``window_keep``), when that tells it
+    (``scheduler.options_now``); None when it has no option now, or might
+    not."""
+    from bk.core import scheduler, telemetry
+    from bk.service import booking
+    from bk.service.requests import check_request
+
+    check_request(req)
+    snap = call.telemetry.snapshot()
+    found = scheduler.options_now(booking._sched_request(req), reservations=state.reservations,
+                                  blackouts=state.blackouts, policy=call.policy, gpus=list(snap.gpus),
+                                  now=call.now, complete_until=until, alternatives=GPU_OPTIONS, tz=call.tz,
+                                  load=telemetry.placement_load(snap, state.reservations, call.now,
+                                                                uid=call.actor.uid))
+    if not found:
+        return None
+    return Recommendation(req, tuple(found), call.now, call.policy.slot_minutes)
+
+
 def _serve_recommend(service, req: RecommendRequest, call) -> Recommendation:
     return _recommend(service, req.book(), req.limit, call)
 
@@ -238,9 +267,12 @@ def _serve_gpu(service, req: GpuRequest, call) -> GpuAdvice:
     from bk.service.views import View, own_current
 
     now = call.now
-    # One read serves both the current bookings and the recommendation: yours
-    # and the live ones, all either looks at.
-    state = service.ledger(call=call, keep=live_keep(call))
+    # One read serves both the current bookings and the options now: yours,
+    # and the live ones of the coming day (``window_keep``); only when the
+    # options now cannot be told from those are the live ones all read.
+    span = 4 * req.duration if type(req.duration) is int else 0      # (checked with the request)
+    until = timegrid.floor_slice(now, call.policy.slot_minutes) + max(span, 86400)
+    state = service.ledger(call=call, keep=window_keep(call, until))
     mine = own_current(state, call)
     view = View.of(call, {r.id: i for i, r in enumerate(mine, 1)})
     active = tuple(r for r in mine if r.status(now) == "active")
@@ -257,6 +289,11 @@ def _serve_gpu(service, req: GpuRequest, call) -> GpuAdvice:
         return GpuAdvice(active, current, export_line(here) if here else None)
     book = BookRequest(req.count or 1, req.duration, mode=req.mode, share=req.share, mem_mib=req.mem_mib,
                        pinned=req.pinned, excluded=req.excluded)
+    ready = _ready(book, call, state, until)
+    if ready is not None:
+        live, missing = live_gpus(state, call)
+        return GpuAdvice(active, current, None, ready, request=book, live=live, missing=missing)
+    state = service.ledger(call=call, keep=live_keep(call))
     rec = _recommend(service, book, GPU_OPTIONS, call, state)
     ready = rec.ready()
     if not rec.options:

@@ -457,7 +457,7 @@ def apply_edit(state: LedgerState, req: EditRequest, call: Call) -> Mutation:
     result = EditResult("updated", new, old, dry_run=req.dry_run)
     if req.dry_run:
         return Mutation(False, [], result)
-    state.reservations[state.reservations.index(old)] = new
+    state.swap(old, new)
     # "edit": which of the booking's edits this op made (op_target undoes from it).
     _record_op(state, actor, req.op_id, EDIT, digest, new.id, now, {"edit": len(old.edits)})
     return Mutation(True, [AuditEntry(EDIT, "updated", new.id, req.op_id, before | fair_was, after | fair_now,
@@ -621,7 +621,7 @@ def apply_cancel(state: LedgerState, req: CancelRequest, call: Call) -> Mutation
     result = CancelResult("cancelled", new, dry_run=req.dry_run)
     if req.dry_run:
         return Mutation(False, [], result)
-    state.reservations[state.reservations.index(res)] = new
+    state.swap(res, new)
     if by_admin:
         state.notices.append(Notice(id=call.new_id("notice"), at=now, uid=res.uid, level="warning",
                                     reservation=res.id, created_by=actor.uid,
@@ -719,7 +719,16 @@ def _serve_resolve(service, req: ResolveRequest, call: Call) -> ResolveResult:
     the committed ledger, which every user may read."""
     from bk.service.views import View
 
-    state = service.ledger(call=call)
+    if req.op_id and req.action:
+        state = service.ledger(call=call)
+    else:
+        # A list number names one of yours, an ID prefix anyone's booking
+        # with that prefix: on a sealed ledger only those are built.
+        from bk.core.ledgerdoc import DocKeep
+
+        ref = req.ref.strip().lower()
+        state = service.ledger(call=call, keep=DocKeep(
+            uid=call.actor.uid, prefix=None if ref.isdigit() and len(ref) <= 3 else ref))
     res = None
     if req.op_id and req.action:
         if req.action not in OP_ACTIONS:

@@ -88,13 +88,34 @@ def test_a_writer_that_committed_neither_reads_nor_checks_the_whole_ledger_again
     assert fresh(store).read(verify=True).state == store.read().state
 
 
-def test_a_fresh_writer_reads_and_checks_once_then_keeps(store, counts):
+def test_a_fresh_writer_reads_once_then_keeps(store, counts):
+    """A sealed ledger was checked by its writer: a fresh writer reads it
+    once, checks and encodes only its change (``ledgerdoc.trusted``,
+    ``ledgerdoc.Framed``), and the document is still the full encoder's."""
     commit(store, add(*many(50)))
     writer = fresh(store)
     for k in counts:
         counts[k] = 0
     commit(writer, add(booking(T + 86400, T + 87000)))
-    assert counts["loads"] == 1 and counts["check_state"] == 1
+    assert counts == {"loads": 1, "check_state": 0, "encoded": 1}
+    data = ledger_bytes(store)
+    assert canonical_bytes(data) == data
+    commit(writer, add(booking(T + 87000, T + 87600)))
+    assert counts["loads"] == 1 and counts["check_state"] == 0
+    assert canonical_bytes(ledger_bytes(store)) == ledger_bytes(store)
+
+
+def test_a_fresh_writer_checks_an_unsealed_ledger_in_full_once(store, counts):
+    commit(store, add(*many(50)))
+    doc = json.loads(ledger_bytes(store))
+    del doc["digest"]
+    with open(store.paths.ledger, "wb") as f:       # an older bk's ledger: no seal
+        f.write(ledgerdoc.dumps(doc))
+    writer = fresh(store)
+    for k in counts:
+        counts[k] = 0
+    commit(writer, add(booking(T + 86400, T + 87000)))
+    assert counts["loads"] == 1 and counts["check_state"] == 1 and counts["encoded"] == 51
     commit(writer, add(booking(T + 87000, T + 87600)))
     assert counts["loads"] == 1 and counts["check_state"] == 1
 

@@ -442,6 +442,7 @@ class Store:
         now = self.clock()
         self._remove_temps(dirfd)
         kept = self._kept_state(dirfd)
+        frame = None
         if kept is not None:
             got = _Loaded(kept.state, kept.meta, "ledger", [])
         else:
@@ -503,12 +504,25 @@ class Store:
                                          uid=actor_uid, user=actor)
             # With the state this Store committed last, what the transaction
             # changed is all that needs checking (ledgerdoc.Checked) and
-            # encoding (ledgerdoc.RecordBytes); the archive's scan is skipped
+            # encoding (ledgerdoc.Encoded); the archive's scan is skipped
             # while no booking has closed long enough to move.
+            if kept is None and got.source == "ledger" and got.data is not None:
+                # Bytes another process committed, checked whole: by this
+                # Store as it read them (unsealed), or by their writer
+                # (sealed).  What this transaction changed is then all there
+                # is to check (ledgerdoc.Checked, .trusted) and, sealed, to
+                # encode (ledgerframe.Framed).
+                if ledgerdoc.sealed(got.data):
+                    from bk.core import ledgerframe
+
+                    checked = ledgerdoc.trusted(base, self.capacity)
+                    frame = ledgerframe.framed(got.data, base, got.meta)
+                elif got.data == self._valid:
+                    checked = ledgerdoc.Checked(base, self.capacity)
             delta = earliest = None
-            if kept is not None and kept.checked is not None:
-                delta = ledgerdoc.Delta.of(kept.state.reservations, state.reservations)
-                if delta is not None:
+            if checked is not None:
+                delta = ledgerdoc.Delta.of(checked.reservations, state.reservations)
+                if delta is not None and kept is not None:
                     earliest = min(kept.earliest, archive.earliest_close(delta.fresh))
             listed = state.reservations
             moved = archive.split(state, now=now, archive_after=self.archive_after,
@@ -524,7 +538,8 @@ class Store:
             token = _token_hex(8)
             try:
                 data, encoded = ledgerdoc.document(state, commit=token, written_at=now, journal=records,
-                                                   known=kept.encoded if kept is not None else None, delta=delta)
+                                                   known=kept.encoded if kept is not None else None, delta=delta,
+                                                   frame=frame)
                 lines = audit.encode(records)
                 groups = archive.group(moved, seq=state.seq, now=now)
             except (TypeError, ValueError, RecursionError) as e:
@@ -581,7 +596,8 @@ class Store:
         kept = _own_copy(state)
         if checked is not None:
             checked = ledgerdoc.Checked(kept, self.capacity, checked.by_id, checked.holds, checked.quick)
-        encoded = ledgerdoc.Encoded(kept.reservations, kept.ops, encoded.reservation_bytes, encoded.op_bytes)
+        if encoded is not None:             # None: a document spliced from the bytes read (ledgerframe.Framed)
+            encoded = ledgerdoc.Encoded(kept.reservations, kept.ops, encoded.reservation_bytes, encoded.op_bytes)
         self._kept = _Kept(kept, meta, data, checked, encoded, earliest)
 
     def _bind(self, state: LedgerState, policy: dict | None) -> None:

@@ -15,7 +15,8 @@ import pytest
 
 from bk.core.errors import BkError
 from bk.core.models import EXCLUSIVE, SHARED, Blackout, GpuInfo, GpuProcess, Policy, Reservation
-from bk.core.scheduler import Request, place, recommend
+from bk.core.record import replace
+from bk.core.scheduler import Request, options_now, place, recommend
 from tests.reference_scheduler import reference_fits, reference_place
 
 BASE_SEED = int(os.environ.get("BK_TEST_SEED", "20260713"))
@@ -181,3 +182,35 @@ def test_an_answer_days_past_the_first_sweep_agrees_with_slice_scanner():
         assert got == want, f"seed {seed}: fast {got} != reference {want}"
         far += placement is not None and placement.start - here > 86400
     assert far > 20, far
+
+
+def test_options_now_from_the_bookings_of_a_window_are_recommends_options_now():
+    """``options_now`` (``bk g``'s first read: the bookings before
+    ``complete_until``, and maybe some later ones) gives exactly the options
+    of ``recommend`` (every booking) that start at the requested time, or
+    None; its refusals are ``recommend``'s."""
+    told = unknown = 0
+    for seed in range(BASE_SEED, BASE_SEED + 3000):
+        rng = random.Random(seed)
+        w = random_world(rng)
+        req = replace(w["req"], start=None, queue=False, ignore_id=None)
+        q = w["policy"].slot_seconds
+        until = w["now"] - w["now"] % q + rng.randint(1, 40) * q
+        given = [r for r in w["reservations"] if (r.end > w["now"] and r.start < until) or rng.random() < 0.3]
+        kw = dict(blackouts=w["blackouts"], policy=w["policy"], gpus=w["gpus"], now=w["now"], load=w["load"])
+        try:
+            want = [o for o in recommend(req, reservations=w["reservations"], **kw) if not o.queued]
+        except BkError as e:
+            want = e
+        try:
+            got = options_now(req, reservations=given, complete_until=until, **kw)
+        except BkError as e:
+            assert isinstance(want, BkError) and (type(e), e.details.get("rule")) == (
+                type(want), want.details.get("rule")), f"seed {seed}: {e} but recommend gave {want}"
+            continue
+        if got is None:
+            unknown += 1
+            continue
+        assert got == want, f"seed {seed}: options_now {got} != recommend's options now {want}"
+        told += 1
+    assert told > 300 and unknown > 100, (told, unknown)

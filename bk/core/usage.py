@@ -215,19 +215,9 @@ def record_problem(d) -> str | None:
     samples = d.get("samples", 0)
     if type(samples) is not int or not 0 <= samples <= SAMPLES_PER_S * secs:
         return f"samples {_show(samples)} is out of range"
-    for k in ("covered_s", "blind_s"):
-        v = d.get(k, 0)
-        if type(v) is not int or not 0 <= v <= secs:
-            return f"{k} {_show(v)} is out of range"
-    n = d.get("util_n", 0)
-    if type(n) is not int or not 0 <= n <= samples:
-        return f"util_n {_show(n)} is out of range"
-    v = d.get("util_avg")
-    if v is not None and not _num(v, 100):
-        return f"util_avg {_show(v)} is out of range"
-    v = d.get("mem_peak_mib")
-    if v is not None and (type(v) is not int or not 0 <= v <= MAX_MEM_MIB):
-        return f"mem_peak_mib {_show(v)} is out of range"
+    problem = _readings_problem(d, ("covered_s", "blind_s"), "util", secs, samples)
+    if problem:
+        return problem
     uses = d.get("uses", [])
     if not isinstance(uses, list):
         return "uses is not a list"
@@ -241,19 +231,30 @@ def record_problem(d) -> str | None:
             return f"reservation {_show(rid)} is not a booking id"
         if mode is not None and mode not in MODES:
             return f"mode {_show(mode)} is not a mode"
-        for k in ("booked_s", "active_s", "unreserved_s"):
-            v = u.get(k, 0)
-            if type(v) is not int or not 0 <= v <= secs:
-                return f"{k} {_show(v)} is out of range"
-        n = u.get("sm_n", 0)
-        if type(n) is not int or not 0 <= n <= samples:
-            return f"sm_n {_show(n)} is out of range"
-        v = u.get("sm_avg")
-        if v is not None and not _num(v, 100):
-            return f"sm_avg {_show(v)} is out of range"
-        v = u.get("mem_peak_mib")
-        if v is not None and (type(v) is not int or not 0 <= v <= MAX_MEM_MIB):
-            return f"mem_peak_mib {_show(v)} is out of range"
+        problem = _readings_problem(u, ("booked_s", "active_s", "unreserved_s"), "sm", secs, samples)
+        if problem:
+            return problem
+    return None
+
+
+def _readings_problem(d: dict, seconds: tuple[str, ...], avg: str, secs: int, samples: int) -> str | None:
+    """What is wrong with the readings a record and each of its uses share:
+    the ``seconds`` counters (at most the period and its slack), the
+    ``{avg}_n`` count of samples averaged (at most the record's samples),
+    the ``{avg}_avg`` percentage and the memory peak."""
+    for k in seconds:
+        v = d.get(k, 0)
+        if type(v) is not int or not 0 <= v <= secs:
+            return f"{k} {_show(v)} is out of range"
+    n = d.get(f"{avg}_n", 0)
+    if type(n) is not int or not 0 <= n <= samples:
+        return f"{avg}_n {_show(n)} is out of range"
+    v = d.get(f"{avg}_avg")
+    if v is not None and not _num(v, 100):
+        return f"{avg}_avg {_show(v)} is out of range"
+    v = d.get("mem_peak_mib")
+    if v is not None and (type(v) is not int or not 0 <= v <= MAX_MEM_MIB):
+        return f"mem_peak_mib {_show(v)} is out of range"
     return None
 
 

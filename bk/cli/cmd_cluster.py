@@ -610,7 +610,7 @@ def run_node(args, ctx) -> Output:
             raise UsageError("bk c node runs a row or words, not both")
         from bk.cluster.serve import row_reply
 
-        reply = row_reply(ctx.app(), ctx.call(), args.row, args.fields, cwd=_here, env=ctx.env)
+        reply = row_reply(ctx.app(), ctx.call, args.row, args.fields, cwd=_here, env=ctx.env)
         return Output("cluster node", {"node": ident, "reply": reply, "exit": 0}, "")
     if not words:          # nothing to run: who answers (the client's version check)
         return Output("cluster node", {"node": ident, "reply": None, "exit": 0}, "")

@@ -39,14 +39,17 @@ NODE_ROWS = frozenset(("list", "status", "recommend", "gpu", "worker_status", "j
 _NODE_JOB_FIELDS = ("job_id", "job_digest", "job_summary")
 
 
-def row_reply(app, call, name: str, fields: str, *, cwd: Callable[[], str], env: dict) -> dict:
+def row_reply(app, make_call: Callable[[], object], name: str, fields: str, *, cwd: Callable[[], str],
+              env: dict) -> dict:
     """Row ``name`` run here with ``fields`` (JSON text): the envelope of its
-    wire JSON, or of its refusal.  ``cwd`` and ``env`` are this process's
-    (a ``book_job``'s command is checked and kept with them)."""
+    wire JSON, or of its refusal (one that comes while the call is made
+    too).  ``cwd`` and ``env`` are this process's (a ``book_job``'s command
+    is checked and kept with them)."""
     import json
 
     from bk.core import envelope
 
+    call = None
     try:
         op = _served(name)
         try:
@@ -55,11 +58,12 @@ def row_reply(app, call, name: str, fields: str, *, cwd: Callable[[], str], env:
             raise InvalidInput(f"the fields of {name} are not JSON: {e}") from None
         if not isinstance(wire, dict):
             raise InvalidInput(f"the fields of {name} must be a JSON object")
+        call = make_call()
         result = app.run(name, _request(app, op, wire, call, cwd=cwd, env=env), call=call)
         warnings = [*call.warnings, *(getattr(result, "warnings", None) or ())]
         return envelope.success(name, result.to_json(), list(dict.fromkeys(warnings)))
     except BkError as e:
-        return envelope.failure(name, e, list(call.warnings))
+        return envelope.failure(name, e, list(call.warnings) if call is not None else [])
 
 
 def _served(name: str):

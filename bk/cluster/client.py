@@ -291,10 +291,6 @@ class WriteOutcome:
 
 # -- rows ------------------------------------------------------------------
 
-def _failure_json(r) -> dict | None:
-    return r.to_json() if isinstance(r, NodeFailure) else None
-
-
 def _node_json(n: NodeEntry, r) -> dict:
     out = {"name": n.name, "id": n.id, "target": n.target, "priority": n.priority, "enabled": n.enabled}
     if not n.enabled:

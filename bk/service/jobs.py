@@ -548,7 +548,6 @@ def _serve_jobs(app, req: JobsRequest, call) -> JobsResult:
 
 
 DEFAULT_LOG_BYTES = 64 * 1024          # bk.jobs.logs.TAIL_BYTES
-MAX_LOG_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)

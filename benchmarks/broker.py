@@ -170,15 +170,15 @@ def latency(root: str, n: int) -> tuple[list[float], list[float]]:
     broker = BrokerProcess(root, "latency")
     try:
         remote = Service.remote(settings(broker.base, "shared"), telemetry())
-        remote.book(REQUEST)                          # warm both paths up
-        local.book(REQUEST)
+        remote.run("book", REQUEST)                          # warm both paths up
+        local.run("book", REQUEST)
         priv, rem = [], []
         for _ in range(n):
             t = time.perf_counter()
-            local.book(REQUEST)
+            local.run("book", REQUEST)
             priv.append(time.perf_counter() - t)
             t = time.perf_counter()
-            remote.book(REQUEST)
+            remote.run("book", REQUEST)
             rem.append(time.perf_counter() - t)
         return priv, rem
     finally:
@@ -647,12 +647,12 @@ def scale_latency(root: str, n: int) -> dict:
     try:
         remote = {k: Service.remote(settings(b.base, "shared"), telemetry()) for k, b in brokers.items()}
         for r in remote.values():
-            r.book(REQUEST)
+            r.run("book", REQUEST)
         times: dict[int, list[float]] = {k: [] for k in remote}
         for i in range(n):
             for k in (sorted(remote) if i % 2 else sorted(remote, reverse=True)):
                 t = time.perf_counter()
-                remote[k].book(REQUEST)
+                remote[k].run("book", REQUEST)
                 times[k].append(time.perf_counter() - t)
         return {"times": times, "rss_kib": {k: rss_kib(b.proc.pid) for k, b in brokers.items()}}
     finally:

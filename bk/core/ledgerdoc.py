@@ -837,7 +837,7 @@ def _check_changes(state: LedgerState, capacity: int | None, base: Checked, delt
             by_id[r.id] = r
     from bk.core.capacity import RES
 
-    holds = _holds_next(base, state.reservations, gpu_count)
+    holds = _holds_next(base, state.reservations, gpu_count, delta)
     live = [r for r in delta.fresh if r.cancelled_at is None]
     if live:
         lo, hi = min(r.start for r in live), max(r.end for r in live)
@@ -858,15 +858,18 @@ def _check_changes(state: LedgerState, capacity: int | None, base: Checked, delt
 _EVER = -(1 << 62)        # the ``now`` of a check's hold index: ended bookings count too
 
 
-def _holds_next(base: Checked, reservations: list, gpu_count: int):
-    """The hold index of ``reservations`` from the base's (None: not kept yet)."""
+def _holds_next(base: Checked, reservations: list, gpu_count: int, delta: Delta | None = None):
+    """The hold index of ``reservations`` from the base's (None: not kept
+    yet); ``delta``: from ``base.reservations``, whose records the base's
+    index holds."""
     from bk.core.capacity import HoldIndex
 
     if gpu_count is None or gpu_count > 4096:       # bookings' GPUs unbounded, or a silly policy
         return None
     usable = {g: None for g in range(gpu_count)}
     if base.holds is not None and base.holds.key == (1, tuple(usable.items())):
-        got = base.holds.derive(reservations, _EVER)
+        got = base.holds.derive(reservations, _EVER, delta if delta is not None and delta.old is base.reservations
+                                else None)
         if got is not None:
             return got
     if base.quick >= 1:

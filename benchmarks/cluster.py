@@ -25,7 +25,9 @@ Four parts:
   wall time at 100 nodes is mostly the nodes' own CPU (printed): on a real
   cluster that work is spread over 100 machines.
 * ``remote``: the same stand-in, but each node answers with the reply its
-  real bk printed at set-up (the clock fields made current), after
+  real bk printed at set-up to the same row (``recommend``, with the
+  fields the client sent a real node once; ``worker_status``, ``list``,
+  ``op_lookup``, ``book``; the clock fields made current), after
   ``--delay`` seconds of "network and remote work" that cost no CPU here.
   This is what the client's fan-out itself costs, as on a cluster whose
   nodes are other machines.  The 2x target (100 nodes within twice the

@@ -18,8 +18,8 @@ most that many processes run at once.  128 is past what two cores need to
 stay busy when handshakes are the cost (each is CPU-bound, so more at once
 only spreads the same CPU), and asks 100 nodes that mostly wait in one wave:
 with 64 the last 36 waited for the first to answer, a second round trip
-(the benchmark: 100 nodes 1.7x the time of 10 with 64, 1.5x with 128; 32
-costs them about 40 % more).  Its descriptors, three per node, stay far
+(the benchmark: `bk c check` on 100 nodes 1.97x the time of 10 with 64,
+1.74x with 128; 32 costs them about 40 % more).  Its descriptors, three per node, stay far
 below the usual limit of 1,024.
 Every node has its own deadline, its catalog ``timeout_s``, counted from
 when its worker starts it (time spent queued is not the node's): the runner

@@ -25,7 +25,9 @@ Four parts:
   wall time at 100 nodes is mostly the nodes' own CPU (printed): on a real
   cluster that work is spread over 100 machines.
 * ``remote``: the same stand-in, but each node answers with the reply its
-  real bk printed at set-up (the clock fields made current), after
+  real bk printed at set-up to the same row (``recommend``, with the
+  fields the client sent a real node once; ``worker_status``, ``list``,
+  ``op_lookup``, ``book``; the clock fields made current), after
   ``--delay`` seconds of "network and remote work" that cost no CPU here.
   This is what the client's fan-out itself costs, as on a cluster whose
   nodes are other machines.  The 2x target (100 nodes within twice the
@@ -46,6 +48,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -57,6 +60,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from bk.cluster.client import booking_request  # noqa: E402
 
 PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
 
@@ -88,10 +93,13 @@ done
 h='{hosts}'/"$1"
 [[ -f $h/env ]] || {{ echo "ssh: Could not resolve hostname $1: Name or service not known" >&2; exit 255; }}
 . "$h/env"
+[[ -n $BK_BENCH_LOG ]] && printf '%s\n' "$2" >> "$BK_BENCH_LOG"
 if [[ -n $REPLAY ]]; then
   read -r -t "$DELAY" <> "$REPLAY/wait"
   case " $2 " in
-    *" -- slots "*) f=slots;; *" -- w "*) f=w;; *" -- l "*) f=l;; *" -- c op "*) f=op;; *) f=write;;
+    *" --row recommend "*'"count":2'*) f=rec2;; *" --row recommend "*) f=rec1;;
+    *" --row worker_status "*) f=worker_status;; *" --row list "*) f=list;; *" --row op_lookup "*) f=op;;
+    *" --row "*|*" -- "*) f=write;; *) f=who;;
   esac
   IFS= read -r -d '' body < "$REPLAY/$f.json"
   printf '%s' "${{body//@NOW@/$EPOCHREALTIME}}"
@@ -141,6 +149,7 @@ class Bench:
         self.home = base / "home"
         self.home.mkdir(mode=0o755)
         self.results: list[dict] = []
+        self._asked: dict | None = None
         # Each "after" client with --parallel K reads a configuration of its own.
         self.cfgs: dict[str, Path] = {}
         for label in clients:
@@ -188,6 +197,7 @@ class Bench:
     def remote_nodes(self, count: int, delay: float) -> dict:
         """Replaying nodes: each answers as its real node answered at set-up."""
         real = self.real_nodes(count)
+        asked = self.asked(real)
         d = self.stand_in("remote")
         for name, entry in real.items():
             h = d / "hosts" / name
@@ -198,20 +208,47 @@ class Bench:
             env = (src / "env").read_text()
             (h / "env").write_text(env + f"export REPLAY='{h}' DELAY='{delay}'\n")
             os.mkfifo(h / "wait")
-            for f, words in (("slots", ["slots", "2", "1h", "-n", "3"]), ("w", ["w"]), ("l", ["l", "--all"]),
-                             ("op", ["c", "op", "c-" + "0" * 24])):
-                (h / f"{f}.json").write_text(now_field(self.node_call(src, entry["id"], words)))
-            booked = self.node_call(src, entry["id"], ["book", "1", "30m", "--queue", "--op-id",
-                                                       "c-" + os.urandom(12).hex()])
+            for f, flags in (("who", []), ("rec2", ["--row", "recommend", "--fields", asked["rec2"]]),
+                             ("rec1", ["--row", "recommend", "--fields", asked["rec1"]]),
+                             ("worker_status", ["--row", "worker_status", "--fields", "{}"]),
+                             ("list", ["--row", "list", "--fields", '{"scope":"all"}']),
+                             ("op", ["--row", "op_lookup", "--fields", json.dumps({"op_id": "c-" + "0" * 24})])):
+                (h / f"{f}.json").write_text(now_field(self.node_call(src, entry["id"], [], flags)))
+            # The book row the client sends this node: its own best option (bk.cluster.client).
+            option = json.loads((h / "rec1.json").read_text().replace("@NOW@", "0"))["data"]["reply"]["data"]
+            fields = booking_request(json.loads(asked["rec1"]), option["options"][0], exact=False)
+            booked = self.node_call(src, entry["id"], [], ["--row", "book", "--fields", json.dumps(
+                {**fields, "op_id": "c-" + os.urandom(12).hex()}, separators=(",", ":"))])
             (h / "write.json").write_text(now_field(booked))
             rid = json.loads(booked)["data"]["reply"]["data"]["reservation"]["id"]
             self.node_call(src, entry["id"], ["d", rid])
         return {n: {**e, "timeout_s": 60} for n, e in real.items()}
 
-    def node_call(self, host: Path, nid: str, words: list[str]) -> str:
+    def asked(self, real: dict) -> dict:
+        """The ``recommend`` rows' fields the client sends for ``c rec 2 1h``
+        (``rec2``) and ``c 1 30m`` (``rec1``), as the stand-in saw them
+        (once, from one real node)."""
+        if self._asked is None:
+            first = dict(list(real.items())[:1])
+            cat = catalog(self.base / "asked.json", first)
+            log = self.base / "asked.log"
+            env = {**self.client_env(cat, self.stand_in("real")), "BK_BENCH_LOG": str(log)}
+            got = {}
+            for key, argv in (("rec2", ("c", "rec", "2", "1h")), ("rec1", ("c", "1", "30m", "--dry-run"))):
+                log.write_text("")
+                self.timed(next(iter(self.clients)), argv, env)
+                for line in log.read_text().splitlines():
+                    words = shlex.split(line)
+                    if "--row" in words and words[words.index("--row") + 1] == "recommend":
+                        got[key] = words[words.index("--fields") + 1]
+            self._asked = got
+        return self._asked
+
+    def node_call(self, host: Path, nid: str, words: list[str], flags: list[str] = ()) -> str:
         env = dict(line[len("export "):].split("=", 1) for line in (host / "env").read_text().splitlines())
         env = {k: v.strip("'") for k, v in env.items()}
-        p = subprocess.run([PYTHON, str(self.node_pyz), "c", "node", "--expect", nid, "--json", "--", *words],
+        p = subprocess.run([PYTHON, str(self.node_pyz), "c", "node", "--expect", nid, "--json", *flags,
+                            *(["--", *words] if words else [])],
                            capture_output=True, text=True, env={**env, "LANG": "C.UTF-8"}, timeout=120)
         json.loads(p.stdout)
         return p.stdout

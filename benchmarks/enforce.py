@@ -48,6 +48,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bk import daemon as frame  # noqa: E402
 from bk.core import enforce as rule  # noqa: E402
 from bk.core.models import Reservation  # noqa: E402
 from bk.enforce import cgroups, daemon, kernel  # noqa: E402
@@ -180,9 +181,8 @@ def ledger_change(tree: Tree, tmp: Path, runs: int, pyz: Path) -> dict:
     e = daemon.Enforcer(options(tree, tmp / "state2"), devices=rule.index_map(GPUS), read_ledger=read,
                         log=lambda line: None)
     watch = daemon.Watch([str(tree.path), str(data)])
-    wake_r, wake_w = os.pipe()
-    stopping: list = []
-    th = threading.Thread(target=daemon.serve, args=(e, watch, wake_r, stopping), daemon=True)
+    stop = frame.Stop()
+    th = threading.Thread(target=daemon.serve, args=(e, watch, stop), daemon=True)
     th.start()
     out = {"book": [], "cancel": []}
     try:
@@ -195,13 +195,11 @@ def ledger_change(tree: Tree, tmp: Path, runs: int, pyz: Path) -> dict:
                 if seen is not None and run:
                     out[kind].append((seen - mtime) / 1e6)
     finally:
-        stopping.append(1)
-        os.write(wake_w, b"x")
+        stop.set()
         th.join(10)
         e.shutdown(detach=True)
         watch.close()
-        os.close(wake_r)
-        os.close(wake_w)
+        stop.close()
     return out
 
 
@@ -241,14 +239,14 @@ def cpu(tree: Tree, tmp: Path, users: int, bookings: int, seconds: float) -> dic
         e2 = daemon.Enforcer(options(tree, tmp / "state4"), devices=rule.index_map(GPUS),
                              read_ledger=lambda: book, log=lambda line: None)
         watch = daemon.Watch([str(tree.path), str(tree.path / "user.slice")])
-        stopping: list = []
+        stop = frame.Stop()
 
-        def stop():
+        def stopper():
             os.read(r, 1)
-            stopping.append(1)
+            stop.set()
 
-        threading.Thread(target=stop, daemon=True).start()
-        daemon.serve(e2, watch, r, stopping)
+        threading.Thread(target=stopper, daemon=True).start()
+        daemon.serve(e2, watch, stop)
         e2.shutdown(detach=True)
         os._exit(0)
     os.close(r)

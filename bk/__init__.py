@@ -9,6 +9,7 @@
 #   bk/users.py      the account seam
 #   bk/buildinfo.py  what this copy of bk is
 #   bk/store/        the only code that opens state files
+#   bk/daemon.py     the daemons' frame
 #   bk/gpu/          the one GPU gateway
 #   bk/ipc/          the broker's wire, shared by both ends so that neither
 #                    the service nor the broker imports the other

@@ -40,8 +40,9 @@ needs_root = pytest.mark.skipif(
     reason="needs root, useradd and /usr/bin/python3 (real accounts)")
 
 
-def poll(predicate, timeout: float, what: str, interval: float = 0.02):
-    """Wait for ``predicate()`` to be truthy, checking often, failing after ``timeout``."""
+def poll(predicate, timeout: float = 10.0, what: str = "it", interval: float = 0.02):
+    """Wait for ``predicate()`` to be truthy, checking often, failing after ``timeout``;
+    its value.  The one wait of the tests that watch real processes."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers_broker import poll as wait  # noqa: F401  (the enforcement tests wait with it)
+
 ROOT = Path(__file__).resolve().parents[1]
 SYSTEM_PYTHON = "/usr/bin/python3"
 
@@ -172,14 +174,3 @@ class Prober:
         import ast
 
         return ast.literal_eval(out.strip().splitlines()[-1])
-
-
-def wait(predicate, timeout: float, what: str, interval: float = 0.02):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)

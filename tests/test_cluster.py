@@ -267,34 +267,114 @@ def cluster_with(fake) -> Cluster:
     return Cluster(c, make_client=lambda e, cancelled=None: NodeClient(e, runner=fake, wall=lambda: 1e6))
 
 
+def who(nid=NODE_A, version="0.1.0"):
+    """The node's answer to "who are you" (no row), asked before a first write."""
+    return reply(wrapped(nid, None).replace(b'"0.1.0"', json.dumps(version).encode()))
+
+
+def sent_row(argv: list[str]) -> tuple[str, dict]:
+    """The row and fields a fake ssh was asked for (its last word is the remote command line)."""
+    import shlex
+
+    words = shlex.split(argv[-1])
+    return words[words.index("--row") + 1], json.loads(words[words.index("--fields") + 1])
+
+
+def edited(status="updated", rid="r-1"):
+    return reply(wrapped(NODE_A, ok("edit", {"status": status, "reservation": res_json(rid)})))
+
+
 def test_a_lost_reply_is_looked_up_before_anything_is_retried():
-    fake = FakeSsh(reply(b"", ended="timeout"), op_found())
-    out = cluster_with(fake).write("a", ["book", "1", "30m"], "K", "book")
+    fake = FakeSsh(who(), reply(b"", ended="timeout"), op_found())
+    out = cluster_with(fake).write("a", "book", {"count": 1, "duration": "30m"}, "K")
     assert out.recovered and out.reply_data["reservation"]["id"] == "r-1"
-    assert len(fake.calls) == 2 and "--row op_lookup --fields '{\"op_id\":\"K\"}'" in fake.calls[1][-1]
-    assert "--op-id K" in fake.calls[0][-1]
+    assert len(fake.calls) == 3 and "--row op_lookup --fields '{\"op_id\":\"K\"}'" in fake.calls[2][-1]
+    assert sent_row(fake.calls[1]) == ("book", {"count": 1, "duration": "30m", "op_id": "K"})
 
 
 def test_a_write_that_did_not_happen_is_sent_again_with_the_same_op_id():
-    fake = FakeSsh(reply(b"", rc=255, stderr=b"Connection reset by peer"), op_found(found=False), booked())
-    out = cluster_with(fake).write("a", ["book", "1", "30m", "--", "./train.sh", "--op-id", "x"], "K", "book")
+    fake = FakeSsh(who(), reply(b"", rc=255, stderr=b"Connection reset by peer"), op_found(found=False), booked())
+    fields = {"count": 1, "duration": "30m", "command": ["./train.sh", "--op-id", "x"]}
+    out = cluster_with(fake).write("a", "book_job", fields, "K")
     assert out.retried and not out.recovered
-    assert fake.calls[0][-1] == fake.calls[2][-1]
-    assert fake.calls[0][-1].endswith("book 1 30m --op-id K -- ./train.sh --op-id x")
+    assert fake.calls[1][-1] == fake.calls[3][-1]
+    assert sent_row(fake.calls[1]) == ("book_job", {**fields, "op_id": "K"})      # the command's own words kept
+
+
+@pytest.mark.parametrize("row, fields, action", [
+    ("edit", {"ref": "3f2a", "duration": "+30m"}, "edit"),
+    ("cancel", {"ref": "1"}, "cancel"),
+])
+def test_an_edit_or_a_cancel_whose_reply_was_lost_is_recovered_or_sent_again(row, fields, action):
+    """The lost-reply protocol of a write row, for edit and cancel: the
+    op-id's lookup finds what the node did, and only a write the node did
+    not make is sent again, with the same op-id and the ID as typed (the
+    node resolves it again: a committed op-id names its booking)."""
+    fake = FakeSsh(who(), reply(b"", ended="timeout"), op_found(action=action))
+    out = cluster_with(fake).write("a", row, fields, "K")
+    assert out.recovered and out.reply_data == {"status": "exists", "reservation": res_json(), "recovered": True}
+    assert sent_row(fake.calls[1]) == (row, {**fields, "op_id": "K"})
+    assert sent_row(fake.calls[2]) == ("op_lookup", {"op_id": "K"})
+    # The op-id did something else there (it booked): not this write, which is sent again.
+    fake = FakeSsh(who(), reply(b"", rc=255, stderr=b"Broken pipe"), op_found(action="create"), edited())
+    out = cluster_with(fake).write("a", row, fields, "K")
+    assert out.retried and not out.recovered and out.reply_data["status"] == "updated"
+    assert [sent_row(c)[0] for c in fake.calls[1:]] == [row, "op_lookup", row]
+    assert fake.calls[1][-1] == fake.calls[3][-1]
 
 
 def test_when_the_node_cannot_say_the_outcome_is_unknown_with_the_op_id():
-    fake = FakeSsh(reply(b"", ended="timeout"), reply(b"", ended="timeout"))
+    fake = FakeSsh(who(), reply(b"", ended="timeout"), reply(b"", ended="timeout"))
     with pytest.raises(Unavailable) as e:
-        cluster_with(fake).write("a", ["d", "3f2a", "-y"], "K", "cancel")
+        cluster_with(fake).write("a", "cancel", {"ref": "3f2a"}, "K")
     assert e.value.details["state"] == "outcome_unknown" and "--op-id K" in e.value.hint
 
 
 def test_a_wrong_identity_is_never_retried():
     fake = FakeSsh(reply(wrapped(NODE_B, ok("book", {}))))
     with pytest.raises(ConfigError):
-        cluster_with(fake).write("a", ["book", "1", "30m"], "K", "book")
+        cluster_with(fake).write("a", "book", {"count": 1, "duration": "30m"}, "K")
     assert len(fake.calls) == 1
+
+
+@pytest.mark.parametrize("row", ["book", "book_job", "edit", "cancel"])
+def test_a_write_row_an_older_node_cannot_serve_is_refused_by_name_before_it_is_sent(row, monkeypatch):
+    """The node says who it is first (no row); a release older than the
+    row's is refused here, naming the row, and nothing else is sent."""
+    from bk import service
+
+    fake = FakeSsh(who(version="0.0.9"))
+    with pytest.raises(Unavailable) as e:
+        cluster_with(fake).write("a", row, {"ref": "1"}, "K")
+    since = service.get(row).since
+    assert e.value.message == (f"a: its bk 0.0.9 cannot serve the {row} row (bk {since} or later); "
+                               "nothing was sent")
+    assert e.value.details["state"] == "unsupported" and len(fake.calls) == 1
+    assert "--row" not in fake.calls[0][-1]
+    # A row newer than a node of today's release is refused the same way.
+    from bk.core.record import replace
+
+    monkeypatch.setitem(service.OPERATIONS, row, replace(service.get(row), since="9.0"))
+    fake = FakeSsh(who())
+    with pytest.raises(Unavailable, match=f"its bk 0.1.0 cannot serve the {row} row \\(bk 9.0 or later\\)"):
+        cluster_with(fake).write("a", row, {"ref": "1"}, "K")
+    assert len(fake.calls) == 1
+
+
+def test_a_booking_with_a_command_is_the_book_job_row_and_without_one_the_book_row():
+    """``bk c N DUR -- CMD`` sends the booking's fields and the command as
+    one row; the best node gets it, nothing else is written."""
+    opts = ok("recommend", {"options": [{"gpus": [0], "start": "2026-07-13T10:00:00Z",
+                                          "end": "2026-07-13T10:30:00Z"}]})
+    for command, row in ((["python3", "train.py", "--lr", "3e-4"], "book_job"), (None, "book")):
+        fake = FakeSsh(reply(wrapped(NODE_A, opts)), booked())
+        done = cluster_with(fake).book({"count": 1, "duration": "30m", "limit": 1},
+                                       lambda o: {"count": 1, "duration": "30m", "start": o["start"]},
+                                       command=command, op_id=None)
+        assert done.result["status"] == "created" and done.op_id.startswith("c-")
+        name, fields = sent_row(fake.calls[1])
+        want = {"count": 1, "duration": "30m", "start": "2026-07-13T10:00:00Z", "op_id": done.op_id}
+        assert name == row and fields == ({**want, "command": command} if command else want)
 
 
 # ------------------------------------------------------------- the CLI
@@ -333,6 +413,69 @@ def test_the_node_half_checks_its_identity_first(capsys, node_env):
     assert env["data"]["found"] and env["data"]["action"] == "create"
     code, env = run_bk(capsys, "c", "op", "nope", "--json", env=node_env)
     assert code == 0 and env["data"]["found"] is False
+
+
+def node_row(capsys, env, row: str, fields: dict) -> dict:
+    """``bk c node --row ROW --fields JSON`` in-process: the row's envelope."""
+    code, out = run_bk(capsys, "c", "node", "--json", "--row", row, "--fields", json.dumps(fields), env=env)
+    assert code == 0, out
+    return out["data"]["reply"]
+
+
+def test_the_node_resolves_an_edit_or_a_cancel_as_its_own_bk_e_and_bk_d_would(capsys, node_env):
+    """The ID as the person typed it (a list number, a prefix) and ``-d
+    +30m`` are read on the node against its booking; the reply is what ``bk
+    e``/``bk d --json`` print there, and a repeat of the op-id answers
+    ``exists`` for the same booking though "1" now names another one."""
+    code, first = run_bk(capsys, "1", "1h", "-t", "+2h", "--json", env=node_env)
+    code, second = run_bk(capsys, "1", "1h", "-t", "+4h", "--json", env=node_env)
+    one, two = first["data"]["reservation"], second["data"]["reservation"]
+    edit = node_row(capsys, node_env, "edit", {"ref": "1", "duration": "+30m", "op_id": "E1"})
+    assert edit["ok"] and edit["command"] == "edit" and edit["data"]["status"] == "updated", edit
+    assert edit["data"]["reservation"]["id"] == one["id"] and edit["data"]["before"]["end"] == one["end"]
+    code, own = run_bk(capsys, "e", "1", "-d", "+30m", "--op-id", "E1", "--json", env=node_env)
+    assert own["data"] == {**edit["data"], "status": "exists", "before": own["data"]["before"]}
+    cancel = node_row(capsys, node_env, "cancel", {"ref": one["short_id"][:6], "op_id": "D1"})
+    assert cancel["ok"] and cancel["data"]["status"] == "cancelled" and cancel["data"]["reservation"]["id"] == one["id"]
+    # "1" is the other booking by now; the op-id still names the first.
+    again = node_row(capsys, node_env, "cancel", {"ref": "1", "op_id": "D1"})
+    assert again["data"]["status"] == "exists" and again["data"]["reservation"]["id"] == one["id"]
+    code, listed = run_bk(capsys, "l", "--json", env=node_env)
+    assert [r["id"] for r in listed["data"]["reservations"]] == [two["id"]]
+    # A prefix nobody has, and a change no node can read, are the node's refusals.
+    gone = node_row(capsys, node_env, "edit", {"ref": "ffff", "duration": "+30m"})
+    assert not gone["ok"] and gone["error"]["code"] == "not_found"
+    bad = node_row(capsys, node_env, "edit", {"ref": "1", "duration": "soon"})
+    assert not bad["ok"] and bad["error"]["code"] == "invalid_input"
+
+
+def test_the_node_books_a_command_with_its_private_spec(capsys, node_env, tmp_path):
+    """The book_job row: the booking's fields and the command; the node
+    keeps the command in the caller's private spec (the ledger holds its
+    digest and summary only) and says, as ``bk N DUR -- CMD`` does, that no
+    worker runs to start it."""
+    (tmp_path / "work").mkdir()
+    argv = ["echo", "secret-token", "tab\there"]
+    got = node_row(capsys, node_env, "book_job", {"count": 1, "duration": "30m", "start": "+2h",
+                                                  "command": argv, "op_id": "J1"})
+    assert got["ok"] and got["command"] == "book_job" and got["data"]["status"] == "created", got
+    job = got["data"]["reservation"]["job"]
+    assert job["summary"] == "echo +2 args" and job["status"] == "pending"
+    assert any("no bk worker" in w for w in got["warnings"]), got["warnings"]
+    ledger = (tmp_path / "data" / "ledger.json").read_text()
+    assert "secret-token" not in ledger and job["digest"] in ledger
+    (spec,) = (tmp_path / "data" / "state" / "jobs" / "specs").iterdir()
+    assert json.loads(spec.read_text())["argv"] == argv and spec.stat().st_mode & 0o077 == 0
+    again = node_row(capsys, node_env, "book_job", {"count": 1, "duration": "30m", "start": "+2h",
+                                                    "command": argv, "op_id": "J1"})
+    assert again["data"]["status"] == "exists" and len(list(spec.parent.iterdir())) == 1
+    for fields, says in (({"count": 1, "duration": "30m"}, "takes a command"),
+                         ({"count": 1, "duration": "30m", "command": []}, "field 'command' must be a list"),
+                         ({"count": 1, "duration": "30m", "command": ["echo"], "job_digest": "0" * 64},
+                          "field 'job_digest' is the node's own"),
+                         ({"count": 1, "duration": "30m", "command": ["no-such-program-here"]}, "not found")):
+        refused = node_row(capsys, node_env, "book_job", fields)
+        assert not refused["ok"] and says in refused["error"]["message"], refused
 
 
 @pytest.mark.parametrize("words", [["admin", "init"], ["w", "start"], ["broker"], ["c", "node", "--", "l"], ["m"]])
@@ -400,7 +543,7 @@ def test_a_given_op_id_is_looked_for_on_every_node_before_booking():
                                                                      "reservation": res_json("r-b")}))))}
     c = cat.Catalog((entry("a", NODE_A), entry("b", NODE_B)), {}, "test")
     cl = Cluster(c, make_client=lambda e, cancelled=None: NodeClient(e, runner=fakes[e.id], wall=lambda: 1e6))
-    done = cl.book(["1", "30m"], lambda o: ["book", "1", "30m"], op_id="K")
+    done = cl.book({"count": 1, "duration": "30m"}, lambda o: {"count": 1, "duration": "30m"}, op_id="K")
     assert (done.node, done.result["status"], done.result["reservation"]["id"]) == ("b", "exists", "r-b")
     assert all(not f.answers for f in fakes.values())       # one lookup each, no slots, no book
 
@@ -410,7 +553,7 @@ def test_a_given_op_id_books_nothing_while_a_node_cannot_say(monkeypatch):
     c = cat.Catalog((entry("a", NODE_A), entry("b", NODE_B)), {}, "test")
     cl = Cluster(c, make_client=lambda e, cancelled=None: NodeClient(e, runner=fakes[e.id], wall=lambda: 1e6))
     with pytest.raises(Unavailable, match="cannot tell"):
-        cl.book(["1", "30m"], lambda o: ["book", "1", "30m"], op_id="K")
+        cl.book({"count": 1, "duration": "30m"}, lambda o: {"count": 1, "duration": "30m"}, op_id="K")
 
 
 def test_the_cluster_tools_appear_only_with_a_catalog(monkeypatch, tmp_path):

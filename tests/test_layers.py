@@ -11,7 +11,7 @@ Imports written as strings are imports too: a ``"bk.x.y:attr"`` reference
 string is still an arrow.
 
 A *unit* is a top-level package of bk (``bk.core``, ``bk.cli``, ...), one of
-the top-level modules ``bk.clock``, ``bk.users`` and ``bk.buildinfo``, the entry point
+the top-level modules ``bk.clock``, ``bk.users``, ``bk.buildinfo`` and ``bk.daemon``, the entry point
 ``bk.__main__``, or ``bk`` itself (``bk/__init__.py``: the version).  A unit
 may always import its own modules; anything else it imports must be in its
 row of ``LAYERS``, or in ``EXCEPTIONS`` for that one module.  A package with
@@ -41,22 +41,24 @@ LAYERS: dict[str, frozenset[str]] = {
     "bk.users": frozenset(),                     # the account seam: uid -> name, for every layer
     "bk.buildinfo": frozenset({"bk"}),           # the version and the build record
     "bk.store": frozenset({"bk.core", "bk.users"}),  # state files; the clock is an argument
+    # The daemons' frame: account check, single-instance lock (the store's), stop signals, log lines, readiness.
+    "bk.daemon": frozenset({"bk.core", "bk.users", "bk.store"}),
     "bk.gpu": frozenset({"bk.core", "bk.users"}),  # the one GPU gateway
     "bk.ipc": frozenset({"bk.core"}),            # the broker's wire, shared by service and broker
-    "bk.jobs": frozenset({"bk.core", "bk.store"}),  # job specs, logs, launcher, worker loop (for the service)
+    "bk.jobs": frozenset({"bk.core", "bk.store", "bk.daemon"}),  # job specs, logs, launcher, worker loop
     "bk.notify": frozenset({"bk.core", "bk.store"}),  # notification files, channels, deliverer (for the service)
     # The exports' renderers: pure, like the core (see PURE below).
     "bk.export": frozenset({"bk.core"}),
     "bk.service": BASE | {"bk", "bk.store", "bk.gpu", "bk.ipc", "bk.jobs", "bk.notify", "bk.export"},
     "bk.cli": BASE | {"bk", "bk.buildinfo", "bk.service", "bk.export"},
-    "bk.broker": BASE | {"bk.ipc", "bk.service"},
+    "bk.broker": BASE | {"bk.ipc", "bk.service", "bk.daemon"},
     # Set-up runs before any configuration exists, so no service can be
     # opened: it writes the config with the store's code and asks the GPU
     # gateway how many GPUs there are.
     # Install and update also read the version and the shipped resources.
     "bk.admin": BASE | {"bk", "bk.buildinfo", "bk.store", "bk.gpu"},
     # The packages to come.
-    "bk.monitor": BASE | {"bk.store", "bk.gpu", "bk.service", "bk.export"},
+    "bk.monitor": BASE | {"bk.store", "bk.gpu", "bk.service", "bk.export", "bk.daemon"},
     "bk.tui": BASE | {"bk.service"},
     # The agent surface is a front end: rows in, envelopes out; the cluster's
     # tools are composed with the built-in ones by a plain import.
@@ -68,7 +70,7 @@ LAYERS: dict[str, frozenset[str]] = {
     "bk.remote": frozenset({"bk.core"}),          # runs ssh: bounded, timed, killed by PID
     # Hard enforcement: bpf() and the cgroup tree; the ledger and the monitor's
     # snapshot through the store, container patterns through the GPU gateway.
-    "bk.enforce": BASE | {"bk.store", "bk.gpu"},
+    "bk.enforce": BASE | {"bk.store", "bk.gpu", "bk.daemon"},
 }
 # module -> {unit: why}: single modules allowed one edge more than their unit.
 EXCEPTIONS: dict[str, dict[str, str]] = {
@@ -114,8 +116,8 @@ EXCEPTIONS: dict[str, dict[str, str]] = {
                       "imported only when the configuration turns enforcement on",
     },
     "bk.broker.server": {
-        "bk.store": "the daemon's start-up: it loads the trusted config, checks the owner and mode of "
-                    "its directories with the store's rule and holds its single-instance lock",
+        "bk.store": "the daemon's start-up: it loads the trusted config and checks the owner and mode of "
+                    "its directories with the store's rule",
     },
 }
 

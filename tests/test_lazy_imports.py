@@ -191,7 +191,7 @@ BK_BASE = frozenset({
 _STATUS = {"bk.cli.cmd_status", "bk.service.status", "bk.store.snapshot"}
 _PLACE = {"_bisect", "bisect", "bk.core.capacity", "bk.core.scheduler", "bk.service.booking", "bk.service.builders",
           "bk.service.fields", "bk.service.requests", "bk.service.results", "bk.service.fieldspecs"}
-_WRITE = _PLACE | {"bk.core.ledgerframe", "bk.core.policy", "bk.service.gateway",
+_WRITE = _PLACE | {"bk.core.docparts", "bk.core.ledgerframe", "bk.core.policy", "bk.service.gateway",
                    "bk.service.notices", "bk.service.ops", "bk.store.archive", "bk.store.audit",
                    "bk.store.segments", "textwrap"}
 _SLOTS = _PLACE | {"bk.cli.cmd_slots", "bk.service.advice", "bk.service.status", "bk.store.snapshot",

@@ -96,6 +96,31 @@ def test_the_transaction_counts_the_shape_and_the_wire_carries_it(bk):
     assert BookResult.from_wire(old).same_shape is None
 
 
+def test_the_shape_count_is_the_latest_bookings_whatever_the_order_and_ties():
+    """``same_shape_count`` sorts only the bookings new enough to be among
+    the window: the count is that of sorting every one of the user's."""
+    import random
+
+    from bk.core.models import Reservation
+    from bk.service.booking import same_shape_count, shape_of
+
+    def brute(reservations, uid, booked, window):
+        recent = sorted((r for r in reservations if r.uid == uid and r.cancelled_at is None),
+                        key=lambda r: (r.created, r.id), reverse=True)[:window]
+        return sum(shape_of(r) == shape_of(booked) for r in recent) + (booked.id not in {r.id for r in recent})
+
+    rng = random.Random(29)
+    for case in range(300):
+        res = [Reservation(f"r{i:04d}{rng.randrange(10)}", rng.choice((1, 2)), "u", "shared", (0,) * rng.choice((1, 2)),
+                           1, 0, 300 * rng.choice((1, 2)), rng.randrange(rng.choice((1, 5, 1000))),
+                           cancelled_at=rng.choice((None, None, None, 7)))
+               for i in range(rng.randrange(0, 80))]
+        rng.shuffle(res)
+        booked = rng.choice(res) if res and rng.random() < 0.8 else Reservation("new", 1, "u", "shared", (0,), 1, 0, 300, 5)
+        for window in (1, 3, 20):
+            assert same_shape_count(res, 1, booked, window) == brute(res, 1, booked, window), (case, window)
+
+
 # --------------------------------------------- reads that build only what they show
 
 def _world(bk, seed: int) -> None:

@@ -114,7 +114,8 @@ LOCAL = {"list", "notices", "status", "login", "context", "timeline", "info", "c
 # own settings file, as preset_delete their presets (no ledger, no broker).
 LOCAL_WRITES = {"job_retry", "preset_delete", "data_backup", "data_clear", "data_restore", "notify_set"}
 # Rows that take this process's environment, run a program, or carry
-# in-process values: no field spec, never sent anywhere.
+# in-process values: no field spec, never sent to a broker.  A cluster node
+# serves one of them, book_job, finishing its request itself (below).
 IN_PROCESS = {"book_job", "run_target", "run_now", "worker", "worker_hint", "adopt", "screen", "export_page",
               "preset_save", "preset_hint", "prompt_history_save", "policy", "policy_write", "policy_rebind"}
 
@@ -149,6 +150,19 @@ def test_every_row_is_complete():
         schema = op.schema()
         assert schema["type"] == "object" and schema["additionalProperties"] is False
         assert set(schema["properties"]) == spec
+
+
+def test_a_cluster_node_serves_everyday_rows_and_finishes_only_book_job_itself():
+    """A node's rows are the caller's everyday ones; of those only book_job
+    has no field spec (the node makes it from the book row's fields, the
+    command and its own directory: bk.cluster.serve), and each names the
+    release since which nodes serve it."""
+    from bk.cluster.serve import NODE_ROWS
+    from bk.service import ROWS_SINCE, version_tuple
+
+    assert NODE_ROWS <= set(ops.OPERATIONS) and not NODE_ROWS & (SERVED - {"book", "edit", "cancel"})
+    assert {n for n in NODE_ROWS if ops.OPERATIONS[n].fields is None} == {"book_job"}
+    assert all(version_tuple(ops.OPERATIONS[n].since) >= version_tuple(ROWS_SINCE) for n in NODE_ROWS)
 
 
 def test_every_service_write_is_a_row(tmp_path):

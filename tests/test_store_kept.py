@@ -27,7 +27,7 @@ import uuid
 import pytest
 from test_store_ledger import POLICY, Clock, T, add, booking, commit, ledger_bytes
 
-from bk.core import ledgerdoc
+from bk.core import docparts, ledgerdoc
 from bk.core.errors import BkError, LostCommits
 from bk.core.models import Blackout, LedgerState, Mutation, Notice, OpRecord, Reservation
 from bk.core.record import replace
@@ -58,7 +58,7 @@ def counts(monkeypatch):
         return fn
     monkeypatch.setattr(ledgerdoc, "loads", counting("loads", ledgerdoc.loads))
     monkeypatch.setattr(ledgerdoc, "check_state", counting("check_state", ledgerdoc.check_state))
-    monkeypatch.setattr(ledgerdoc, "reservation_to_dict", counting("encoded", ledgerdoc.reservation_to_dict))
+    monkeypatch.setattr(docparts, "reservation_to_dict", counting("encoded", ledgerdoc.reservation_to_dict))
     return seen
 
 
@@ -551,7 +551,96 @@ def test_a_document_made_from_parts_is_the_full_encoders_byte_for_byte():
         if i % 11 == 5:
             del state.ops[0]
         journal = [{"seq": i, "action": "x", "note": "\u2603"}]
-        data, known = ledgerdoc.document(state, commit=f"c{i}", written_at=T + i, journal=journal, known=known)
+        data, known = docparts.document(state, commit=f"c{i}", written_at=T + i, journal=journal, known=known)
         assert bytes(data) == ledgerdoc.seal(ledgerdoc.dumps(ledgerdoc.encode(
             state, commit=f"c{i}", written_at=T + i, journal=journal)))
         state = state.copy()
+
+
+def _whole(state: LedgerState, i: int, journal: list[dict]) -> bytes:
+    return ledgerdoc.seal(ledgerdoc.dumps(ledgerdoc.encode(state, commit=f"c{i}", written_at=T + i,
+                                                           journal=journal)))
+
+
+def _rope_step(rng: random.Random, state: LedgerState, i: int) -> None:
+    """What a writer's transactions do to the lists, weighted to the cases
+    the ropes take apart: appends (one chunk more), a change near the end
+    (a rebuild from its chunk), a removal or truncation, emptying, the
+    middle and the start (a rebuild of the whole)."""
+    res, k = state.reservations, rng.randrange(12)
+    start = T + rng.randrange(0, 400) * 300
+    fresh = [Reservation(str(uuid.uuid4()), 1000 + rng.randrange(3), "u\u00e9", "shared", (rng.randrange(4),), 1,
+                         start, start + 600, T + i, note=rng.choice((None, "n\u2603", "\"q\"\\")))
+             for _ in range(rng.choice((1, 1, 1, 2, 7)))]
+    if k <= 4:
+        res.extend(fresh)
+    elif k == 5 and res:
+        j = len(res) - 1 - rng.randrange(min(len(res), 5))
+        res[j] = replace(res[j], cancelled_at=T + i)
+    elif k == 6 and res:
+        del res[rng.randrange(len(res)):]
+    elif k == 7 and res:
+        del res[len(res) - 1 - rng.randrange(min(len(res), 3))]
+    elif k == 8 and res:
+        j = rng.randrange(len(res))
+        res[j] = replace(res[j], note="edited")
+    elif k == 9 and res:
+        del res[0]
+    elif k == 10 and rng.random() < 0.2:
+        res.clear()
+    if rng.random() < 0.3:
+        state.ops.append(OpRecord(f"op{i}", 1000, "create", "d", f"r{i}", T + i))
+    if state.ops and rng.random() < 0.1:
+        del state.ops[rng.randrange(len(state.ops))]
+
+
+@pytest.mark.slow
+def test_a_document_made_from_kept_chunks_is_the_full_encoders_on_long_runs():
+    """Thousands of commits, each document put together from the ropes of
+    the one before (chunks appended, rebuilt from the chunk a change falls
+    in, joined past MAX_CHUNKS; CRCs carried forward and, for lists past
+    COMBINE_MIN bytes, combined): every one is the whole encoder's, byte
+    for byte, and so is its seal."""
+    rng = random.Random(SEED)
+    seen = {"combined": 0, "chunked": 0, "empty": 0, "merged": 0}
+    for run in range(6):
+        state = _random_state(rng, rng.choice((0, 5, 60)))
+        if run % 2:
+            state.extra = {"zz": [1, {"b": None, "a": "\u00e9"}], "aa": 2}
+        known = None
+        for i in range(400 if run < 2 else 150):
+            state = state.copy()
+            _rope_step(rng, state, i)
+            journal = [{"seq": i, "action": "x"}]
+            data, known = docparts.document(state, commit=f"c{i}", written_at=T + i, journal=journal,
+                                            known=known)
+            assert bytes(data) == _whole(state, i, journal), f"seed {SEED}, run {run}, commit {i}"
+            assert ledgerdoc.sealed(bytes(data)) is True
+            rope = known.reservation_rope
+            seen["combined"] += rope.size >= docparts.COMBINE_MIN
+            seen["chunked"] += len(rope.chunks) > 2
+            seen["empty"] += not state.reservations
+            seen["merged"] += len(rope.chunks) == 1 and rope.count > 0
+        if run == 1:                          # lists big enough for the combine path
+            state = state.copy()              # known holds the lists it was made of
+            state.reservations.extend(Reservation(str(uuid.UUID(int=10**6 + j, version=4)), 1000, "u", "shared",
+                                                  (j % 4,), 1, T + j * 600, T + j * 600 + 600, T)
+                                      for j in range(600))
+            for i in range(400, 460):
+                state = state.copy()
+                _rope_step(rng, state, i)
+                journal = [{"seq": i}]
+                data, known = docparts.document(state, commit=f"c{i}", written_at=T + i, journal=journal,
+                                                known=known)
+                assert bytes(data) == _whole(state, i, journal), f"seed {SEED}, commit {i}"
+                seen["combined"] += known.reservation_rope.size >= docparts.COMBINE_MIN
+    assert min(seen.values()) > 5, seen
+
+
+def test_the_crc_combination_is_zlibs():
+    import zlib
+
+    rng = random.Random(SEED)
+    for _ in range(500):
+        a, b = rng.randbytes(rng.randrange(0, 40)), rng.randbytes(rng.choice((0, 1, 7, 300, 70000)))
+        assert docparts._combine(zlib.crc32(a), zlib.crc32(b), len(b)) == zlib.crc32(a + b), (len(a), len(b))

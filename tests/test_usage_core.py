@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bk.core import usage
+from bk.core import usage, usagecheck
 from bk.core.errors import InvalidInput
 from bk.core.models import GpuInfo, GpuProcess, Reservation
 from bk.core.telemetry import Snapshot
@@ -261,15 +261,15 @@ _USE_OUT = [("uid", -1), ("uid", 1 << 32), ("uid", None), ("reservation", ""), (
 
 
 def test_a_record_bk_wrote_is_in_range_and_so_are_its_defaults():
-    assert usage.record_problem(_GOOD) is None
+    assert usagecheck.record_problem(_GOOD) is None
     sparse = {"t": _GOOD["t"], "gpu": 0, "uses": [{"uid": 5}]}        # every other key has its default
-    assert usage.record_problem(sparse) is None and not _fine_or_none(sparse)
-    assert usage.record_problem(MinuteRecord(_GOOD["t"] - _GOOD["t"] % 3600, 0, 3600, 7200, 3600).to_dict()) is None
+    assert usagecheck.record_problem(sparse) is None and not _fine_or_none(sparse)
+    assert usagecheck.record_problem(MinuteRecord(_GOOD["t"] - _GOOD["t"] % 3600, 0, 3600, 7200, 3600).to_dict()) is None
 
 
 def _fine_or_none(d):
     try:
-        return usage._fine(d)
+        return usagecheck._fine(d)
     except (KeyError, TypeError):
         return None
 
@@ -283,7 +283,7 @@ def test_a_field_out_of_range_is_named_by_both_paths(key, value):
         d["uses"][0][key[5:]] = value
     else:
         d[key] = value
-    why = usage.record_problem(d)
+    why = usagecheck.record_problem(d)
     assert why is not None and (key.split(".")[-1] in why or "use" in why), why
     assert _fine_or_none(d) in (False, None)              # the fast path never passes what the slow one names
     assert len(why) < 120                                 # a value of any size is shown cut short

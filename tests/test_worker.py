@@ -18,6 +18,7 @@ import pytest
 from bk.core.errors import Busy, Conflict, InvalidInput
 from bk.service import BookJobRequest, Empty, JobLogRequest, JobRetryRequest, jobs, open_app
 from bk.service.requests import BookRequest, CancelRequest
+from tests.helpers_broker import poll
 
 ROOT = Path(__file__).resolve().parent.parent
 # The trap is set before the env file appears: the tests send TERM as soon as
@@ -45,17 +46,6 @@ class Clock:
 
     def __call__(self) -> int:
         return self.t
-
-
-def poll(predicate, timeout: float = 10.0, what: str = "it"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 class World:

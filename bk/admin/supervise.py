@@ -66,9 +66,6 @@ from bk.core.record import dataclass, field
 # systemd's PATH for services (systemd.exec(5), "$PATH"; a distribution
 # without merged /usr adds /sbin:/bin, which changes nothing for bk).
 SYSTEMD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-# What the caller may pass on: the locale and the time zone, which systemd
-# takes from the system and a container from its own environment.
-PASSED = ("LANG", "TZ")
 # Exits systemd counts as clean for Restart=on-failure (systemd.service(5)).
 CLEAN_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE)
 CANNOT_FIX = (EXIT_TEMPFAIL, EXIT_WRONG_ACCOUNT, EXIT_CONFIG)

@@ -48,6 +48,7 @@ from collections.abc import Callable
 
 from bk.core.errors import InvalidInput
 from bk.core.record import dataclass
+from bk.service.builders import MAX_ARG, MAX_ARGV
 
 SCHEMA = "gpubk.agent.v1"        # the version of this surface (tool names, arguments), in context
 
@@ -191,25 +192,17 @@ def perform(app, op, req, call):
 
 def _resolved(tool: AgentTool, app, arguments, call, action: str):
     """``edit``/``cancel``: ``ref`` may be a list number or an ID prefix; an
-    op-id that already did this names the booking it did it to."""
+    op-id that already did this names the booking it did it to
+    (``builders.resolved``, which a cluster node runs for its clients too)."""
     from bk import service
+    from bk.service import builders
 
     op = service.get(tool.row)
-    wire = tool.request_fields(arguments)
-    ref = wire.get("ref")
-    if not isinstance(ref, str):
-        return perform(app, op, _decode(tool, op, wire), call)      # the decode says what is wrong
-    # The resolve row's own spec checks the reference (and the op-id) as
-    # every front end's request is checked, in the argument's name.
-    op_id = wire.get("op_id")
-    which = _decode(tool, service.get("resolve"), {"ref": ref, "action": action,
-                                                   **({"op_id": op_id} if isinstance(op_id, str) else {})})
-    earlier = app.run("resolve", which, call=call).reservation
-    wire = _worded(tool, op, {**wire, "ref": earlier.id}, call, old=earlier)
-    return perform(app, op, _decode(tool, op, wire), call)
+    req = builders.resolved(app, op, tool.request_fields(arguments), call,
+                            decode=lambda o, w: _decode(tool, o, w))
+    return perform(app, op, req, call)
 
 
-MAX_ARGV, MAX_ARG = 256, 4096
 _COMMAND = (("command", {"type": "array", "minItems": 1, "maxItems": MAX_ARGV,
                          "items": {"type": "string", "maxLength": MAX_ARG},
                          "description": "a command to run on the booked GPUs when the booking starts (no "
@@ -225,6 +218,7 @@ def _create(tool, app, arguments, call):
     import os
 
     from bk import service
+    from bk.service import builders
 
     op = service.get(tool.row)
     wire = tool.request_fields(arguments)
@@ -234,11 +228,7 @@ def _create(tool, app, arguments, call):
         if cwd is not None:
             raise InvalidInput("argument 'cwd' goes with 'command'")
         return perform(app, op, req, call)
-    if not isinstance(argv, list) or not 1 <= len(argv) <= MAX_ARGV or not all(
-            isinstance(a, str) and len(a) <= MAX_ARG and "\0" not in a and _encodable(a) for a in argv):
-        raise InvalidInput(f"argument 'command' must be a list of 1-{MAX_ARGV} strings (the program and its "
-                           f"arguments, at most {MAX_ARG} characters each, no NUL)",
-                           hint='e.g. ["python3", "train.py", "--lr", "3e-4"]')
+    argv = builders.command(argv, "argument 'command'")
     if cwd is None:
         cwd = os.getcwd()
     elif not isinstance(cwd, str) or not cwd.startswith("/") or "\0" in cwd or not _encodable(cwd):

@@ -61,8 +61,10 @@ So one user cannot deny others by holding connections: at most
 ``max_per_uid`` slots, each released within ``arrival_timeout`` unless it
 is sending or being served.
 
-Shutdown.  SIGTERM (what ``systemctl stop`` sends) and SIGINT set a flag and
-wake the accept loop through a pipe.  The broker stops accepting, removes its
+Shutdown.  SIGTERM (what ``systemctl stop`` sends) and SIGINT set the stop
+flag and wake the accept loop at once (``bk.daemon``: the frame the daemons
+share, with the account check, the lock, the log lines and ``READY=1``).
+The broker stops accepting, removes its
 socket (only if the file is still the one it bound), lets requests already
 being served finish and answer, and exits 0.  A write is committed by the
 store's transaction before its reply is sent, so SIGKILL at any point leaves
@@ -75,7 +77,6 @@ import grp
 import os
 import select
 import selectors
-import signal
 import socket
 import stat
 import struct
@@ -84,10 +85,11 @@ import threading
 import time
 from collections.abc import Callable
 
+from bk import daemon
 from bk.broker.handlers import GPU_SNAPSHOT_SECONDS, Dispatcher, Latest, Peer
 from bk.core import journal
 from bk.core.envelope import failure
-from bk.core.errors import BkError, Busy, ConfigError, InvalidInput, WrongAccount
+from bk.core.errors import BkError, Busy, ConfigError, InvalidInput
 from bk.core.record import dataclass
 from bk.core.timegrid import counted
 from bk.ipc import protocol
@@ -123,10 +125,9 @@ def _readable(conn: socket.socket, timeout: float) -> bool:
     return bool(p.poll(max(0, int(timeout * 1000))))
 
 
-def log_stderr(line: str) -> None:
-    # systemd's journal timestamps each line; keep ours plain, with its
-    # priority when the journal reads them (bk.core.journal).
-    journal.write(sys.stderr, "bk broker", line, os.environ, os.fstat)
+# systemd's journal timestamps each line; ours stay plain, with their
+# priority when the journal reads them (bk.daemon, bk.core.journal).
+log_stderr = daemon.stderr_log("bk broker")
 
 
 def peer_of(conn: socket.socket) -> Peer:
@@ -136,12 +137,6 @@ def peer_of(conn: socket.socket) -> Peer:
 
 
 # ------------------------------------------------------------- start-up checks
-
-def _account(uid: int) -> str:
-    from bk.users import user_name
-
-    return user_name(uid) or f"uid {uid}"
-
 
 @dataclass(frozen=True)
 class Plan:
@@ -164,10 +159,7 @@ def preflight(settings) -> Plan:
     if uid is None:
         raise ConfigError(f"{settings.source}: service_uid is not set",
                           hint="add \"service_uid\" (see man 5 gpubk-config), or rerun: sudo bk admin init")
-    if os.geteuid() != uid:
-        raise WrongAccount(f"bk broker must run as the service account {_account(uid)} (uid {uid}), "
-                           f"not as {_account(os.geteuid())} (uid {os.geteuid()})",
-                           hint=f"systemd: User={_account(uid)}; by hand: sudo -u {_account(uid)} bk broker")
+    daemon.check_account(uid, command="bk broker", role="service account")
     path = settings["socket"]
     if len(os.fsencode(path)) > SUN_PATH_MAX:
         raise ConfigError(f"socket path {path} is longer than {SUN_PATH_MAX} bytes, the kernel's limit",
@@ -217,24 +209,10 @@ def _claimable(path: str, uid: int) -> bool:
         raise ConfigError(f"{path} exists and is not a socket; the broker will not touch it",
                           hint="move it away, or choose another 'socket' path")
     if st.st_uid != uid:
-        raise ConfigError(f"{path} is a socket of {_account(st.st_uid)}, not of the service account; "
+        raise ConfigError(f"{path} is a socket of {daemon.account_name(st.st_uid)}, not of the service account; "
                           "the broker will not replace it", hint=f"check who created it; remove it: rm {path}")
     _refuse_if_answering(path)
     return True
-
-
-def _sd_notify(message: str) -> None:
-    """Tell systemd (Type=notify) about our state; silent without it."""
-    addr = os.environ.get("NOTIFY_SOCKET")
-    if not addr:
-        return
-    if addr.startswith("@"):
-        addr = "\0" + addr[1:]
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
-            s.sendto(message.encode(), addr)
-    except OSError:
-        pass
 
 
 # ------------------------------------------------------------- the server
@@ -303,8 +281,7 @@ class Broker:
         self.log = log
         self.stats = Stats()
         self._slots = threading.BoundedSemaphore(max_clients)
-        self._stopping = threading.Event()
-        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._stop = daemon.Stop()
         self._active: dict[socket.socket, threading.Thread] = {}
         self._active_lock = threading.Lock()
         self._per_uid: dict[int, int] = {}         # slots held, by UID (under _active_lock)
@@ -315,27 +292,16 @@ class Broker:
     # -- start -------------------------------------------------------------
 
     def _take_lock(self) -> None:
-        from bk.store.fsutil import Safety, open_dir
-        from bk.store.lock import acquire
-
+        # A second broker should refuse, not queue.  A lock file others
+        # could open, or one an intruder holds, is replaced (bk.store.lock),
+        # so no user can keep the broker down.
         path = self.plan.socket_path + ".lock"
-        safety = Safety(self.plan.service_uid)
-        dirfd = open_dir(os.path.dirname(path), safety)
-        if dirfd is None:
-            raise ConfigError(f"the socket directory {os.path.dirname(path)} does not exist",
-                              hint="sudo bk admin init makes it")
-        try:
-            # One try (timeout 0): a second broker should refuse, not queue.
-            # A lock file others could open, or one an intruder holds, is
-            # replaced (bk.store.lock), so no user can keep the broker down.
-            self._lock_fd = acquire(dirfd, os.path.basename(path), path, safety, timeout=0,
-                                    what="the broker's lock", log=lambda line: self.log(journal.warning(line)),
-                                    busy=lambda pid: Busy(
-                f"another broker is running on {self.plan.socket_path}"
-                + (f" (pid {pid})" if pid else ""), hint="see: systemctl status gpubk-broker",
-                details={"path": path, "holder_pid": pid}))
-        finally:
-            os.close(dirfd)
+        where = os.path.dirname(path)
+        self._lock_fd = daemon.instance_lock(
+            where, os.path.basename(path), uid=self.plan.service_uid, what="the broker's lock", log=self.log,
+            missing=ConfigError(f"the socket directory {where} does not exist", hint="sudo bk admin init makes it"),
+            busy=daemon.refusal(f"another broker is running on {self.plan.socket_path}",
+                                "see: systemctl status gpubk-broker", path))
 
     def _bind(self) -> socket.socket:
         path = self.plan.socket_path
@@ -387,14 +353,7 @@ class Broker:
 
     def stop(self) -> None:
         """Ask the server to stop; safe from any thread and from signal handlers."""
-        self._stopping.set()
-        try:
-            os.write(self._wake_w, b"x")
-        except OSError:
-            pass
-
-    def _on_signal(self, signum, frame) -> None:
-        self.stop()
+        self._stop.set()
 
     def serve(self) -> Stats:
         if self._listener is None:
@@ -407,27 +366,23 @@ class Broker:
         switch = sys.getswitchinterval()
         sys.setswitchinterval(SWITCH_INTERVAL)
         keep_freed_memory()
-        old = {}
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                old[sig] = signal.signal(sig, self._on_signal)
         sel = selectors.DefaultSelector()
         sel.register(self._listener, selectors.EVENT_READ)
-        sel.register(self._wake_r, selectors.EVENT_READ)
-        self.log(f"listening on {self.plan.socket_path} as {_account(os.geteuid())} "
-                 f"(pid {os.getpid()}, data {self.plan.data_dir})")
-        _sd_notify("READY=1")
+        sel.register(self._stop, selectors.EVENT_READ)
         try:
-            while not self._stopping.is_set():
-                for key, _ in sel.select():
-                    if key.fileobj is self._listener:
-                        self._accept()
+            with self._stop.signals():
+                daemon.ready(self.log, f"listening on {self.plan.socket_path} as "
+                             f"{daemon.account_name(os.geteuid())} (pid {os.getpid()}, data {self.plan.data_dir})")
+                try:
+                    while not self._stop.is_set():
+                        for key, _ in sel.select():
+                            if key.fileobj is self._listener:
+                                self._accept()
+                finally:
+                    sel.close()
+                    daemon.stopping()
+                    self._shutdown()
         finally:
-            sel.close()
-            _sd_notify("STOPPING=1")
-            self._shutdown()
-            for sig, handler in old.items():
-                signal.signal(sig, handler)
             sys.setswitchinterval(switch)
         return self.stats
 
@@ -519,7 +474,7 @@ class Broker:
         if first:
             return _readable(conn, min(self.arrival_timeout, self.idle_timeout))
         deadline = time.monotonic() + self.idle_timeout
-        while not self._stopping.is_set():
+        while not self._stop.is_set():
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
@@ -559,7 +514,7 @@ class Broker:
         served = 0
         frame_deadline = min(self.frame_timeout, self.arrival_timeout)
         try:
-            while not self._stopping.is_set():
+            while not self._stop.is_set():
                 if not self._await_request(conn, first=served == 0):
                     break
                 served += 1
@@ -614,11 +569,7 @@ class Broker:
         for _, thread in active:
             thread.join(max(0.0, deadline - time.monotonic()))
         self._release_lock()
-        for fd in (self._wake_r, self._wake_w):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        self._stop.close()
         s = self.stats
         self.log(f"stopped after {counted(s.connections, 'connection')}, {counted(s.requests, 'request')} "
                  f"({s.errors} answered with an error, {s.refused} refused as over the limit, "

@@ -109,18 +109,31 @@ def run_data_verify(args, ctx) -> Output:
                   f"{result.backup_dir}: every checksum matches ({_files_text(result)}, bk {result.bk_version})")
 
 
+def _unconfirmed(args, ctx, command: str, words) -> Output | None:
+    """The answer when a command that replaces the data directory is not
+    confirmed (None: go on).  ``--yes`` or ``--dry-run`` confirm; elsewhere a
+    terminal is asked and no terminal is a usage error.  ``words(data_dir)``
+    gives the refusal, its hint and the question."""
+    if args.yes or args.dry_run:
+        return None
+    refusal, hint, question = words(_data_dir(ctx.app(), ctx.call()))
+    if not ctx.interactive:
+        raise UsageError(refusal, hint=hint)
+    if ctx.confirm(question):
+        return None
+    return Output(command, {"status": "declined"}, "nothing changed", exit_code=EXIT_PARTIAL)
+
+
 def run_data_clear(args, ctx) -> Output:
     need_root("data clear")
     from bk.service import DataRequest
 
     app, call = ctx.app(), ctx.call()
-    if not args.yes and not args.dry_run:
-        data_dir = _data_dir(app, call)
-        if not ctx.interactive:
-            raise UsageError(f"bk admin data clear empties {data_dir}; confirm with --yes",
-                             hint="it backs up first; look with --dry-run")
-        if not ctx.confirm(f"Back up, then empty {data_dir}?"):
-            return Output("admin data clear", {"status": "declined"}, "nothing changed", exit_code=EXIT_PARTIAL)
+    declined = _unconfirmed(args, ctx, "admin data clear", lambda data_dir: (
+        f"bk admin data clear empties {data_dir}; confirm with --yes", "it backs up first; look with --dry-run",
+        f"Back up, then empty {data_dir}?"))
+    if declined:
+        return declined
     result = app.run("data_clear", DataRequest(args.backup_dir, args.dry_run), call=call)
     if result.status == "dry_run":
         return Output("admin data clear", result.to_json(),
@@ -138,13 +151,11 @@ def run_data_restore(args, ctx) -> Output:
     from bk.service import DataRequest
 
     app, call = ctx.app(), ctx.call()
-    if not args.yes and not args.dry_run:
-        data_dir = _data_dir(app, call)
-        if not ctx.interactive:
-            raise UsageError(f"confirm restoring {args.dir} into {data_dir} with --yes",
-                             hint="look first with --dry-run")
-        if not ctx.confirm(f"Restore {args.dir} into {data_dir}?"):
-            return Output("admin data restore", {"status": "declined"}, "nothing changed", exit_code=EXIT_PARTIAL)
+    declined = _unconfirmed(args, ctx, "admin data restore", lambda data_dir: (
+        f"confirm restoring {args.dir} into {data_dir} with --yes", "look first with --dry-run",
+        f"Restore {args.dir} into {data_dir}?"))
+    if declined:
+        return declined
     result = app.run("data_restore", DataRequest(args.dir, args.dry_run), call=call)
     if result.status == "tampered":
         return Output("admin data restore", result.to_json(),

@@ -33,7 +33,7 @@ names another), written by sudo bk admin cluster.  Each node is reached over
 ssh as you, with verified host keys; a node that does not answer is reported
 and the others go on.  See docs/CLUSTER.md."""
 
-# The first words bk c node runs for a client: the everyday reads and writes.
+# The first words bk c node runs for a person (bk @NODE WORDS): the everyday reads and writes.
 # Not the long-running or interactive ones (the worker, the monitor, the
 # broker, the TUI, prompts), nor administration.
 NODE_WORDS = frozenset((
@@ -45,7 +45,8 @@ BOOK_WORDS = ("book", "s", "x", "exclusive")
 EDIT_WORDS = ("e", "edit")
 CANCEL_WORDS = ("d", "del", "rm", "cancel")
 
-# (flags, dest, takes a value) passed through to the node's own command.
+# (flags, dest, takes a value): the options of bk's own commands that bk c
+# takes, as the person wrote them; each node reads their words in its row's fields.
 _DUR = (("-d", "--duration"), "duration", True)
 _MEM = (("-m", "--mem"), "mem", True)
 _SHARE = (("-s", "--share"), "share", True)
@@ -370,22 +371,12 @@ def run_book(args, ctx) -> Output:
     exact = bool((args.at or args.start) and not args.queue)
     attached = getattr(args, "attached", None)
 
-    def booking(option: dict):
-        if not attached:
-            return booking_request(fields, option, exact=exact, note=args.note)
-        # A command to run (the in-process book_job row) goes as words.
-        from bk import clock
-        from bk.core.utctime import parse_utc
+    def booking(option: dict) -> dict:
+        return booking_request(fields, option, exact=exact, note=args.note)
 
-        words = [("x" if mode == "exclusive" else "book"), *args.words,
-                 *_passed(args, (_DUR, _MEM, _SHARE, _NOTE))]
-        if exact or parse_utc(option["start"]) > clock.now():
-            words += ["--start", option["start"]]
-        if not exact:
-            words.append("--queue")
-        return [*words, "--", *attached]
-
-    done = _cluster(ctx).book(fields, booking, op_id=args.op_id, dry_run=args.dry_run)
+    # A command after -- goes with it (the book_job row): that node keeps it
+    # private to you, and your worker there starts it.
+    done = _cluster(ctx).book(fields, booking, command=attached or None, op_id=args.op_id, dry_run=args.dry_run)
     data = done.to_json()
     res = data.get("reservation") or {}
 
@@ -410,12 +401,12 @@ def _split_ref(ref: str) -> tuple[str, str]:
     return node, rid
 
 
-def _write_on(ctx, args, words: list[str], action: str, command: str) -> Output:
+def _write_on(ctx, args, row: str, fields: dict, command: str) -> Output:
     from bk.cluster.client import new_op_id
 
     node, _ = _split_ref(args.ref)
     op_id = args.op_id or new_op_id()
-    out = _cluster(ctx).write(node, words, op_id, action)
+    out = _cluster(ctx).write(node, row, fields, op_id)
     data = {"node": node, "op_id": op_id, "recovered": out.recovered, "retried": out.retried, **out.reply_data}
     res = data.get("reservation") or {}
 
@@ -427,17 +418,50 @@ def _write_on(ctx, args, words: list[str], action: str, command: str) -> Output:
     return Output(command, data, human, warnings=list(out.warnings or []), done=f"{status} {short} on {node}")
 
 
-def run_edit(args, ctx) -> Output:
+def edit_fields(args) -> dict:
+    """The ``edit`` row's fields for ``bk c e NODE/ID ...``: the ID as typed
+    (a list number or a prefix: the node resolves it) and the options of
+    ``bk e`` as the person wrote them, for the node to read against its
+    booking on its own clock, zone and grid (``-d +30m`` moves that
+    booking's end).  What no node could read is refused here."""
+    from bk.service import builders
+
     _, rid = _split_ref(args.ref)
-    words = ["e", rid, *_passed(args, EDIT_PASS)]
-    if len(words) == 2:
+    fields: dict = {"ref": rid}
+    if args.duration is not None:
+        fields["duration"] = args.duration
+    if args.at is not None and args.start is not None:
+        builders.start(args.at, args.start, now=0, tz=None, slot_minutes=1)     # refuses both
+    if (args.at or args.start) is not None:
+        fields["start"] = args.at if args.at is not None else args.start
+    if args.mem is not None:
+        if args.mem.strip().lower() in builders.CLEAR_MEM_WORDS:
+            fields["clear_mem"] = True
+        else:
+            fields["mem_mib"] = args.mem
+    if args.share is not None:
+        try:
+            fields["share"] = int(args.share)
+        except ValueError:
+            raise UsageError(f"--share takes a whole number, got {args.share!r}", hint="e.g. -s 2") from None
+    if args.mode is not None:
+        fields["mode"] = args.mode
+    if args.queue:
+        fields["queue"] = True
+    if args.note is not None:
+        fields["note"] = args.note
+    if len(fields) == 1:
         raise UsageError("say what to change, e.g. -d +30m", hint="see: bk help c e")
-    return _write_on(ctx, args, words, "edit", "cluster edit")
+    return fields
+
+
+def run_edit(args, ctx) -> Output:
+    return _write_on(ctx, args, "edit", edit_fields(args), "cluster edit")
 
 
 def run_cancel(args, ctx) -> Output:
     _, rid = _split_ref(args.ref)
-    return _write_on(ctx, args, ["d", rid, "-y"], "cancel", "cluster cancel")
+    return _write_on(ctx, args, "cancel", {"ref": rid}, "cluster cancel")
 
 
 def run_at(args, ctx) -> Output:
@@ -458,7 +482,7 @@ def run_at(args, ctx) -> Output:
         # the node answers in JSON and the line for people is made here.
         action = "edit" if first in EDIT_WORDS else "cancel" if first in CANCEL_WORDS else "book"
         op_id = new_op_id()
-        out = cluster.write(args.node, words, op_id, action)
+        out = cluster.write_words(args.node, words, op_id, action)
         data = {"node": args.node, "op_id": op_id, "recovered": out.recovered, **out.reply_data}
         res = data.get("reservation") or {}
         status, short = safe(data.get("status")), safe(res.get("short_id"))
@@ -584,7 +608,10 @@ def run_node(args, ctx) -> Output:
     if args.row is not None:
         if words:
             raise UsageError("bk c node runs a row or words, not both")
-        return Output("cluster node", {"node": ident, "reply": _row_reply(args.row, args.fields, ctx), "exit": 0}, "")
+        from bk.cluster.serve import row_reply
+
+        reply = row_reply(ctx.app(), ctx.call, args.row, args.fields, cwd=_here, env=ctx.env)
+        return Output("cluster node", {"node": ident, "reply": reply, "exit": 0}, "")
     if not words:          # nothing to run: who answers (the client's version check)
         return Output("cluster node", {"node": ident, "reply": None, "exit": 0}, "")
     _check_node_words(words)
@@ -604,40 +631,17 @@ def run_node(args, ctx) -> Output:
     return Output("cluster node", {"node": ident, "reply": reply, "exit": rc}, "")
 
 
-# The rows a client may ask a node for: the everyday reads and writes of
-# the caller's own bookings, as NODE_WORDS are for words.
-NODE_ROWS = frozenset(("list", "status", "recommend", "gpu", "worker_status", "jobs", "op_lookup", "resolve",
-                       "history", "notices", "usage", "book", "edit", "cancel"))
-
-
-def _row_reply(name: str, fields: str, ctx) -> dict:
-    """Row ``name`` run here with ``fields`` (decoded with the row's spec):
-    the envelope of its wire JSON (``to_json()``), or of its refusal."""
-    import json
-
-    from bk import service
-    from bk.core import envelope
-    from bk.core.errors import BkError
-    from bk.service import builders
+def _here() -> str:
+    """This process's working directory: where a ``book_job``'s command runs
+    (the directory ssh starts the caller's session in), as ``bk N DUR -- CMD``
+    typed there would run it."""
+    import os
 
     try:
-        op = service.OPERATIONS.get(name) if name in NODE_ROWS else None
-        if op is None:
-            raise InvalidInput(f"this node does not serve the row {name[:40]!r} for a client",
-                               hint="rows: " + ", ".join(sorted(NODE_ROWS)), details={"row": name[:40]})
-        try:
-            wire = json.loads(fields)
-        except ValueError as e:
-            raise InvalidInput(f"the fields of {name} are not JSON: {e}") from None
-        if not isinstance(wire, dict):
-            raise InvalidInput(f"the fields of {name} must be a JSON object")
-        # A person's words in the fields that take them ("30m", "+2h") are
-        # read here, on this node's clock, zone and grid, as its CLI would.
-        call = ctx.call()
-        result = ctx.app().run(name, op.decode(builders.worded(op, wire, call)), call=call)
-        return envelope.success(name, result.to_json(), list(getattr(result, "warnings", None) or ()))
-    except BkError as e:
-        return envelope.failure(name, e)
+        return os.getcwd()
+    except OSError:
+        raise UsageError("the current directory no longer exists",
+                         hint="cd to an existing directory and run the command again") from None
 
 
 def _check_node_words(words: list[str]) -> None:

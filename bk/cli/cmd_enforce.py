@@ -163,18 +163,28 @@ def run_on(args, ctx) -> Output:
     if args.dry_run:
         return Output("admin enforce on", plan, lambda term: text(plan))
     admin.need_root("on")
-    if not args.yes:
-        if not ctx.interactive:
-            raise UsageError("bk admin enforce on changes who may open which GPU; confirm with --yes",
-                             hint="review first with: sudo bk admin enforce on --dry-run")
-        print(text(plan))
-        if not ctx.confirm("Turn enforcement on?"):
-            return Output("admin enforce on", plan | {"status": "declined"}, "nothing changed",
-                          exit_code=EXIT_PARTIAL)
+    declined = _unconfirmed(args, ctx, "on", "changes who may open which GPU", plan, text(plan))
+    if declined:
+        return declined
     done = admin.turn_on(settings, changes, now=clock.now(), dry_run=False)
     code = 0 if done["enforcer"] in (None, "enforcing") and not done["problems"] else EXIT_PARTIAL
     return Output("admin enforce on", done, lambda term: text(done), exit_code=code,
                   done="enforcement turned on")
+
+
+def _unconfirmed(args, ctx, verb: str, effect: str, plan: dict, shown: str) -> Output | None:
+    """The answer when ``bk admin enforce VERB`` is not confirmed (None: go
+    on): ``--yes`` confirms, a terminal is shown the plan and asked, and no
+    terminal is a usage error saying what the command would change."""
+    if args.yes:
+        return None
+    if not ctx.interactive:
+        raise UsageError(f"bk admin enforce {verb} {effect}; confirm with --yes",
+                         hint=f"review first with: sudo bk admin enforce {verb} --dry-run")
+    print(shown)
+    if ctx.confirm(f"Turn enforcement {verb}?"):
+        return None
+    return Output(f"admin enforce {verb}", plan | {"status": "declined"}, "nothing changed", exit_code=EXIT_PARTIAL)
 
 
 def _on_text(d: dict, signal_on: bool) -> str:
@@ -208,14 +218,9 @@ def run_off(args, ctx) -> Output:
     if args.dry_run:
         return Output("admin enforce off", plan, lambda term: _off_text(plan))
     admin.need_root("off")
-    if not args.yes:
-        if not ctx.interactive:
-            raise UsageError("bk admin enforce off opens every GPU to everyone; confirm with --yes",
-                             hint="review first with: sudo bk admin enforce off --dry-run")
-        print(_off_text(plan))
-        if not ctx.confirm("Turn enforcement off?"):
-            return Output("admin enforce off", plan | {"status": "declined"}, "nothing changed",
-                          exit_code=EXIT_PARTIAL)
+    declined = _unconfirmed(args, ctx, "off", "opens every GPU to everyone", plan, _off_text(plan))
+    if declined:
+        return declined
     done = admin.turn_off(settings, dry_run=False)
     return Output("admin enforce off", done, lambda term: _off_text(done),
                   exit_code=EXIT_PARTIAL if done["problems"] else 0, done="enforcement turned off")

@@ -4,7 +4,6 @@ per-user worker that starts them."""
 from __future__ import annotations
 
 import argparse
-import sys
 
 from bk.cli import common
 from bk.cli.render import Output, safe, table, wrap
@@ -176,14 +175,9 @@ def run_worker(args, ctx) -> Output:
             return text
         return Output("worker", got.to_json(), human)
 
-    def log(line: str) -> None:
-        import os
-
-        from bk.core import journal  # with its priority when the journal reads it
-
-        journal.write(sys.stderr, "bk worker", line, os.environ, os.fstat)
-
-    done = app.run("worker", WorkerRunRequest(ctx.env, once=args.action == "once", log=log), call=call)
+    # The worker logs as every daemon does (bk.daemon): on stderr, with its
+    # priority when the journal reads it.
+    done = app.run("worker", WorkerRunRequest(ctx.env, once=args.action == "once"), call=call)
     started = done.started
     return Output("worker", done.to_json(),
                   f"worker {'stopped' if args.action == 'start' else 'done'}: started {started} job(s)"

@@ -4,13 +4,16 @@ book on the best node, edit and cancel ``NODE/ID``, and one node's command.
 Each returns a result with ``to_json()`` (the CLI renders text from it, the
 MCP tools send it as is) and never prints.
 
-Writes and lost replies.  A write (book, edit, cancel) always carries an
-op-id, made here when the caller gave none.  The node's ledger records the
+Writes and lost replies.  A write is a row of the operation table sent to
+one node (``book``; ``book_job``, a booking with a command; ``edit`` and
+``cancel``, whose ``ref`` the node resolves), and always carries an op-id,
+made here when the caller gave none.  The node's ledger records the
 op-id with the change in the same commit, and a write repeated with the
 same op-id answers ``exists`` instead of doing it twice.  When a write's
 reply is lost (ssh died, the node hung past its timeout, the reply was cut)
 the client cannot know whether the node committed before it went quiet, so
-it asks first: ``bk c op OPID`` on that node says what that op-id produced.
+it asks first: the ``op_lookup`` row on that node says what that op-id
+produced (``bk c op OPID`` is the same for a person).
 Found: the write happened, and the result says ``recovered``.  Not found:
 it did not, and the write is sent once more, with the same op-id (so even
 a commit racing the lookup cannot make a second booking).  When the node
@@ -32,7 +35,8 @@ from bk.cluster.node import NodeClient, NodeFailure, Reply
 from bk.core.errors import BkError, Conflict, InvalidInput, Unavailable
 from bk.core.record import dataclass, replace
 
-WRITE_ACTIONS = {"book": "create", "edit": "edit", "cancel": "cancel"}
+# What each write row records with its op-id (the ``op_lookup`` row's ``action``).
+WRITE_ACTIONS = {"book": "create", "book_job": "create", "edit": "edit", "cancel": "cancel"}
 
 
 def new_op_id() -> str:
@@ -112,11 +116,13 @@ class Cluster:
 
     # -- writes ------------------------------------------------------------
 
-    def book(self, fields: dict, booking: Callable[[dict], object], *,
+    def book(self, fields: dict, booking: Callable[[dict], dict], *, command: Sequence[str] | None = None,
              op_id: str | None = None, dry_run: bool = False) -> Booked:
         """Book on the best node for the ``recommend`` row's ``fields``;
-        ``booking(option)`` is what is sent to it: the ``book`` row's fields
-        (``booking_request``) or a command's words (``bk c N DUR -- CMD``)."""
+        ``booking(option)`` is the ``book`` row's fields sent to it
+        (``booking_request``).  With a ``command`` (``bk c N DUR -- CMD``)
+        the row is ``book_job``: those fields and the command, which that
+        node keeps in your private job spec and your worker there starts."""
         if op_id:
             done = self._already(op_id)
             if done is not None:
@@ -133,7 +139,11 @@ class Cluster:
         if dry_run:
             return Booked(rec, best.node, None, op_id, recovered=False, retried=False, dry_run=True)
         op_id = op_id or new_op_id()
-        outcome = self.write(best.node, booking(best.option), op_id, "book")
+        sent = booking(best.option)
+        row = "book"
+        if command:
+            row, sent = "book_job", {**sent, "command": list(command)}
+        outcome = self.write(best.node, row, sent, op_id)
         return Booked(rec, best.node, outcome.reply_data, op_id, outcome.recovered, outcome.retried)
 
     def _already(self, op_id: str) -> Booked | None:
@@ -154,46 +164,54 @@ class Cluster:
                               details={"op_id": op_id, "nodes": [name for name, _ in failed]})
         return None
 
-    def write(self, node: str, what, op_id: str, action: str) -> WriteOutcome:
-        """``what`` on ``node`` with ``op_id``: a write row's fields (the
-        ``book`` row's, from ``booking_request``), or a bk write's words; the lost-reply
-        protocol of the module docstring.  A refusal by the node (conflict,
-        not found) is raised as its own error."""
+    def write(self, node: str, row: str, fields: dict, op_id: str) -> WriteOutcome:
+        """Write row ``row`` (``book``, ``book_job``, ``edit``, ``cancel``)
+        on ``node`` with its wire ``fields`` and ``op_id``, under the
+        lost-reply protocol of the module docstring.  A refusal by the node
+        (conflict, not found) is raised as its own error."""
         client = self.client(node)
-        if isinstance(what, list):
-            cut = what.index("--") if "--" in what else len(what)      # -- CMD stays last
-            sent = [*what[:cut], "--op-id", op_id, *what[cut:]]
+        sent = {**fields, "op_id": op_id}
+        return _protected(client, lambda: client.row(row, sent, shape=replies.WRITE), op_id, row)
 
-            def send() -> Reply:
-                return client.call(sent, shape=replies.WRITE)
-        else:
-            fields = {**what, "op_id": op_id}
-
-            def send() -> Reply:
-                return client.row(action, fields, shape=replies.WRITE)
-        try:
-            return _written(send(), False, False)
-        except NodeFailure as first:
-            if first.state in ("wrong_identity", "unsupported"):
-                raise first.as_error() from None
-            lost = first
-        # The reply was lost: did the node commit before it went quiet?
-        try:
-            found = lookup(client, op_id, action)
-        except NodeFailure as f:
-            raise _unknown(node, op_id, lost, f) from None
-        if found is not None:
-            return WriteOutcome({"status": "exists", "reservation": found, "recovered": True}, True, False)
-        try:
-            return _written(send(), False, True)
-        except NodeFailure as again:
-            raise _unknown(node, op_id, lost, again) from None
+    def write_words(self, node: str, words: list[str], op_id: str, action: str) -> WriteOutcome:
+        """``bk @NODE WORDS`` that write (``bk @gpu-b 1 30m``): a person's
+        words, which only the node's own bk reads (its whole grammar, run in
+        a child bk there), answered in JSON; with ``op_id`` and the same
+        lost-reply protocol as a row.  ``action``: the write row the words
+        stand for (``book``, ``edit``, ``cancel``)."""
+        client = self.client(node)
+        cut = words.index("--") if "--" in words else len(words)      # -- CMD stays last
+        sent = [*words[:cut], "--op-id", op_id, *words[cut:]]
+        return _protected(client, lambda: client.call(sent, shape=replies.WRITE), op_id, action)
 
     def at(self, node: str, words: list[str], *, as_json: bool, columns: int | None = None) -> Reply:
         try:
             return self.client(node).call(words, as_json=as_json, columns=columns)
         except NodeFailure as f:
             raise f.as_error() from None
+
+
+def _protected(client: NodeClient, send: Callable[[], Reply], op_id: str, action: str) -> WriteOutcome:
+    """``send()`` once; when its reply is lost, ask the node what ``op_id``
+    did before sending it again (the module docstring)."""
+    node = client.entry.name
+    try:
+        return _written(send(), False, False)
+    except NodeFailure as first:
+        if first.state in ("wrong_identity", "unsupported"):
+            raise first.as_error() from None
+        lost = first
+    # The reply was lost: did the node commit before it went quiet?
+    try:
+        found = lookup(client, op_id, action)
+    except NodeFailure as f:
+        raise _unknown(node, op_id, lost, f) from None
+    if found is not None:
+        return WriteOutcome({"status": "exists", "reservation": found, "recovered": True}, True, False)
+    try:
+        return _written(send(), False, True)
+    except NodeFailure as again:
+        raise _unknown(node, op_id, lost, again) from None
 
 
 def _written(reply: Reply, recovered: bool, retried: bool) -> WriteOutcome:
@@ -272,10 +290,6 @@ class WriteOutcome:
 
 
 # -- rows ------------------------------------------------------------------
-
-def _failure_json(r) -> dict | None:
-    return r.to_json() if isinstance(r, NodeFailure) else None
-
 
 def _node_json(n: NodeEntry, r) -> dict:
     out = {"name": n.name, "id": n.id, "target": n.target, "priority": n.priority, "enabled": n.enabled}

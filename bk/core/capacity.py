@@ -229,21 +229,29 @@ class HoldIndex:
             out[g] = (holds, [h[START] for h in holds], max((h[END] - h[START] for h in holds), default=0))
         return cls(source, _key(capacity, usable), now, out)
 
-    def derive(self, reservations: Sequence[Reservation], now: int) -> HoldIndex | None:
+    def derive(self, reservations: Sequence[Reservation], now: int, delta=None) -> HoldIndex | None:
         """The index of ``reservations`` at ``now``, from this one by the
-        bookings that differ (by identity); None when a fresh build is due."""
+        bookings that differ (by identity); None when a fresh build is due.
+        ``delta``: a ``ledgerdoc.Delta`` to ``reservations`` from a list
+        holding the records of ``source`` in its order (the caller's own
+        comparison, so that the lists are not compared twice)."""
         if now < self.now or now - self.now > REBUILD_AFTER:
             return None
         old = self.source
-        n = min(len(old), len(reservations))
-        if all(map(is_, old, reservations)):       # the common case, at C speed: nothing, or appends
-            at = []
+        if delta is not None and delta.new is reservations and len(delta.old) == len(old):
+            gone, fresh = delta.gone, delta.fresh
+            if max(len(gone), len(fresh)) > MAX_CHANGED:
+                return None
         else:
-            at = list(compress(range(n), map(is_not, old, reservations)))
-        if len(at) + abs(len(old) - len(reservations)) > MAX_CHANGED:
-            return None
-        gone = [old[i] for i in at] + old[n:]
-        fresh = [reservations[i] for i in at] + list(reservations[n:])
+            n = min(len(old), len(reservations))
+            if all(map(is_, old, reservations)):       # the common case, at C speed: nothing, or appends
+                at = []
+            else:
+                at = list(compress(range(n), map(is_not, old, reservations)))
+            if len(at) + abs(len(old) - len(reservations)) > MAX_CHANGED:
+                return None
+            gone = [old[i] for i in at] + old[n:]
+            fresh = [reservations[i] for i in at] + list(reservations[n:])
         source = list(reservations)
         if not gone and not fresh:
             return HoldIndex(source, self.key, self.now, self.per, self.by_id)

@@ -29,7 +29,6 @@ from collections.abc import Iterable, Mapping
 
 DAY = 86400
 WINDOW_HALF_LIVES = 8
-DEFAULT_HALF_LIFE_S = 7 * DAY
 
 
 def window(now: int, half_life_s: int) -> tuple[int, int]:

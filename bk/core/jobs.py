@@ -55,7 +55,6 @@ WORKER_PASS = ("HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TM
                "XDG_CACHE_HOME", "BK_DATA_DIR", "BK_CONFIG_FILE", "BK_GPU_COUNT", "BK_GPU_SIM_FILE")
 
 _SAFE_WORD = re.compile(r"[^A-Za-z0-9._+-]")
-MAX_SUMMARY = 48
 
 
 def summary_of(argv: list[str] | tuple[str, ...]) -> str:

@@ -400,119 +400,8 @@ class Delta:
         return [get(id(r)) or to_bytes(r) for r in new]
 
 
-# A record's bytes end with the comma that follows it in its list (the
-# last one's is dropped when the document is put together): the list is
-# then its records' bytes laid end to end, with no join of its own.
-
-def _reservation_bytes(r: Reservation) -> bytes:
-    return _encode_json(reservation_to_dict(r)).encode("ascii") + b","
-
-
-def _op_bytes(o: OpRecord) -> bytes:
-    return _encode_json(canonical(o.to_dict())).encode("ascii") + b","
-
-
-class Encoded:
-    """The bytes of each booking and op record of one committed state, in
-    the order of its lists (which this object holds: they must not change):
-    records are frozen, so a record's bytes never go stale, and the next
-    ``document`` encodes only the records its transaction added."""
-
-    __slots__ = ("reservations", "ops", "reservation_bytes", "op_bytes")
-
-    def __init__(self, reservations: list, ops: list, reservation_bytes: list[bytes], op_bytes: list[bytes]):
-        self.reservations, self.ops = reservations, ops
-        self.reservation_bytes, self.op_bytes = reservation_bytes, op_bytes
-
-    def __len__(self) -> int:
-        return len(self.reservation_bytes) + len(self.op_bytes)
-
-
-def _list_bytes(old: list, old_bytes: list[bytes], new: list, delta: Delta | None, to_bytes) -> list[bytes]:
-    if delta is None or delta.old is not old or delta.new is not new:
-        delta = Delta.of(old, new)
-    if delta is None:                        # a record twice: encode it twice
-        return list(map(to_bytes, new))
-    return delta.encoded(old_bytes, to_bytes)
-
-
-def document(state: LedgerState, *, commit: str, written_at: int, journal: list[dict],
-             known: Encoded | None = None, delta: Delta | None = None,
-             frame=None) -> tuple[bytearray, Encoded | None]:
-    """``seal(dumps(encode(...)))``, byte for byte, and its ``Encoded``.
-    With ``known`` (the ``Encoded`` of the state this one was made from)
-    only the records the transaction added are encoded; ``delta``: the
-    bookings' ``Delta`` from ``known.reservations`` (or ``frame``'s), if
-    the caller has it.  With ``frame`` instead (a ``ledgerframe.Framed``
-    of the sealed bytes that state was read from), the bookings the
-    transaction left as they were are those bytes (``Framed.splice``),
-    and there is no ``Encoded`` (None) when they were used.
-
-    JSON's compact form of a container is its members' forms joined by
-    commas, and every key is written sorted, so the document is put
-    together from parts, into one buffer (a ledger of 10,000 bookings is
-    2 MB: each copy of it costs a page fault per 4 KiB), and the seal is
-    written into its place at the end."""
-    spliced = None
-    if known is None:
-        ops_bytes = list(map(_op_bytes, state.ops))
-        if frame is not None:
-            spliced = frame.splice(state.reservations, delta)
-        res_bytes = list(map(_reservation_bytes, state.reservations)) if spliced is None else None
-    else:
-        res_bytes = _list_bytes(known.reservations, known.reservation_bytes, state.reservations, delta,
-                                _reservation_bytes)
-        ops_bytes = _list_bytes(known.ops, known.op_bytes, state.ops, None, _op_bytes)
-    head, tail = framing(state, commit=commit, written_at=written_at, journal=journal, ops_bytes=ops_bytes)
-    parts = head
-    if spliced is not None:
-        parts.extend(spliced)
-    elif res_bytes:
-        parts.extend(res_bytes)
-        parts[-1] = parts[-1][:-1]                # the last record's comma
-    parts.extend(tail)
-    parts.append(_SEAL + b'00000000"}\n')
-    data = bytearray().join(parts)
-    end = len(data) - _SEAL_LEN
-    data[end + len(_SEAL):end + len(_SEAL) + 8] = b"%08x" % zlib.crc32(memoryview(data)[:end])
-    if spliced is not None:
-        return data, None
-    return data, Encoded(state.reservations, state.ops, res_bytes, ops_bytes)
-
-
-def framing(state: LedgerState, *, commit: str, written_at: int, journal: list[dict],
-             ops_bytes: list[bytes]) -> tuple[list[bytes], list[bytes]]:
-    """The parts of the document before the reservations' records (up to
-    ``"reservations":[``) and after them (from the list's ``]`` to the seal)."""
-    doc = {
-        "blackouts": [canonical(b.to_dict()) for b in state.blackouts],
-        "commit": commit, "format": FORMAT,
-        "journal": {"audit": canonical(journal), "seq": state.seq},
-        "notices": [canonical(n.to_dict()) for n in state.notices],
-        "ops": ops_bytes, "policy": canonical(state.policy), "reservations": None,
-        "seq": state.seq, "version": VERSION, "written_at": format_utc(written_at),
-    }
-    if state.extra:
-        extra = {k: canonical(v) for k, v in state.extra.items() if k not in _TOP_KEYS}
-        extra.update(doc)
-        doc = extra
-    head: list[bytes] = []
-    parts = head
-    for key in sorted(doc):
-        parts.append(b"," if parts or parts is not head else b"{")
-        parts.append(_encode_json(key).encode("ascii") + b":")
-        if key == "reservations":
-            parts.append(b"[")
-            parts = [b"]"]
-        elif key == "ops":
-            parts.append(b"[")
-            if ops_bytes:
-                parts.extend(ops_bytes)
-                parts[-1] = parts[-1][:-1]
-            parts.append(b"]")
-        else:
-            parts.append(_encode_json(doc[key]).encode("ascii"))
-    return head, parts
+# The writer's document from parts (each record's bytes kept, the lists as
+# chunks, the seal's CRC combined) is bk.core.docparts, which only writers load.
 
 
 def trusted(state: LedgerState, capacity: int | None) -> Checked | None:
@@ -1065,7 +954,7 @@ def _check_changes(state: LedgerState, capacity: int | None, base: Checked, delt
             by_id[r.id] = r
     from bk.core.capacity import RES
 
-    holds = _holds_next(base, state.reservations, gpu_count)
+    holds = _holds_next(base, state.reservations, gpu_count, delta)
     live = [r for r in delta.fresh if r.cancelled_at is None]
     if live:
         lo, hi = min(r.start for r in live), max(r.end for r in live)
@@ -1086,15 +975,18 @@ def _check_changes(state: LedgerState, capacity: int | None, base: Checked, delt
 _EVER = -(1 << 62)        # the ``now`` of a check's hold index: ended bookings count too
 
 
-def _holds_next(base: Checked, reservations: list, gpu_count: int):
-    """The hold index of ``reservations`` from the base's (None: not kept yet)."""
+def _holds_next(base: Checked, reservations: list, gpu_count: int, delta: Delta | None = None):
+    """The hold index of ``reservations`` from the base's (None: not kept
+    yet); ``delta``: from ``base.reservations``, whose records the base's
+    index holds."""
     from bk.core.capacity import HoldIndex
 
     if gpu_count is None or gpu_count > 4096:       # bookings' GPUs unbounded, or a silly policy
         return None
     usable = {g: None for g in range(gpu_count)}
     if base.holds is not None and base.holds.key == (1, tuple(usable.items())):
-        got = base.holds.derive(reservations, _EVER)
+        got = base.holds.derive(reservations, _EVER, delta if delta is not None and delta.old is base.reservations
+                                else None)
         if got is not None:
             return got
     if base.quick >= 1:

@@ -1,18 +1,18 @@
 """Where a sealed ledger's bookings lie in its bytes, for a writer that did not write them (pure).
 
 A writer that committed a ledger keeps the bytes of its records
-(``ledgerdoc.Encoded``) and encodes only what its next transaction adds.
+(``docparts.Encoded``) and encodes only what its next transaction adds.
 A writer that only read the file (every ``bk`` command in private mode, a
 broker's first commit) had nothing kept, and encoded every booking again:
 at 10,000 bookings that was a third of a booking's time.  The bytes were
-there all along: ``Framed`` says where, and ``ledgerdoc.document`` puts
+there all along: ``Framed`` says where, and ``docparts.document`` puts
 the new document together from them and the records the transaction
 added or changed.  Only writes load this module.
 """
 
 from __future__ import annotations
 
-from bk.core import ledgerdoc
+from bk.core import docparts, ledgerdoc
 from bk.core.models import LedgerState
 
 MAX_SPLICED = 8      # bookings a transaction may have changed in place for Framed.splice
@@ -25,7 +25,7 @@ class Framed:
     itself needs so as not to encode every booking again.
 
     Why the bytes between are the bookings.  The parts before and after
-    them are exactly what ``ledgerdoc.document`` writes for that state, so
+    them are exactly what ``docparts.document`` writes for that state, so
     they are the document's own head and tail (the top-level object in its
     sorted order), and what lies between is the one list ``document`` puts
     there; a second top-level "reservations" key inside it (no bk writes
@@ -58,19 +58,19 @@ class Framed:
         data, view = self.data, memoryview(self.data)
         parts, at = [], self.lo
         for i in delta.at:
-            b = ledgerdoc._reservation_bytes(old[i])[:-1]          # without its comma
+            b = docparts._reservation_bytes(old[i])
             p = data.find(b, at, self.hi)
             q = p + len(b)
             if (p < 0 or data.count(b, self.lo, self.hi) != 1 or (p != self.lo and data[p - 1] != 44)
                     or (q != self.hi and data[q] != 44)):          # 44: ","
                 return None
             parts.append(view[at:p])
-            parts.append(ledgerdoc._reservation_bytes(new[i])[:-1])
+            parts.append(docparts._reservation_bytes(new[i]))
             at = q
         parts.append(view[at:self.hi])
         tail = new[len(old):]
         if tail:
-            more = b"".join(map(ledgerdoc._reservation_bytes, tail))[:-1]
+            more = b",".join(map(docparts._reservation_bytes, tail))
             parts.append(b"," + more if old else more)
         return parts
 
@@ -78,15 +78,13 @@ class Framed:
 def framed(data: bytes, state: LedgerState, meta: ledgerdoc.DocMeta) -> Framed | None:
     """The ``Framed`` of ``data``, the sealed bytes ``state`` and ``meta``
     were decoded from whole; None when they are not what
-    ``ledgerdoc.document`` writes around the records."""
+    ``docparts.document`` writes around the records."""
     if meta.commit is None or meta.written_at is None or meta.journal_seq != state.seq:
         return None
     try:
-        head, tail = ledgerdoc.framing(state, commit=meta.commit, written_at=meta.written_at,
-                                       journal=meta.journal, ops_bytes=list(map(ledgerdoc._op_bytes, state.ops)))
+        head, tail = docparts.framing(state, commit=meta.commit, written_at=meta.written_at, journal=meta.journal)
     except (TypeError, ValueError, RecursionError):
         return None
-    head, tail = b"".join(head), b"".join(tail)
     lo, hi = len(head), len(data) - ledgerdoc._SEAL_LEN - len(tail)
     if (hi < lo or not data.startswith(head) or data[hi:len(data) - ledgerdoc._SEAL_LEN] != tail
             or data.find(b'"reservations":[', lo, hi) >= 0):

@@ -45,6 +45,10 @@ RULES = ("input", "max_length", "require_shared_memory", "horizon", "gpu_count",
          "disabled_gpu", "memory", "excluded", "blackout", "capacity")
 
 _STATE_RANK = {"idle": 0, "unknown": 1, "busy": 2}
+# The first range a placement sweeps (seconds ahead, or four times the
+# request's length): a booking that fits soon looks at the holds of the next
+# hour only, not at every booking of the day (first_fit widens it fourfold).
+FIRST_SWEEP = 3600
 
 
 @dataclass(frozen=True)
@@ -202,9 +206,10 @@ class _Plan:
         self.ledgers = index_holds(reservations, now=now, capacity=self.cap,
                                    usable=self.usable, ignore_id=req.ignore_id)
         self.reach = self.requested         # the latest end of a run a reason names (options_now)
-        # ``window``: sweep only as far ahead as the search needs (first_fit);
-        # ``until``: only as far as the bookings given are all there are.
-        self._build_sweep(self.requested + max(4 * self.d, 86400) if window else until)
+        # ``window``: sweep only as far ahead as the search needs (first_fit),
+        # an hour (or four times the request) first; ``until``: only as far
+        # as the bookings given are all there are.
+        self._build_sweep(self.requested + max(4 * self.d, FIRST_SWEEP) if window else until)
 
     # -- static rules -------------------------------------------------------
 
@@ -380,8 +385,9 @@ class _Plan:
     def first_fit(self) -> int | None:
         """``earliest(requested)`` over the whole search, sweeping a range
         that grows fourfold until it holds the answer's window or the whole
-        search: on a long ledger most requests fit within the first day,
-        and the bookings after it are never looked at."""
+        search: on a long ledger most requests fit within the first hours,
+        and the bookings after them are never looked at (a request that
+        fits only days ahead sweeps a few short ranges more first)."""
         full, width = self.latest + self.d, self.swept_to - self.requested
         while True:
             s = self.earliest(self.requested)

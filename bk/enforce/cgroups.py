@@ -179,6 +179,32 @@ def start_ticks(pid: int, proc_root: str = "/proc", *, live: bool = False) -> in
         return None
 
 
+_BTIME: dict[str, int] = {}
+
+
+def _btime(proc_root: str) -> int | None:
+    if proc_root not in _BTIME:
+        try:
+            with open(os.path.join(proc_root, "stat"), "rb") as f:
+                for line in f:
+                    if line.startswith(b"btime "):
+                        _BTIME[proc_root] = int(line.split()[1])
+        except (OSError, ValueError):
+            return None
+    return _BTIME.get(proc_root)
+
+
+def started_at(pid: int, proc_root: str = "/proc", *, live: bool = False) -> int | None:
+    """When the process started (epoch seconds, as the monitor's snapshot
+    says ``since``): the boot time plus its start ticks; None when it is
+    gone (with ``live``, a zombie too) or ``/proc`` cannot say."""
+    ticks = start_ticks(pid, proc_root, live=live)
+    boot = _btime(proc_root)
+    if ticks is None or boot is None:
+        return None
+    return boot + ticks // os.sysconf("SC_CLK_TCK")
+
+
 # ------------------------------------------------------------------ devices
 
 @dataclass(frozen=True)

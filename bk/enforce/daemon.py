@@ -23,7 +23,7 @@ The facts that shape the loop:
   them in place.
 * Replacement is atomic (``BPF_LINK_UPDATE``, or ``BPF_PROG_ATTACH`` with
   ``BPF_F_REPLACE``): an open sees the old program or the new one.
-* Wake-ups.  The loop sleeps in ``select`` on a signal pipe and an
+* Wake-ups.  The loop sleeps in ``select`` on the stop pipe (``bk.daemon``) and an
   inotify descriptor (a new slice under ``user.slice``, a cgroup at the
   root, the ledger renamed into place), until the next booking boundary,
   renewal or periodic scan (``SCAN_S``, which also bounds a signal's
@@ -41,15 +41,14 @@ The facts that shape the loop:
 from __future__ import annotations
 
 import os
-import select
 import signal
-import sys
 import time
 from collections.abc import Callable
 
+from bk import daemon
 from bk.core import devprog
 from bk.core import enforce as rule
-from bk.core.errors import BkError, ConfigError, WrongAccount
+from bk.core.errors import BkError, ConfigError
 from bk.core.models import iso
 from bk.core.record import dataclass, field
 from bk.core.timegrid import counted
@@ -61,12 +60,7 @@ PUBLISH_S = 5.0                   # rewrite an unchanged status at least this of
 DRIFT_NS = 250_000_000            # a wall-clock step larger than this regenerates every program
 
 
-def log_stderr(line: str) -> None:
-    try:
-        sys.stderr.write(f"bk enforcer: {line}\n")
-        sys.stderr.flush()
-    except (OSError, ValueError):
-        pass
+log_stderr = daemon.stderr_log("bk enforcer")
 
 
 def clocks() -> tuple[int, int]:
@@ -227,13 +221,7 @@ class Enforcer:
     def _same_process(self, pid: int, since: int | None) -> bool:
         """``pid`` still is the process the snapshot saw (started at
         ``since``), and is not a zombie."""
-        if since is None:
-            return False
-        ticks = cgroups.start_ticks(pid, self.o.proc_root, live=True)
-        boot = _btime(self.o.proc_root)
-        if ticks is None or boot is None:
-            return False
-        return boot + ticks // os.sysconf("SC_CLK_TCK") == since
+        return since is not None and cgroups.started_at(pid, self.o.proc_root, live=True) == since
 
     # -------------------------------------------------------------- the kernel
 
@@ -576,21 +564,6 @@ class Enforcer:
         return n
 
 
-_BTIME: dict[str, int] = {}
-
-
-def _btime(proc_root: str) -> int | None:
-    if proc_root not in _BTIME:
-        try:
-            with open(os.path.join(proc_root, "stat"), "rb") as f:
-                for line in f:
-                    if line.startswith(b"btime "):
-                        _BTIME[proc_root] = int(line.split()[1])
-        except (OSError, ValueError):
-            return None
-    return _BTIME.get(proc_root)
-
-
 # ------------------------------------------------------------------ inotify
 
 class Watch:
@@ -725,20 +698,18 @@ def options_for(settings, support_links: bool, *, lease_s: int | None = None) ->
                    lease_s=lease_s or rule.LEASE_S, renew_s=max(1, (lease_s or rule.LEASE_S) // 3))
 
 
-def serve(e: Enforcer, watch: Watch, wake_r: int, stopping: list, *, max_passes: int | None = None) -> int:
+def serve(e: Enforcer, watch: Watch, stop: daemon.Stop, *, max_passes: int | None = None) -> int:
     """The loop: a pass, then sleep until something changes or is due.
-    Returns the number of passes once ``stopping`` is not empty."""
+    Returns the number of passes once ``stop`` is set."""
     passes = 0
-    while not stopping:
+    while not stop.is_set():
         watch.ensure()
         e.step()
         e.publish()
         passes += 1
         if max_passes is not None and passes >= max_passes:
             break
-        fds = [wake_r] + ([watch.fd] if watch.fd is not None else [])
-        ready, _, _ = select.select(fds, [], [], e.next_wake())
-        if watch.fd in ready:
+        if stop.wait(e.next_wake(), [watch.fd] if watch.fd is not None else []):
             watch.drain()
     return passes
 
@@ -758,9 +729,8 @@ def run(env: dict, *, log: Callable[[str], None] = log_stderr, max_passes: int |
 
     os.umask(0o022)
     settings = settings_for(env)
-    if os.geteuid() != 0:
-        raise WrongAccount("the enforcer must run as root (it loads and attaches BPF programs)",
-                           hint="systemd runs it: sudo systemctl start gpubk-enforcer")
+    daemon.check_root("the enforcer must run as root (it loads and attaches BPF programs)",
+                      hint="systemd runs it: sudo systemctl start gpubk-enforcer")
     if not settings["enforce"]:
         raise ConfigError(f"enforcement is off in {settings.source}",
                           hint="turn it on with: sudo bk admin enforce on")
@@ -769,51 +739,42 @@ def run(env: dict, *, log: Callable[[str], None] = log_stderr, max_passes: int |
         raise Unavailable(f"this kernel cannot enforce: {support.detail}",
                           hint="bk admin enforce status shows what is missing")
     opts = options_for(settings, support.links, lease_s=lease_s)
-    lock_fd = state.take_lock(opts.state_dir)
+    lock_fd = daemon.instance_lock(opts.state_dir, state.LOCK_FILE, uid=0, what="the enforcer's lock", log=log,
+                                   create_mode=state.DIR_MODE, busy=daemon.refusal(
+        "another enforcer is running here", "see: systemctl status gpubk-enforcer, or bk admin enforce status",
+        os.path.join(opts.state_dir, state.LOCK_FILE)))
     read_ledger = ledger_reader(settings)
     devices = cgroups.device_map(gpu_count(settings, read_ledger))
-    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-    stopping: list[int] = []
-
-    def on_signal(signum, frame):
-        stopping.append(signum)
-        try:
-            os.write(wake_w, b"x")
-        except OSError:
-            pass
-
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     watch = Watch([opts.root, os.path.join(opts.root, cgroups.USER_SLICE), settings.data_dir])
     e = Enforcer(opts, devices=devices, read_ledger=read_ledger, read_snapshot=snapshot_reader(settings), log=log)
-    passes, detached = 0, 0
     try:
-        mode = "fail open, BPF links" if opts.links else \
-            f"fail {'open' if opts.fail_open else 'closed'}, plain attachments"
-        log(f"pid {os.getpid()}: enforcing on {opts.root} ({mode}); {counted(len(devices.gpus), 'GPU')}, "
-            f"minors from {devices.source}")
-        e._event("started", detail=mode)
-        passes = serve(e, watch, wake_r, stopping, max_passes=max_passes)
-        # Turned off meanwhile (bk admin enforce off) or open mode: nothing stays attached.
-        try:
-            still_on = settings_for(env)["enforce"]
-        except BkError:
-            still_on = True
-        detach = opts.fail_open or not still_on
-        detached = e.shutdown(detach=detach)
-        why = f"stopped by signal; {detached} programs detached" if detach else \
-            "stopped by signal; the programs stay attached and close every managed GPU at their expiry (fail closed)"
-        log(why)
-        e._event("stopped", detail=why)
-        e.publish(stopped=why)
-        return RunStats(passes, detached, os.getpid())
+        with daemon.Stop() as stop, stop.signals():
+            mode = "fail open, BPF links" if opts.links else \
+                f"fail {'open' if opts.fail_open else 'closed'}, plain attachments"
+            daemon.ready(log, f"pid {os.getpid()}: enforcing on {opts.root} ({mode}); "
+                         f"{counted(len(devices.gpus), 'GPU')}, minors from {devices.source}")
+            e._event("started", detail=mode)
+            passes = serve(e, watch, stop, max_passes=max_passes)
+            daemon.stopping()
+            # Turned off meanwhile (bk admin enforce off) or open mode: nothing stays attached.
+            try:
+                still_on = settings_for(env)["enforce"]
+            except BkError:
+                still_on = True
+            detach = opts.fail_open or not still_on
+            detached = e.shutdown(detach=detach)
+            why = f"stopped by signal; {detached} programs detached" if detach else \
+                "stopped by signal; the programs stay attached and close every managed GPU at their expiry " \
+                "(fail closed)"
+            log(why)
+            e._event("stopped", detail=why)
+            e.publish(stopped=why)
+            return RunStats(passes, detached, os.getpid())
     finally:
         if e.slots:
             e.shutdown(detach=opts.fail_open)
-        for s, h in old.items():
-            signal.signal(s, h)
         watch.close()
-        for fd in (wake_r, wake_w, lock_fd):
-            os.close(fd)
+        os.close(lock_fd)
 
 
 def _with_sharers(reservations) -> list:

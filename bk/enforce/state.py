@@ -21,7 +21,10 @@ The facts:
   is renamed to ``events.jsonl.1`` (one old file kept).  It holds UIDs,
   PIDs, GPU numbers and program labels, never command lines.
 * ``enforcer.lock`` is held (``flock``) for the enforcer's life: a second
-  one exits 75, naming the holder.
+  one exits 75, naming the holder.  It is the daemons' one lock
+  (``bk.daemon.instance_lock``): 0600, so no user can open it, hold it and
+  keep the enforcer from starting again; one an older bk made 0644 is
+  replaced at the next start, and the log says so.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from __future__ import annotations
 import json
 import os
 
-from bk.core.errors import BkError, Busy
+from bk.core.errors import BkError
 from bk.core.models import iso
 from bk.store.fsutil import Safety, open_dir, open_file, read_all, replace_file
 
@@ -173,28 +176,6 @@ def read_events(directory: str, *, limit: int = 50, uid: int | None = None) -> l
     finally:
         os.close(fd)
     return out[-limit:]
-
-
-def take_lock(directory: str) -> int:
-    from bk.store.lock import mark, take
-
-    fd = _dir(directory, True)
-    try:
-        lk = open_file(fd, LOCK_FILE, os.path.join(directory, LOCK_FILE), Safety(0), os.O_RDWR,
-                       create_mode=0o644)
-    finally:
-        os.close(fd)
-    path = os.path.join(directory, LOCK_FILE)
-    try:
-        take(lk, path, timeout=0, busy=lambda pid: Busy(
-            "another enforcer is running here" + (f" (pid {pid})" if pid else ""),
-            hint="see: systemctl status gpubk-enforcer, or bk admin enforce status",
-            details={"path": path, "holder_pid": pid}))
-    except BaseException:
-        os.close(lk)
-        raise
-    mark(lk)
-    return lk
 
 
 def event(kind: str, now: float, **fields) -> dict:

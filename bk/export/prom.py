@@ -110,8 +110,6 @@ METRICS: tuple[Metric, ...] = (
     Metric("gpubk_export_timestamp_seconds", _G, "When these metrics were made, Unix time.", ()),
 )
 BY_NAME = {m.name: m for m in METRICS}
-# The per-user families exist only where user names are allowed.
-USER_FAMILIES = frozenset(m.name for m in METRICS if m.labels[:1] == ("user",))
 
 
 # ------------------------------------------------------------- rendering

@@ -45,6 +45,7 @@ from bk.store.fsutil import (
     Safety,
     fsync_dir,
     io_error,
+    make_dirs,
     open_dir,
     open_file,
     open_subdir,
@@ -76,28 +77,6 @@ class Spec:
     keep: bool = False           # bk run --keep: the booking lasts to its end after the command exits
 
 
-def _private_dirs(path: str) -> None:
-    """Create ``path`` and every missing directory above it 0700.
-    ``os.makedirs(mode=)`` gives that mode only to the last one, so a trial
-    ``BK_DATA_DIR`` that the job spec creates first would be left 0755 (and
-    fail the data directory's own check)."""
-    missing = []
-    while path and not os.path.isdir(path):
-        missing.append(path)
-        up = os.path.dirname(path)
-        if up == path:
-            break
-        path = up
-    for d in reversed(missing):
-        try:
-            os.mkdir(d, DIR_MODE)
-            os.chmod(d, DIR_MODE, follow_symlinks=False)
-        except FileExistsError:
-            pass
-        except OSError as e:
-            raise io_error(e, "creating", d) from None
-
-
 class JobsDir:
     """``with JobsDir(path, create=True) as d``: the open jobs directory and
     its ``specs``/``logs`` sub-directories, checked like every state path."""
@@ -112,7 +91,7 @@ class JobsDir:
         mode = DIR_MODE if self.create else None
         if self.create:
             parent = os.path.dirname(self.path)
-            _private_dirs(parent)
+            make_dirs(parent, DIR_MODE)
         self.fd = open_dir(self.path, self.safety, create_mode=mode)
         return self
 

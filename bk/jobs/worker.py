@@ -1,6 +1,8 @@
 """The per-user worker: launches the user's due jobs, stops them at the end.
 
-One loop, one tick at a time (``Worker.tick``), driven by a host that the
+One loop, one tick at a time (``Worker.tick``; ``serve`` holds the lease,
+stops on SIGTERM or SIGINT through the daemons' frame ``bk.daemon``, and
+runs the ticks), driven by a host that the
 service layer provides (``bk.service.jobs.Host``): it reads the user's jobs
 from the committed ledger, writes their state through the ``job_state``
 operation (the broker in shared mode: only the caller's own jobs), asks the
@@ -46,7 +48,7 @@ from bk.core.errors import BkError, Busy, InvalidInput, NotFound, PermissionDeni
 from bk.core.record import dataclass, field
 from bk.jobs import launcher, logs, specs
 from bk.store.fsutil import open_file, replace_file
-from bk.store.lock import FileLock, holder
+from bk.store.lock import holder
 
 POLL_S = 1.0
 PUMP_WAIT_S = 5.0            # after a job exits, how long its log pump may take to write the rest
@@ -345,6 +347,47 @@ class Worker:
             sleep(min(POLL_S, max(0.01, wait)))
 
 
+def serve(host, *, once: bool = False, log: Callable[[str], None] | None = None, companion=None) -> int:
+    """``bk w start`` (until SIGTERM or SIGINT) and ``bk w once`` (start what
+    is due, stay until what it started has ended, then return).  Holds the
+    one-worker lease; ``Busy`` (exit 75) when another worker holds it.
+    ``companion(log)``, for ``bk w start``, starts what runs beside the
+    loop (the user's notifications: something with ``stop()``, or None).
+    Returns how many jobs this run started."""
+    from bk import daemon
+
+    log = log or daemon.stderr_log("bk worker")
+    with daemon.Stop() as stop, Lease(host.jobs_path, data_dir=host.data_dir, now=host.now(), log=log):
+        worker = Worker(host, log=log)
+        beside = None
+        if not once:
+            # Only now, with the lease held: a second worker is refused
+            # ("already running") before it could say it started.
+            daemon.ready(log, f"started (pid {os.getpid()}); jobs in {host.jobs_path}")
+            beside = companion(log) if companion is not None else None
+        started = 0
+        with stop.signals():
+            try:
+                if once:
+                    worker.recover()
+                    while True:
+                        before = set(worker.children)
+                        worker.tick()
+                        started += len(set(worker.children) - before)
+                        if stop.is_set() or not worker.children:
+                            break
+                        stop.wait(0.2)
+                else:
+                    worker.run(stop.is_set, sleep=stop.wait)
+                    daemon.stopping()
+            finally:
+                if beside is not None:
+                    beside.stop()
+                if worker.children:
+                    worker.stop_all(host.grace)
+        return started
+
+
 def _whose(key: str) -> str:
     """A key of ``Worker.ending``: a job id, or ``follow:`` and a booking id
     (a booking that ends because its work did: bk.service.follow)."""
@@ -365,12 +408,14 @@ class Lease:
     """The one-worker-per-user lock (``jobs/worker.lock``, an flock the
     kernel drops when the worker dies) and the state file beside it."""
 
-    def __init__(self, jobs_path: str, *, data_dir: str, now: int):
-        self.jobs_path, self.data_dir, self.now = jobs_path, data_dir, now
+    def __init__(self, jobs_path: str, *, data_dir: str, now: int, log: Callable[[str], None] | None = None):
+        self.jobs_path, self.data_dir, self.now, self.log = jobs_path, data_dir, now, log
         self._dir = None
-        self._lock = None
+        self._lock: int | None = None
 
     def __enter__(self) -> Lease:
+        from bk import daemon
+
         self._dir = specs.JobsDir(self.jobs_path, create=True).__enter__()
         path = os.path.join(self.jobs_path, LOCK_FILE)
 
@@ -379,10 +424,9 @@ class Lease:
             return Busy(f"a bk worker is already running for you{by}", hint="see it with: bk w; "
                         "stop it with: systemctl --user stop bk-worker, or kill " + (str(pid) if pid else "PID"),
                         details={"path": path, "holder_pid": pid})
-        self._lock = FileLock(self._dir.fd, LOCK_FILE, path, self._dir.safety, mode=specs.FILE_MODE,
-                              timeout=0, busy=busy)
         try:
-            self._lock.acquire()
+            self._lock = daemon.instance_lock(self.jobs_path, LOCK_FILE, what="the worker's lock", busy=busy,
+                                              log=self.log, uid=self._dir.safety.uid, dirfd=self._dir.fd)
             doc = {"pid": os.getpid(), "since": self.now, "data_dir": self.data_dir}
             replace_file(self._dir.fd, STATE_FILE, self.jobs_path, json.dumps(doc).encode() + b"\n",
                          specs.FILE_MODE)
@@ -393,7 +437,7 @@ class Lease:
 
     def __exit__(self, *exc) -> None:
         if self._lock is not None:
-            self._lock.release()
+            os.close(self._lock)            # closing it lets go of the lock
             self._lock = None
         if self._dir is not None:
             self._dir.__exit__()

@@ -21,8 +21,9 @@ The facts that shape it:
 * The ledger is read each sample through the store's read path, without
   its lock, and only when the file changed (its inode, size and mtime): a
   stat every two seconds, a parse per commit.
-* Signals.  SIGTERM (systemctl stop) and SIGINT write a byte to a pipe that
-  the loop's ``select`` waits on, so the wait ends at once; the loop then
+* Signals.  SIGTERM (systemctl stop) and SIGINT end the loop's wait at once
+  (``bk.daemon.Stop``, the frame every daemon shares, with the account
+  check, the lock, the log lines and readiness); the loop then
   flushes the open minute (``Folder.flush``) into the history, records
   ``stopped`` (fsync-ed) and exits 0.  SIGKILL or a crash records nothing:
   the heartbeat ages into ``stale``, and its pid no longer runs.
@@ -42,14 +43,12 @@ The facts that shape it:
 from __future__ import annotations
 
 import os
-import select
-import signal
-import sys
 import time
 from collections.abc import Callable
 
+from bk import daemon
 from bk.core import journal
-from bk.core.errors import BkError, Busy, ConfigError, WrongAccount
+from bk.core.errors import BkError, ConfigError
 from bk.core.record import dataclass, field
 from bk.core.telemetry import Snapshot
 from bk.core.timegrid import counted
@@ -59,15 +58,7 @@ DEFAULT_INTERVAL = 2.0
 USAGE_BACKLOG = 10_000            # minute records kept for a retry while history cannot be written
 
 
-def log_stderr(line: str) -> None:
-    # With its priority when the journal reads it (bk.core.journal).
-    journal.write(sys.stderr, "bk m", line, os.environ, os.fstat)
-
-
-def _account(uid: int) -> str:
-    from bk.users import user_name
-
-    return user_name(uid) or f"uid {uid}"
+log_stderr = daemon.stderr_log("bk m")
 
 
 def check_account(settings) -> None:
@@ -79,11 +70,7 @@ def check_account(settings) -> None:
     if want is None:
         raise ConfigError(f"{settings.source}: neither monitor_uid nor service_uid is set",
                           hint="add \"service_uid\" (see man 5 gpubk-config), or rerun: sudo bk admin init")
-    me = os.geteuid()
-    if me != want:
-        raise WrongAccount(f"bk m must run as the monitor account {_account(want)} (uid {want}), "
-                           f"not as {_account(me)} (uid {me})",
-                           hint=f"systemd: User={_account(want)}; by hand: sudo -u {_account(want)} bk m")
+    daemon.check_account(want, command="bk m", role="monitor account")
 
 
 # ------------------------------------------------------------- one look
@@ -403,24 +390,11 @@ def _settings(env: dict):
 
 
 def _take_lock(directory: str, log: Callable[[str], None] = log_stderr) -> int:
-    from bk.store.fsutil import Safety, open_dir
-    from bk.store.lock import acquire
-
     path = os.path.join(directory, files.LOCK_FILE)
-    safety = Safety(os.geteuid())
-    dirfd = open_dir(directory, safety, create_mode=files.DIR_MODE)
-    try:
-        # One try (timeout 0): a second monitor should refuse, not queue.  A
-        # lock file others could open, or one an intruder holds, is replaced
-        # (bk.store.lock), so no user can keep the monitor down.
-        return acquire(dirfd, files.LOCK_FILE, path, safety, timeout=0, what="the monitor's lock",
-                       log=lambda line: log(journal.warning(line)),
-                       busy=lambda pid: Busy(
-            "another monitor is running here" + (f" (pid {pid})" if pid else ""),
-            hint="see: systemctl status gpubk-monitor, or bk m status",
-            details={"path": path, "holder_pid": pid}))
-    finally:
-        os.close(dirfd)
+    return daemon.instance_lock(directory, files.LOCK_FILE, what="the monitor's lock", log=log,
+                                create_mode=files.DIR_MODE,
+                                busy=daemon.refusal("another monitor is running here",
+                                                    "see: systemctl status gpubk-monitor, or bk m status", path))
 
 
 def _prepare_dir(settings, directory: str) -> None:
@@ -504,40 +478,26 @@ def run(env: dict, *, interval_s: float = DEFAULT_INTERVAL, log: Callable[[str],
     directory = files.monitor_dir(settings)
     _prepare_dir(settings, directory)
     lock_fd = _take_lock(directory, log)
-    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-    stopping = []
-
-    def on_signal(signum, frame):
-        stopping.append(signum)
-        try:
-            os.write(wake_w, b"x")
-        except OSError:
-            pass
-
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-    monitor = None
     try:
-        monitor = build(env, settings, interval_s=interval_s, clock=clock.now, backend=backend, log=log)
-        log(f"pid {os.getpid()}: sampling {getattr(monitor.backend, 'name', 'GPUs')} every {interval_s:g} s "
-            f"into {directory}")
-        due = monotonic()
-        while not stopping:
-            monitor.safe_step()
-            due += interval_s
-            now = monotonic()
-            if now > due:                  # a slow look: skip the ticks it missed
-                due += ((now - due) // interval_s + 1) * interval_s
-            # select is retried by Python after a signal (PEP 475) unless the
-            # handler raises; ours writes to the pipe, which ends the wait.
-            select.select([wake_r], [], [], max(0.0, due - monotonic()))
-        flushed = monitor.finish()
-        log(f"stopped after {counted(monitor.samples, 'sample')}; {counted(flushed, 'partial minute record')} flushed")
-        return RunStats(monitor.samples, flushed, os.getpid())
+        with daemon.Stop() as stop, stop.signals():
+            monitor = build(env, settings, interval_s=interval_s, clock=clock.now, backend=backend, log=log)
+            daemon.ready(log, f"pid {os.getpid()}: sampling {getattr(monitor.backend, 'name', 'GPUs')} every "
+                         f"{interval_s:g} s into {directory}")
+            due = monotonic()
+            while not stop.is_set():
+                monitor.safe_step()
+                due += interval_s
+                now = monotonic()
+                if now > due:                  # a slow look: skip the ticks it missed
+                    due += ((now - due) // interval_s + 1) * interval_s
+                stop.wait(due - monotonic())
+            daemon.stopping()
+            flushed = monitor.finish()
+            log(f"stopped after {counted(monitor.samples, 'sample')}; "
+                f"{counted(flushed, 'partial minute record')} flushed")
+            return RunStats(monitor.samples, flushed, os.getpid())
     finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-        for fd in (wake_r, wake_w, lock_fd):
-            os.close(fd)
+        os.close(lock_fd)
 
 
 # ------------------------------------------------------------- bk m --once, bk m status

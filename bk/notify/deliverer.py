@@ -58,7 +58,6 @@ MAX_TRIES = 4
 BACKOFF_S = (10, 60, 300)
 REMOTE = (N.EMAIL, N.WEBHOOK)
 CRASH_ENV = "BK_TEST_NOTIFY_CRASH"
-DONE = ("sent", "failed", "skipped", "quiet", "unknown", "none", "expired")
 
 
 def _crash_at(step: str) -> None:

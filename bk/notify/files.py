@@ -26,7 +26,7 @@ import json
 import os
 
 from bk.core.errors import BkError, Busy, ConfigError
-from bk.store.fsutil import Safety, open_dir, open_file, read_all, replace_file
+from bk.store.fsutil import Safety, make_dirs, open_dir, open_file, read_all, replace_file
 from bk.store.lock import FileLock, holder
 
 DIR_MODE = 0o700
@@ -47,28 +47,6 @@ def notify_dir(state_dir: str) -> str:
     return os.path.join(state_dir, SUBDIR)
 
 
-def _private_dirs(path: str) -> None:
-    """``path`` and every missing directory above it, each 0700 (makedirs
-    gives the mode only to the last one)."""
-    missing = []
-    while path and not os.path.isdir(path):
-        missing.append(path)
-        up = os.path.dirname(path)
-        if up == path:
-            break
-        path = up
-    for d in reversed(missing):
-        try:
-            os.mkdir(d, DIR_MODE)
-            os.chmod(d, DIR_MODE, follow_symlinks=False)
-        except FileExistsError:
-            pass
-        except OSError as e:
-            from bk.store.fsutil import io_error
-
-            raise io_error(e, "creating", d) from None
-
-
 class PrivateDir:
     """``with PrivateDir(path, create=...) as d``: the open directory (``d.fd``,
     None when it is missing and not created), checked like every state path:
@@ -81,7 +59,7 @@ class PrivateDir:
 
     def __enter__(self) -> PrivateDir:
         if self.create:
-            _private_dirs(os.path.dirname(self.path))
+            make_dirs(os.path.dirname(self.path), DIR_MODE)
         self.fd = open_dir(self.path, self.safety, create_mode=DIR_MODE if self.create else None)
         return self
 

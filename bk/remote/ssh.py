@@ -43,8 +43,6 @@ from bk.core.record import dataclass
 
 MAX_REPLY_BYTES = 4 << 20
 MAX_STDERR_BYTES = 64 << 10
-# ssh's own exit status for a failure of ssh itself (connect, auth, host key).
-SSH_FAILED = 255
 # How often a waiting runner looks at ``cancelled()``: how soon Ctrl-C (or
 # the fan-out's backstop) kills its process.  Each look wakes the thread and
 # takes the GIL; with a hundred nodes waiting, 50 ms looks cost the client a

@@ -470,11 +470,15 @@ def _table() -> dict[str, Operation]:
              serve="datacare:_serve_restore", served=False,
              admin_hint="sudo bk admin data restore DIR"),
         # In-process rows: they take this process's environment or run a
-        # program here, so they have no field spec and are never sent.
+        # program here, so they have no field spec and are never sent to a
+        # broker.  book_job alone is served to a cluster client, since the
+        # wire came (ROWS_SINCE): the node finishes its request from the
+        # book row's fields, the command, and its own directory and PATH
+        # (bk.cluster.serve, docs/CLUSTER.md).
         _row("book_job", "book GPUs with a command your worker starts at the booking's start",
              "jobs:BookJobRequest", None, "results:BookResult", WRITE, ANYONE,
              idempotent=False, destructive=False, serve="jobs:_serve_book_job",
-             served=False),
+             served=False, since=ROWS_SINCE),
         _row("worker_hint", "whether to say that no worker runs for you (once a login session)",
              "jobs:WorkerHintRequest", None, "jobs:WorkerHint", READ, ANYONE,
              idempotent=True, destructive=False, serve="jobs:_serve_worker_hint", served=False),

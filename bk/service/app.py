@@ -105,6 +105,16 @@ class Service:
         # writes are checked by the broker.
         self.limits = None
 
+    @property
+    def now_fn(self) -> Callable[[], int]:
+        """The clock this service's calls read: the ``BK_NOW`` of the
+        environment it was opened with, or the system's."""
+        return self._clock
+
+    def zone(self):
+        """The time zone of this service's calls (its environment's ``TZ``)."""
+        return self._tz()
+
     @classmethod
     def local(cls, settings, telemetry, *, actor: Actor | None = None,
               clock_fn: Callable[[], int] = clock.now, owner_uid: int | None = None,

@@ -13,6 +13,8 @@ repeat, not a second booking (``repeat_of``).
 
 from __future__ import annotations
 
+from operator import attrgetter
+
 from bk.core import scheduler, telemetry
 from bk.core.errors import (
     Ambiguous,
@@ -377,6 +379,7 @@ def _follow_extra(req: BookRequest) -> dict:
 
 
 SHAPE_WINDOW = 20      # the user's latest bookings the preset suggestion looks at (presets.RECENT)
+_CREATED, _CREATED_ID = attrgetter("created"), attrgetter("created", "id")
 
 
 def shape_of(r: Reservation) -> tuple:
@@ -388,8 +391,13 @@ def same_shape_count(reservations, uid: int, booked: Reservation, window: int = 
     """How many of ``uid``'s latest ``window`` bookings that are not cancelled
     (newest first by creation) have ``booked``'s shape, ``booked`` counted
     once whether or not it is among them."""
-    recent = sorted((r for r in reservations if r.uid == uid and r.cancelled_at is None),
-                    key=lambda r: (r.created, r.id), reverse=True)[:window]
+    mine = [r for r in reservations if r.uid == uid and r.cancelled_at is None]
+    if len(mine) > window:
+        # Only bookings made at or after the window-th newest creation time
+        # can be among the latest: sort those, not every one of the user's.
+        cut = sorted(map(_CREATED, mine))[-window]
+        mine = [r for r in mine if r.created >= cut]
+    recent = sorted(mine, key=_CREATED_ID, reverse=True)[:window]
     shape = shape_of(booked)
     return sum(1 for r in recent if shape_of(r) == shape) + (booked.id not in {r.id for r in recent})
 

@@ -5,6 +5,12 @@ policy, the instant and the zone of the call.  argparse handlers, the guided
 flows, presets, and later the TUI forms and MCP tools all call these, so
 ``2h``, ``+30m``, ``-t now``, ``0-3`` and a list number mean one thing
 everywhere, and nobody turns typed values back into words to re-parse them.
+
+Two builders read JSON that programs send rather than words: ``worded``
+(the fields a person may write as words) and ``resolved`` (an edit's or a
+cancellation's ``ref``, which runs the ``resolve`` row to name the booking);
+the agent surface and a cluster node (``bk c node --row``) share them, so an
+agent's edit and a cluster client's edit are read alike.
 """
 
 from __future__ import annotations
@@ -354,3 +360,50 @@ def worded(op, wire: dict, call, old=None) -> dict:
             else:
                 out["end"] = end
     return out
+
+
+# A command attached to a booking, as JSON carries it (the agent's create, a
+# cluster client's book_job row): no shell, the program and its arguments.
+MAX_ARGV, MAX_ARG = 256, 4096
+
+
+def command(value, label: str) -> tuple[str, ...]:
+    """``value`` as a command's argv, or refused in ``label``'s name
+    (``argument 'command'``, ``field 'command'``).  Any text but NUL (no
+    argv holds one) and lone surrogates (no UTF-8 encoder writes one)."""
+    def fits(a) -> bool:
+        if not isinstance(a, str) or len(a) > MAX_ARG or "\0" in a:
+            return False
+        try:
+            a.encode("utf-8")
+        except UnicodeEncodeError:
+            return False
+        return True
+    if not isinstance(value, list) or not 1 <= len(value) <= MAX_ARGV or not all(fits(a) for a in value):
+        raise InvalidInput(f"{label} must be a list of 1-{MAX_ARGV} strings (the program and its "
+                           f"arguments, at most {MAX_ARG} characters each, no NUL)",
+                           hint='e.g. ["python3", "train.py", "--lr", "3e-4"]')
+    return tuple(value)
+
+
+def resolved(app, op, wire: dict, call, decode=None):
+    """The typed ``edit``/``cancel`` request (``op``) for ``wire``, whose
+    ``ref`` may be a list number or an ID prefix: the ``resolve`` row names
+    the booking (an op-id that already did this names the booking it did it
+    to, whatever "1" means by now), and the person's words in ``wire``
+    (``"+30m"``) are read against it.  ``decode(op, wire)`` is how the
+    caller's refusals are worded (the agent names its arguments); default
+    the row's own ``decode``."""
+    from bk import service
+
+    decode = decode or (lambda o, w: o.decode(w))
+    ref = wire.get("ref")
+    if not isinstance(ref, str):
+        return decode(op, wire)        # the decode says what is wrong
+    # The resolve row's own spec checks the reference (and the op-id) as
+    # every front end's request is checked.
+    op_id = wire.get("op_id")
+    which = decode(service.get("resolve"), {"ref": ref, "action": op.name,
+                                            **({"op_id": op_id} if isinstance(op_id, str) else {})})
+    earlier = app.run("resolve", which, call=call).reservation
+    return decode(op, worded(op, {**wire, "ref": earlier.id}, call, old=earlier))

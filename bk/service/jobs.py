@@ -1,6 +1,7 @@
 """Scheduled commands in the service layer (SPEC 9): attaching a command to
 a booking, the ``job_state`` operation, the job list and logs, ``bk run --
-CMD`` in the foreground, and the worker's host.
+CMD`` in the foreground, and the worker's host: the operations its loop
+(``bk.jobs.worker.serve``) calls.
 
 The shared ledger sees only ``Reservation.job`` (state, safe summary, the
 private spec's id and digest); the command line goes to the private spec
@@ -372,10 +373,11 @@ def _run_now(app, call, res: Reservation, argv: list[str], *, cwd: str, env: dic
 # ------------------------------------------------------------ the worker
 
 class Host:
-    """What the worker (``bk.jobs.worker.Worker``) needs from bk: this
-    user's jobs from the committed ledger (re-read only when the file
-    changed), state writes through the operation table, the live guard and
-    each job's environment."""
+    """What the worker (``bk.jobs.worker``: its loop and its lease) needs
+    from bk, the operations it calls: this user's jobs from the committed
+    ledger (re-read only when the file changed), state writes through the
+    operation table, the live guard, each job's environment, the bookings
+    to end early."""
 
     def __init__(self, app, env: dict, *, clock_fn=None):
         from bk import clock
@@ -383,6 +385,7 @@ class Host:
 
         self.app = app
         self.uid = app.actor.uid
+        self.data_dir = app.settings.data_dir
         self.jobs_path = _jobs_path(app)
         self.grace = int(app.settings["worker_termination_grace_seconds"])
         self.base_env = worker_base_env(env)
@@ -510,62 +513,6 @@ def _printable(text: str | None) -> str | None:
     return safe(" ".join(text.split())[:MAX_REASON], mark="?")
 
 
-def _serve_worker(app, env: dict, *, once: bool = False, log=None, clock_fn=None,
-                 should_stop=None) -> int:
-    """``bk w start`` (until SIGTERM or SIGINT) and ``bk w once`` (start what
-    is due, stay until what it started has ended, then return).  Holds the
-    one-worker lease; ``Busy`` (exit 75) when another worker holds it.
-    Returns how many jobs this run started."""
-    import signal
-
-    from bk.jobs.worker import Lease, Worker
-
-    host = Host(app, env, clock_fn=clock_fn)
-    stop: list[int] = []
-
-    def on_signal(signum, _frame):
-        stop.append(signum)
-
-    with Lease(host.jobs_path, data_dir=app.settings.data_dir, now=host.now()):
-        worker = Worker(host, log=log or (lambda line: None))
-        notifier = None
-        if not once:
-            # Only now, with the lease held: a second worker is refused
-            # ("already running") before it could say it started.
-            worker.log(f"started (pid {os.getpid()}); jobs in {host.jobs_path}")
-            # The user's notifications come from this process too, in a
-            # thread of their own (bk.service.notifier says why here).
-            from bk.service import notifier as notifications
-
-            notifier = notifications.start(env, say=worker.log, clock_fn=clock_fn)
-        saved = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-        started = 0
-        try:
-            if once:
-                worker.recover()
-                while True:
-                    before = set(worker.children)
-                    worker.tick()
-                    started += len(set(worker.children) - before)
-                    if stop or not worker.children:
-                        break
-                    import time
-
-                    time.sleep(0.2)
-            else:
-                def done() -> bool:
-                    return bool(stop) or (should_stop is not None and should_stop())
-                worker.run(done)
-        finally:
-            if notifier is not None:
-                notifier.stop()
-            if worker.children:
-                worker.stop_all(host.grace)
-            for s, h in saved.items():
-                signal.signal(s, h)
-        return started
-
-
 # ------------------------------------------------------------ the rows
 #
 # What front ends run (bk j, bk w, bk run, bk N DUR -- CMD, the agent's
@@ -601,7 +548,6 @@ def _serve_jobs(app, req: JobsRequest, call) -> JobsResult:
 
 
 DEFAULT_LOG_BYTES = 64 * 1024          # bk.jobs.logs.TAIL_BYTES
-MAX_LOG_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -698,7 +644,7 @@ class WorkerRunRequest:
 
     env: dict
     once: bool = False
-    log: object = None                 # (line) -> None
+    log: object = None                 # (line) -> None; None: stderr, as every daemon logs (bk.daemon)
 
 
 @dataclass(frozen=True)
@@ -711,7 +657,19 @@ class WorkerRunResult:
 
 
 def _serve_worker_run(app, req: WorkerRunRequest, call) -> WorkerRunResult:
-    return WorkerRunResult(_serve_worker(app, req.env, once=req.once, log=req.log), req.once)
+    """The worker's loop is ``bk.jobs.worker.serve``; this row gives it its
+    host and, for ``bk w start``, the user's notifications, which come from
+    this process too, in a thread of their own (``bk.service.notifier``
+    says why here)."""
+    from bk.jobs.worker import serve
+
+    def notifications(say):
+        from bk.service import notifier
+
+        return notifier.start(req.env, say=say)
+
+    started = serve(Host(app, req.env), once=req.once, log=req.log, companion=None if req.once else notifications)
+    return WorkerRunResult(started, req.once)
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,6 @@ import socket
 import threading
 import time
 
-from bk import clock
 from bk.core import notify as N
 from bk.core.errors import BkError, Busy, Conflict, InvalidInput, PolicyRefused
 from bk.core.record import replace
@@ -43,12 +42,13 @@ class Host:
         self.app = app
         self.uid, self.user = app.actor.uid, app.actor.user
         self.settings = app.settings
-        self._clock = clock_fn or clock.now
+        # The service's clock and zone: those of the environment it was
+        # opened with (a deliverer in the worker keeps the worker's).
+        self._clock = clock_fn or app.now_fn
         if time_fn is None:
-            fake = clock_fn is not None or os.environ.get("BK_NOW")
-            time_fn = (lambda: float(self._clock())) if fake else time.time
+            time_fn = (lambda: float(self._clock())) if clock_fn is not None else time.time
         self.time = time_fn
-        self.tz = clock.local_tz()
+        self.tz = app.zone()
         self.say = say
         self.hostname = socket.gethostname()
         self.path = prefs_path(app.settings)
@@ -300,6 +300,8 @@ def start(env: dict, *, say, clock_fn=None, app=None) -> Running | None:
     from bk.service import open_app
 
     app = app or open_app(env, clock_fn=clock_fn)
+    if clock_fn is None and env.get("BK_NOW"):      # a fixed clock: its seconds, not the system's
+        clock_fn = app.now_fn
     host = Host(app, clock_fn=clock_fn, say=say)
     lease = Lease(log_dir(app.settings), now=host.now(), owner="worker")
     try:

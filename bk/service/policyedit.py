@@ -57,10 +57,6 @@ from bk.service.results import PolicyBindResult
 from bk.service.views import View
 
 POLICY_BIND = "policy_bind"
-# The keys this command edits, with the config key each flag sets.
-EDITABLE = ("disabled_gpus", "gpu_priority", "booking_horizon_days", "max_booking_hours",
-            "require_shared_memory", "shared_memory_reserve_mb", "limits", "limit_tiers", "limit_exempt",
-            "advance_default", "fair_share", "fair_share_half_life_days")
 # The flag that sets each key, for a refusal in the words that were typed.
 FLAGS = {"disabled_gpus": "--disable/--enable", "gpu_priority": "--priority",
          "booking_horizon_days": "--horizon-days", "max_booking_hours": "--max-hours",

@@ -17,7 +17,6 @@ from bk.core import usage as core
 from bk.core.models import iso
 from bk.core.record import dataclass, field
 
-WEEK = 7 * core.DAY
 DASH_DAYS, DASH_WEEKS = 7, 4
 RECENT_BOOKINGS = 8
 

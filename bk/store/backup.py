@@ -68,6 +68,7 @@ from bk.store.fsutil import (
     fsync_dir_at,
     io_error,
     kind,
+    make_dirs,
     open_dir,
     replace_file,
     unsafe_ancestor,
@@ -344,28 +345,6 @@ class _Dest:
         self.fds = {"": self.fds[""]}
 
 
-def _make_parents(parent: str) -> str | None:
-    """Create the missing directories of ``parent`` (root's, 0700); the
-    topmost one created (for a cleanup), or None."""
-    missing = []
-    d = parent
-    while not os.path.lexists(d):
-        missing.append(d)
-        up = os.path.dirname(d)
-        if up == d:
-            break
-        d = up
-    for d in reversed(missing):
-        try:
-            os.mkdir(d, BACKUP_MODE)
-            os.chmod(d, BACKUP_MODE, follow_symlinks=False)
-        except FileExistsError:
-            pass
-        except OSError as e:
-            raise io_error(e, "creating", d) from None
-    return missing[-1] if missing else None
-
-
 def _remove_made(name: str, real_parent: str, top_made: str | None) -> None:
     """Remove a backup that failed, and the parents made for it (root's
     0700 directories below directories only root can change: ``rmtree``
@@ -418,7 +397,7 @@ def backup(data_dir: str, dest: str, *, owner_uid: int, bk_version: str, now_iso
     while not os.path.lexists(existing):
         existing = os.path.dirname(existing)
     _trusted_parent(existing, real)
-    top_made = _make_parents(os.path.dirname(real))      # root's, 0700: trusted as made
+    top_made = make_dirs(os.path.dirname(real), BACKUP_MODE)      # root's, 0700: trusted as made
     real_parent = os.path.dirname(real)
     try:
         pfd = os.open(real_parent, os.O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)

@@ -146,7 +146,7 @@ KEYS: dict[str, Key] = {k.name: k for k in (
         "private addresses (a lab's own chat server); by default only public addresses."),
     Key("notify_timeout_seconds", "float", 10.0, "How long one email or webhook delivery may take "
         "before it counts as failed (and is retried, at most three times).", 1, 120),
-    Key("cluster_parallel", "int", 64, "bk c: the most nodes asked at once (ssh processes running "
+    Key("cluster_parallel", "int", 128, "bk c: the most nodes asked at once (ssh processes running "
         "together); the others wait for a free place, each node within its own timeout_s.", 1, 1024),
     Key("admin_contact", "str", None, "Who to ask about this server (shown by bk info).", nullable=True),
     Key("data_dir", "path", None, "Data directory (shared mode). Default /var/lib/gpubk.",

@@ -410,6 +410,31 @@ def ensure_free(dirfd: int, path: str, need: int, min_free: int) -> None:
             details={"path": path, "free": free, "need": need, "reserve": min_free})
 
 
+def make_dirs(path: str, mode: int) -> str | None:
+    """Create ``path`` and every missing directory above it, each ``mode``
+    (``os.makedirs(mode=)`` gives the mode only to the last one, and the umask
+    would weaken it); the topmost directory made (for a cleanup), or None.
+    Something already in the way (a file, a link) is left for the caller's
+    own check of the path to name."""
+    missing = []
+    d = path
+    while d and not os.path.lexists(d):
+        missing.append(d)
+        up = os.path.dirname(d)
+        if up == d:
+            break
+        d = up
+    for d in reversed(missing):
+        try:
+            os.mkdir(d, mode)
+            os.chmod(d, mode, follow_symlinks=False)
+        except FileExistsError:
+            pass
+        except OSError as e:
+            raise io_error(e, "creating", d) from None
+    return missing[-1] if missing else None
+
+
 def unlink_quietly(dirfd: int, name: str) -> None:
     try:
         os.unlink(name, dir_fd=dirfd)

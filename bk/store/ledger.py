@@ -149,7 +149,7 @@ class _Kept:
     meta: ledgerdoc.DocMeta
     data: bytes
     checked: ledgerdoc.Checked | None      # set when this Store ran the check (its own commit)
-    encoded: ledgerdoc.Encoded | None      # the bytes of its records (its own commit)
+    encoded: object                          # bk.core.docparts.Encoded: its records' bytes (its own commit), or None
     earliest: float                         # archive.earliest_close of the bookings, or less
 
 
@@ -436,6 +436,7 @@ class Store:
             os.close(dirfd)
 
     def _commit(self, dirfd, apply, policy, actor_uid, actor, warnings, accept_loss=None):
+        from bk.core import docparts
         from bk.store import archive, audit
 
         p = self.paths
@@ -504,7 +505,7 @@ class Store:
                                          uid=actor_uid, user=actor)
             # With the state this Store committed last, what the transaction
             # changed is all that needs checking (ledgerdoc.Checked) and
-            # encoding (ledgerdoc.Encoded); the archive's scan is skipped
+            # encoding (docparts.Encoded); the archive's scan is skipped
             # while no booking has closed long enough to move.
             if kept is None and got.source == "ledger" and got.data is not None:
                 # Bytes another process committed, checked whole: by this
@@ -537,7 +538,7 @@ class Store:
                                details={"problems": problems})
             token = _token_hex(8)
             try:
-                data, encoded = ledgerdoc.document(state, commit=token, written_at=now, journal=records,
+                data, encoded = docparts.document(state, commit=token, written_at=now, journal=records,
                                                    known=kept.encoded if kept is not None else None, delta=delta,
                                                    frame=frame)
                 lines = audit.encode(records)
@@ -597,7 +598,7 @@ class Store:
         if checked is not None:
             checked = ledgerdoc.Checked(kept, self.capacity, checked.by_id, checked.holds, checked.quick)
         if encoded is not None:             # None: a document spliced from the bytes read (ledgerframe.Framed)
-            encoded = ledgerdoc.Encoded(kept.reservations, kept.ops, encoded.reservation_bytes, encoded.op_bytes)
+            encoded = encoded.bound(kept.reservations, kept.ops)
         self._kept = _Kept(kept, meta, data, checked, encoded, earliest)
 
     def _bind(self, state: LedgerState, policy: dict | None) -> None:

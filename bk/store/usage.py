@@ -63,6 +63,7 @@ import re
 from bk.core import usage as core
 from bk.core.timegrid import counted
 from bk.core.usage import DAY, MinuteRecord, Summary
+from bk.core.usagecheck import record_problem, summary_problem
 from bk.core.utctime import days_from_civil, format_utc
 from bk.store.archive import cut_torn_tail
 from bk.store.fsutil import (
@@ -161,7 +162,7 @@ def parse_dicts(data: bytes, path: str, problems: list[str], *, since: int | Non
                 until: int | None = None, needle: bytes | None = None,
                 skipped: list[tuple[int, str]] | None = None) -> list[dict]:
     """Records of a partition's bytes, in file order, each checked field by
-    field (``bk.core.usage.record_problem``).  An unterminated last line (an
+    field (``bk.core.usagecheck.record_problem``).  An unterminated last line (an
     interrupted append) is ignored; a bad line is skipped and named in
     ``problems`` (at most ``MAX_PROBLEMS``), its line number and why added
     to ``skipped``.  ``since``/``until`` filter on the period start before
@@ -196,7 +197,7 @@ def parse_dicts(data: bytes, path: str, problems: list[str], *, since: int | Non
                 items.append(_BAD_JSON)
     out = []
     for ln, d in zip(lines, items, strict=True):
-        why = "is not valid JSON" if d is _BAD_JSON else core.record_problem(d)
+        why = "is not valid JSON" if d is _BAD_JSON else record_problem(d)
         if why is not None:
             _skip(problems, skipped, data, ln, path, why if d is _BAD_JSON else f"is not a usage record ({why})")
             continue
@@ -219,7 +220,7 @@ def seal_problem(data: bytes) -> str | None:
     if not (isinstance(doc, dict) and isinstance(doc.get("sha256"), str)
             and type(doc.get("bytes")) is int and isinstance(doc.get("summary"), dict)):
         return "not a seal"
-    return core.summary_problem(doc["summary"])
+    return summary_problem(doc["summary"])
 
 
 class Check:

@@ -30,11 +30,11 @@ from __future__ import annotations
 
 import codecs
 import errno
-import json
 import os
 import sys
 from collections.abc import Callable, Sequence
 
+from bk.core import jsonfast
 from bk.core import safetext as _safetext
 from bk.core.envelope import failure, success
 from bk.core.errors import EXIT_IO, BkError
@@ -306,7 +306,7 @@ def emit(out: Output, as_json: bool, term: Term | None = None) -> int:
     """Print ``out`` once.  A closed pipe (EPIPE) propagates, for the
     caller's quiet exit; any other failure to write is ``output_failed``."""
     if as_json:
-        text = json.dumps(success(out.command, out.data, out.warnings)) + "\n"
+        text = jsonfast.dumps(success(out.command, out.data, out.warnings)) + "\n"
     else:
         for w in out.warnings:
             _say(f"warning: {safe_lines(w)}\n", 4)
@@ -340,7 +340,7 @@ def _human_text(out: Output, term: Term) -> str:
 def emit_error(command: str, err: BkError, as_json: bool, warnings: list[str] | None = None) -> int:
     if as_json:
         try:
-            _write(sys.stdout, json.dumps(failure(command, err, warnings)) + "\n")
+            _write(sys.stdout, jsonfast.dumps(failure(command, err, warnings)) + "\n")
             sys.stdout.flush()
         except BrokenPipeError:
             park_stdout()

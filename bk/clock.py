@@ -25,13 +25,11 @@ from __future__ import annotations
 
 import functools
 import os
-import re
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone, tzinfo
 
 from bk.core.errors import InvalidInput
-from bk.core.lazyre import Pattern
 from bk.core.models import parse_iso
 
 # Module attribute so tests can point it at a fixture.
@@ -40,7 +38,6 @@ ETC_LOCALTIME = "/etc/localtime"
 _EPOCH_NAIVE = datetime(1970, 1, 1)
 _SECOND = timedelta(seconds=1)
 _DAY_S = 86400
-_EPOCH_NUMBER = Pattern(r"\d+(?:\.\d*)?")
 
 
 def now() -> int:
@@ -74,8 +71,9 @@ def monotonic() -> float:
 @functools.lru_cache(maxsize=4)
 def _fake_now(text: str) -> int:
     s = text.strip()
-    if _EPOCH_NUMBER.fullmatch(s):
-        return int(float(s)) if "." in s else int(s)
+    whole, dot, fraction = s.partition(".")
+    if whole.isdecimal() and (not fraction or fraction.isdecimal()):     # \d+(?:\.\d*)?
+        return int(float(s)) if dot else int(s)
     try:
         return parse_iso(s)
     except ValueError:
@@ -238,9 +236,11 @@ _POSIX_RULE_TEXT = rf"{_TZ_NAME}{_TZ_OFFSET}(?:{_TZ_NAME}(?:{_TZ_OFFSET})?(?:,{_
 
 
 @functools.lru_cache(maxsize=1)
-def _posix_rule() -> re.Pattern:
+def _posix_rule():
     # Compiled only when a TZ value is not a zone we found: most commands
-    # never need it, and the pattern costs a few hundred microseconds.
+    # never need it, and the pattern (and re) costs a few milliseconds.
+    import re
+
     return re.compile(_POSIX_RULE_TEXT)
 
 

@@ -181,7 +181,7 @@ STDLIB = frozenset({
 # grammar, the service's call context and the ledger's read.
 BK_BASE = frozenset({
     "bk", "bk.cli", "bk.cli.app", "bk.cli.common", "bk.cli.main", "bk.cli.render", "bk.clock",
-    "bk.core", "bk.core.envelope", "bk.core.errors", "bk.core.lazyre", "bk.core.ledgerdoc", "bk.core.models",
+    "bk.core", "bk.core.envelope", "bk.core.errors", "bk.core.jsonfast", "bk.core.lazyre", "bk.core.ledgerdoc", "bk.core.models",
     "bk.core.record", "bk.core.safetext", "bk.core.telemetry", "bk.core.timegrid", "bk.core.utctime", "bk.gpu",
     "bk.gpu.sim", "bk.service", "bk.service.app", "bk.service.context",
     "bk.service.telemetry", "bk.service.views", "bk.store",
@@ -204,10 +204,11 @@ _SHARED = {"bk.service.fairview", "bk.core.sharing", "bk.core.limits"}
 _FAIR = _SHARED | {"bk.service.advancing", "bk.core.advance", "bk.core.fairshare"}
 _WRITE |= _FAIR | {"bk.service.follow"}
 
+_WRITE |= {"bk.core.textfold"}     # a booking's lines, folded to the terminal (no textwrap)
 EVERYDAY: dict[str, frozenset[str]] = {
     "l": frozenset({"bk.cli.cmd_list", "bk.service.activity"} | _FAIR),
-    "st": frozenset(_STATUS | {"textwrap", "bk.service.activity"} | _SHARED),
-    "g": frozenset(_SLOTS | {"textwrap"} | _SHARED),
+    "st": frozenset(_STATUS | {"bk.core.textfold", "bk.service.activity"} | _SHARED),
+    "g": frozenset(_SLOTS | {"bk.core.textfold"} | _SHARED),
     "n": frozenset({"bk.cli.cmd_notices", "bk.cli.cmd_status", "bk.service.status"}),
     "1 30m": frozenset(_WRITE | {"bk.cli.cmd_book", "bk.service.presets", "bk.store.snapshot", "shlex"}),
     "e 1 -d +30m": frozenset(_WRITE | {"bk.cli.cmd_edit", "importlib._abc", "importlib.util"}),
@@ -215,7 +216,7 @@ EVERYDAY: dict[str, frozenset[str]] = {
     "slots 2 1h": frozenset(_SLOTS),
     "tl": frozenset({"bk.cli.cmd_timeline", "bk.service.builders", "bk.service.fields", "bk.service.requests",
                      "bk.service.fieldspecs", "bk.service.status", "bk.service.timeline", "string",
-                     "_string", "textwrap"}),
+                     "_string", "textwrap", "bk.core.textfold"}),
 }
 
 
@@ -256,7 +257,7 @@ def test_what_the_interpreter_preloads_changes_nothing(tmp_path):
     plain = imports_of(tmp_path, "slots", "2", "1h")
     preloaded = imports_of(tmp_path, "slots", "2", "1h", PYTHONPATH=str(pre), PYTHONSTARTUP=str(pre / "x"))
     assert plain == preloaded
-    assert {"bisect", "shlex", "argparse", "json"} <= set(plain[1])
+    assert {"bisect", "argparse", "re"} <= set(plain[1])
     loose = subprocess.run([sys.executable, "-c", "import sys; print('bisect' in sys.modules)"],
                            capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(pre)})
     assert loose.stdout.strip() == "True"          # without -I -S it would have been hidden

@@ -264,17 +264,17 @@ def table(rows: Sequence[Sequence[str]], headers: Sequence[str], term: Term,
         more: list[str] = []
         indent = start
         if folding:
-            import textwrap
+            from bk.core import textfold
 
             if term.width - start >= FOLD_MIN or n == 0:
-                first, *more = textwrap.wrap(row[last], width=max(FOLD_MIN, term.width - start),
+                first, *more = textfold.wrap(row[last], width=max(FOLD_MIN, term.width - start),
                                              break_long_words=True, break_on_hyphens=False) or [""]
                 parts.append(first)
             else:
                 # Too little room beside the other columns: the text goes
                 # on the lines below the row, indented a little.
                 indent = FOLD_INDENT
-                more = textwrap.wrap(row[last], width=term.width - indent, break_long_words=True,
+                more = textfold.wrap(row[last], width=term.width - indent, break_long_words=True,
                                      break_on_hyphens=False)
         line = "  ".join(parts).rstrip()
         lines.append(term.style(line, "bold") if n == 0 else line)
@@ -288,10 +288,11 @@ FOLD_INDENT = 4          # below them otherwise
 
 def wrap(text: str, width: int, indent: str = "", hanging: str | None = None) -> str:
     """Free text (notices, notes, reasons) folded to the terminal width;
-    continuation lines take ``hanging`` (default: ``indent``)."""
-    import textwrap
+    continuation lines take ``hanging`` (default: ``indent``), as
+    ``textwrap.wrap`` folds them (``bk.core.textfold``: without ``re``)."""
+    from bk.core import textfold
 
-    return "\n".join(textwrap.wrap(
+    return "\n".join(textfold.wrap(
         text, width=max(20, width), initial_indent=indent,
         subsequent_indent=indent if hanging is None else hanging,
         break_long_words=True)) or indent.rstrip()

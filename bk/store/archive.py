@@ -34,10 +34,10 @@ from __future__ import annotations
 import os
 
 from bk.core import jsonfast, ledgerdoc, utctime
-from bk.core.lazyre import Pattern
 from bk.core.models import LedgerState, Reservation
 from bk.store.fsutil import (
     O_CLOEXEC,
+    NamePattern,
     Safety,
     fsync_dir,
     io_error,
@@ -47,7 +47,7 @@ from bk.store.fsutil import (
     write_all,
 )
 
-NAME = Pattern(r"^(\d{4})-(\d{2})\.jsonl$")   # compiled when first used
+NAME = NamePattern(4, "-", 2, ".jsonl")
 
 
 def earliest_close(reservations) -> float:

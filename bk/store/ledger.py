@@ -52,10 +52,10 @@ from contextlib import contextmanager
 
 from bk.core import ledgerdoc, utctime
 from bk.core.errors import BkError, ConfigError, Internal, IOFailure, LostCommits, WrongAccount
-from bk.core.lazyre import Pattern
 from bk.core.models import LedgerState, Mutation
 from bk.core.record import dataclass
 from bk.store.fsutil import (
+    NamePattern,
     Safety,
     ensure_free,
     io_error,
@@ -88,7 +88,7 @@ NO_VALID_LEDGER, LOST_COMMITS, RECOVERED, ACCEPTED_LOSS, LOCK_REPLACED = (
     "no_valid_ledger", "lost_commits", "recovered", "accepted_loss", "lock_replaced")
 REPORTS = (NO_VALID_LEDGER, LOST_COMMITS, RECOVERED, ACCEPTED_LOSS, LOCK_REPLACED)
 TMP_PREFIX = ".ledger.json.tmp-"
-BACKUP_NAME = Pattern(r"^ledger-(\d{10})\.json$")   # compiled when first used
+BACKUP_NAME = NamePattern("ledger-", 10, ".json")
 CRASH_ENV = "BK_TEST_CRASH_AT"
 SCAN_PAUSE_ENV = "BK_TEST_SCAN_PAUSE"       # tests only: FIFO[:UID], see _park
 STEPS = ("locked", "read", "repaired", "applied", "archived", "audit_synced", "tmp_partial",

@@ -27,10 +27,10 @@ import functools
 import os
 import time
 from collections.abc import Callable
-from datetime import datetime, timedelta, timezone, tzinfo
 
 from bk.core.errors import InvalidInput
 from bk.core.models import parse_iso
+from bk.core.utctime import datetime, timedelta, timezone, tzinfo
 
 # Module attribute so tests can point it at a fixture.
 ETC_LOCALTIME = "/etc/localtime"

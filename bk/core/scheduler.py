@@ -28,10 +28,10 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Mapping, Sequence
-from datetime import datetime, timezone, tzinfo
 
 from bk.core.record import dataclass
 from bk.core.timegrid import counted
+from bk.core.utctime import datetime, timezone, tzinfo
 
 from .capacity import RES, check_invariants, default_mem, index_holds, usable_mib
 from .errors import Conflict, InvalidInput, PolicyRefused

@@ -48,12 +48,11 @@ The decisions:
 
 from __future__ import annotations
 
-from datetime import date, datetime, timedelta, tzinfo
-
 from bk.core.errors import InvalidInput
 from bk.core.lazyre import Pattern
 from bk.core.models import EXCLUSIVE, iso
 from bk.core.record import dataclass
+from bk.core.utctime import date, datetime, timedelta, tzinfo
 
 _SECOND = timedelta(seconds=1)
 _DAY_S = 86400

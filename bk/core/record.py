@@ -124,7 +124,9 @@ def _process(cls, frozen: bool, bulk: bool = False):
         value = cls.__dict__.get(name, MISSING)
         if isinstance(value, Field):
             f = Field(name, value.default, value.default_factory, value.compare)
-            if f.default is MISSING:
+            if bulk and frozen:
+                pass                 # _frozen builds the class again, without them
+            elif f.default is MISSING:
                 delattr(cls, name)
             else:
                 setattr(cls, name, f.default)
@@ -132,7 +134,36 @@ def _process(cls, frozen: bool, bulk: bool = False):
             f = Field(name, value)
         found[name] = f
     flist = tuple(found.values())
+    defaulted = None
+    for f in flist:
+        if f.default is not MISSING or f.default_factory is not MISSING:
+            defaulted = f
+        elif defaulted is not None:
+            raise TypeError(f"{cls.__name__}: field {f.name!r} without a default follows one with")
+    cls.__record_fields__ = flist
+    cls.__record_compare__ = tuple(f.name for f in flist if f.compare)
+    cls.__match_args__ = tuple(f.name for f in flist)
+    if frozen and bulk:
+        return _frozen(cls, flist)
+    # Only __init__ is compiled per class, and only when first called (its
+    # source is made then too); __repr__, __eq__ and __hash__ are shared
+    # functions above.  A frozen record made a few times per command sets
+    # its fields past the refusing __setattr__ (a call per field: nothing at
+    # that count).
+    made: dict = {"__init__": _compiled_on_first_call(cls, "__init__", lambda: _init_source(flist, frozen))}
+    made.update(__repr__=_repr, __eq__=_eq)
+    if frozen:
+        made.update(__setattr__=_refuse_set, __delattr__=_refuse_del, __hash__=_hash)
+    for name, fn in made.items():
+        if name not in cls.__dict__:
+            setattr(cls, name, fn)
+    if not frozen and "__hash__" not in cls.__dict__:
+        cls.__hash__ = None          # mutable and compared by value: not hashable
+    return cls
 
+
+def _signature(flist) -> tuple[dict, list[str], list[tuple[str, str]]]:
+    """The generated method's globals, parameters and (field, value) stores."""
     env: dict = {"MISSING": MISSING}
     params, values = [], []
     for f in flist:
@@ -145,38 +176,22 @@ def _process(cls, frozen: bool, bulk: bool = False):
             params.append(f"{f.name}=_d_{f.name}")
             values.append((f.name, f.name))
         else:
-            if any(p.count("=") for p in params):
-                raise TypeError(f"{cls.__name__}: field {f.name!r} without a default follows one with")
             params.append(f.name)
             values.append((f.name, f.name))
-    cls.__record_fields__ = flist
-    cls.__record_compare__ = tuple(f.name for f in flist if f.compare)
-    cls.__match_args__ = tuple(f.name for f in flist)
-    if frozen and bulk:
-        return _frozen(cls, flist, env, params, values)
-    # Only __init__ is compiled per class (the cost every command pays at
-    # import); __repr__, __eq__ and __hash__ are shared functions above.  A
-    # frozen record made a few times per command sets its fields past the
-    # refusing __setattr__ (a call per field: nothing at that count).
+    return env, params, values
+
+
+def _init_source(flist, frozen: bool) -> tuple[list[str], dict]:
+    env, params, values = _signature(flist)
     if frozen:
         env["_set"] = object.__setattr__
         body = [f"    _set(self, {name!r}, {value})" for name, value in values]
     else:
         body = [f"    self.{name} = {value}" for name, value in values]
-    lines = [f"def __init__(self, {', '.join(params)}):", *(body or ["    pass"])]
-    made: dict = {"__init__": _compiled_on_first_call(cls, "__init__", lines, env)}
-    made.update(__repr__=_repr, __eq__=_eq)
-    if frozen:
-        made.update(__setattr__=_refuse_set, __delattr__=_refuse_del, __hash__=_hash)
-    for name, fn in made.items():
-        if name not in cls.__dict__:
-            setattr(cls, name, fn)
-    if not frozen and "__hash__" not in cls.__dict__:
-        cls.__hash__ = None          # mutable and compared by value: not hashable
-    return cls
+    return [f"def __init__(self, {', '.join(params)}):", *(body or ["    pass"])], env
 
 
-def _frozen(cls, flist, env, params, values):
+def _frozen(cls, flist):
     """A frozen record is two classes: a hidden one with a slot per field and
     plain attribute stores, in which ``__new__`` fills the instance (the
     interpreter's fast path: one store per field, no call), and the public
@@ -190,10 +205,6 @@ def _frozen(cls, flist, env, params, values):
     if any(k.__dict__.get("__setattr__") is _refuse_set for k in cls.__mro__[1:]):
         hidden_ns["__setattr__"] = object.__setattr__      # a frozen record's subclass
     hidden = type(cls)(f"{cls.__name__}_fields", cls.__bases__, hidden_ns)
-    env.update(_new=object.__new__, _hidden=hidden)
-    body = [f"    o.{name} = {value}" for name, value in values]
-    lines = [f"def __new__(cls, {', '.join(params)}):", "    o = _new(_hidden)", *body,
-             "    o.__class__ = cls", "    return o"]
     ns = {k: v for k, v in cls.__dict__.items() if k not in ("__dict__", "__weakref__")}
     for f in flist:                  # defaults live in __new__: a class attribute would hide the slot
         ns.pop(f.name, None)
@@ -202,21 +213,31 @@ def _frozen(cls, flist, env, params, values):
                      ("__setattr__", _refuse_set), ("__delattr__", _refuse_del)):
         ns.setdefault(name, fn)
     public = type(cls)(cls.__name__, (hidden,), ns)
-    public.__new__ = _compiled_on_first_call(public, "__new__", lines, env)
+    public.__new__ = _compiled_on_first_call(public, "__new__", lambda: _new_source(flist, hidden))
     return public
 
 
-def _compiled_on_first_call(cls, name: str, lines: list[str], env: dict):
-    """``cls.<name>`` (``__init__``, or a bulk record's ``__new__``), compiled
-    from ``lines`` when first called, which then takes its place.
+def _new_source(flist, hidden) -> tuple[list[str], dict]:
+    env, params, values = _signature(flist)
+    env.update(_new=object.__new__, _hidden=hidden)
+    body = [f"    o.{name} = {value}" for name, value in values]
+    return [f"def __new__(cls, {', '.join(params)}):", "    o = _new(_hidden)", *body,
+            "    o.__class__ = cls", "    return o"], env
 
-    Compiling is most of what a record costs at import (about 0.1 ms a
-    class), and a command loads some 80 record classes but makes instances
-    of a third of them: the operations' requests and results it does not run
-    are never built.  After the first call the class holds the compiled
-    function itself, so an instance costs what it did when every class was
-    compiled at import."""
+
+def _compiled_on_first_call(cls, name: str, source):
+    """``cls.<name>`` (``__init__``, or a bulk record's ``__new__``), made
+    from ``source()`` (its lines and globals) and compiled when first
+    called, which then takes its place.
+
+    Writing and compiling the method is most of what a record costs at
+    import (about 0.1 ms a class), and a command loads some 80 record
+    classes but makes instances of a third of them: the operations'
+    requests and results it does not run are never built.  After the first
+    call the class holds the compiled function itself, so an instance costs
+    what it did when every class was compiled at import."""
     def first_call(*args, **kwargs):
+        lines, env = source()
         made: dict = {}
         exec("\n".join(lines), env, made)
         real = made[name]

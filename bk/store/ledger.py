@@ -70,10 +70,10 @@ from bk.store.fsutil import (
     write_all,
     write_new,
 )
-from bk.store.lock import FileLock
 
 # bk.store.archive, .audit and .segments are the writer's and the history
-# views' (about 1 ms to load): a read imports none of them (Store.segments).
+# views' (about 1 ms to load): a read imports none of them (Store.segments),
+# nor bk.store.lock: reads take no lock.
 
 
 def _token_hex(nbytes: int) -> str:
@@ -424,6 +424,8 @@ class Store:
                 f"{self.paths.data_dir} belongs to uid {self.safety.uid}; this process runs as "
                 f"uid {os.geteuid()} and may not write it",
                 "in shared mode every write goes through the broker (bk broker)")
+        from bk.store.lock import FileLock
+
         dirfd = open_dir(self.paths.data_dir, self.safety, create_mode=self.modes.dir)
         try:
             lock = FileLock(dirfd, LOCK, self.paths.lock, self.safety, mode=self.modes.lock,
@@ -615,6 +617,8 @@ class Store:
             return
         try:
             if os.path.lexists(self.paths.lock):
+                from bk.store.lock import FileLock
+
                 with FileLock(dirfd, LOCK, self.paths.lock, self.safety, timeout=self.lock_timeout,
                               what="the ledger", monotonic=self.monotonic, sleep=self.sleep,
                               log=lambda line: self._report(LOCK_REPLACED, line)):

@@ -32,7 +32,6 @@ import codecs
 import errno
 import os
 import sys
-from collections.abc import Callable, Sequence
 
 from bk.core import jsonfast
 from bk.core import safetext as _safetext
@@ -40,6 +39,10 @@ from bk.core.envelope import failure, success
 from bk.core.errors import EXIT_IO, BkError
 from bk.core.lazyre import Pattern
 from bk.core.record import dataclass, field
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:   # annotations only: collections.abc would import collections
+    from collections.abc import Callable, Sequence
 
 _CODES = {"bold": "1", "dim": "2", "red": "31", "green": "32", "yellow": "33", "blue": "34",
           "magenta": "35", "cyan": "36"}

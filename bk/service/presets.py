@@ -15,8 +15,6 @@ at the user's own recent bookings.
 
 from __future__ import annotations
 
-from collections import Counter
-
 from bk.core import timegrid
 from bk.core.errors import InvalidInput, IOFailure, NotFound
 from bk.core.lazyre import Pattern
@@ -277,7 +275,9 @@ def _most_common(values: list):
     """The most frequent value; ties go to the most recent (values come newest first)."""
     if not values:
         return None
-    counts = Counter(values)
+    counts: dict = {}
+    for v in values:              # collections.Counter's count, without importing collections
+        counts[v] = counts.get(v, 0) + 1
     best = max(counts.values())
     return next(v for v in values if counts[v] == best)
 

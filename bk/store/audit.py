@@ -26,11 +26,14 @@ because of them.  The reader walks backwards in blocks and stops after
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
 
 from bk.core import jsonfast
 from bk.core.record import dataclass, field
 from bk.core.timegrid import counted
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:   # annotations only: collections.abc would import collections
+    from collections.abc import Callable, Iterator
 
 FIELDS = ("time", "seq", "index", "uid", "user", "action", "reservation", "op_id",
           "before", "after", "result")

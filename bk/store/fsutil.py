@@ -36,10 +36,13 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from collections.abc import Callable
 
 from bk.core.errors import ConfigError, IOFailure
 from bk.core.record import dataclass
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:   # annotations only: collections.abc would import collections
+    from collections.abc import Callable
 
 O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)

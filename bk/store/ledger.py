@@ -47,8 +47,6 @@ import _thread
 import gc
 import os
 import time
-from collections.abc import Callable
-from contextlib import contextmanager
 
 from bk.core import ledgerdoc, utctime
 from bk.core.errors import BkError, ConfigError, Internal, IOFailure, LostCommits, WrongAccount
@@ -70,6 +68,10 @@ from bk.store.fsutil import (
     write_all,
     write_new,
 )
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:   # annotations only: collections.abc would import collections
+    from collections.abc import Callable
 
 # bk.store.archive, .audit and .segments are the writer's and the history
 # views' (about 1 ms to load): a read imports none of them (Store.segments),
@@ -166,18 +168,22 @@ def _now() -> int:
     return int(time.time())
 
 
-@contextmanager
-def _gc_paused():
+class _gc_paused:  # noqa: N801 - used as a function: ``with _gc_paused():``
     """Decoding and encoding a ledger allocates about ten objects per
     booking, none of which form reference cycles; CPython's cyclic
     collector would still walk them all several times (a quarter of a
-    10,000-booking commit).  Collection is paused for the duration."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
+    10,000-booking commit).  Collection is paused for the duration.  (A
+    class, not contextlib.contextmanager: contextlib imports collections
+    and functools, which a read need not pay for.)"""
+
+    __slots__ = ("was",)
+
+    def __enter__(self):
+        self.was = gc.isenabled()
+        gc.disable()
+
+    def __exit__(self, *exc) -> None:
+        if self.was:
             gc.enable()
 
 

@@ -31,8 +31,6 @@ The facts that shape this module:
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from typing import Any
 
 from bk.core import jsonfast
 from bk.core.errors import BkError, Busy, IOFailure
@@ -45,6 +43,11 @@ from bk.store.fsutil import (
     replace_file,
 )
 from bk.store.lock import FileLock
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:   # annotations only: collections.abc imports collections, typing more
+    from collections.abc import Callable
+    from typing import Any
 
 SCHEMA = "gpubk.presets.v1"
 PRESETS_FILE = "presets.json"

@@ -28,11 +28,14 @@ housekeeping after the commit, never part of it.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 
 from bk.core.timegrid import counted
 from bk.store import audit
 from bk.store.fsutil import NamePattern, Safety, io_error, open_file, open_subdir, replace_file
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:   # annotations only: collections.abc would import collections
+    from collections.abc import Callable
 
 SEGMENTS = "audit.d"
 SEGMENT = NamePattern("audit-", 10, "-", 10, ".jsonl")

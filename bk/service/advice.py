@@ -51,7 +51,7 @@ def local_command(req, p, now: int, slot_minutes: int, tz) -> str:
     """``booking_command`` for a person to copy: a later start as local time
     (``-t "2026-07-13 20:00"``, which is exact like ``--start``).  A local
     time that names two instants (a DST fold) stays ISO, which names one."""
-    from datetime import datetime
+    from bk.core.utctime import datetime
 
     words = _booking_words(req, p, now, slot_minutes)
     if "--start" not in words:

@@ -150,7 +150,8 @@ def _process(cls, frozen: bool, bulk: bool = False):
     # functions above.  A frozen record made a few times per command sets
     # its fields past the refusing __setattr__ (a call per field: nothing at
     # that count).
-    made: dict = {"__init__": _compiled_on_first_call(cls, "__init__", lambda: _init_source(flist, frozen))}
+    made: dict = {"__init__": _on_demand(cls, "__init__", lambda: _init_source(flist, frozen), flist,
+                                         setter=object.__setattr__ if frozen else setattr)}
     made.update(__repr__=_repr, __eq__=_eq)
     if frozen:
         made.update(__setattr__=_refuse_set, __delattr__=_refuse_del, __hash__=_hash)
@@ -213,7 +214,7 @@ def _frozen(cls, flist):
                      ("__setattr__", _refuse_set), ("__delattr__", _refuse_del)):
         ns.setdefault(name, fn)
     public = type(cls)(cls.__name__, (hidden,), ns)
-    public.__new__ = _compiled_on_first_call(public, "__new__", lambda: _new_source(flist, hidden))
+    public.__new__ = _on_demand(public, "__new__", lambda: _new_source(flist, hidden), flist, hidden=hidden)
     return public
 
 
@@ -225,25 +226,84 @@ def _new_source(flist, hidden) -> tuple[list[str], dict]:
             "    o.__class__ = cls", "    return o"], env
 
 
-def _compiled_on_first_call(cls, name: str, source):
-    """``cls.<name>`` (``__init__``, or a bulk record's ``__new__``), made
-    from ``source()`` (its lines and globals) and compiled when first
-    called, which then takes its place.
+# Instances a class makes with the generic method before it compiles its own.
+HOT = 32
+_ABSENT = object()
 
-    Writing and compiling the method is most of what a record costs at
-    import (about 0.1 ms a class), and a command loads some 80 record
-    classes but makes instances of a third of them: the operations'
-    requests and results it does not run are never built.  After the first
-    call the class holds the compiled function itself, so an instance costs
-    what it did when every class was compiled at import."""
-    def first_call(*args, **kwargs):
-        lines, env = source()
-        made: dict = {}
-        exec("\n".join(lines), env, made)
-        real = made[name]
-        real.__qualname__ = f"{cls.__qualname__}.{name}"
-        if cls.__dict__.get(name) is first_call:
-            setattr(cls, name, real)
-        return real(*args, **kwargs)
-    first_call.__qualname__ = f"{cls.__qualname__}.{name}"
-    return first_call
+
+def _on_demand(cls, name: str, source, flist, *, setter=setattr, hidden=None):
+    """``cls.<name>`` (``__init__``, or a bulk record's ``__new__``): a
+    generic method that binds the arguments itself, until the class has
+    made ``HOT`` instances; then the method written for the class by
+    ``source()`` (its lines and globals), compiled, takes its place.
+
+    Writing and compiling a method costs about 0.1 ms (the parser and the
+    compiler run), and a command loads some 80 record classes but makes
+    instances of a third of them, most of them a few times: compiling
+    every one of those was 3 ms of ``bk l`` and 6 ms of a booking.  The
+    generic method costs a few microseconds more per instance, so the
+    classes made by the thousand (a ledger's bookings) compile theirs
+    after the first few.  A call the generic method cannot bind exactly
+    (a missing, unexpected or repeated argument) goes to the compiled
+    method, which raises what Python raises for it."""
+    names = tuple(f.name for f in flist)
+    index = {n: i for i, n in enumerate(names)}
+    plan = tuple((f.default, f.default_factory) for f in flist)
+    count = len(names)
+    state = [0, None]                  # instances made, the compiled method
+
+    def compiled():
+        if state[1] is None:
+            lines, env = source()
+            made: dict = {}
+            exec("\n".join(lines), env, made)
+            real = state[1] = made[name]
+            real.__qualname__ = f"{cls.__qualname__}.{name}"
+            if cls.__dict__.get(name) is generic:
+                setattr(cls, name, real)
+        return state[1]
+
+    def bound(args, kwargs):
+        """The field values for these arguments, or None."""
+        if len(args) > count:
+            return None
+        values = list(args)
+        if len(values) < count:
+            values += [_ABSENT] * (count - len(values))
+        for k, v in kwargs.items():
+            i = index.get(k)
+            if i is None or values[i] is not _ABSENT:
+                return None
+            values[i] = v
+        for i, (default, factory) in enumerate(plan):
+            v = values[i]
+            if factory is not MISSING:
+                if v is _ABSENT or v is MISSING:
+                    values[i] = factory()
+            elif v is _ABSENT:
+                if default is MISSING:
+                    return None
+                values[i] = default
+        return values
+
+    if hidden is None:
+        def generic(self, *args, **kwargs):
+            state[0] += 1
+            values = bound(args, kwargs) if state[0] <= HOT else None
+            if values is None:
+                return compiled()(self, *args, **kwargs)
+            for n, v in zip(names, values, strict=True):
+                setter(self, n, v)
+    else:
+        def generic(cls_, *args, **kwargs):
+            state[0] += 1
+            values = bound(args, kwargs) if state[0] <= HOT else None
+            if values is None:
+                return compiled()(cls_, *args, **kwargs)
+            o = object.__new__(hidden)
+            for n, v in zip(names, values, strict=True):
+                setattr(o, n, v)
+            o.__class__ = cls_
+            return o
+    generic.__qualname__ = f"{cls.__qualname__}.{name}"
+    return generic

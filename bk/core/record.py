@@ -246,11 +246,7 @@ def _on_demand(cls, name: str, source, flist, *, setter=setattr, hidden=None):
     after the first few.  A call the generic method cannot bind exactly
     (a missing, unexpected or repeated argument) goes to the compiled
     method, which raises what Python raises for it."""
-    names = tuple(f.name for f in flist)
-    index = {n: i for i, n in enumerate(names)}
-    plan = tuple((f.default, f.default_factory) for f in flist)
-    count = len(names)
-    state = [0, None]                  # instances made, the compiled method
+    state: list = [0, None, None]     # instances made, the compiled method, the binder
 
     def compiled():
         if state[1] is None:
@@ -265,6 +261,43 @@ def _on_demand(cls, name: str, source, flist, *, setter=setattr, hidden=None):
 
     def bound(args, kwargs):
         """The field values for these arguments, or None."""
+        state[0] += 1
+        if state[0] > HOT:
+            return None
+        if state[2] is None:               # not at import: most classes make no instance
+            state[2] = _binder(flist)
+        return state[2](args, kwargs)
+
+    if hidden is None:
+        def generic(self, *args, **kwargs):
+            values = bound(args, kwargs)
+            if values is None:
+                return compiled()(self, *args, **kwargs)
+            for n, v in values:
+                setter(self, n, v)
+    else:
+        def generic(cls_, *args, **kwargs):
+            values = bound(args, kwargs)
+            if values is None:
+                return compiled()(cls_, *args, **kwargs)
+            o = object.__new__(hidden)
+            for n, v in values:
+                setattr(o, n, v)
+            o.__class__ = cls_
+            return o
+    generic.__qualname__ = f"{cls.__qualname__}.{name}"
+    return generic
+
+
+def _binder(flist):
+    """``(args, kwargs) -> [(field, value)]`` as a method with the record's
+    parameters would bind them, or None for a call it would refuse."""
+    names = tuple(f.name for f in flist)
+    index = {n: i for i, n in enumerate(names)}
+    plan = tuple((f.default, f.default_factory) for f in flist)
+    count = len(names)
+
+    def bind(args, kwargs):
         if len(args) > count:
             return None
         values = list(args)
@@ -284,26 +317,5 @@ def _on_demand(cls, name: str, source, flist, *, setter=setattr, hidden=None):
                 if default is MISSING:
                     return None
                 values[i] = default
-        return values
-
-    if hidden is None:
-        def generic(self, *args, **kwargs):
-            state[0] += 1
-            values = bound(args, kwargs) if state[0] <= HOT else None
-            if values is None:
-                return compiled()(self, *args, **kwargs)
-            for n, v in zip(names, values, strict=True):
-                setter(self, n, v)
-    else:
-        def generic(cls_, *args, **kwargs):
-            state[0] += 1
-            values = bound(args, kwargs) if state[0] <= HOT else None
-            if values is None:
-                return compiled()(cls_, *args, **kwargs)
-            o = object.__new__(hidden)
-            for n, v in zip(names, values, strict=True):
-                setattr(o, n, v)
-            o.__class__ = cls_
-            return o
-    generic.__qualname__ = f"{cls.__qualname__}.{name}"
-    return generic
+        return zip(names, values, strict=True)
+    return bind

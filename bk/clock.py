@@ -23,16 +23,16 @@ unable to help; then ``SystemLocalTime`` asks the C library itself through
 
 from __future__ import annotations
 
-import functools
 import os
-import re
 import time
-from collections.abc import Callable
-from datetime import datetime, timedelta, timezone, tzinfo
 
 from bk.core.errors import InvalidInput
-from bk.core.lazyre import Pattern
 from bk.core.models import parse_iso
+from bk.core.utctime import datetime, timedelta, timezone, tzinfo
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:   # annotations only: collections.abc would import collections
+    from collections.abc import Callable
 
 # Module attribute so tests can point it at a fixture.
 ETC_LOCALTIME = "/etc/localtime"
@@ -40,7 +40,6 @@ ETC_LOCALTIME = "/etc/localtime"
 _EPOCH_NAIVE = datetime(1970, 1, 1)
 _SECOND = timedelta(seconds=1)
 _DAY_S = 86400
-_EPOCH_NUMBER = Pattern(r"\d+(?:\.\d*)?")
 
 
 def now() -> int:
@@ -71,11 +70,38 @@ def monotonic() -> float:
     return time.monotonic()
 
 
-@functools.lru_cache(maxsize=4)
+def _once(fn):
+    """``functools.lru_cache(maxsize=1)`` of a function without arguments
+    (``cache_clear`` and ``__wrapped__`` included), without importing
+    functools, which imports collections: 1 ms of a command's start."""
+    held: list = []
+
+    def cached():
+        if not held:
+            held.append(fn())
+        return held[0]
+    cached.cache_clear, cached.__wrapped__ = held.clear, fn
+    cached.__name__, cached.__qualname__, cached.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
+    return cached
+
+
+_FAKE_NOW: dict[str, int] = {}     # BK_NOW's readings, a few at most (tests change it)
+
+
 def _fake_now(text: str) -> int:
+    t = _FAKE_NOW.get(text)
+    if t is None:
+        if len(_FAKE_NOW) >= 4:
+            _FAKE_NOW.clear()
+        t = _FAKE_NOW[text] = _read_fake_now(text)
+    return t
+
+
+def _read_fake_now(text: str) -> int:
     s = text.strip()
-    if _EPOCH_NUMBER.fullmatch(s):
-        return int(float(s)) if "." in s else int(s)
+    whole, dot, fraction = s.partition(".")
+    if whole.isdecimal() and (not fraction or fraction.isdecimal()):     # \d+(?:\.\d*)?
+        return int(float(s)) if dot else int(s)
     try:
         return parse_iso(s)
     except ValueError:
@@ -96,7 +122,7 @@ def _file_now(path: str) -> int:
     if not text.strip():
         with open(path, encoding="utf-8") as f:
             text = f.read(200)
-    return _fake_now.__wrapped__(text)
+    return _read_fake_now(text)
 
 
 class LocalZone:
@@ -119,7 +145,7 @@ class LocalZone:
         return f"LocalZone({self.name!r}, {self.source!r})"
 
 
-@functools.lru_cache(maxsize=1)
+@_once
 def local_zone() -> LocalZone:
     """The local zone and its provenance (cached for the process)."""
     return find_local_zone(os.environ.get("TZ"), ETC_LOCALTIME)
@@ -237,10 +263,12 @@ _TZ_DATE = rf"(?:J\d{{1,3}}|\d{{1,3}}|M\d{{1,2}}\.\d\.\d)(?:/{_TZ_OFFSET})?"
 _POSIX_RULE_TEXT = rf"{_TZ_NAME}{_TZ_OFFSET}(?:{_TZ_NAME}(?:{_TZ_OFFSET})?(?:,{_TZ_DATE},{_TZ_DATE})?)?"
 
 
-@functools.lru_cache(maxsize=1)
-def _posix_rule() -> re.Pattern:
+@_once
+def _posix_rule():
     # Compiled only when a TZ value is not a zone we found: most commands
-    # never need it, and the pattern costs a few hundred microseconds.
+    # never need it, and the pattern (and re) costs a few milliseconds.
+    import re
+
     return re.compile(_POSIX_RULE_TEXT)
 
 

@@ -79,3 +79,81 @@ def test_closed_pipe_is_quiet(run):
     finally:
         os.close(w)
     assert p.stderr == ""
+
+
+# The archive's __main__ imports bk's modules with ``Archive`` (zipimport with
+# each module's bytecode read once, bk.admin.pyzfile.MAIN_PY).  Every module of
+# the archive, imported both ways in fresh interpreters, has the same spec, the
+# same module attributes and the same names; a source-only entry, another
+# Python's bytecode or --check-hash-based-pycs always still go to zipimport.
+ARCHIVE_PROBE = r"""
+import json, marshal, sys, zipfile, zipimport
+archive, use = sys.argv[1], sys.argv[2]
+main = zipfile.ZipFile(archive).read("__main__.py").decode()
+ns = {"__name__": "bk_archive_main"}
+exec(compile(main, "__main__.py", "exec"), ns)
+sys.path.insert(0, archive)
+if use == "archive":
+    ns["_install"](archive)
+names = sorted(n[:-4].replace("/", ".").removesuffix(".__init__") for n in zipfile.ZipFile(archive).namelist()
+               if n.startswith("bk/") and n.endswith(".pyc") and not n.startswith("bk/resources/"))
+out = {}
+for name in names:
+    try:
+        m = __import__(name, fromlist=["_"])
+    except Exception as e:
+        out[name] = repr(e)
+        continue
+    s = m.__spec__
+    out[name] = {"type": type(m.__loader__).__name__, "spec": [s.name, s.origin, s.cached, s.parent, s.has_location,
+                 s.submodule_search_locations, repr(s.loader), s.loader is m.__loader__],
+                 "attrs": [getattr(m, a, None) for a in ("__file__", "__cached__", "__package__", "__path__")],
+                 "names": sorted(k for k in vars(m) if k not in ("__spec__", "__loader__", "__builtins__"))}
+print(json.dumps(out))
+"""
+
+
+def _imported(pyz, use, *flags):
+    proc = subprocess.run([sys.executable, "-I", "-S", *flags, "-c", ARCHIVE_PROBE, str(pyz), use],
+                          capture_output=True, text=True, timeout=120, cwd="/")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+@pytest.mark.slow
+def test_the_archive_importer_gives_what_zipimport_gives(pyz):
+    # Also with the archive's bytecode checked against its sources, which
+    # Archive leaves to zipimport.
+    for flags in ((), ("--check-hash-based-pycs", "always")):
+        ours, theirs = _imported(pyz, "archive", *flags), _imported(pyz, "zipimport", *flags)
+        assert set(ours) == set(theirs) and len(ours) > 150
+        loaders = {v["type"] for v in ours.values() if isinstance(v, dict)}
+        assert loaders == {"Archive"}, loaders
+        for name in ours:
+            a, b = ours[name], theirs[name]
+            if isinstance(a, dict):
+                a = dict(a, type="zipimporter")
+            assert a == b, (name, flags)
+
+
+def test_the_archive_importer_leaves_other_entries_to_zipimport(tmp_path):
+    import zipfile
+
+    from bk.admin import pyzfile
+
+    path = tmp_path / "t.pyz"
+    foreign = b"\0\0\0\0" + bytes(12) + b"junk"           # another Python's magic number
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("__main__.py", pyzfile.MAIN_PY)
+        z.writestr("bk/__init__.py", "")
+        z.writestr("bk/src.py", "X = 'source only'\n")
+        z.writestr("bk/other.py", "X = 'compiled here'\n")
+        z.writestr("bk/other.pyc", foreign)
+    script = ("import sys, zipfile; ns = {'__name__': 'x'}; "
+              "exec(zipfile.ZipFile(sys.argv[1]).read('__main__.py'), ns); ns['_install'](sys.argv[1]); "
+              "sys.path.insert(0, sys.argv[1]); import bk.src, bk.other; "
+              "print(bk.src.X, '|', bk.other.X, '|', type(bk.other.__loader__).__name__, bk.other.__file__)")
+    proc = subprocess.run([sys.executable, "-I", "-S", "-c", script, str(path)], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split(" | ") == ["source only", "compiled here", f"Archive {path}/bk/other.py\n"]

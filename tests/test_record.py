@@ -130,3 +130,51 @@ def test_bulk_records_have_a_slot_per_field_and_inherit():
     assert s != BulkKey("x", 4)                           # another class: never equal
     with pytest.raises(FrozenInstanceError):
         s.unit = "GiB"
+
+
+def _calls():
+    # Every way to call: positional, keyword, mixed, defaults, a factory given
+    # and left out, and the mistakes (missing, unexpected, repeated, too many).
+    return [((1,), {}), ((1, 2), {}), ((1, 2, [3], "n"), {}), ((), {"x": 1, "note": "n"}),
+            ((1,), {"tags": [9]}), ((1,), {"tags": record.MISSING}), ((), {}), ((1,), {"z": 2}),
+            ((1,), {"x": 2}), ((1, 2, 3, 4, 5), {}), ((), {"y": 2})]
+
+
+def _made(make, args, kwargs):
+    try:
+        o = make(*args, **kwargs)
+    except TypeError as e:
+        return "TypeError", str(e)
+    return type(o).__name__, [getattr(o, f.name) for f in record.fields(o)]
+
+
+@pytest.mark.parametrize("frozen, bulk", [(False, False), (True, False), (True, True)])
+def test_the_generic_first_instances_are_the_compiled_ones(frozen, bulk, monkeypatch):
+    # A class makes its first instances with a generic method and compiles its
+    # own after record.HOT of them: both give the same instances and raise the
+    # same errors (a call the generic one cannot bind goes to the compiled one).
+    def make_class():
+        @dataclass(frozen=frozen, bulk=bulk)
+        class P:
+            x: int
+            y: int = 0
+            tags: list = field(default_factory=list)
+            note: str = field(default="", compare=False)
+        return P
+
+    generic, compiled = make_class(), make_class()
+    monkeypatch.setattr(record, "HOT", 0)
+    compiled(1)                                     # compiles at once
+    monkeypatch.setattr(record, "HOT", 10 ** 6)
+    made_by = compiled.__new__ if bulk else compiled.__init__
+    assert made_by.__code__.co_name == ("__new__" if bulk else "__init__")
+    for args, kwargs in _calls():
+        ours, theirs = _made(generic, args, kwargs), _made(compiled, args, kwargs)
+        assert ours == theirs, (args, kwargs)
+    a, b = generic(1), generic(1)
+    assert a.tags is not b.tags and a == b and repr(a) == repr(compiled(1))
+    monkeypatch.setattr(record, "HOT", 3)
+    hot = make_class()
+    for i in range(5):
+        assert _made(hot, (i,), {}) == ("P", [i, 0, [], ""])
+    assert (hot.__new__ if bulk else hot.__init__).__code__.co_name == ("__new__" if bulk else "__init__")

@@ -117,3 +117,29 @@ def test_unsafe_stat_names_the_first_rule_broken(st, want_dir, why):
 def test_unsafe_stat_can_allow_hard_links():
     st = fake_stat(stat.S_IFREG | 0o644, nlink=3)
     assert fsutil.unsafe_stat(st, 1000, want_dir=False, single_link=False) is None
+
+
+def test_name_patterns_take_what_their_regular_expressions_take():
+    # bk.store's numbered file names are matched without re (start-up cost);
+    # each NamePattern takes exactly what the pattern it replaced takes.
+    import itertools
+    import re
+
+    from bk.store.fsutil import NamePattern
+
+    cases = [(NamePattern("ledger-", 10, ".json"), r"^ledger-(\d{10})\.json$", "ledger-0000000042.json"),
+             (NamePattern("audit-", 10, "-", 10, ".jsonl"), r"^audit-(\d{10})-(\d{10})\.jsonl$",
+              "audit-0000000001-0000000009.jsonl"),
+             (NamePattern(4, "-", 2, ".jsonl"), r"^(\d{4})-(\d{2})\.jsonl$", "2026-07.jsonl")]
+    for ours, text, good in cases:
+        regex = re.compile(text)
+        names = {good, good + "\n", good + "\n\n", "\n" + good, good[:-1], good + "x", "", "\n", good.upper(),
+                 good.replace("0", "\u0660"), good.replace("1", "\uff11"), good.replace("-", "_"), "x" + good}
+        for i, c in itertools.product(range(len(good) + 1), "0a-.\n\u0663"):
+            names |= {good[:i] + c + good[i:], good[:i] + c + good[i + 1:], good[:i] + good[i + 1:]}
+        for name in names:
+            m = regex.match(name)
+            got = ours.match(name)
+            assert (got is None) == (m is None), name
+            if m is not None:
+                assert tuple(got) == m.groups() and got.group(1) == m.group(1), name

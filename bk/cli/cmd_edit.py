@@ -8,8 +8,6 @@ end forms (``+30m``, ``-15m``, ``20:00``, ``total 2h``) move the end.
 
 from __future__ import annotations
 
-import importlib.util
-
 from bk.cli import common
 from bk.cli.render import Output, wrap
 from bk.core.errors import UsageError
@@ -110,10 +108,16 @@ def edit_output(result, call, *, quiet: bool = False) -> Output:
 
 def _guided(args, ctx) -> Output:
     """No change flags: the guided edit at a terminal, else say which flags exist."""
-    if ctx.interactive and importlib.util.find_spec("bk.cli.guided") is not None:
+    if ctx.interactive and _importable("bk.cli.guided"):
         from bk.cli import guided
 
         flow = getattr(guided, "edit_flow", None)
         if flow is not None:
             return flow(args, ctx)
     raise UsageError(f"nothing to change in booking {args.ref}", hint=FLAGS_HINT)
+
+
+def _importable(name: str) -> bool:
+    import importlib.util  # only at a terminal, with no change flags
+
+    return importlib.util.find_spec(name) is not None

@@ -13,7 +13,6 @@ back to ``#``, the blackout's glyph).
 from __future__ import annotations
 
 import argparse
-from datetime import datetime
 from string import ascii_lowercase
 
 from bk.cli import common
@@ -22,6 +21,7 @@ from bk.core import timegrid
 from bk.core.errors import InvalidInput, UsageError
 from bk.core.models import parse_iso
 from bk.core.timegrid import time_labels
+from bk.core.utctime import datetime
 
 # Label spacing candidates, in minutes: the first that is a multiple of the
 # step and leaves room for a 5-character label is used.

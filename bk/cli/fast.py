@@ -29,6 +29,7 @@ argparse refuses or reads some other way.
 from __future__ import annotations
 
 import os
+import sys
 
 from bk.core.errors import BkError
 
@@ -171,9 +172,10 @@ def parse(argv: list[str]):
     got = _read(grammar, rest + lead)
     if got is None:
         return None
-    import importlib
-
-    module = importlib.import_module(grammar.module)
+    # __import__, not importlib.import_module: the importlib package (and the
+    # warnings module it imports) is more to load than the command module.
+    __import__(grammar.module)
+    module = sys.modules[grammar.module]
     ns = {"json": False, "command_word": word}
     for dest, _kind in grammar.options.values():
         ns.setdefault(dest, False if _kind == FLAG else None)

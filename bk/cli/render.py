@@ -30,16 +30,19 @@ from __future__ import annotations
 
 import codecs
 import errno
-import json
 import os
 import sys
-from collections.abc import Callable, Sequence
 
+from bk.core import jsonfast
 from bk.core import safetext as _safetext
 from bk.core.envelope import failure, success
 from bk.core.errors import EXIT_IO, BkError
 from bk.core.lazyre import Pattern
 from bk.core.record import dataclass, field
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:   # annotations only: collections.abc would import collections
+    from collections.abc import Callable, Sequence
 
 _CODES = {"bold": "1", "dim": "2", "red": "31", "green": "32", "yellow": "33", "blue": "34",
           "magenta": "35", "cyan": "36"}
@@ -264,17 +267,17 @@ def table(rows: Sequence[Sequence[str]], headers: Sequence[str], term: Term,
         more: list[str] = []
         indent = start
         if folding:
-            import textwrap
+            from bk.core import textfold
 
             if term.width - start >= FOLD_MIN or n == 0:
-                first, *more = textwrap.wrap(row[last], width=max(FOLD_MIN, term.width - start),
+                first, *more = textfold.wrap(row[last], width=max(FOLD_MIN, term.width - start),
                                              break_long_words=True, break_on_hyphens=False) or [""]
                 parts.append(first)
             else:
                 # Too little room beside the other columns: the text goes
                 # on the lines below the row, indented a little.
                 indent = FOLD_INDENT
-                more = textwrap.wrap(row[last], width=term.width - indent, break_long_words=True,
+                more = textfold.wrap(row[last], width=term.width - indent, break_long_words=True,
                                      break_on_hyphens=False)
         line = "  ".join(parts).rstrip()
         lines.append(term.style(line, "bold") if n == 0 else line)
@@ -288,10 +291,11 @@ FOLD_INDENT = 4          # below them otherwise
 
 def wrap(text: str, width: int, indent: str = "", hanging: str | None = None) -> str:
     """Free text (notices, notes, reasons) folded to the terminal width;
-    continuation lines take ``hanging`` (default: ``indent``)."""
-    import textwrap
+    continuation lines take ``hanging`` (default: ``indent``), as
+    ``textwrap.wrap`` folds them (``bk.core.textfold``: without ``re``)."""
+    from bk.core import textfold
 
-    return "\n".join(textwrap.wrap(
+    return "\n".join(textfold.wrap(
         text, width=max(20, width), initial_indent=indent,
         subsequent_indent=indent if hanging is None else hanging,
         break_long_words=True)) or indent.rstrip()
@@ -306,7 +310,7 @@ def emit(out: Output, as_json: bool, term: Term | None = None) -> int:
     """Print ``out`` once.  A closed pipe (EPIPE) propagates, for the
     caller's quiet exit; any other failure to write is ``output_failed``."""
     if as_json:
-        text = json.dumps(success(out.command, out.data, out.warnings)) + "\n"
+        text = jsonfast.dumps(success(out.command, out.data, out.warnings)) + "\n"
     else:
         for w in out.warnings:
             _say(f"warning: {safe_lines(w)}\n", 4)
@@ -340,7 +344,7 @@ def _human_text(out: Output, term: Term) -> str:
 def emit_error(command: str, err: BkError, as_json: bool, warnings: list[str] | None = None) -> int:
     if as_json:
         try:
-            _write(sys.stdout, json.dumps(failure(command, err, warnings)) + "\n")
+            _write(sys.stdout, jsonfast.dumps(failure(command, err, warnings)) + "\n")
             sys.stdout.flush()
         except BrokenPipeError:
             park_stdout()

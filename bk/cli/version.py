@@ -26,11 +26,10 @@ def version_data() -> dict:
 
 def print_version(as_json: bool) -> int:
     if as_json:
-        import json
-
+        from bk.core import jsonfast
         from bk.core.envelope import success
 
-        sys.stdout.write(json.dumps(success("version", version_data())) + "\n")
+        sys.stdout.write(jsonfast.dumps(success("version", version_data())) + "\n")
     else:
         from bk import __version__
 

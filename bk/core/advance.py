@@ -61,12 +61,14 @@ Pure: the ledger, the policy, the GPU inventory and ``now`` are arguments.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-
 from bk.core import limits as lim
 from bk.core.errors import BkError
 from bk.core.models import ADVANCED, EXCLUSIVE, Policy, Reservation
 from bk.core.record import dataclass
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:   # annotations only: collections.abc would import collections
+    from collections.abc import Callable, Mapping, Sequence
 
 EVENT = ADVANCED               # "booking_advanced": the audit action and the edit's cause, part of the format
 MAX_ROUNDS = 16                # each round moves something earlier; real ledgers settle in two

@@ -36,11 +36,14 @@ possibly different order among equal starts, which no query depends on
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterable, Mapping, Sequence
 from itertools import compress
 from operator import is_, is_not, itemgetter
 
 from .models import EXCLUSIVE, MODES, SHARED, Blackout, Policy, Reservation, iso
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:   # annotations only: collections.abc would import collections
+    from collections.abc import Iterable, Mapping, Sequence
 
 # Positions in a hold tuple.
 START, END, SLOTS, MEM, RES = range(5)

@@ -25,7 +25,10 @@ Pure: the per-day totals and ``now`` are arguments.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+TYPE_CHECKING = False
+if TYPE_CHECKING:   # annotations only: collections.abc would import collections
+    from collections.abc import Iterable, Mapping
+
 
 DAY = 86400
 WINDOW_HALF_LIVES = 8

@@ -8,12 +8,12 @@ like ``bk l`` uses one or two.  ``Pattern`` stands in for the compiled
 pattern: the first call of a matching method compiles it and puts the
 compiled pattern's own bound methods on the instance, so every later call
 goes straight to ``re`` with no extra Python frame (it matters for the
-per-cell patterns of a 10,000-row table).
+per-cell patterns of a 10,000-row table).  ``re`` itself is imported then
+too: with ``enum`` and the pattern compiler it costs about 3 ms, more than
+``bk l`` spends on anything else, and most commands never match a pattern.
 """
 
 from __future__ import annotations
-
-import re
 
 _METHODS = ("match", "fullmatch", "search", "sub", "subn", "findall", "finditer", "split")
 
@@ -24,7 +24,9 @@ class Pattern:
     def __init__(self, pattern: str, flags: int = 0):
         self.pattern, self.flags = pattern, flags
 
-    def compiled(self) -> re.Pattern:
+    def compiled(self):
+        import re
+
         done = re.compile(self.pattern, self.flags)
         # Instance attributes win over these methods (functions are non-data
         # descriptors), so later calls skip this class entirely.

@@ -46,9 +46,9 @@ write any booking.  CRC-32 rather than SHA-256 because ``zlib`` imports in
 
 from __future__ import annotations
 
-import json
 import zlib
 
+from bk.core import jsonfast
 from bk.core.models import (
     EXCLUSIVE,
     MODES,
@@ -313,7 +313,7 @@ def dumps(doc: dict) -> bytes:
     """Compact ASCII JSON and a newline.  ``encode`` sorts every dict's keys,
     so the same state always gives the same bytes (files can be compared
     and hashed) without paying for ``sort_keys`` on every commit."""
-    text = json.dumps(doc, separators=(",", ":"), allow_nan=False, check_circular=False)
+    text = jsonfast.dumps(doc, separators=(",", ":"), allow_nan=False, check_circular=False)
     return text.encode("ascii") + b"\n"
 
 
@@ -342,9 +342,9 @@ def sealed(data: bytes) -> bool | None:
     return zlib.crc32(memoryview(data)[:-_SEAL_LEN]) == want
 
 
-# json.dumps builds a new JSONEncoder on every call made with options; the
-# writer encodes records one by one, so it keeps one.
-_encode_json = json.JSONEncoder(separators=(",", ":"), allow_nan=False, check_circular=False).encode
+# The writer encodes records one by one, so it keeps one encoder (json.dumps
+# would build one for every call made with options).
+_encode_json = jsonfast.encoder(separators=(",", ":"), allow_nan=False, check_circular=False)
 
 # --- the writer's shortcuts: what one transaction changed ---------------------
 
@@ -456,7 +456,7 @@ def loads(data: bytes, keep=None) -> dict:
         if doc is not None:
             return doc
     try:
-        doc = json.loads(data, parse_constant=_no_constants)
+        doc = jsonfast.loads(data, parse_constant=_no_constants)
     except (UnicodeDecodeError, RecursionError) as e:
         raise ValueError(str(e)) from None
     if not isinstance(doc, dict):
@@ -483,7 +483,7 @@ def _loads_dropping(data: bytes, keep) -> dict | None:
                 pass                       # kept: conversion says what is wrong with it
         return d
     try:
-        doc = json.loads(data, object_hook=hook, parse_constant=_no_constants)
+        doc = jsonfast.loads(data, object_hook=hook, parse_constant=_no_constants)
     except (UnicodeDecodeError, RecursionError):
         return None                        # the plain parse says so
     if not isinstance(doc, dict):

@@ -59,11 +59,13 @@ Pure: the user's groups, ``now`` and the zone are arguments.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-
 from bk.core.errors import PolicyRefused
 from bk.core.record import dataclass, field
 from bk.core.timegrid import counted, format_duration, format_local_short
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:   # annotations only: collections.abc would import collections
+    from collections.abc import Iterable, Sequence
 
 FIELDS = ("gpus", "gpu_hours", "booking_hours", "ahead_hours", "shared_vram_gib")
 RULES = {"booking_hours": "limit_booking_hours", "shared_vram_gib": "limit_shared_vram",

@@ -124,7 +124,9 @@ def _process(cls, frozen: bool, bulk: bool = False):
         value = cls.__dict__.get(name, MISSING)
         if isinstance(value, Field):
             f = Field(name, value.default, value.default_factory, value.compare)
-            if f.default is MISSING:
+            if bulk and frozen:
+                pass                 # _frozen builds the class again, without them
+            elif f.default is MISSING:
                 delattr(cls, name)
             else:
                 setattr(cls, name, f.default)
@@ -132,7 +134,37 @@ def _process(cls, frozen: bool, bulk: bool = False):
             f = Field(name, value)
         found[name] = f
     flist = tuple(found.values())
+    defaulted = None
+    for f in flist:
+        if f.default is not MISSING or f.default_factory is not MISSING:
+            defaulted = f
+        elif defaulted is not None:
+            raise TypeError(f"{cls.__name__}: field {f.name!r} without a default follows one with")
+    cls.__record_fields__ = flist
+    cls.__record_compare__ = tuple(f.name for f in flist if f.compare)
+    cls.__match_args__ = tuple(f.name for f in flist)
+    if frozen and bulk:
+        return _frozen(cls, flist)
+    # Only __init__ is compiled per class, and only when first called (its
+    # source is made then too); __repr__, __eq__ and __hash__ are shared
+    # functions above.  A frozen record made a few times per command sets
+    # its fields past the refusing __setattr__ (a call per field: nothing at
+    # that count).
+    made: dict = {"__init__": _on_demand(cls, "__init__", lambda: _init_source(flist, frozen), flist,
+                                         setter=object.__setattr__ if frozen else setattr)}
+    made.update(__repr__=_repr, __eq__=_eq)
+    if frozen:
+        made.update(__setattr__=_refuse_set, __delattr__=_refuse_del, __hash__=_hash)
+    for name, fn in made.items():
+        if name not in cls.__dict__:
+            setattr(cls, name, fn)
+    if not frozen and "__hash__" not in cls.__dict__:
+        cls.__hash__ = None          # mutable and compared by value: not hashable
+    return cls
 
+
+def _signature(flist) -> tuple[dict, list[str], list[tuple[str, str]]]:
+    """The generated method's globals, parameters and (field, value) stores."""
     env: dict = {"MISSING": MISSING}
     params, values = [], []
     for f in flist:
@@ -145,38 +177,22 @@ def _process(cls, frozen: bool, bulk: bool = False):
             params.append(f"{f.name}=_d_{f.name}")
             values.append((f.name, f.name))
         else:
-            if any(p.count("=") for p in params):
-                raise TypeError(f"{cls.__name__}: field {f.name!r} without a default follows one with")
             params.append(f.name)
             values.append((f.name, f.name))
-    cls.__record_fields__ = flist
-    cls.__record_compare__ = tuple(f.name for f in flist if f.compare)
-    cls.__match_args__ = tuple(f.name for f in flist)
-    if frozen and bulk:
-        return _frozen(cls, flist, env, params, values)
-    # Only __init__ is compiled per class (the cost every command pays at
-    # import); __repr__, __eq__ and __hash__ are shared functions above.  A
-    # frozen record made a few times per command sets its fields past the
-    # refusing __setattr__ (a call per field: nothing at that count).
+    return env, params, values
+
+
+def _init_source(flist, frozen: bool) -> tuple[list[str], dict]:
+    env, params, values = _signature(flist)
     if frozen:
         env["_set"] = object.__setattr__
         body = [f"    _set(self, {name!r}, {value})" for name, value in values]
     else:
         body = [f"    self.{name} = {value}" for name, value in values]
-    lines = [f"def __init__(self, {', '.join(params)}):", *(body or ["    pass"])]
-    made: dict = {"__init__": _compiled_on_first_call(cls, "__init__", lines, env)}
-    made.update(__repr__=_repr, __eq__=_eq)
-    if frozen:
-        made.update(__setattr__=_refuse_set, __delattr__=_refuse_del, __hash__=_hash)
-    for name, fn in made.items():
-        if name not in cls.__dict__:
-            setattr(cls, name, fn)
-    if not frozen and "__hash__" not in cls.__dict__:
-        cls.__hash__ = None          # mutable and compared by value: not hashable
-    return cls
+    return [f"def __init__(self, {', '.join(params)}):", *(body or ["    pass"])], env
 
 
-def _frozen(cls, flist, env, params, values):
+def _frozen(cls, flist):
     """A frozen record is two classes: a hidden one with a slot per field and
     plain attribute stores, in which ``__new__`` fills the instance (the
     interpreter's fast path: one store per field, no call), and the public
@@ -190,10 +206,6 @@ def _frozen(cls, flist, env, params, values):
     if any(k.__dict__.get("__setattr__") is _refuse_set for k in cls.__mro__[1:]):
         hidden_ns["__setattr__"] = object.__setattr__      # a frozen record's subclass
     hidden = type(cls)(f"{cls.__name__}_fields", cls.__bases__, hidden_ns)
-    env.update(_new=object.__new__, _hidden=hidden)
-    body = [f"    o.{name} = {value}" for name, value in values]
-    lines = [f"def __new__(cls, {', '.join(params)}):", "    o = _new(_hidden)", *body,
-             "    o.__class__ = cls", "    return o"]
     ns = {k: v for k, v in cls.__dict__.items() if k not in ("__dict__", "__weakref__")}
     for f in flist:                  # defaults live in __new__: a class attribute would hide the slot
         ns.pop(f.name, None)
@@ -202,27 +214,108 @@ def _frozen(cls, flist, env, params, values):
                      ("__setattr__", _refuse_set), ("__delattr__", _refuse_del)):
         ns.setdefault(name, fn)
     public = type(cls)(cls.__name__, (hidden,), ns)
-    public.__new__ = _compiled_on_first_call(public, "__new__", lines, env)
+    public.__new__ = _on_demand(public, "__new__", lambda: _new_source(flist, hidden), flist, hidden=hidden)
     return public
 
 
-def _compiled_on_first_call(cls, name: str, lines: list[str], env: dict):
-    """``cls.<name>`` (``__init__``, or a bulk record's ``__new__``), compiled
-    from ``lines`` when first called, which then takes its place.
+def _new_source(flist, hidden) -> tuple[list[str], dict]:
+    env, params, values = _signature(flist)
+    env.update(_new=object.__new__, _hidden=hidden)
+    body = [f"    o.{name} = {value}" for name, value in values]
+    return [f"def __new__(cls, {', '.join(params)}):", "    o = _new(_hidden)", *body,
+            "    o.__class__ = cls", "    return o"], env
 
-    Compiling is most of what a record costs at import (about 0.1 ms a
-    class), and a command loads some 80 record classes but makes instances
-    of a third of them: the operations' requests and results it does not run
-    are never built.  After the first call the class holds the compiled
-    function itself, so an instance costs what it did when every class was
-    compiled at import."""
-    def first_call(*args, **kwargs):
-        made: dict = {}
-        exec("\n".join(lines), env, made)
-        real = made[name]
-        real.__qualname__ = f"{cls.__qualname__}.{name}"
-        if cls.__dict__.get(name) is first_call:
-            setattr(cls, name, real)
-        return real(*args, **kwargs)
-    first_call.__qualname__ = f"{cls.__qualname__}.{name}"
-    return first_call
+
+# Instances a class makes with the generic method before it compiles its own.
+HOT = 32
+_ABSENT = object()
+
+
+def _on_demand(cls, name: str, source, flist, *, setter=setattr, hidden=None):
+    """``cls.<name>`` (``__init__``, or a bulk record's ``__new__``): a
+    generic method that binds the arguments itself, until the class has
+    made ``HOT`` instances; then the method written for the class by
+    ``source()`` (its lines and globals), compiled, takes its place.
+
+    Writing and compiling a method costs about 0.1 ms (the parser and the
+    compiler run), and a command loads some 80 record classes but makes
+    instances of a third of them, most of them a few times: compiling
+    every one of those was 3 ms of ``bk l`` and 6 ms of a booking.  The
+    generic method costs a few microseconds more per instance, so the
+    classes made by the thousand (a ledger's bookings) compile theirs
+    after the first few.  A call the generic method cannot bind exactly
+    (a missing, unexpected or repeated argument) goes to the compiled
+    method, which raises what Python raises for it."""
+    state: list = [0, None, None]     # instances made, the compiled method, the binder
+
+    def compiled():
+        if state[1] is None:
+            lines, env = source()
+            made: dict = {}
+            exec("\n".join(lines), env, made)
+            real = state[1] = made[name]
+            real.__qualname__ = f"{cls.__qualname__}.{name}"
+            if cls.__dict__.get(name) is generic:
+                setattr(cls, name, real)
+        return state[1]
+
+    def bound(args, kwargs):
+        """The field values for these arguments, or None."""
+        state[0] += 1
+        if state[0] > HOT:
+            return None
+        if state[2] is None:               # not at import: most classes make no instance
+            state[2] = _binder(flist)
+        return state[2](args, kwargs)
+
+    if hidden is None:
+        def generic(self, *args, **kwargs):
+            values = bound(args, kwargs)
+            if values is None:
+                return compiled()(self, *args, **kwargs)
+            for n, v in values:
+                setter(self, n, v)
+    else:
+        def generic(cls_, *args, **kwargs):
+            values = bound(args, kwargs)
+            if values is None:
+                return compiled()(cls_, *args, **kwargs)
+            o = object.__new__(hidden)
+            for n, v in values:
+                setattr(o, n, v)
+            o.__class__ = cls_
+            return o
+    generic.__qualname__ = f"{cls.__qualname__}.{name}"
+    return generic
+
+
+def _binder(flist):
+    """``(args, kwargs) -> [(field, value)]`` as a method with the record's
+    parameters would bind them, or None for a call it would refuse."""
+    names = tuple(f.name for f in flist)
+    index = {n: i for i, n in enumerate(names)}
+    plan = tuple((f.default, f.default_factory) for f in flist)
+    count = len(names)
+
+    def bind(args, kwargs):
+        if len(args) > count:
+            return None
+        values = list(args)
+        if len(values) < count:
+            values += [_ABSENT] * (count - len(values))
+        for k, v in kwargs.items():
+            i = index.get(k)
+            if i is None or values[i] is not _ABSENT:
+                return None
+            values[i] = v
+        for i, (default, factory) in enumerate(plan):
+            v = values[i]
+            if factory is not MISSING:
+                if v is _ABSENT or v is MISSING:
+                    values[i] = factory()
+            elif v is _ABSENT:
+                if default is MISSING:
+                    return None
+                values[i] = default
+        return zip(names, values, strict=True)
+    return bind

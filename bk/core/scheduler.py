@@ -27,16 +27,19 @@ an exact start) and capacity.
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Mapping, Sequence
-from datetime import datetime, timezone, tzinfo
 
 from bk.core.record import dataclass
 from bk.core.timegrid import counted
+from bk.core.utctime import datetime, timezone, tzinfo
 
 from .capacity import RES, check_invariants, default_mem, index_holds, usable_mib
 from .errors import Conflict, InvalidInput, PolicyRefused
 from .models import EXCLUSIVE, MODES, SHARED, Blackout, GpuInfo, Policy, Reservation, iso
 from .telemetry import UNRESERVED_LOAD
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:   # annotations only: collections.abc would import collections
+    from collections.abc import Mapping, Sequence
 
 __all__ = ["RULES", "Placement", "Request", "check_invariants", "effective_mem",
            "options_now", "place", "recommend"]

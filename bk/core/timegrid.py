@@ -48,13 +48,11 @@ The decisions:
 
 from __future__ import annotations
 
-import re
-from datetime import date, datetime, timedelta, tzinfo
-
 from bk.core.errors import InvalidInput
 from bk.core.lazyre import Pattern
 from bk.core.models import EXCLUSIVE, iso
 from bk.core.record import dataclass
+from bk.core.utctime import date, datetime, timedelta, tzinfo
 
 _SECOND = timedelta(seconds=1)
 _DAY_S = 86400
@@ -70,11 +68,13 @@ START_EXAMPLES = "now, +30m, 20:00, 9pm, tomorrow 09:00, 07-13 20:00, 2026-07-13
 END_EXAMPLES = "+30m, -15m, 20:00, total 2h"
 
 
-# Compiled on first use (bk.core.lazyre): a command uses one or two of these, or none.
-# Units in d-h-m order, each optional; spaces between parts are tolerated.
-_DURATION = Pattern(r"(?:(\d{1,9})\s*d)?\s*(?:(\d{1,9})\s*h)?\s*(?:(\d{1,9})\s*m)?")
+# The two words every booking and edit types, a duration and a memory size,
+# are read by the scanners below (``_duration_parts``, ``_memory_parts``):
+# importing ``re`` costs more than the rest of ``bk 1 30m``'s parsing.  Each
+# takes exactly what its pattern in tests/test_timegrid_scanners.py takes,
+# which checks the two against each other.  The rarer forms are patterns,
+# compiled on first use (bk.core.lazyre).
 _WORDS = Pattern(r"[a-z]+")
-_MEMORY = Pattern(r"(\d{0,15})(?:\.(\d{1,9}))?\s*([gm])(?:i?b)?")
 _CLOCK = r"(?P<h>\d{1,2})(?::(?P<mi>\d{2}))?(?::(?P<s>\d{2}))?\s*(?P<ampm>am|pm)?"
 _START = Pattern(
     r"(?:(?P<word>today|tomorrow|tom|tmr)\s+"
@@ -85,6 +85,64 @@ _START = Pattern(
 )
 _DATE_ONLY = Pattern(r"(?:\d{4}-)?\d{1,2}-\d{1,2}|today|tomorrow|tom|tmr")
 _ISO = Pattern(r"(\d{4})-(\d{2})-(\d{2})[t ](\d{2}):(\d{2})(?::(\d{2}))?(z|[+-]\d{2}:?\d{2})")
+
+
+def _digits_end(s: str, i: int) -> int:
+    """Where the run of decimal digits (what ``\\d`` matches: any Unicode
+    decimal digit, as ``int`` reads them) that starts at ``i`` ends."""
+    n = len(s)
+    while i < n and s[i].isdecimal():
+        i += 1
+    return i
+
+
+def _spaces_end(s: str, i: int) -> int:
+    n = len(s)
+    while i < n and s[i].isspace():
+        i += 1
+    return i
+
+
+def _duration_parts(s: str) -> tuple[str | None, str | None, str | None] | None:
+    """The days, hours and minutes of ``s`` as written (None where absent),
+    or None when ``s`` is not of the form ``[Nd] [Nh] [Nm]``: up to nine
+    digits a part, each unit at most once and in that order, spaces between
+    a number and its unit and between parts, and before the first part
+    unless it is days (``+ 30m`` is read as ``+30m``, ``+ 1d`` is not:
+    the form's pattern, ``(?:(\\d{1,9})\\s*d)?\\s*(?:(\\d{1,9})\\s*h)?\\s*(?:(\\d{1,9})\\s*m)?``).
+    All three absent (``""``, ``" "``) comes back as three Nones."""
+    parts: list[str | None] = [None, None, None]
+    i, n = 0, len(s)
+    for k, unit in enumerate("dhm"):
+        if k:
+            i = _spaces_end(s, i)
+        j = _digits_end(s, i)
+        if not 1 <= j - i <= 9:
+            continue
+        u = _spaces_end(s, j)
+        if u < n and s[u] == unit:
+            parts[k], i = s[i:j], u + 1
+    return tuple(parts) if i == n else None
+
+
+def _memory_parts(s: str) -> tuple[str, str | None, str] | None:
+    """``(whole, fraction or None, "g" or "m")`` as written, or None: up to
+    15 digits (maybe none), a point and one to nine more, spaces, ``g`` or
+    ``m``, then ``b`` or ``ib`` (``(\\d{0,15})(?:\\.(\\d{1,9}))?\\s*([gm])(?:i?b)?``)."""
+    i = _digits_end(s, 0)
+    if i > 15:
+        return None
+    whole, frac = s[:i], None
+    if s[i:i + 1] == ".":
+        j = _digits_end(s, i + 1)
+        if not 1 <= j - i - 1 <= 9:
+            return None
+        frac, i = s[i + 1:j], j
+    i = _spaces_end(s, i)
+    unit = s[i:i + 1]
+    if unit not in ("g", "m") or s[i + 1:] not in ("", "b", "ib"):
+        return None
+    return whole, frac, unit
 
 
 # ---------------------------------------------------------------- the grid
@@ -117,10 +175,10 @@ def parse_duration(text: str, slot_minutes: int) -> int:
     """``30m``, ``2h``, ``1h30m``, ``1d12h`` -> seconds, a positive whole number of slices."""
     step = slot_seconds(slot_minutes)
     s = _norm(text, "a duration", DURATION_EXAMPLES)
-    m = _DURATION.fullmatch(s)
-    if not m or m.lastindex is None:
+    parts = _duration_parts(s)
+    if parts is None or parts == (None, None, None):
         raise _duration_error(s)
-    d, h, mi = (int(g) if g else 0 for g in m.groups())
+    d, h, mi = (int(g) if g else 0 for g in parts)
     seconds = ((d * 24 + h) * 60 + mi) * 60
     if seconds == 0:
         raise InvalidInput(f"duration {s!r} is zero; it must be at least one {slot_minutes}-minute slice",
@@ -182,15 +240,16 @@ def parse_memory(text: str) -> int:
     """``12g``, ``12gb``, ``12gib``, ``512m``, ``1.5g`` -> MiB (GiB = 1024 MiB), a positive whole number."""
     s = _norm(text, "a memory size", MEMORY_EXAMPLES)
     hint = f"examples: {MEMORY_EXAMPLES} (g = GiB, m = MiB, per GPU)"
-    m = _MEMORY.fullmatch(s)
-    if not m or not (m[1] or m[2]):
+    parts = _memory_parts(s)
+    if parts is None or not (parts[0] or parts[1]):
         if s.replace(".", "", 1).isdigit():
             raise InvalidInput(f"memory {s!r} has no unit", f"add one: {s}g for GiB, {s}m for MiB")
         raise InvalidInput(f"cannot read {s!r} as a memory size", hint)
-    frac = m[2] or ""
+    whole, frac, unit = parts
+    frac = frac or ""
     scale = 10 ** len(frac)
     # Exact integer arithmetic: 1.5g is 1536 MiB, not 1535.9999.
-    num = (int(m[1] or 0) * scale + int(frac or 0)) * (1024 if m[3] == "g" else 1)
+    num = (int(whole or 0) * scale + int(frac or 0)) * (1024 if unit == "g" else 1)
     if num == 0:
         raise InvalidInput(f"memory {s!r} is zero; it must be positive", hint)
     if num % scale:
@@ -308,7 +367,7 @@ def parse_end_change(text: str, start: int, end: int, now: int, tz: tzinfo, slot
         new = end + delta if s[0] == "+" else end - delta
     elif s.startswith("total"):
         new = start + parse_duration(s[5:].lstrip(" ="), slot_minutes)
-    elif (dm := _DURATION.fullmatch(s)) and dm.lastindex:
+    elif _duration_parts(s) not in (None, (None, None, None)):
         raise InvalidInput(f"{s!r} is ambiguous as a new end",
                            f"write +{s} to extend, -{s} to shorten, or 'total {s}' for the whole length")
     else:
@@ -427,7 +486,7 @@ def _norm(text: str, what: str, examples: str) -> str:
     return " ".join(text.split()).lower()
 
 
-def _match_when(s: str, shown: str, examples: str = START_EXAMPLES) -> re.Match:
+def _match_when(s: str, shown: str, examples: str = START_EXAMPLES):
     # Before _START: "07-14" would otherwise read as 07:00 at UTC offset -14.
     if _DATE_ONLY.fullmatch(s):
         raise InvalidInput(f"{shown!r} has a day but no time", f"add a clock time, e.g. {shown} 09:00")
@@ -437,7 +496,7 @@ def _match_when(s: str, shown: str, examples: str = START_EXAMPLES) -> re.Match:
     raise InvalidInput(f"cannot read {shown!r} as a time", f"examples: {examples}")
 
 
-def _when_fields(m: re.Match, s: str, today: date):
+def _when_fields(m, s: str, today: date):
     """-> (date or None for a bare clock time, (h, m, s), offset seconds or None, form name)."""
     h, mi, sec = int(m["h"]), int(m["mi"] or 0), int(m["s"] or 0)
     if m["ampm"]:

@@ -8,7 +8,15 @@ fixed form; any other ISO-8601 form with a zone falls back to ``datetime``.
 
 from __future__ import annotations
 
-from datetime import datetime
+# datetime's classes, from CPython's C module when it has one: ``import
+# datetime`` on 3.10 and 3.11 first runs the whole pure-Python
+# implementation (about 1 ms, with ``math``) only to replace its classes
+# with these same ones from ``_datetime``.  The modules of bk that need them
+# (the time grammar, the clock, the scheduler) take them from here.
+try:
+    from _datetime import date, datetime, timedelta, timezone, tzinfo  # noqa: F401 (shared)
+except ImportError:                       # another Python: the standard module
+    from datetime import date, datetime, timedelta, timezone, tzinfo  # noqa: F401 (shared)
 
 
 def parse_iso_general(text: str) -> int:

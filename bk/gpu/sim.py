@@ -16,9 +16,9 @@ real processes as real users through the whole stack without a GPU).
 
 from __future__ import annotations
 
-import json
 import os
 
+from bk.core import jsonfast
 from bk.core.errors import ConfigError
 from bk.core.models import GpuInfo, GpuProcess, parse_iso
 from bk.core.telemetry import Inventory, Snapshot
@@ -64,14 +64,14 @@ def _opt_int(d: dict, key: str, where: str, lo: int = 0) -> int | None:
     if v is None:
         return None
     if not isinstance(v, int) or isinstance(v, bool) or v < lo:
-        raise ConfigError(f"{where}: {key} must be a whole number >= {lo}, got {json.dumps(v)}")
+        raise ConfigError(f"{where}: {key} must be a whole number >= {lo}, got {jsonfast.dumps(v)}")
     return v
 
 
 def _opt_str(d: dict, key: str, where: str) -> str | None:
     v = d.get(key)
     if v is not None and not isinstance(v, str):
-        raise ConfigError(f"{where}: {key} must be a string, got {json.dumps(v)}")
+        raise ConfigError(f"{where}: {key} must be a string, got {jsonfast.dumps(v)}")
     return v
 
 
@@ -84,12 +84,12 @@ def _since(d: dict, where: str) -> int | None:
             return parse_iso(v)
         except ValueError:
             pass
-    raise ConfigError(f"{where}: since must be an ISO-8601 time or epoch seconds, got {json.dumps(v)}")
+    raise ConfigError(f"{where}: since must be an ISO-8601 time or epoch seconds, got {jsonfast.dumps(v)}")
 
 
 def _real(flag: object, where: str) -> bool:
     if not isinstance(flag, bool):
-        raise ConfigError(f"{where}: proc must be true or false, got {json.dumps(flag)}")
+        raise ConfigError(f"{where}: proc must be true or false, got {jsonfast.dumps(flag)}")
     return flag
 
 
@@ -156,7 +156,7 @@ class FileBackend(Backend):
     def _read(self, live: bool = False) -> list[GpuInfo]:
         try:
             with open(self.path, "rb") as f:
-                doc = json.loads(f.read())
+                doc = jsonfast.loads(f.read())
         except OSError as e:
             raise ConfigError(f"BK_GPU_SIM_FILE {self.path}: {e.strerror}") from None
         except ValueError as e:

@@ -17,8 +17,10 @@ from bk.core.record import dataclass
 
 def booking_command(req, p, now: int, slot_minutes: int) -> str:
     """The exact ``bk`` command that books option ``p`` of request ``req``."""
-    import shlex
+    return _shell_join(_booking_words(req, p, now, slot_minutes))
 
+
+def _booking_words(req, p, now: int, slot_minutes: int) -> list[str]:
     words = ["bk"] + (["x"] if req.mode == EXCLUSIVE else [])
     words += [str(req.count), timegrid.format_duration(req.duration)]
     if req.mem_mib:
@@ -28,6 +30,20 @@ def booking_command(req, p, now: int, slot_minutes: int) -> str:
     words += ["-g", ",".join(map(str, p.gpus))]
     if p.start > timegrid.floor_slice(now, slot_minutes):
         words += ["--start", iso(p.start)]
+    return words
+
+
+# What shlex.quote leaves unquoted (``[\w@%+=:,./-]`` in ASCII).
+_SHELL_SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_@%+=:,./-")
+
+
+def _shell_join(words: list[str]) -> str:
+    """``shlex.join(words)``; shlex (and the ``re`` it imports) only when a
+    word needs quotes: the words of a booking command rarely do."""
+    if all(w and _SHELL_SAFE.issuperset(w) for w in words):
+        return " ".join(words)
+    import shlex
+
     return shlex.join(words)
 
 
@@ -35,21 +51,18 @@ def local_command(req, p, now: int, slot_minutes: int, tz) -> str:
     """``booking_command`` for a person to copy: a later start as local time
     (``-t "2026-07-13 20:00"``, which is exact like ``--start``).  A local
     time that names two instants (a DST fold) stays ISO, which names one."""
-    from datetime import datetime
+    from bk.core.utctime import datetime
 
-    exact = booking_command(req, p, now, slot_minutes)
-    if "--start" not in exact:
-        return exact
+    words = _booking_words(req, p, now, slot_minutes)
+    if "--start" not in words:
+        return _shell_join(words)
     local = datetime.fromtimestamp(p.start, tz)
     twin = local.replace(fold=1 - local.fold)
     if twin.utcoffset() != local.utcoffset():
-        return exact
-    import shlex
-
-    words = shlex.split(exact)
+        return _shell_join(words)
     i = words.index("--start")
     words[i:i + 2] = ["-t", local.strftime("%Y-%m-%d %H:%M")]
-    return shlex.join(words)
+    return _shell_join(words)
 
 
 def option_json(req, p, now: int, slot_minutes: int) -> dict:

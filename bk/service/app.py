@@ -22,13 +22,16 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Callable
 
 from bk import clock
 from bk.core.errors import BkError, IOFailure, PermissionDenied
 from bk.core.models import LedgerState
 from bk.core.timegrid import counted
 from bk.service.context import Actor, Call
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:   # annotations only: collections.abc would import collections
+    from collections.abc import Callable
 
 
 def user_name(uid: int) -> str:

@@ -31,7 +31,7 @@ MAX_GPUS = 64
 # Python's ``surrogateescape`` (how argv holds bytes that are not UTF-8)
 # both make one, and no UTF-8 encoder will write it, so a reply or a
 # terminal line that held one would fail after the commit.
-_SURROGATE = "[\ud800-\udfff]"
+# (UTF-8's strict encoder refuses exactly those code points: ``_valid_unicode``.)
 
 
 def unprintable(text: str) -> bool:
@@ -48,8 +48,6 @@ def check_text(value: object, label: str, *, max_len: int, min_len: int = 0,
     characters or bidi overrides, matching ``pattern`` if given.  The length
     is checked first, so a megabyte of junk costs nothing more.  ``label``
     names the value in the message (``field 'note'``, ``--note``)."""
-    import re
-
     if not isinstance(value, str):
         raise InvalidInput(f"{label} must be a string")
     if len(value) > max_len:
@@ -57,15 +55,29 @@ def check_text(value: object, label: str, *, max_len: int, min_len: int = 0,
     if len(value) < min_len:
         raise InvalidInput(f"{label} is empty" if not value else
                            f"{label} is too short (at least {min_len} characters)")
-    if re.search(_SURROGATE, value):
+    if not _valid_unicode(value):
         raise InvalidInput(f"{label} is not valid text (bytes that are not UTF-8, or a lone surrogate)",
                            hint="use UTF-8 text")
     if unprintable(value):
         raise InvalidInput(f"{label} contains control characters",
                            hint="plain text only: no escape sequences, tabs or line breaks")
-    if pattern is not None and not re.fullmatch(pattern, value):
-        raise InvalidInput(f"{label} is malformed" + (f": {help}" if help else ""))
+    if pattern is not None:
+        import re  # only for the fields that have a pattern and a value
+
+        if not re.fullmatch(pattern, value):
+            raise InvalidInput(f"{label} is malformed" + (f": {help}" if help else ""))
     return value
+
+
+def _valid_unicode(text: str) -> bool:
+    """No lone surrogates (U+D800 to U+DFFF), the only code points UTF-8 cannot encode."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)

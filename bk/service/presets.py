@@ -15,11 +15,9 @@ at the user's own recent bookings.
 
 from __future__ import annotations
 
-import re
-from collections import Counter
-
 from bk.core import timegrid
 from bk.core.errors import InvalidInput, IOFailure, NotFound
+from bk.core.lazyre import Pattern
 from bk.core.models import EXCLUSIVE, MODES, SHARED, Reservation
 from bk.core.record import dataclass, field, replace
 from bk.service import builders
@@ -27,7 +25,7 @@ from bk.service.requests import check_request
 
 # Words that follow `bk p` as sub-commands; a preset may not be called so.
 RESERVED_NAMES = ("save", "list", "ls", "show", "delete", "del", "rm", "use", "help")
-_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,31}")
+_NAME = Pattern(r"[A-Za-z][A-Za-z0-9_.-]{0,31}")
 SUGGEST_AFTER = 3          # matching bookings before a preset is suggested
 RECENT = 20                # how many of the user's latest bookings teach defaults
 FALLBACK = {"count": 1, "duration": 3600, "mode": SHARED, "mem_mib": None}
@@ -277,7 +275,9 @@ def _most_common(values: list):
     """The most frequent value; ties go to the most recent (values come newest first)."""
     if not values:
         return None
-    counts = Counter(values)
+    counts: dict = {}
+    for v in values:              # collections.Counter's count, without importing collections
+        counts[v] = counts.get(v, 0) + 1
     best = max(counts.values())
     return next(v for v in values if counts[v] == best)
 

@@ -11,9 +11,7 @@ them with ``bk.service.builders`` rather than by hand.
 
 from __future__ import annotations
 
-import json
-
-from bk.core import record
+from bk.core import jsonfast, record
 from bk.core.errors import InvalidInput
 from bk.core.models import EXCLUSIVE, MODES, SHARED, Policy
 from bk.core.record import dataclass
@@ -115,7 +113,7 @@ def canonical(action: str, req: object) -> str:
             d.pop(late, None)
     import hashlib
 
-    blob = json.dumps([action, d], sort_keys=True, separators=(",", ":"), default=list)
+    blob = jsonfast.dumps([action, d], sort_keys=True, separators=(",", ":"), default=list)
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 

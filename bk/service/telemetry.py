@@ -31,9 +31,11 @@ boot and no broker refresh after its first takes a look of its own.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from bk.core.telemetry import Inventory, Snapshot, identities
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:   # annotations only: collections.abc would import collections
+    from collections.abc import Callable
 
 
 class Telemetry:

@@ -31,14 +31,13 @@ directory, so the size of the archive does not change its cost.
 
 from __future__ import annotations
 
-import json
 import os
 
-from bk.core import ledgerdoc, utctime
-from bk.core.lazyre import Pattern
+from bk.core import jsonfast, ledgerdoc, utctime
 from bk.core.models import LedgerState, Reservation
 from bk.store.fsutil import (
     O_CLOEXEC,
+    NamePattern,
     Safety,
     fsync_dir,
     io_error,
@@ -48,7 +47,7 @@ from bk.store.fsutil import (
     write_all,
 )
 
-NAME = Pattern(r"^(\d{4})-(\d{2})\.jsonl$")   # compiled when first used
+NAME = NamePattern(4, "-", 2, ".jsonl")
 
 
 def earliest_close(reservations) -> float:
@@ -77,7 +76,7 @@ def committed(state: LedgerState, *, now: int, archive_after: int,
 
 
 def _canonical(r: Reservation) -> str:
-    return json.dumps(ledgerdoc.reservation_to_dict(r), sort_keys=True)
+    return jsonfast.dumps(ledgerdoc.reservation_to_dict(r), sort_keys=True)
 
 
 def split(state: LedgerState, *, now: int, archive_after: int, retention: int,
@@ -137,7 +136,7 @@ def group(moved: list[Reservation], *, seq: int, now: int) -> dict[str, bytes]:
     stamp = utctime.format_utc(now)
     out: dict[str, list[bytes]] = {}
     for r in moved:
-        line = json.dumps({"seq": seq, "archived_at": stamp,
+        line = jsonfast.dumps({"seq": seq, "archived_at": stamp,
                            "reservation": ledgerdoc.reservation_to_dict(r)},
                           separators=(",", ":"), allow_nan=False)
         out.setdefault(month_name(ledgerdoc.closed_at(r)), []).append(line.encode("ascii") + b"\n")
@@ -179,10 +178,10 @@ def _archived_tail(fd: int) -> set[str]:
     out = set()
     for line in data.split(b"\n"):
         try:
-            rec = json.loads(line)["reservation"]
+            rec = jsonfast.loads(line)["reservation"]
         except (ValueError, TypeError, KeyError):
             continue
-        out.add(json.dumps(rec, sort_keys=True))
+        out.add(jsonfast.dumps(rec, sort_keys=True))
     return out
 
 
@@ -190,7 +189,7 @@ def _not_yet(lines: bytes, seen: set[str]) -> bytes:
     """The lines of ``lines`` whose booking ``seen`` does not hold already."""
     keep = []
     for line in lines.splitlines(keepends=True):
-        if json.dumps(json.loads(line)["reservation"], sort_keys=True) not in seen:
+        if jsonfast.dumps(jsonfast.loads(line)["reservation"], sort_keys=True) not in seen:
             keep.append(line)
     return b"".join(keep)
 
@@ -286,7 +285,7 @@ def read(dirfd: int, dirpath: str, safety: Safety, *, cutoff: int, uid: int | No
 
 def _records(data: bytes, path: str, problems: list[str], uid: int | None):
     """(seq, reservation dict) per line.  Whole files parse in one
-    ``json.loads`` call; only a file with a bad line is parsed line by line.
+    ``jsonfast.loads`` call; only a file with a bad line is parsed line by line.
 
     For one user's history, lines that cannot be theirs are skipped before
     parsing: bk writes compact JSON with sorted keys, so a booking of uid N
@@ -301,7 +300,7 @@ def _records(data: bytes, path: str, problems: list[str], uid: int | None):
         needle = b'"uid":%d,' % uid
         lines = [line for line in lines if needle in line]
     try:
-        items = json.loads(b"[" + b",".join(lines) + b"]") if lines else []
+        items = jsonfast.loads(b"[" + b",".join(lines) + b"]") if lines else []
         bad = None
     except ValueError:
         items, bad = [], True
@@ -309,7 +308,7 @@ def _records(data: bytes, path: str, problems: list[str], uid: int | None):
         items = []
         for n, line in enumerate(lines, 1):
             try:
-                items.append(json.loads(line))
+                items.append(jsonfast.loads(line))
             except ValueError:
                 if len(problems) < 20:
                     problems.append(f"{path}: line {n} is not valid JSON; skipped")

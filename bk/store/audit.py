@@ -25,12 +25,15 @@ because of them.  The reader walks backwards in blocks and stops after
 
 from __future__ import annotations
 
-import json
 import os
-from collections.abc import Callable, Iterator
 
+from bk.core import jsonfast
 from bk.core.record import dataclass, field
 from bk.core.timegrid import counted
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:   # annotations only: collections.abc would import collections
+    from collections.abc import Callable, Iterator
 
 FIELDS = ("time", "seq", "index", "uid", "user", "action", "reservation", "op_id",
           "before", "after", "result")
@@ -58,7 +61,7 @@ def make_records(items: list[dict], *, seq: int, time: str, uid: int, user: str)
 
 
 def encode(records: list[dict]) -> bytes:
-    return b"".join(json.dumps(r, separators=(",", ":"), allow_nan=False).encode("ascii") + b"\n"
+    return b"".join(jsonfast.dumps(r, separators=(",", ":"), allow_nan=False).encode("ascii") + b"\n"
                     for r in records)
 
 
@@ -159,7 +162,7 @@ class Backwards:
 def parse(line: bytes) -> dict:
     """One line -> record; ValueError says why it is not one."""
     try:
-        rec = json.loads(line)
+        rec = jsonfast.loads(line)
     except (ValueError, RecursionError) as e:
         raise ValueError(f"not JSON ({str(e)[:60]})") from None
     if not isinstance(rec, dict):
@@ -345,14 +348,14 @@ def journal_of(ledger_bytes: bytes) -> list[dict]:
         if at <= 0:
             break
         try:
-            journal, _ = json.JSONDecoder().raw_decode(ledger_bytes[start:end].decode("ascii"))
+            journal, _ = jsonfast.raw_decode(ledger_bytes[start:end].decode("ascii"))
         except (ValueError, UnicodeDecodeError, RecursionError):
             continue
         if isinstance(journal, dict) and type(journal.get("seq")) is int and isinstance(journal.get("audit"), list):
             return journal["audit"]
         break
     try:
-        doc = json.loads(ledger_bytes)
+        doc = jsonfast.loads(ledger_bytes)
     except (ValueError, RecursionError):
         return []
     journal = doc.get("journal") if isinstance(doc, dict) else None
@@ -383,7 +386,7 @@ def head_problem(fd: int) -> str | None:
     if not head:
         return None
     try:
-        rec = json.loads(head.split(b"\n", 1)[0])
+        rec = jsonfast.loads(head.split(b"\n", 1)[0])
         ok = isinstance(rec, dict) and isinstance(rec.get("seq"), int)
     except ValueError:
         ok = False

@@ -13,10 +13,10 @@ above it, could point everybody's bk at a ledger of their choosing.
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 
+from bk.core import jsonfast
 from bk.core.errors import ConfigError
 from bk.core.models import Policy
 from bk.core.record import dataclass
@@ -24,7 +24,7 @@ from bk.store.fsutil import unsafe_ancestor, unsafe_stat
 from bk.store.paths import DEFAULT_SOCKET, Locations
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, bulk=True)     # the table below makes 66 at every start
 class Key:
     name: str
     kind: str                 # "int" | "float" | "bool" | "str" | "path" | "int_list" | "uid_list" | "priority_map" | "choice"
@@ -237,7 +237,7 @@ class Settings:
 
 
 def _bad(name: str, expected: str, got: object, source: str) -> ConfigError:
-    return ConfigError(f"{source}: {name} must be {expected}, got {json.dumps(got)}",
+    return ConfigError(f"{source}: {name} must be {expected}, got {jsonfast.dumps(got)}",
                        hint=f"fix {name} in {source} (see man 5 gpubk-config)",
                        details={"key": name, "expected": expected})
 
@@ -428,7 +428,7 @@ def _read_json(path: str) -> object:
     with os.fdopen(fd, "rb") as f:
         raw = f.read(1 << 20)
     try:
-        return json.loads(raw)
+        return jsonfast.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path} is not valid JSON: {e}", hint="check it with: python3 -m json.tool "
                           + path) from None

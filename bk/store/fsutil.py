@@ -36,10 +36,13 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from collections.abc import Callable
 
 from bk.core.errors import ConfigError, IOFailure
 from bk.core.record import dataclass
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:   # annotations only: collections.abc would import collections
+    from collections.abc import Callable
 
 O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -547,3 +550,45 @@ def keep_newest(dirfd: int, pattern, keep: int) -> list[str]:
     for name in gone:
         unlink_quietly(dirfd, name)
     return gone
+
+
+class NamePattern:
+    """The names of numbered files (``ledger-0000000042.json``,
+    ``audit-FIRST-LAST.jsonl``, ``2026-07.jsonl``): literal parts and runs of
+    exactly so many decimal digits, ``NamePattern("ledger-", 10, ".json")``.
+    ``match(name)`` takes what ``re.match(r"^ledger-(\\d{10})\\.json$", name)``
+    takes (``\\d`` any Unicode decimal digit, ``$`` also before a final
+    newline) and returns the digit runs (``.group(1)`` is the first), or
+    None.  A directory listing is matched on every commit: ``re`` and its
+    compiler would cost a command more than the commit's own work."""
+
+    __slots__ = ("parts",)
+
+    def __init__(self, *parts: str | int):
+        self.parts = parts
+
+    def match(self, name: str):
+        if name[-1:] == "\n":
+            name = name[:-1]
+        i, groups = 0, []
+        for part in self.parts:
+            if isinstance(part, str):
+                if not name.startswith(part, i):
+                    return None
+                i += len(part)
+            else:
+                digits = name[i:i + part]
+                if len(digits) != part or not digits.isdecimal():
+                    return None
+                groups.append(digits)
+                i += part
+        return Named(groups) if i == len(name) else None
+
+
+class Named(tuple):
+    """The digit runs of a matched name, read as a match's groups."""
+
+    __slots__ = ()
+
+    def group(self, n: int) -> str:
+        return self[n - 1]

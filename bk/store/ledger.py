@@ -47,15 +47,13 @@ import _thread
 import gc
 import os
 import time
-from collections.abc import Callable
-from contextlib import contextmanager
 
 from bk.core import ledgerdoc, utctime
 from bk.core.errors import BkError, ConfigError, Internal, IOFailure, LostCommits, WrongAccount
-from bk.core.lazyre import Pattern
 from bk.core.models import LedgerState, Mutation
 from bk.core.record import dataclass
 from bk.store.fsutil import (
+    NamePattern,
     Safety,
     ensure_free,
     io_error,
@@ -70,10 +68,14 @@ from bk.store.fsutil import (
     write_all,
     write_new,
 )
-from bk.store.lock import FileLock
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:   # annotations only: collections.abc would import collections
+    from collections.abc import Callable
 
 # bk.store.archive, .audit and .segments are the writer's and the history
-# views' (about 1 ms to load): a read imports none of them (Store.segments).
+# views' (about 1 ms to load): a read imports none of them (Store.segments),
+# nor bk.store.lock: reads take no lock.
 
 
 def _token_hex(nbytes: int) -> str:
@@ -88,7 +90,7 @@ NO_VALID_LEDGER, LOST_COMMITS, RECOVERED, ACCEPTED_LOSS, LOCK_REPLACED = (
     "no_valid_ledger", "lost_commits", "recovered", "accepted_loss", "lock_replaced")
 REPORTS = (NO_VALID_LEDGER, LOST_COMMITS, RECOVERED, ACCEPTED_LOSS, LOCK_REPLACED)
 TMP_PREFIX = ".ledger.json.tmp-"
-BACKUP_NAME = Pattern(r"^ledger-(\d{10})\.json$")   # compiled when first used
+BACKUP_NAME = NamePattern("ledger-", 10, ".json")
 CRASH_ENV = "BK_TEST_CRASH_AT"
 SCAN_PAUSE_ENV = "BK_TEST_SCAN_PAUSE"       # tests only: FIFO[:UID], see _park
 STEPS = ("locked", "read", "repaired", "applied", "archived", "audit_synced", "tmp_partial",
@@ -166,18 +168,22 @@ def _now() -> int:
     return int(time.time())
 
 
-@contextmanager
-def _gc_paused():
+class _gc_paused:  # noqa: N801 - used as a function: ``with _gc_paused():``
     """Decoding and encoding a ledger allocates about ten objects per
     booking, none of which form reference cycles; CPython's cyclic
     collector would still walk them all several times (a quarter of a
-    10,000-booking commit).  Collection is paused for the duration."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
+    10,000-booking commit).  Collection is paused for the duration.  (A
+    class, not contextlib.contextmanager: contextlib imports collections
+    and functools, which a read need not pay for.)"""
+
+    __slots__ = ("was",)
+
+    def __enter__(self):
+        self.was = gc.isenabled()
+        gc.disable()
+
+    def __exit__(self, *exc) -> None:
+        if self.was:
             gc.enable()
 
 
@@ -424,6 +430,8 @@ class Store:
                 f"{self.paths.data_dir} belongs to uid {self.safety.uid}; this process runs as "
                 f"uid {os.geteuid()} and may not write it",
                 "in shared mode every write goes through the broker (bk broker)")
+        from bk.store.lock import FileLock
+
         dirfd = open_dir(self.paths.data_dir, self.safety, create_mode=self.modes.dir)
         try:
             lock = FileLock(dirfd, LOCK, self.paths.lock, self.safety, mode=self.modes.lock,
@@ -632,6 +640,8 @@ class Store:
             return
         try:
             if os.path.lexists(self.paths.lock):
+                from bk.store.lock import FileLock
+
                 with FileLock(dirfd, LOCK, self.paths.lock, self.safety, timeout=self.lock_timeout,
                               what="the ledger", monotonic=self.monotonic, sleep=self.sleep,
                               log=lambda line: self._report(LOCK_REPLACED, line)):

@@ -65,10 +65,13 @@ import fcntl
 import os
 import stat
 import time
-from collections.abc import Callable
 
 from bk.core.errors import Busy
 from bk.store.fsutil import O_CLOEXEC, O_NOFOLLOW, Safety, io_error, open_file
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:   # annotations only: collections.abc would import collections
+    from collections.abc import Callable
 
 PAUSE_FIRST, PAUSE_MAX = 0.001, 0.05
 PROC_LOCKS = "/proc/locks"

@@ -30,11 +30,9 @@ The facts that shape this module:
 
 from __future__ import annotations
 
-import json
 import os
-from collections.abc import Callable
-from typing import Any
 
+from bk.core import jsonfast
 from bk.core.errors import BkError, Busy, IOFailure
 from bk.store.fsutil import (
     Safety,
@@ -45,6 +43,11 @@ from bk.store.fsutil import (
     replace_file,
 )
 from bk.store.lock import FileLock
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:   # annotations only: collections.abc imports collections, typing more
+    from collections.abc import Callable
+    from typing import Any
 
 SCHEMA = "gpubk.presets.v1"
 PRESETS_FILE = "presets.json"
@@ -140,7 +143,7 @@ class PresetFile:
     def _decode(self, raw: bytes) -> dict[str, dict]:
         hint = f"fix or move it away (mv {self.path} {self.path}.bad); you lose the presets in it"
         try:
-            doc = json.loads(raw)
+            doc = jsonfast.loads(raw)
         except (ValueError, UnicodeDecodeError) as e:
             raise IOFailure(f"{self.path} is damaged: {e}", hint=hint) from None
         if not isinstance(doc, dict) or not isinstance(doc.get("presets"), dict):
@@ -161,9 +164,11 @@ class PresetFile:
         with StateDir(self.state_dir, create=True) as d, d.lock():
             raw = d.read(PRESETS_FILE)
             presets = {} if raw is None else self._decode(raw)
-            before = json.dumps(presets, sort_keys=True)
+            before = jsonfast.dumps(presets, sort_keys=True)
             result = change(presets)
-            if json.dumps(presets, sort_keys=True) != before:
+            if jsonfast.dumps(presets, sort_keys=True) != before:
+                import json  # an indented file: json's own writer
+
                 doc = {"schema": SCHEMA, "presets": dict(sorted(presets.items()))}
                 d.replace(PRESETS_FILE, (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode())
         return result

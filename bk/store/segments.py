@@ -28,15 +28,17 @@ housekeeping after the commit, never part of it.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 
-from bk.core.lazyre import Pattern
 from bk.core.timegrid import counted
 from bk.store import audit
-from bk.store.fsutil import Safety, io_error, open_file, open_subdir, replace_file
+from bk.store.fsutil import NamePattern, Safety, io_error, open_file, open_subdir, replace_file
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:   # annotations only: collections.abc would import collections
+    from collections.abc import Callable
 
 SEGMENTS = "audit.d"
-SEGMENT = Pattern(r"^audit-(\d{10})-(\d{10})\.jsonl$")   # compiled when first used
+SEGMENT = NamePattern("audit-", 10, "-", 10, ".jsonl")
 SEAL_SUFFIX = ".sha256"
 SEGMENT_BYTES = 8 << 20
 SEGMENT_ENV = "BK_TEST_AUDIT_SEGMENT_BYTES"     # tests only: a small segment size

@@ -41,9 +41,9 @@ is stale, and its detail says so rather than a negative age.
 
 from __future__ import annotations
 
-import json
 import os
 
+from bk.core import jsonfast
 from bk.core.errors import BkError
 from bk.core.models import GpuInfo, GpuProcess, iso
 from bk.core.record import dataclass, fields
@@ -192,7 +192,7 @@ def _dir(directory: str, owner: int | None, create: bool) -> int | None:
 
 
 def _write(directory: str, name: str, doc: dict, *, sync: bool) -> None:
-    data = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode() + b"\n"
+    data = jsonfast.dumps(doc, sort_keys=True, separators=(",", ":")).encode() + b"\n"
     dirfd = _dir(directory, None, True)
     try:
         replace_file(dirfd, name, directory, data, FILE_MODE, sync=sync)
@@ -226,7 +226,7 @@ def _read_doc(directory: str, name: str, owner: int | None) -> object | None:
         try:
             if os.fstat(fd).st_size > MAX_BYTES:
                 return None
-            return json.loads(read_all(fd))
+            return jsonfast.loads(read_all(fd))
         finally:
             os.close(fd)
     except (BkError, OSError, ValueError):

@@ -55,19 +55,17 @@ GPU indices and numbers, never a command line or a name.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-import re
 
+from bk.core import jsonfast
 from bk.core import usage as core
 from bk.core.timegrid import counted
 from bk.core.usage import DAY, MinuteRecord, Summary
 from bk.core.usagecheck import record_problem, summary_problem
 from bk.core.utctime import days_from_civil, format_utc
-from bk.store.archive import cut_torn_tail
 from bk.store.fsutil import (
     O_CLOEXEC,
+    NamePattern,
     Safety,
     fsync_dir,
     io_error,
@@ -80,11 +78,10 @@ from bk.store.fsutil import (
     unlink_quietly,
     write_all,
 )
-from bk.store.lock import FileLock
 
 RAW, HOURLY = "raw", "hourly"
 KINDS = (RAW, HOURLY)
-DAYFILE = re.compile(r"^(\d{4})-(\d{2})-(\d{2})\.jsonl$")
+DAYFILE = NamePattern(4, "-", 2, "-", 2, ".jsonl")
 SEAL_GRACE = 300          # seconds after midnight before a day is sealed
 SEAL_VERSION = 1
 # The named steps of the write protocol, for crash tests (``step=``):
@@ -95,6 +92,14 @@ STEPS = ("appended", "synced", "sealed", "hourly_written", "hourly_sealed", "raw
 
 def _no_step(step: str) -> None:
     pass
+
+
+def _sha256(data: bytes) -> str:
+    # hashlib (OpenSSL: about 2 ms to import) only for the seals of past
+    # days: bk st reads a running booking's usage of today without one.
+    import hashlib
+
+    return hashlib.sha256(data).hexdigest()
 
 
 def usage_dir(settings) -> str:
@@ -121,7 +126,7 @@ def next_maintenance(t: int) -> int:
 
 
 def _line(r: MinuteRecord) -> bytes:
-    return json.dumps(r.to_dict(), separators=(",", ":"), allow_nan=False).encode("ascii") + b"\n"
+    return jsonfast.dumps(r.to_dict(), separators=(",", ":"), allow_nan=False).encode("ascii") + b"\n"
 
 
 def _line_t(line: bytes) -> int | None:
@@ -185,14 +190,14 @@ def parse_dicts(data: bytes, path: str, problems: list[str], *, since: int | Non
     if needle is not None:
         lines = [ln for ln in lines if needle in ln or not ln.startswith(b'{"t":') or not ln.endswith(b"}")]
     try:
-        items = json.loads(b"[" + b",".join(lines) + b"]") if lines else []
+        items = jsonfast.loads(b"[" + b",".join(lines) + b"]") if lines else []
     except ValueError:
         items = None
     if items is None or len(items) != len(lines):      # a bad line, or one that held two values
         items = []
         for ln in lines:
             try:
-                items.append(json.loads(ln))
+                items.append(jsonfast.loads(ln))
             except ValueError:
                 items.append(_BAD_JSON)
     out = []
@@ -214,7 +219,7 @@ def seal_problem(data: bytes) -> str | None:
     """Why the bytes of a seal file are not a seal bk wrote (its totals out
     of range included); None when they are one."""
     try:
-        doc = json.loads(data)
+        doc = jsonfast.loads(data)
     except ValueError:
         return "not valid JSON"
     if not (isinstance(doc, dict) and isinstance(doc.get("sha256"), str)
@@ -278,7 +283,9 @@ class UsageStore:
     def _read(self, dirfd: int, name: str, path: str) -> bytes | None:
         return read_file(dirfd, name, path, self.safety, os.O_RDONLY | O_CLOEXEC)
 
-    def _lock(self, root: int) -> FileLock:
+    def _lock(self, root: int):
+        from bk.store.lock import FileLock
+
         return FileLock(root, ".lock", os.path.join(self.dir, ".lock"), self.safety, mode=0o600,
                         timeout=self.lock_timeout, what="the usage history")
 
@@ -322,6 +329,8 @@ class UsageStore:
         sealed = self._load_seal(raw, RAW, day)
         fd = open_file(raw, name, path, self.safety, os.O_RDWR | os.O_APPEND, create_mode=self.file_mode)
         try:
+            from bk.store.archive import cut_torn_tail
+
             if cut_torn_tail(fd):
                 self.problems.append(f"{path}: cut off an incomplete last line (an interrupted append)")
             intact = sealed is not None and self._matches(read_all(fd), sealed)
@@ -428,12 +437,12 @@ class UsageStore:
         for d in dicts:
             summ.add_dict(d)
         return {"v": SEAL_VERSION, "kind": kind, "day": day, "records": len(dicts), "bytes": len(data),
-                "sha256": hashlib.sha256(data).hexdigest(), "summary": summ.to_store()}
+                "sha256": _sha256(data), "summary": summ.to_store()}
 
     def _write_seal(self, dirfd: int, kind: str, day: str, data: bytes) -> None:
         doc = self._seal_doc(kind, day, data)
         replace_file(dirfd, f"{day}.seal", os.path.join(self.dir, kind),
-                     json.dumps(doc, separators=(",", ":"), sort_keys=True).encode("ascii") + b"\n",
+                     jsonfast.dumps(doc, separators=(",", ":"), sort_keys=True).encode("ascii") + b"\n",
                      self.file_mode)
         if kind == RAW:
             self._step("sealed")
@@ -447,11 +456,11 @@ class UsageStore:
         if why is not None:
             self.problems.append(f"{path}: not a valid seal ({why}); the day is read from its records")
             return None
-        return json.loads(data)
+        return jsonfast.loads(data)
 
     @staticmethod
     def _matches(data: bytes, seal: dict) -> bool:
-        return len(data) == seal["bytes"] and hashlib.sha256(data).hexdigest() == seal["sha256"]
+        return len(data) == seal["bytes"] and _sha256(data) == seal["sha256"]
 
     def verify(self) -> list[Check]:
         """Every partition checked against its seal: ``ok``, ``tampered``
@@ -481,7 +490,7 @@ class UsageStore:
     def _check(self, fd: int, kind: str, day: str, has_data: bool) -> Check:
         seal_data = self._read(fd, f"{day}.seal", os.path.join(self.dir, kind, f"{day}.seal"))
         bad_seal = None if seal_data is None else seal_problem(seal_data)
-        seal = None if seal_data is None or bad_seal else json.loads(seal_data)
+        seal = None if seal_data is None or bad_seal else jsonfast.loads(seal_data)
         if not has_data:
             return Check(kind, day, "seal-without-data", None, "the records are gone; the seal remains")
         data = self._read(fd, f"{day}.jsonl", os.path.join(self.dir, kind, f"{day}.jsonl")) or b""
@@ -491,7 +500,7 @@ class UsageStore:
         if seal is not None and not self._matches(data, seal):
             return Check(kind, day, "tampered", n,
                          f"sealed {seal['bytes']} bytes, sha256 {seal['sha256'][:12]}; found {len(data)} "
-                         f"bytes, sha256 {hashlib.sha256(data).hexdigest()[:12]}")
+                         f"bytes, sha256 {_sha256(data)[:12]}")
         if skipped:
             # Lines no reader counts: a damaged day, sealed or not (a seal
             # made over them proves only that they were there then).
@@ -505,7 +514,7 @@ class UsageStore:
             return Check(kind, day, "unsealed", n, "; ".join(problems))
         if n != seal.get("records"):
             return Check(kind, day, "tampered", n, f"sealed {counted(seal['records'], 'record')}; found {n}" if type(seal.get("records")) is int else "the seal has no record count")
-        if json.loads(json.dumps(self._seal_doc(kind, day, data)["summary"])) != seal["summary"]:
+        if jsonfast.loads(jsonfast.dumps(self._seal_doc(kind, day, data)["summary"])) != seal["summary"]:
             return Check(kind, day, "tampered", n, "the seal's totals are not the sum of its records")
         return Check(kind, day, "ok", n)
 
@@ -625,7 +634,7 @@ class UsageStore:
         """(booked_s, active_s) of one booking, today's records included.
         ``start``/``end`` (the booking's span) limit the days read."""
         booked = active = 0
-        needle = json.dumps(reservation_id).encode("ascii")
+        needle = jsonfast.dumps(reservation_id).encode("ascii")
         for day, kind, sealed in self._partitions(start, end):
             seal = self._day_seal(kind, day) if sealed else None
             if seal is not None:

@@ -217,7 +217,8 @@ EVERYDAY: dict[str, frozenset[str]] = {
     # A running booking's idle state comes from the monitor's activity file (bk.store.snapshot).
     "l": frozenset({"bk.cli.cmd_list", "bk.service.activity", "bk.store.snapshot"} | _FAIR),
     # With a running booking, what the usage history says of it (read without re or hashlib).
-    "st": frozenset(_STATUS | {"bk.service.activity", "bk.store.usage", "bk.core.usage"} | _SHARED),
+    "st": frozenset(_STATUS | {"bk.service.activity", "bk.store.usage", "bk.core.usage", "bk.core.usagecheck"}
+                    | _SHARED),
     "g": frozenset(_SLOTS | {"bk.core.textfold"} | _SHARED),
     "n": frozenset({"bk.cli.cmd_notices", "bk.cli.cmd_status", "bk.service.status"}),
     "1 30m": frozenset(_WRITE | {"bk.cli.cmd_book", "bk.service.presets", "bk.store.snapshot"}),

@@ -171,6 +171,18 @@ def dumps(obj, *, ensure_ascii: bool = True, separators: tuple[str, str] | None 
     return encode(obj)
 
 
+def scanners(parse_constant=None):
+    """A decoder's two scanners, for a reader that walks a document itself:
+    ``scan(s, i)`` -> (the value at ``i``, where it ends), raising
+    StopIteration where no value starts, and ``scanstring(s, i)`` -> (the
+    string whose opening quote is at ``i - 1``, where it ends)."""
+    if _json is None:
+        from json.decoder import JSONDecoder, scanstring
+
+        return JSONDecoder(parse_constant=parse_constant).scan_once, scanstring
+    return _scanner(None, None, parse_constant), _json.scanstring
+
+
 def raw_decode(s: str, idx: int = 0):
     """``json.JSONDecoder().raw_decode(s, idx)``: the value at ``idx`` (no
     whitespace skipped) and where it ends."""

@@ -504,9 +504,7 @@ _scan: list = []            # the JSON scanner ``_loads_skipping`` uses, made on
 
 def _scanner():
     if not _scan:
-        from json.decoder import JSONDecoder, scanstring
-
-        _scan.extend((JSONDecoder(parse_constant=_no_constants).scan_once, scanstring))
+        _scan.extend(jsonfast.scanners(_no_constants))
     return _scan
 
 

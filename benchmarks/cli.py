@@ -26,30 +26,49 @@ share slot of every GPU free at any time (so a shared request fits now
 but has the whole ledger to check), all from other users except ten of
 yours (a real ``bk l`` lists a handful, not thousands).
 
-Targets (issue 17): on an empty ledger every everyday command within 10 ms
-of the bare interpreter (the "over" column), ``--version`` too; issue 5's
+Targets (issues 17 and 29): on an empty ledger every everyday command within
+10 ms of the bare interpreter (the "over" column), ``--version`` too; issue 5's
 whole-process targets stay: within 60 ms (the "bk" column, start-up included)
 at 1,000 bookings and within 150 ms at 10,000.  This is a report, not a
 test: it prints a table.
 
-Where the start-up goes (issue 17, measured on the 2-core build machine,
-CPU time of a fresh ``/usr/bin/python3`` over ``python3 -c pass``, which
-itself takes 8 ms there).  The standard library bk builds on is most of the
-10 ms budget before any bk code runs: ``import re`` 4.6 ms (json, argparse
-and the time grammar all need it), with argparse 6.3 ms, with json 7.0 ms,
-with datetime and argparse's first gettext lookup (which imports locale and
-stats a catalogue per language) 8.7 ms, and reading the archive's directory
-about 1 ms more.  bk's own modules (about 45 for ``bk l``, 60 for a booking)
-cost the rest: finding and loading a module from the archive costs about
-60 us even when it is empty (45 empty ones: 2.8 ms), then unmarshalling its
-code, building its classes, the one parser.  (Running the archive costs runpy
-and what it imports, but bk imports most of that anyway: a launcher script
-that puts the archive on sys.path and calls main() saved 0.4 ms.)
-So "within 10 ms of the bare interpreter" holds for ``--version`` (no
-argparse, no json) but not for a command that parses its words with
-argparse and reads a JSON ledger; that would need a parser of our own for
-the everyday words and a JSON reader on ``_json`` without ``re``.  What
-start-up keeps out is listed per command in tests/test_lazy_imports.py.
+Where the start-up goes (issue 29 item 1; empty ledger, ``/usr/bin/python3``
+3.11 on the 2-core build machine, where ``python3 -c pass`` takes 8-13 ms).
+Instruction counts (valgrind's callgrind, "Ir") are quoted beside the times:
+they do not move with the machine's load, which the times do.
+
+* The floor, before any bk code runs: running a zipapp imports runpy, and
+  with it importlib.util, contextlib, collections and functools (3 ms), and
+  zipimport reads the archive's directory, 486 entries (1-2 ms).  A
+  one-entry zipapp that does nothing is 4 ms over ``python3 -c pass``, an
+  empty one with bk's entries 5.7 ms; ``bk --version`` is 4-6.5 ms over
+  (26.5 M instructions).  Every everyday command pays this.
+* Each module bk imports from the archive: about 0.25 M instructions
+  (50 us) of import machinery even when empty (the archive's ``__main__``
+  already reads each .pyc once instead of zipimport's twice), then
+  unmarshalling its bytecode, about 3 us a kilobyte: ``bk l`` loads 34
+  modules, 630 kB of bytecode (13 % of it docstrings), a booking 50 modules.
+* What was cut (before -> after, Ir over ``python3 -c pass``: ``l`` 105.5 ->
+  55.7 M, ``st`` 119.6 -> 61.4 M, ``1 30m`` 153.5 -> 80.3 M): ``re`` and
+  ``json`` (4 ms: bk.core.jsonfast on ``_json``, scanners for durations and
+  memory sizes, bk.core.textfold for textwrap, lazy patterns elsewhere);
+  ``datetime.py`` (1 ms: its classes from ``_datetime``); zipimport's second
+  read of every module (bk.admin.pyzfile.MAIN_PY); the cyclic collector,
+  about ten collections while the modules load (1.5 ms: paused) and full
+  passes at shutdown (2 ms: the archive's ``__main__`` freezes the heap);
+  compiling each record class's ``__init__`` on its first instance (2.7 ms
+  of ``bk l``, 6 ms of a booking: a generic method serves a class's first
+  32 instances); the lock module on reads.  bk l, st and n now import
+  nothing of the standard library beyond C modules (_json, _datetime, errno,
+  gc, pwd, zlib); tests/test_lazy_imports.py holds every command to its list.
+* What stands between a command and 10 ms: the floor (4-6 ms), its modules'
+  import machinery (34 for ``l``: 1.7 ms) and bytecode (2-3 ms), and the
+  classes and tables they build (the records of bk.core.models, the
+  configuration's 66 keys, the operation table, the exception classes:
+  about 1.5 ms); a write adds 16 more modules (the scheduler, the
+  requests and results, the audit log), a placement, and the fsyncs of its
+  commit (the ledger, its directory, the audit log), which no instruction
+  count shows.
 
 Side by side with the reference implementation.  ``--reference VENV``, where
 VENV is a virtual environment with ``pip install gpubk==0.2.8`` (made with

@@ -178,3 +178,58 @@ def test_jsonfast_imports_no_re():
         capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["False", "False"]
+
+
+BAD_IN_C = ("{garbage", '{"a" 1}', '{"a":1,', '["a\\x"]', '"\\ud800', '{"a":1 "b":2}', "[1 2]", '"abc')
+
+
+def test_a_bad_document_raises_jsons_error_when_json_was_never_imported():
+    # Up to 3.11 the C scanner looks JSONDecodeError up in sys.modules only
+    # and, with json.decoder absent, fails with a bare SystemError: a fresh
+    # process that never imported json must still get json's own error.
+    script = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from bk.core import jsonfast
+out = []
+for bad in sys.argv[2:]:
+    assert "json.decoder" not in sys.modules or out
+    try:
+        jsonfast.loads(bad)
+    except ValueError as e:
+        out.append([type(e).__name__, e.msg, e.pos])
+    for name in ("scan", "string"):
+        sys.modules.pop("json.decoder", None), sys.modules.pop("json", None)
+        scan, string = jsonfast.scanners()
+        try:
+            (scan(bad, 0) if name == "scan" else string(bad, 1))
+        except ValueError as e:
+            out.append([name, e.msg, e.pos])
+        except StopIteration:
+            out.append([name, "stop"])
+        else:
+            out.append([name, "ok"])
+    sys.modules.pop("json.decoder", None), sys.modules.pop("json", None)
+print(__import__("json").dumps(out))
+"""
+    root = str(__import__("pathlib").Path(__file__).parent.parent)
+    proc = subprocess.run([sys.executable, "-I", "-S", "-c", script, root, *BAD_IN_C],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    want = []
+    decoder = json.JSONDecoder()
+    for bad in BAD_IN_C:
+        try:
+            json.loads(bad)
+        except json.JSONDecodeError as e:
+            want.append(["JSONDecodeError", e.msg, e.pos])
+        for name in ("scan", "string"):
+            try:
+                (decoder.scan_once(bad, 0) if name == "scan" else json.decoder.scanstring(bad, 1))
+            except json.JSONDecodeError as e:
+                want.append([name, e.msg, e.pos])
+            except StopIteration:
+                want.append([name, "stop"])
+            else:
+                want.append([name, "ok"])
+    assert json.loads(proc.stdout) == want

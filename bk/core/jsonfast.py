@@ -16,7 +16,11 @@ same C objects, given the same arguments the standard module gives them,
 so the same bytes come out and the same errors are raised (the C scanner
 raises ``json.JSONDecodeError`` itself; what the wrapper raises, "Expecting
 value" and "Extra data", is raised here as that same class, imported when a
-document is bad, which is no hurry).  Whatever this module does not do
+document is bad, which is no hurry).  Up to Python 3.11 the C scanner
+finds that class only in ``sys.modules`` and, with ``json.decoder`` not
+imported, fails with a bare ``SystemError`` ("returned NULL without
+setting an exception"); a bad document is then scanned again once
+``json.decoder`` is imported (``_again``), and raises what ``json`` raises.  Whatever this module does not do
 itself goes to ``json`` unchanged: an ``indent``, bytes in UTF-16 or UTF-32,
 and every call where ``_json`` is missing (another Python).
 ``tests/test_jsonfast.py`` compares both, byte for byte and error for error.
@@ -67,6 +71,14 @@ _CONSTANTS = {"-Infinity": float("-inf"), "Infinity": float("inf"), "NaN": float
 _scanners: dict = {}
 
 
+def _again(scan, *args):
+    """``scan(*args)`` for a C scanner that failed without its exception
+    class (module docstring): the same call, with ``json.decoder`` there."""
+    import json.decoder  # noqa: F401  (the C scanner looks it up in sys.modules)
+
+    return scan(*args)
+
+
 def _scanner(object_hook, object_pairs_hook, parse_constant):
     if object_hook is not None or object_pairs_hook is not None:
         # A hook is often a closure made for one read: not kept.
@@ -107,7 +119,10 @@ def loads(s, *, object_hook=None, object_pairs_hook=None, parse_constant=None):
     if s and s[0] in _WS:
         start = len(s) - len(s.lstrip(_WS))
     try:
-        obj, end = scan(s, start)
+        try:
+            obj, end = scan(s, start)
+        except SystemError:
+            obj, end = _again(scan, s, start)
     except StopIteration as err:
         raise _error("Expecting value", s, err.value) from None
     if end != len(s):
@@ -180,7 +195,21 @@ def scanners(parse_constant=None):
         from json.decoder import JSONDecoder, scanstring
 
         return JSONDecoder(parse_constant=parse_constant).scan_once, scanstring
-    return _scanner(None, None, parse_constant), _json.scanstring
+    scan, string = _scanner(None, None, parse_constant), _json.scanstring
+
+    def scan_once(s: str, i: int):
+        try:
+            return scan(s, i)
+        except SystemError:
+            return _again(scan, s, i)
+
+    def scanstring(s: str, i: int):
+        try:
+            return string(s, i)
+        except SystemError:
+            return _again(string, s, i)
+
+    return scan_once, scanstring
 
 
 def raw_decode(s: str, idx: int = 0):
@@ -191,6 +220,10 @@ def raw_decode(s: str, idx: int = 0):
 
         return json.JSONDecoder().raw_decode(s, idx)
     try:
-        return _scanner(None, None, None)(s, idx)
+        scan = _scanner(None, None, None)
+        try:
+            return scan(s, idx)
+        except SystemError:
+            return _again(scan, s, idx)
     except StopIteration as err:
         raise _error("Expecting value", s, err.value) from None

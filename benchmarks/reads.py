@@ -74,7 +74,7 @@ def _median_ms(fn, runs: int) -> float:
 
 
 def phases(env: dict, runs: int) -> list[tuple[str, float]]:
-    from bk.core import ledgerdoc
+    from bk.core import ledgercheck, ledgerdoc
     from bk.core.models import Mutation
     from bk.service import open_app
     from bk.store.ledger import Store
@@ -88,7 +88,7 @@ def phases(env: dict, runs: int) -> list[tuple[str, float]]:
            ("read file", _median_ms(lambda: Path(path).read_bytes(), runs)),
            ("json.loads", _median_ms(lambda: ledgerdoc.loads(data), runs)),
            ("decode (records)", _median_ms(lambda: ledgerdoc.decode(doc), runs)),
-           ("check_state (invariants)", _median_ms(lambda: ledgerdoc.check_state(state), runs))]
+           ("check_state (invariants)", _median_ms(lambda: ledgercheck.check_state(state), runs))]
     if hasattr(ledgerdoc, "sealed"):
         out.append(("digest check", _median_ms(lambda: ledgerdoc.sealed(data), runs)))
     if hasattr(ledgerdoc, "DocKeep"):

@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bk.core import ledgerdoc  # noqa: E402
+from bk.core import ledgercheck  # noqa: E402
 from bk.core.models import Mutation, Policy, Reservation  # noqa: E402
 from bk.store.ledger import Store  # noqa: E402
 
@@ -126,7 +126,7 @@ def _verify(data_dir, acked, *, pending: bool = True) -> dict:
     got = store.read()
     assert got.source in ("ledger", "empty") and not got.warnings, (got.source, got.warnings)
     state = got.state
-    assert ledgerdoc.check_state(state) == []
+    assert ledgercheck.check_state(state) == []
     hot = {r.id: r for r in state.reservations}
     everything = {r.id: r for r in store.archived()}
     everything.update(hot)

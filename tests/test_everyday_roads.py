@@ -6,7 +6,7 @@ reason reaches past that day or nothing is free now, and then every live
 booking), ``bk n`` does not even parse the bookings
 (``ledgerdoc._loads_skipping``), ``bk e`` and ``bk d`` name their booking
 from yours and the ones with its ID prefix, and a write checks and encodes
-only what it changed (``ledgerdoc.trusted``, ``ledgerdoc.Framed``).
+only what it changed (``ledgercheck.trusted``, ``ledgerdoc.Framed``).
 
 The whole decode is what an unsealed copy of the same ledger gets (every
 record built and checked, a write checks and encodes everything), so the
@@ -34,7 +34,7 @@ import uuid
 
 import pytest
 
-from bk.core import ledgerdoc
+from bk.core import ledgercheck, ledgerdoc
 from bk.core.models import Blackout, Notice, Reservation
 
 pytestmark = pytest.mark.slow
@@ -195,7 +195,7 @@ def test_the_short_roads_are_taken(tmp_path, monkeypatch, capsys):
     from bk.service.app import Service
 
     reads, seen = [], {"check_state": 0, "encoded": 0, "skipped": 0}
-    real_ledger, real_check, real_encode, real_skip = (Service.ledger, ledgerdoc.check_state,
+    real_ledger, real_check, real_encode, real_skip = (Service.ledger, ledgercheck.check_state,
                                                        ledgerdoc.reservation_to_dict, ledgerdoc._loads_skipping)
 
     def ledger(self, *, call=None, keep=None):
@@ -214,7 +214,7 @@ def test_the_short_roads_are_taken(tmp_path, monkeypatch, capsys):
         seen["skipped"] += doc is not None
         return doc
     monkeypatch.setattr(Service, "ledger", ledger)
-    monkeypatch.setattr(ledgerdoc, "check_state", count("check_state", real_check))
+    monkeypatch.setattr(ledgercheck, "check_state", count("check_state", real_check))
     monkeypatch.setattr(ledgerdoc, "reservation_to_dict", count("encoded", real_encode))
     monkeypatch.setattr(ledgerdoc, "_loads_skipping", skipping)
     live = sum(1 for r in _state(data)[0]["reservations"] if "cancelled_at" not in r

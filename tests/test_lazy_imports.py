@@ -201,7 +201,8 @@ BK_BASE = frozenset({
 _STATUS = {"bk.cli.cmd_status", "bk.service.status", "bk.store.snapshot", "bk.core.textfold"}
 _PLACE = _PLACE_STDLIB | {"bk.core.capacity", "bk.core.scheduler", "bk.service.booking", "bk.service.builders",
                           "bk.service.fields", "bk.service.requests", "bk.service.results", "bk.service.fieldspecs"}
-_WRITE = _PLACE | _WRITE_STDLIB | {"bk.core.docparts", "bk.core.ledgerframe", "bk.core.policy", "bk.service.gateway", "bk.service.notices", "bk.service.ops",
+_WRITE = _PLACE | _WRITE_STDLIB | {"bk.core.docparts", "bk.core.ledgercheck", "bk.core.ledgerframe",
+                                   "bk.core.policy", "bk.service.gateway", "bk.service.notices", "bk.service.ops",
                                    "bk.store.archive", "bk.store.audit", "bk.store.lock", "bk.store.segments",
                                    "bk.core.textfold"}
 _SLOTS = _PLACE | {"bk.cli.cmd_slots", "bk.service.advice", "bk.service.status", "bk.store.snapshot"}

@@ -27,7 +27,7 @@ import uuid
 import pytest
 from test_store_ledger import POLICY, Clock, T, add, booking, commit, ledger_bytes
 
-from bk.core import docparts, ledgerdoc
+from bk.core import docparts, ledgercheck, ledgerdoc
 from bk.core.errors import BkError, LostCommits
 from bk.core.models import Blackout, LedgerState, Mutation, Notice, OpRecord, Reservation
 from bk.core.record import replace
@@ -57,7 +57,7 @@ def counts(monkeypatch):
             return real(*a, **k)
         return fn
     monkeypatch.setattr(ledgerdoc, "loads", counting("loads", ledgerdoc.loads))
-    monkeypatch.setattr(ledgerdoc, "check_state", counting("check_state", ledgerdoc.check_state))
+    monkeypatch.setattr(ledgercheck, "check_state", counting("check_state", ledgercheck.check_state))
     monkeypatch.setattr(docparts, "reservation_to_dict", counting("encoded", ledgerdoc.reservation_to_dict))
     return seen
 
@@ -90,7 +90,7 @@ def test_a_writer_that_committed_neither_reads_nor_checks_the_whole_ledger_again
 
 def test_a_fresh_writer_reads_once_then_keeps(store, counts):
     """A sealed ledger was checked by its writer: a fresh writer reads it
-    once, checks and encodes only its change (``ledgerdoc.trusted``,
+    once, checks and encodes only its change (``ledgercheck.trusted``,
     ``ledgerdoc.Framed``), and the document is still the full encoder's."""
     commit(store, add(*many(50)))
     writer = fresh(store)
@@ -490,19 +490,19 @@ def test_checking_by_changes_finds_what_the_full_check_finds():
     found = {"valid": 0, "invalid": 0}
     for _ in range(600):
         base = _random_state(rng, rng.randrange(0, 120))
-        assert ledgerdoc.check_state(base, 2) == []
-        checked = ledgerdoc.Checked(base, 2)
+        assert ledgercheck.check_state(base, 2) == []
+        checked = ledgercheck.Checked(base, 2)
         state = base.copy()
         _mutate(rng, state)
-        want = ledgerdoc.check_state(state, 2)
-        got, nxt = ledgerdoc.check_next(state, 2, checked)
+        want = ledgercheck.check_state(state, 2)
+        got, nxt = ledgercheck.check_next(state, 2, checked)
         assert got == want, f"seed {SEED}"
         assert (nxt is None) == bool(want)
         found["invalid" if want else "valid"] += 1
         if nxt is not None:                       # and the next one from there
             again = state.copy()
             _mutate(rng, again)
-            assert ledgerdoc.check_next(again, 2, nxt)[0] == ledgerdoc.check_state(again, 2)
+            assert ledgercheck.check_next(again, 2, nxt)[0] == ledgercheck.check_state(again, 2)
     assert min(found.values()) > 100, found
 
 
@@ -515,13 +515,13 @@ def test_checking_by_changes_in_a_long_run_uses_its_hold_index_and_finds_what_th
 
     rng = random.Random(SEED)
     base = _random_state(rng, 60)
-    checked = ledgerdoc.Checked(base, 2)
+    checked = ledgercheck.Checked(base, 2)
     found = {"valid": 0, "invalid": 0, "indexed": 0}
     for step in range(800):
         state = base.copy()
         _mutate(rng, state)
-        want = ledgerdoc.check_state(state, 2)
-        got, nxt = ledgerdoc.check_next(state, 2, checked)
+        want = ledgercheck.check_state(state, 2)
+        got, nxt = ledgercheck.check_next(state, 2, checked)
         assert got == want, f"seed {SEED}, step {step}"
         found["invalid" if want else "valid"] += 1
         if nxt is None:

@@ -9,6 +9,7 @@ from datetime import datetime, timezone
 
 import pytest
 
+from bk.core import ledgercheck as C
 from bk.core import ledgerdoc as L
 from bk.core import utctime as U
 from bk.core.models import (
@@ -131,7 +132,7 @@ def test_document_round_trip_keeps_unknown_fields():
     assert problems == [] and back == st
     assert (meta.seq, meta.commit, meta.written_at, meta.journal_seq) == (12, "c0ffee", T, 12)
     assert meta.journal == [{"seq": 12}]
-    assert L.check_state(back) == []
+    assert C.check_state(back) == []
 
 
 def test_dumps_is_canonical():
@@ -159,7 +160,7 @@ def test_decode_reports_problems(mutate, expect):
     doc = L.encode(state(res()), commit="c", written_at=T, journal=[])
     doc = json.loads(json.dumps(doc))
     mutate(doc)
-    problems = L.validate(doc)
+    problems = C.validate(doc)
     assert problems and any(expect in p for p in problems), problems
     if expect == "newer than this bk":
         assert L.decode(doc)[1].newer
@@ -191,7 +192,7 @@ def test_loads_rejects_non_objects_and_constants():
      "gpu 0"),
 ])
 def test_check_state_finds(rs, expect):
-    problems = L.check_state(state(*rs))
+    problems = C.check_state(state(*rs))
     assert any(expect in p for p in problems), problems
 
 
@@ -200,23 +201,23 @@ def test_check_state_accepts_touching_and_cancelled():
                                                          start=T + 3600, end=T + 7200),
                res("c", start=T + 7200, end=T + 9000, share=2),
                res("d", mode="exclusive", share=2, cancelled_at=T - 10))
-    assert L.check_state(ok) == []
+    assert C.check_state(ok) == []
 
 
 def test_check_state_types_of_apply_output():
     bad = res()
     bad = bad.replace(uid=True, start="x")
-    problems = L.check_state(state(bad))
+    problems = C.check_state(state(bad))
     assert any("uid True" in p for p in problems) and any("integer times" in p for p in problems)
 
 
 def test_check_state_other_records_and_unbound_capacity():
     st = LedgerState(reservations=[res("a"), res("b"), res("c")])
-    assert L.check_state(st) == []                       # no policy: no share limit
-    assert L.check_state(st, capacity=2)                 # unless the store knows one
+    assert C.check_state(st) == []                       # no policy: no share limit
+    assert C.check_state(st, capacity=2)                 # unless the store knows one
     st = LedgerState(blackouts=[Blackout("b", T, T, "x")], notices=[Notice("n", T, "t", level="loud")],
                      ops=[OpRecord("o", 1, "create", "d", "r", T), OpRecord("o", 1, "book", "d", "r", T)])
-    text = " | ".join(L.check_state(st))
+    text = " | ".join(C.check_state(st))
     for want in ("blackouts[0]", "level 'loud'", "unique per uid", "action 'book'"):
         assert want in text
 
@@ -246,12 +247,12 @@ def test_capacity_sweep_matches_brute_force():
                           share=2 if mode == "exclusive" else rng.randint(1, 2),
                           cancelled_at=T if rng.random() < 0.15 else None))
         want = brute_force_ok(rs, 2)
-        assert (L.check_state(state(*rs)) == []) == want, (SEED, trial)
+        assert (C.check_state(state(*rs)) == []) == want, (SEED, trial)
         agree[want] += 1
     assert min(agree.values()) > 50
 
 
 def test_problem_list_is_bounded():
     st = state(*[res(f"r{i}", end=T) for i in range(100)])
-    problems = L.check_state(st)
+    problems = C.check_state(st)
     assert len(problems) == L.MAX_PROBLEMS + 1 and "more problems" in problems[-1]

@@ -14,7 +14,7 @@ import uuid
 import pytest
 from test_store_ledger import POLICY, Clock, T, add, booking, commit, ledger_bytes
 
-from bk.core import ledgerdoc
+from bk.core import ledgercheck, ledgerdoc
 from bk.core.errors import Internal
 from bk.core.models import Reservation
 from bk.store import health
@@ -30,12 +30,12 @@ def store(tmp_path):
 def checks(monkeypatch):
     """How often the full invariant check runs."""
     calls = []
-    real = ledgerdoc.check_state
+    real = ledgercheck.check_state
 
     def counting(state, capacity=None):
         calls.append(state.seq)
         return real(state, capacity)
-    monkeypatch.setattr(ledgerdoc, "check_state", counting)
+    monkeypatch.setattr(ledgercheck, "check_state", counting)
     return calls
 
 
@@ -225,7 +225,7 @@ def _broken(first, kind: str) -> Reservation:
 def test_the_writer_still_refuses_an_invalid_state(store, writer, kind):
     """The seal is only ever put on bytes that passed the check: in full
     (a writer that just read the file) and by the changes (a writer that
-    keeps the state it committed, ``ledgerdoc.Checked``)."""
+    keeps the state it committed, ``ledgercheck.Checked``)."""
     first = booking(T, T + 600)
     commit(store, add(first))
     commit(store, add(booking(T + 3600, T + 4200)))

@@ -405,7 +405,7 @@ def _bind(service, req: PolicyBindRequest, call: Call):
 def apply_bind(state: LedgerState, req: PolicyBindRequest, call: Call) -> Mutation:
     """Bind the ledger to the host's configuration (step 3).  Run without
     the store's binding check (``Operation.rebinds``)."""
-    from bk.core import ledgerdoc
+    from bk.core import ledgercheck
 
     wanted, host = req.bound(), call.policy.bound()
     if not same(wanted, host):
@@ -424,7 +424,7 @@ def apply_bind(state: LedgerState, req: PolicyBindRequest, call: Call) -> Mutati
     found, invalid = violations(state, old, new, call.now, mem)
     trial = state.copy()
     trial.policy = {**(before or {}), **wanted}
-    invalid = invalid + ledgerdoc.check_state(trial)
+    invalid = invalid + ledgercheck.check_state(trial)
     if invalid:
         raise PolicyRefused("the ledger cannot hold its bookings under the new policy: " + "; ".join(invalid[:5]),
                             hint="cancel or move those bookings first (--force cannot override this)",

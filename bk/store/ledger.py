@@ -73,6 +73,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:   # annotations only: collections.abc would import collections
     from collections.abc import Callable
 
+    from bk.core import ledgercheck
+
 # bk.store.archive, .audit and .segments are the writer's and the history
 # views' (about 1 ms to load): a read imports none of them (Store.segments),
 # nor bk.store.lock: reads take no lock.
@@ -150,7 +152,7 @@ class _Kept:
     state: LedgerState
     meta: ledgerdoc.DocMeta
     data: bytes
-    checked: ledgerdoc.Checked | None      # set when this Store ran the check (its own commit)
+    checked: ledgercheck.Checked | None      # set when this Store ran the check (its own commit)
     encoded: object                          # bk.core.docparts.Encoded: its records' bytes (its own commit), or None
     earliest: float                         # archive.earliest_close of the bookings, or less
 
@@ -307,7 +309,9 @@ class Store:
             return None, ledgerdoc.DocMeta(), [f"not valid JSON: {e}"]
         state, meta, problems = ledgerdoc.decode(doc, keep)
         if state is not None and not problems and data != self._valid and not sealed:
-            problems = ledgerdoc.check_state(state, self.capacity)
+            from bk.core import ledgercheck  # only bytes without a seal are checked on reading
+
+            problems = ledgercheck.check_state(state, self.capacity)
             if not problems:
                 self._valid = data
         return state, meta, problems
@@ -444,7 +448,7 @@ class Store:
             os.close(dirfd)
 
     def _commit(self, dirfd, apply, policy, actor_uid, actor, warnings, accept_loss=None):
-        from bk.core import docparts
+        from bk.core import docparts, ledgercheck
         from bk.store import archive, audit
 
         p = self.paths
@@ -512,22 +516,22 @@ class Store:
             records = audit.make_records(items, seq=state.seq, time=utctime.format_utc(now),
                                          uid=actor_uid, user=actor)
             # With the state this Store committed last, what the transaction
-            # changed is all that needs checking (ledgerdoc.Checked) and
+            # changed is all that needs checking (ledgercheck.Checked) and
             # encoding (docparts.Encoded); the archive's scan is skipped
             # while no booking has closed long enough to move.
             if kept is None and got.source == "ledger" and got.data is not None:
                 # Bytes another process committed, checked whole: by this
                 # Store as it read them (unsealed), or by their writer
                 # (sealed).  What this transaction changed is then all there
-                # is to check (ledgerdoc.Checked, .trusted) and, sealed, to
+                # is to check (ledgercheck.Checked, .trusted) and, sealed, to
                 # encode (ledgerframe.Framed).
                 if ledgerdoc.sealed(got.data):
                     from bk.core import ledgerframe
 
-                    checked = ledgerdoc.trusted(base, self.capacity)
+                    checked = ledgercheck.trusted(base, self.capacity)
                     frame = ledgerframe.framed(got.data, base, got.meta)
                 elif got.data == self._valid:
-                    checked = ledgerdoc.Checked(base, self.capacity)
+                    checked = ledgercheck.Checked(base, self.capacity)
             delta = earliest = None
             if checked is not None:
                 delta = ledgerdoc.Delta.of(checked.reservations, state.reservations)
@@ -540,7 +544,7 @@ class Store:
                 delta = None
             if earliest is not None and (earliest <= now - self.archive_after or earliest < now - self.retention):
                 earliest = None          # split looked at every booking: _keep finds the exact one
-            problems, checked = ledgerdoc.check_next(state, self.capacity, checked, delta)
+            problems, checked = ledgercheck.check_next(state, self.capacity, checked, delta)
             if problems:
                 raise Internal("refusing to write an invalid ledger: " + "; ".join(problems[:5]),
                                details={"problems": problems})
@@ -594,6 +598,7 @@ class Store:
               checked, encoded, earliest) -> None:
         """After the commit point: remember what was committed, and its
         bytes (``_kept_state``)."""
+        from bk.core import ledgercheck
         from bk.store import archive
 
         meta = ledgerdoc.DocMeta(version=ledgerdoc.VERSION, seq=state.seq, commit=token, written_at=now,
@@ -604,7 +609,7 @@ class Store:
         # share (and nothing changes): the caller keeps the state it made.
         kept = _own_copy(state)
         if checked is not None:
-            checked = ledgerdoc.Checked(kept, self.capacity, checked.by_id, checked.holds, checked.quick)
+            checked = ledgercheck.Checked(kept, self.capacity, checked.by_id, checked.holds, checked.quick)
         if encoded is not None:             # None: a document spliced from the bytes read (ledgerframe.Framed)
             encoded = encoded.bound(kept.reservations, kept.ops)
         self._kept = _Kept(kept, meta, data, checked, encoded, earliest)

@@ -96,7 +96,14 @@ class Accounts:
 
     def cleanup(self) -> None:
         for a in self.users:
-            subprocess.run(["userdel", "-r", a.name], capture_output=True)
+            # userdel refuses an account a process still runs as (a client or
+            # a daemon of the test not yet reaped): those are the test's own,
+            # so they are stopped and the account removed again, never left.
+            for _ in range(50):
+                if subprocess.run(["userdel", "-r", a.name], capture_output=True).returncode in (0, 6):
+                    break                                  # 6: no such user
+                subprocess.run(["pkill", "-KILL", "-u", str(a.uid)], capture_output=True)
+                time.sleep(0.1)
         for g in self.groups:
             subprocess.run(["groupdel", g], capture_output=True)
 

@@ -94,7 +94,7 @@ REPORTS = (NO_VALID_LEDGER, LOST_COMMITS, RECOVERED, ACCEPTED_LOSS, LOCK_REPLACE
 TMP_PREFIX = ".ledger.json.tmp-"
 BACKUP_NAME = NamePattern("ledger-", 10, ".json")
 CRASH_ENV = "BK_TEST_CRASH_AT"
-SCAN_PAUSE_ENV = "BK_TEST_SCAN_PAUSE"       # tests only: FIFO[:UID], see _park
+SCAN_PAUSE_ENV = "BK_TEST_SCAN_PAUSE"       # tests only: FIFO[:UID], see testhooks.park
 STEPS = ("locked", "read", "repaired", "applied", "archived", "audit_synced", "tmp_partial",
          "tmp_written", "tmp_synced", "replaced", "dir_synced", "audit_partial",
          "audit_appended", "backup_written")
@@ -217,9 +217,14 @@ class Store:
         self._valid: bytes | None = None       # the last ledger bytes known to validate
         self._kept: _Kept | None = None          # see _kept_state
         self._seen: ReadResult | None = None       # check(): the ledger check's read
-        self._crash = _crash_point(os.environ.get(CRASH_ENV))
+        self._crash = self._scan_pause = None
         self._crash_hits = 0
-        self._scan_pause = _scan_pause(os.environ.get(SCAN_PAUSE_ENV))
+        crash, pause = os.environ.get(CRASH_ENV), os.environ.get(SCAN_PAUSE_ENV)
+        if crash or pause:                          # tests only: bk.store.testhooks
+            from bk.store import testhooks
+
+            self._crash = testhooks.crash_point(crash, STEPS)
+            self._scan_pause = testhooks.scan_pause(pause)
         # Called before each block an audit scan reads: the broker's hook to
         # let a commit in progress finish first (None: never pause).
         self.pause: Callable[[], object] | None = None
@@ -714,14 +719,14 @@ class Store:
     def _write_tmp(self, fd: int, data: bytes) -> None:
         if self._hit("tmp_partial"):
             write_all(fd, data[:len(data) // 2])
-            _die()
+            self._die()
         write_all(fd, data)
 
     def _append_audit(self, afd: int, lines: bytes, seq: int, warnings: list[str]) -> None:
         try:
             if self._hit("audit_partial"):
                 write_all(afd, lines[:len(lines) // 2])
-                _die()
+                self._die()
             write_all(afd, lines)
         except OSError as e:
             warnings.append(f"commit {seq} is saved, but its audit records could not be appended "
@@ -811,7 +816,9 @@ class Store:
             fd = open_file(dirfd, AUDIT, self.paths.audit, self.safety)
             try:
                 if self._scan_pause is not None and self._scan_pause[1] in (None, uid):
-                    _park(self._scan_pause[0])
+                    from bk.store import testhooks
+
+                    testhooks.park(self._scan_pause[0])
                 tail = audit.read_tail(fd, limit=limit, uid=uid, max_bytes=max_bytes, pending=pending,
                                        path=self.paths.audit, reservation=reservation, pause=self.pause)
             except OSError as e:
@@ -884,49 +891,9 @@ class Store:
 
     def _step(self, step: str) -> None:
         if self._hit(step):
-            _die()
+            self._die()
 
+    def _die(self) -> None:
+        from bk.store import testhooks
 
-def _crash_point(spec: str | None) -> tuple[str, int] | None:
-    """``BK_TEST_CRASH_AT=STEP[:N]`` (tests only): die by SIGKILL right after
-    the N-th time (default 1) this Store passes STEP."""
-    if not spec:
-        return None
-    from bk.store import segments
-
-    step, _, count = spec.partition(":")
-    if step not in STEPS + segments.STEPS:
-        raise ConfigError(f"{CRASH_ENV}={spec!r}: unknown step; steps: {', '.join(STEPS + segments.STEPS)}")
-    return step, int(count or 1)
-
-
-def _scan_pause(spec: str | None) -> tuple[str, int | None] | None:
-    """``BK_TEST_SCAN_PAUSE=FIFO[:UID]`` (tests only): every audit scan (of
-    UID's records only, with UID) parks in ``_park`` once its files are
-    open, so a test can hold a scan in progress for as long as it likes."""
-    if not spec:
-        return None
-    path, _, uid = spec.rpartition(":")
-    return (path, int(uid)) if path and uid.isdigit() else (spec, None)
-
-
-def _park(fifo: str) -> None:
-    """Say so (``FIFO.parked-THREAD``, created), then wait for one byte of
-    ``fifo``: the test writes one per scan it lets go."""
-    marker = f"{fifo}.parked-{_thread.get_ident()}"
-    os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
-    try:
-        fd = os.open(fifo, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            os.read(fd, 1)
-        finally:
-            os.close(fd)
-    finally:
-        os.unlink(marker)
-
-
-def _die() -> None:
-    import signal
-
-    os.kill(os.getpid(), signal.SIGKILL)
-    os._exit(137)
+        testhooks.die()
